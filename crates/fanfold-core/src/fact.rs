@@ -1,0 +1,85 @@
+//! Fact records: the typed, schema-versioned output of one stage on one unit.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::hash::ContentHash;
+use crate::status::Status;
+use crate::unit::UnitId;
+
+/// The version tag every fact record carries. Bump with the record's shape.
+pub const FACT_SCHEMA: &str = "fanfold.fact/v1";
+
+/// Which model produced a fact and how it was asked. Part of the cache key.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ModelParams {
+    /// The backend kind (`scripted`, `replay`, `llama`, ...).
+    pub backend: String,
+    /// The model's identity: a file hash, a provider model name, a script hash.
+    pub model_id: String,
+    pub temperature: f64,
+    pub max_output_tokens: u32,
+    pub seed: u64,
+    /// True when the backend answers from a script or cassette, not a model.
+    pub simulated: bool,
+}
+
+/// One quoted span of the unit that supports a fact. `start..end` are byte
+/// offsets into the named field's decoded string value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Evidence {
+    pub field: String,
+    pub start: u64,
+    pub end: u64,
+    pub quote: String,
+}
+
+/// What producing a fact cost, as the backend measured it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Cost {
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub completion_tokens: u64,
+    pub usd: f64,
+    pub latency_ms: u64,
+    pub calls: u64,
+}
+
+impl Cost {
+    pub fn add(&mut self, other: &Cost) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.usd += other.usd;
+        self.latency_ms += other.latency_ms;
+        self.calls += other.calls;
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FactRecord {
+    /// Always [`FACT_SCHEMA`].
+    pub schema: String,
+    /// The content key this record is cached under.
+    pub key: ContentHash,
+    pub source_ids: Vec<UnitId>,
+    pub source_hashes: Vec<ContentHash>,
+    pub stage: String,
+    pub stage_version: u32,
+    pub rubric_hash: ContentHash,
+    pub model: ModelParams,
+    pub status: Status,
+    /// The decision value the stage's output named (`blocker`, ...), if any.
+    pub decision: Option<String>,
+    /// The whole schema-checked output object.
+    pub facts: serde_json::Value,
+    pub confidence: Option<f64>,
+    /// Why the status is what it is, for everything but a clean decision.
+    pub reason: Option<String>,
+    pub evidence: Vec<Evidence>,
+    pub cost: Cost,
+    pub attempts: u32,
+    /// The fold nodes this fact was reduced through, leaf first.
+    #[serde(default)]
+    pub reducer_path: Vec<String>,
+}

@@ -1,0 +1,404 @@
+//! The TOML spec: what to read, how to cut it, which stages judge it, how the
+//! facts fold and when the run may stop. Meaning lives here; runtime knobs
+//! (slots, store path, output folder) are command-line flags.
+//!
+//! The JSON Schema of this file format is generated from these types
+//! (`fanfold spec-schema`) and shipped as `docs/spec.schema.json`.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    pub name: String,
+    /// The question, in words, as the answer will restate it.
+    pub question: String,
+    pub input: InputSpec,
+    /// Deterministic rules run in order before any model; the first rule
+    /// whose `when` is true decides. A unit no rule matches is kept and goes
+    /// to the first stage.
+    #[serde(default)]
+    pub prefilter: Vec<PrefilterRule>,
+    pub stages: Vec<StageSpec>,
+    /// Named model backends that stages refer to.
+    #[serde(default)]
+    pub backends: BTreeMap<String, BackendSpec>,
+    pub fold: FoldSpec,
+    pub contract: ContractSpec,
+    #[serde(default)]
+    pub budget: BudgetSpec,
+    #[serde(default)]
+    pub verify: VerifySpec,
+    #[serde(default)]
+    pub output: OutputSpec,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputSpec {
+    /// A file, relative to the spec's folder. `fanfold run --input` or
+    /// `--input-command` override it.
+    pub path: Option<String>,
+    /// A command whose standard output is captured once as the source, e.g.
+    /// `["gh", "issue", "list", "--json", "number,title"]`.
+    pub command: Option<Vec<String>>,
+    pub partition: PartitionSpec,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum PartitionSpec {
+    /// A JSON array of objects, the shape `gh ... --json` writes.
+    JsonArray {
+        /// Top-level field whose value is the unit id (e.g. `number`).
+        key: Option<String>,
+        #[serde(default = "default_kind")]
+        kind: String,
+    },
+    /// One JSON value a line.
+    Jsonl {
+        key: Option<String>,
+        #[serde(default = "default_kind")]
+        kind: String,
+    },
+    /// CSV with a header row; each row becomes an object keyed by the header.
+    Csv {
+        key: Option<String>,
+        #[serde(default = "default_kind")]
+        kind: String,
+        /// A single-byte delimiter; `,` when absent.
+        delimiter: Option<String>,
+    },
+    /// Text lines. With `record_start`, a line matching that regex starts a
+    /// new record and the lines that follow belong to it (stack traces).
+    Lines {
+        record_start: Option<String>,
+        #[serde(default = "default_kind")]
+        kind: String,
+    },
+}
+
+fn default_kind() -> String {
+    "record".to_owned()
+}
+
+impl PartitionSpec {
+    pub fn kind(&self) -> &str {
+        match self {
+            PartitionSpec::JsonArray { kind, .. }
+            | PartitionSpec::Jsonl { kind, .. }
+            | PartitionSpec::Csv { kind, .. }
+            | PartitionSpec::Lines { kind, .. } => kind,
+        }
+    }
+
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            PartitionSpec::JsonArray { .. } => "json_array",
+            PartitionSpec::Jsonl { .. } => "jsonl",
+            PartitionSpec::Csv { .. } => "csv",
+            PartitionSpec::Lines { .. } => "lines",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PrefilterAction {
+    Keep,
+    Exclude,
+    Route,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PrefilterRule {
+    pub name: String,
+    /// A jq expression over the unit; the rule matches when it yields `true`.
+    pub when: String,
+    pub action: PrefilterAction,
+    /// Reason code recorded for `exclude` (defaults to the rule's name).
+    pub reason: Option<String>,
+    /// Target stage for `route`.
+    pub stage: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StageType {
+    /// One micro-context model turn per unit, emitting one typed fact.
+    Map,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StageSpec {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub stage_type: StageType,
+    /// Bump when the stage's meaning changes without its files changing.
+    pub version: u32,
+    /// Markdown file with the instructions, relative to the spec.
+    pub rubric: String,
+    /// The unit's top-level fields the context sees; all when empty.
+    #[serde(default)]
+    pub fields: Vec<String>,
+    /// JSON Schema file the output must satisfy, relative to the spec.
+    pub output_schema: String,
+    #[serde(default = "default_backend")]
+    pub backend: String,
+    pub decision: DecisionSpec,
+    /// JSON pointer to an array of `{field, quote}` objects in the output.
+    pub evidence: Option<String>,
+    /// JSON pointer to a number in [0, 1] in the output.
+    pub confidence: Option<String>,
+    /// Answers below this confidence become `abstain`.
+    pub min_confidence: Option<f64>,
+    /// Attempts per unit, counting the first; invalid output is retried.
+    #[serde(default = "default_attempts")]
+    pub max_attempts: u32,
+    #[serde(default = "default_output_tokens")]
+    pub max_output_tokens: u32,
+    #[serde(default)]
+    pub temperature: f64,
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_backend() -> String {
+    "default".to_owned()
+}
+fn default_attempts() -> u32 {
+    3
+}
+fn default_output_tokens() -> u32 {
+    256
+}
+
+/// How an output's decision maps onto statuses.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionSpec {
+    /// JSON pointer to the decision value, e.g. `/decision`.
+    pub pointer: String,
+    pub positive: Vec<String>,
+    pub negative: Vec<String>,
+    #[serde(default)]
+    pub abstain: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum BackendSpec {
+    /// [SIMULATED] Answers computed by a jq program over the unit's fields,
+    /// with injectable faults. For tests and fixtures; never a quality claim.
+    Scripted {
+        /// File holding one jq program: unit fields in, answer object out.
+        script: String,
+        #[serde(default)]
+        faults: Vec<FaultSpec>,
+        /// Simulated latency of each call.
+        #[serde(default)]
+        delay_ms: u64,
+    },
+    /// [SIMULATED] Answers replayed from a cassette recorded from a real run.
+    Replay { cassette: String },
+}
+
+impl BackendSpec {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            BackendSpec::Scripted { .. } => "scripted",
+            BackendSpec::Replay { .. } => "replay",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// The backend reports a failure (a 500).
+    Error,
+    /// The call does not answer in time.
+    Timeout,
+    /// The answer is not valid JSON.
+    Malformed,
+    /// Valid JSON that violates the stage's schema.
+    SchemaViolation,
+    /// An evidence quote that is not in the unit.
+    FalseQuote,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSpec {
+    pub kind: FaultKind,
+    /// Unit ids the fault hits.
+    pub units: Vec<String>,
+    /// How many attempts fail before the unit answers normally; absent means
+    /// every attempt fails.
+    pub times: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FoldSpec {
+    /// Most children a fold node reduces at once.
+    #[serde(default = "default_fan_in")]
+    pub fan_in: usize,
+    pub reducers: Vec<ReducerSpec>,
+}
+
+fn default_fan_in() -> usize {
+    16
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReducerSpec {
+    pub name: String,
+    /// Stage whose facts feed this reducer; all stages when absent.
+    pub stage: Option<String>,
+    /// Which statuses feed it; `["positive"]` when absent.
+    pub statuses: Option<Vec<crate::Status>>,
+    #[serde(flatten)]
+    pub kind: ReducerKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ReducerKind {
+    /// How many facts.
+    Count,
+    /// Facts grouped by the string at `key`, with counts and citing ids.
+    CountBy { key: String },
+    /// The distinct values at `value` (the unit id when absent), with ids.
+    Set { value: Option<String> },
+    /// Counts of the number at `value` per bucket; `edges` ascending.
+    Histogram { value: String, edges: Vec<f64> },
+    /// Smallest and largest number at `value`, with the unit holding each.
+    MinMax { value: String },
+    /// Join on the string at `key` across stages: key -> stage -> unit ids.
+    Join { key: String },
+    /// The `k` highest numbers at `score`, ties broken by unit id ascending.
+    TopK { score: String, k: usize },
+}
+
+impl ReducerKind {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            ReducerKind::Count => "count",
+            ReducerKind::CountBy { .. } => "count_by",
+            ReducerKind::Set { .. } => "set",
+            ReducerKind::Histogram { .. } => "histogram",
+            ReducerKind::MinMax { .. } => "min_max",
+            ReducerKind::Join { .. } => "join",
+            ReducerKind::TopK { .. } => "top_k",
+        }
+    }
+}
+
+/// The answer contract, declared before the run. It alone decides whether
+/// unopened units may be cancelled.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ContractSpec {
+    /// Every routed unit must be judged; the run never stops early for
+    /// "good enough".
+    Exhaustive {
+        /// The reducer holding the answer's ids (a `set`).
+        answer: String,
+        /// A `count_by` reducer whose top groups are reported as themes.
+        themes: Option<String>,
+        #[serde(default = "default_themes")]
+        top_themes: usize,
+    },
+    /// The `k` best units by `score`. `bound` is a jq expression over the
+    /// unit giving an upper bound of the score the stage can assign; once `k`
+    /// positives beat every unopened unit's bound, the rest are cancelled.
+    TopK {
+        k: usize,
+        /// JSON pointer to the score in the stage output.
+        score: String,
+        bound: String,
+    },
+    /// "Are there at least `count` positives?": stops once proven.
+    Threshold { count: u64 },
+}
+
+fn default_themes() -> usize {
+    3
+}
+
+impl ContractSpec {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            ContractSpec::Exhaustive { .. } => "exhaustive",
+            ContractSpec::TopK { .. } => "top_k",
+            ContractSpec::Threshold { .. } => "threshold",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSpec {
+    pub max_model_calls: Option<u64>,
+    /// Prompt plus completion tokens.
+    pub max_tokens: Option<u64>,
+    pub max_wall_secs: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VerifySpec {
+    /// Negatives sampled for read-back.
+    #[serde(default = "default_sample")]
+    pub negative_sample: usize,
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_sample() -> usize {
+    10
+}
+
+impl Default for VerifySpec {
+    fn default() -> Self {
+        VerifySpec {
+            negative_sample: default_sample(),
+            seed: 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSpec {
+    /// Top-level field holding a link to the unit (e.g. `url`).
+    pub link: Option<String>,
+    /// Top-level field holding the unit's title.
+    pub title: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpecParseError {
+    #[error("{0}")]
+    Toml(#[from] toml::de::Error),
+}
+
+impl Spec {
+    /// Parses spec text. Cross-references (stages, backends, files, jq) are
+    /// checked when the spec is planned, where files can be read.
+    pub fn from_toml(text: &str) -> Result<Spec, SpecParseError> {
+        Ok(toml::from_str(text)?)
+    }
+
+    /// The JSON Schema of the spec file format.
+    pub fn json_schema() -> serde_json::Value {
+        serde_json::to_value(schemars::schema_for!(Spec)).unwrap_or(serde_json::Value::Null)
+    }
+}

@@ -1,0 +1,623 @@
+//! The hierarchical witnessed fold.
+//!
+//! Leaves are per-unit outcomes in source order; nodes reduce at most
+//! `fan_in` children. A node's key is the hash of the fold definition and its
+//! children's keys, so a changed leaf changes exactly the keys on its path to
+//! the root and only that path is recomputed. Every reducer here is
+//! deterministic, associative and commutative: reordering or regrouping the
+//! leaves cannot change the root value (property-tested below).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use fanfold_core::spec::{FoldSpec, ReducerKind, ReducerSpec};
+use fanfold_core::{ContentHash, StableHash, StableHasher, Status, StatusCounts, UnitId};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One unit's outcome at one stage, as the fold sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Leaf {
+    pub unit_id: UnitId,
+    pub stage: String,
+    pub status: Status,
+    /// The fact's output object, `null` when the unit has no decided fact.
+    pub facts: Value,
+}
+
+impl StableHash for Leaf {
+    fn stable_hash(&self, h: &mut StableHasher) {
+        h.field("unit", &self.unit_id)
+            .field("stage", &self.stage)
+            .field("status", self.status.as_str())
+            .field("facts", &self.facts);
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Group {
+    pub count: u64,
+    pub ids: BTreeSet<UnitId>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Agg {
+    Count {
+        n: u64,
+    },
+    CountBy {
+        groups: BTreeMap<String, Group>,
+    },
+    Set {
+        items: BTreeMap<String, BTreeSet<UnitId>>,
+    },
+    Histogram {
+        edges: Vec<f64>,
+        counts: Vec<u64>,
+    },
+    MinMax {
+        min: Option<(f64, UnitId)>,
+        max: Option<(f64, UnitId)>,
+    },
+    Join {
+        keys: BTreeMap<String, BTreeMap<String, BTreeSet<UnitId>>>,
+    },
+    TopK {
+        k: usize,
+        items: Vec<(f64, UnitId, String)>,
+    },
+}
+
+/// The value of a fold node: per-stage status counts (all six, always) and
+/// one aggregate per reducer, plus how many leaves lacked a reducer's value.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FoldValue {
+    pub leaves: u64,
+    pub statuses: BTreeMap<String, StatusCounts>,
+    pub reducers: BTreeMap<String, Agg>,
+    pub missing: BTreeMap<String, u64>,
+}
+
+fn empty_agg(kind: &ReducerKind) -> Agg {
+    match kind {
+        ReducerKind::Count => Agg::Count { n: 0 },
+        ReducerKind::CountBy { .. } => Agg::CountBy {
+            groups: BTreeMap::new(),
+        },
+        ReducerKind::Set { .. } => Agg::Set {
+            items: BTreeMap::new(),
+        },
+        ReducerKind::Histogram { edges, .. } => Agg::Histogram {
+            edges: edges.clone(),
+            counts: vec![0; edges.len() + 1],
+        },
+        ReducerKind::MinMax { .. } => Agg::MinMax {
+            min: None,
+            max: None,
+        },
+        ReducerKind::Join { .. } => Agg::Join {
+            keys: BTreeMap::new(),
+        },
+        ReducerKind::TopK { k, .. } => Agg::TopK {
+            k: *k,
+            items: Vec::new(),
+        },
+    }
+}
+
+fn as_key(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Orders top-k entries: higher score first, then smaller unit id, then
+/// stage name. A total order, so the k best of any grouping agree.
+fn rank(a: &(f64, UnitId, String), b: &(f64, UnitId, String)) -> std::cmp::Ordering {
+    b.0.total_cmp(&a.0)
+        .then_with(|| a.1.cmp(&b.1))
+        .then_with(|| a.2.cmp(&b.2))
+}
+
+fn better_min(new: &(f64, UnitId), old: &(f64, UnitId)) -> bool {
+    new.0
+        .total_cmp(&old.0)
+        .then_with(|| new.1.cmp(&old.1))
+        .is_lt()
+}
+
+fn better_max(new: &(f64, UnitId), old: &(f64, UnitId)) -> bool {
+    new.0
+        .total_cmp(&old.0)
+        .then_with(|| old.1.cmp(&new.1))
+        .is_gt()
+}
+
+impl Agg {
+    /// Folds `other` into `self`. Both come from the same reducer spec.
+    pub fn merge(&mut self, other: &Agg) {
+        match (self, other) {
+            (Agg::Count { n }, Agg::Count { n: m }) => *n += m,
+            (Agg::CountBy { groups }, Agg::CountBy { groups: g2 }) => {
+                for (k, g) in g2 {
+                    let e = groups.entry(k.clone()).or_insert_with(|| Group {
+                        count: 0,
+                        ids: BTreeSet::new(),
+                    });
+                    e.count += g.count;
+                    e.ids.extend(g.ids.iter().cloned());
+                }
+            }
+            (Agg::Set { items }, Agg::Set { items: i2 }) => {
+                for (k, ids) in i2 {
+                    items
+                        .entry(k.clone())
+                        .or_default()
+                        .extend(ids.iter().cloned());
+                }
+            }
+            (Agg::Histogram { counts, .. }, Agg::Histogram { counts: c2, .. }) => {
+                for (a, b) in counts.iter_mut().zip(c2) {
+                    *a += b;
+                }
+            }
+            (Agg::MinMax { min, max }, Agg::MinMax { min: m2, max: x2 }) => {
+                if let Some(n) = m2
+                    && min.as_ref().is_none_or(|o| better_min(n, o))
+                {
+                    *min = Some(n.clone());
+                }
+                if let Some(n) = x2
+                    && max.as_ref().is_none_or(|o| better_max(n, o))
+                {
+                    *max = Some(n.clone());
+                }
+            }
+            (Agg::Join { keys }, Agg::Join { keys: k2 }) => {
+                for (k, stages) in k2 {
+                    let e = keys.entry(k.clone()).or_default();
+                    for (s, ids) in stages {
+                        e.entry(s.clone()).or_default().extend(ids.iter().cloned());
+                    }
+                }
+            }
+            (Agg::TopK { k, items }, Agg::TopK { items: i2, .. }) => {
+                items.extend(i2.iter().cloned());
+                items.sort_by(rank);
+                items.truncate(*k);
+            }
+            // Reducers are built from one spec, so kinds always line up.
+            _ => {}
+        }
+    }
+}
+
+impl FoldValue {
+    pub fn empty(spec: &FoldSpec) -> FoldValue {
+        FoldValue {
+            leaves: 0,
+            statuses: BTreeMap::new(),
+            reducers: spec
+                .reducers
+                .iter()
+                .map(|r| (r.name.clone(), empty_agg(&r.kind)))
+                .collect(),
+            missing: BTreeMap::new(),
+        }
+    }
+
+    /// The value of a single leaf.
+    pub fn of_leaf(spec: &FoldSpec, leaf: &Leaf) -> FoldValue {
+        let mut v = FoldValue::empty(spec);
+        v.leaves = 1;
+        v.statuses
+            .entry(leaf.stage.clone())
+            .or_default()
+            .add(leaf.status, 1);
+        for r in &spec.reducers {
+            if !feeds(r, leaf) {
+                continue;
+            }
+            if let Some(agg) = v.reducers.get_mut(&r.name)
+                && !apply(&r.kind, agg, leaf)
+            {
+                *v.missing.entry(r.name.clone()).or_insert(0) += 1;
+            }
+        }
+        v
+    }
+
+    pub fn merge(&mut self, other: &FoldValue) {
+        self.leaves += other.leaves;
+        for (stage, c) in &other.statuses {
+            self.statuses.entry(stage.clone()).or_default().merge(c);
+        }
+        for (name, agg) in &other.reducers {
+            match self.reducers.get_mut(name) {
+                Some(mine) => mine.merge(agg),
+                None => {
+                    self.reducers.insert(name.clone(), agg.clone());
+                }
+            }
+        }
+        for (name, n) in &other.missing {
+            *self.missing.entry(name.clone()).or_insert(0) += n;
+        }
+    }
+
+    /// All stages' status counts summed.
+    pub fn total_statuses(&self) -> StatusCounts {
+        let mut t = StatusCounts::default();
+        for c in self.statuses.values() {
+            t.merge(c);
+        }
+        t
+    }
+}
+
+fn feeds(r: &ReducerSpec, leaf: &Leaf) -> bool {
+    let stage_ok = r.stage.as_ref().is_none_or(|s| *s == leaf.stage);
+    let status_ok = match &r.statuses {
+        Some(list) => list.contains(&leaf.status),
+        None => leaf.status == Status::Positive,
+    };
+    stage_ok && status_ok
+}
+
+/// Adds one leaf to an aggregate; false when the leaf lacks the value.
+fn apply(kind: &ReducerKind, agg: &mut Agg, leaf: &Leaf) -> bool {
+    let id = leaf.unit_id.clone();
+    let at = |p: &str| leaf.facts.pointer(p).filter(|v| !v.is_null());
+    match (kind, agg) {
+        (ReducerKind::Count, Agg::Count { n }) => *n += 1,
+        (ReducerKind::CountBy { key }, Agg::CountBy { groups }) => {
+            let Some(k) = at(key) else { return false };
+            let g = groups.entry(as_key(k)).or_insert_with(|| Group {
+                count: 0,
+                ids: BTreeSet::new(),
+            });
+            g.count += 1;
+            g.ids.insert(id);
+        }
+        (ReducerKind::Set { value }, Agg::Set { items }) => {
+            let k = match value {
+                None => id.0.clone(),
+                Some(p) => match at(p) {
+                    Some(v) => as_key(v),
+                    None => return false,
+                },
+            };
+            items.entry(k).or_default().insert(id);
+        }
+        (ReducerKind::Histogram { value, edges }, Agg::Histogram { counts, .. }) => {
+            let Some(x) = at(value).and_then(Value::as_f64) else {
+                return false;
+            };
+            let bucket = edges.partition_point(|e| *e <= x);
+            if let Some(c) = counts.get_mut(bucket) {
+                *c += 1;
+            }
+        }
+        (ReducerKind::MinMax { value }, Agg::MinMax { min, max }) => {
+            let Some(x) = at(value).and_then(Value::as_f64) else {
+                return false;
+            };
+            *min = Some((x, id.clone()));
+            *max = Some((x, id));
+        }
+        (ReducerKind::Join { key }, Agg::Join { keys }) => {
+            let Some(k) = at(key) else { return false };
+            keys.entry(as_key(k))
+                .or_default()
+                .entry(leaf.stage.clone())
+                .or_default()
+                .insert(id);
+        }
+        (ReducerKind::TopK { score, .. }, Agg::TopK { k, items }) => {
+            let Some(x) = at(score).and_then(Value::as_f64) else {
+                return false;
+            };
+            if *k > 0 {
+                items.push((x, id, leaf.stage.clone()));
+            }
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// Where fold nodes are cached between runs.
+pub trait NodeCache {
+    fn get(&mut self, key: &ContentHash) -> Option<FoldValue>;
+    fn put(&mut self, key: &ContentHash, level: u32, value: &FoldValue);
+}
+
+/// A cache that remembers nothing: every node is computed.
+pub struct NoCache;
+
+impl NodeCache for NoCache {
+    fn get(&mut self, _: &ContentHash) -> Option<FoldValue> {
+        None
+    }
+    fn put(&mut self, _: &ContentHash, _: u32, _: &FoldValue) {}
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FoldOutcome {
+    pub root: FoldValue,
+    pub root_key: ContentHash,
+    /// Levels above the leaves.
+    pub depth: u32,
+    pub nodes_computed: u64,
+    pub nodes_reused: u64,
+    /// For each leaf, in input order, the keys of the nodes it was reduced
+    /// through (parent first, root last).
+    pub paths: Vec<Vec<ContentHash>>,
+}
+
+/// The definition hash a fold's node keys start from.
+pub fn fold_definition(spec: &FoldSpec) -> ContentHash {
+    let mut h = StableHasher::new("fold-def-v1");
+    h.field("fan_in", &spec.fan_in);
+    let reducers = serde_json::to_value(&spec.reducers).unwrap_or(Value::Null);
+    h.field("reducers", &reducers);
+    h.finish()
+}
+
+/// Reduces leaves (in the given order) through a tree of fan-in
+/// `spec.fan_in`, reusing any node the cache already holds.
+pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) -> FoldOutcome {
+    let fan_in = spec.fan_in.max(2);
+    let def = fold_definition(spec);
+    // Level 0: leaf keys and values; leaves are cheap and never cached.
+    let mut level: Vec<(ContentHash, Option<FoldValue>)> = leaves
+        .iter()
+        .map(|l| {
+            let mut h = StableHasher::new("fold-leaf-v1");
+            h.field("def", &def).field("leaf", l);
+            (h.finish(), Some(FoldValue::of_leaf(spec, l)))
+        })
+        .collect();
+    // owner[i] = index of the current-level node that leaf i sits under.
+    let mut owner: Vec<usize> = (0..leaves.len()).collect();
+    let mut paths: Vec<Vec<ContentHash>> = vec![Vec::new(); leaves.len()];
+    let mut depth = 0u32;
+    let (mut computed, mut reused) = (0u64, 0u64);
+    if level.is_empty() {
+        let root = FoldValue::empty(spec);
+        let mut h = StableHasher::new("fold-node-v1");
+        h.field("def", &def).field("level", &0u32);
+        return FoldOutcome {
+            root,
+            root_key: h.finish(),
+            depth: 0,
+            nodes_computed: 0,
+            nodes_reused: 0,
+            paths,
+        };
+    }
+    while level.len() > 1 || depth == 0 {
+        depth += 1;
+        let mut next = Vec::with_capacity(level.len().div_ceil(fan_in));
+        for chunk in level.chunks(fan_in) {
+            let mut h = StableHasher::new("fold-node-v1");
+            h.field("def", &def).field("level", &depth);
+            let keys: Vec<ContentHash> = chunk.iter().map(|(k, _)| *k).collect();
+            h.field("children", &keys);
+            let key = h.finish();
+            let value = match cache.get(&key) {
+                Some(v) => {
+                    reused += 1;
+                    v
+                }
+                None => {
+                    let mut acc = FoldValue::empty(spec);
+                    for (_, child) in chunk {
+                        if let Some(c) = child {
+                            acc.merge(c);
+                        }
+                    }
+                    cache.put(&key, depth, &acc);
+                    computed += 1;
+                    acc
+                }
+            };
+            next.push((key, Some(value)));
+        }
+        for (leaf, o) in owner.iter_mut().enumerate() {
+            *o /= fan_in;
+            paths[leaf].push(next[*o].0);
+        }
+        level = next;
+    }
+    let (root_key, root) = level.pop().unwrap_or((def, None));
+    FoldOutcome {
+        root: root.unwrap_or_else(|| FoldValue::empty(spec)),
+        root_key,
+        depth,
+        nodes_computed: computed,
+        nodes_reused: reused,
+        paths,
+    }
+}
+
+/// Reduces leaves in one flat pass, without a tree: the reference the tree
+/// must agree with.
+pub fn fold_flat(spec: &FoldSpec, leaves: &[Leaf]) -> FoldValue {
+    let mut acc = FoldValue::empty(spec);
+    for l in leaves {
+        acc.merge(&FoldValue::of_leaf(spec, l));
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+    use std::collections::HashMap;
+
+    fn spec(fan_in: usize) -> FoldSpec {
+        let r = |name: &str, kind: ReducerKind| ReducerSpec {
+            name: name.into(),
+            stage: None,
+            statuses: None,
+            kind,
+        };
+        FoldSpec {
+            fan_in,
+            reducers: vec![
+                r("n", ReducerKind::Count),
+                r(
+                    "by_cause",
+                    ReducerKind::CountBy {
+                        key: "/cause".into(),
+                    },
+                ),
+                r("ids", ReducerKind::Set { value: None }),
+                r(
+                    "hist",
+                    ReducerKind::Histogram {
+                        value: "/score".into(),
+                        edges: vec![0.25, 0.5, 0.75],
+                    },
+                ),
+                r(
+                    "range",
+                    ReducerKind::MinMax {
+                        value: "/score".into(),
+                    },
+                ),
+                r(
+                    "join",
+                    ReducerKind::Join {
+                        key: "/cause".into(),
+                    },
+                ),
+                r(
+                    "top",
+                    ReducerKind::TopK {
+                        score: "/score".into(),
+                        k: 3,
+                    },
+                ),
+                ReducerSpec {
+                    name: "all".into(),
+                    stage: None,
+                    statuses: Some(Status::ALL.to_vec()),
+                    kind: ReducerKind::Count,
+                },
+            ],
+        }
+    }
+
+    fn leaf_strategy() -> impl Strategy<Value = Leaf> {
+        (0u32..40, 0usize..6, 0usize..4, 0u32..5, 0usize..2).prop_map(
+            |(id, st, cause, score, stage)| Leaf {
+                unit_id: UnitId(format!("{id}")),
+                stage: ["a", "b"][stage].into(),
+                status: Status::ALL[st],
+                facts: {
+                    let causes = [json!("x"), json!("y"), json!("z"), Value::Null];
+                    json!({"cause": causes[cause].clone(), "score": f64::from(score) / 4.0})
+                },
+            },
+        )
+    }
+
+    fn dedup(mut leaves: Vec<Leaf>) -> Vec<Leaf> {
+        // A unit has one outcome per stage.
+        let mut seen = std::collections::HashSet::new();
+        leaves.retain(|l| seen.insert((l.unit_id.clone(), l.stage.clone())));
+        leaves
+    }
+
+    proptest! {
+        #[test]
+        fn reorder_and_regroup_never_change_the_fold(
+            leaves in prop::collection::vec(leaf_strategy(), 0..60).prop_map(dedup),
+            seed in any::<u64>(),
+            fan_a in 2usize..9,
+            fan_b in 2usize..9,
+        ) {
+            let flat = fold_flat(&spec(fan_a), &leaves);
+            let tree = fold_tree(&spec(fan_a), &leaves, &mut NoCache).root;
+            prop_assert_eq!(&tree, &flat);
+            let mut shuffled = leaves.clone();
+            // A seeded Fisher-Yates shuffle.
+            let mut s = seed;
+            for i in (1..shuffled.len()).rev() {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let j = (s >> 33) as usize % (i + 1);
+                shuffled.swap(i, j);
+            }
+            let regrouped = fold_tree(&spec(fan_b), &shuffled, &mut NoCache).root;
+            prop_assert_eq!(&regrouped, &flat);
+        }
+    }
+
+    #[derive(Default)]
+    struct MapCache(HashMap<ContentHash, FoldValue>);
+    impl NodeCache for MapCache {
+        fn get(&mut self, key: &ContentHash) -> Option<FoldValue> {
+            self.0.get(key).cloned()
+        }
+        fn put(&mut self, key: &ContentHash, _: u32, value: &FoldValue) {
+            self.0.insert(*key, value.clone());
+        }
+    }
+
+    #[test]
+    fn one_changed_leaf_recomputes_one_path() {
+        let leaves: Vec<Leaf> = (0..1000)
+            .map(|i| Leaf {
+                unit_id: UnitId(format!("{i}")),
+                stage: "a".into(),
+                status: if i % 7 == 0 {
+                    Status::Positive
+                } else {
+                    Status::Negative
+                },
+                facts: json!({"cause": "x", "score": 0.5}),
+            })
+            .collect();
+        let spec = spec(16);
+        let mut cache = MapCache::default();
+        let first = fold_tree(&spec, &leaves, &mut cache);
+        assert_eq!(first.depth, 3);
+        assert_eq!(first.nodes_computed, 63 + 4 + 1);
+        let again = fold_tree(&spec, &leaves, &mut cache);
+        assert_eq!((again.nodes_computed, again.root_key), (0, first.root_key));
+        let mut changed = leaves.clone();
+        changed[500].status = Status::Positive;
+        let after = fold_tree(&spec, &changed, &mut cache);
+        assert_eq!(after.nodes_computed, u64::from(after.depth));
+        assert_ne!(after.root_key, first.root_key);
+        assert_eq!(after.paths[500].len(), 3);
+        assert_eq!(after.root, fold_flat(&spec, &changed));
+    }
+
+    #[test]
+    fn top_k_breaks_ties_by_unit_id() {
+        let spec = spec(2);
+        let leaves: Vec<Leaf> = ["d", "b", "c", "a"]
+            .iter()
+            .map(|id| Leaf {
+                unit_id: UnitId((*id).into()),
+                stage: "a".into(),
+                status: Status::Positive,
+                facts: json!({"score": 1.0}),
+            })
+            .collect();
+        let root = fold_tree(&spec, &leaves, &mut NoCache).root;
+        match root.reducers.get("top") {
+            Some(Agg::TopK { items, .. }) => {
+                let ids: Vec<&str> = items.iter().map(|(_, id, _)| id.as_str()).collect();
+                assert_eq!(ids, ["a", "b", "c"]);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}

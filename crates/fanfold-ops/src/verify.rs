@@ -1,0 +1,106 @@
+//! Independent read-back of an answer against its source artifact.
+//!
+//! The engine re-partitions the stored artifact bytes (not the units it ran
+//! on) and hands them here with the facts; every cited id must exist with the
+//! recorded hash and every evidence quote must sit at its recorded range.
+
+use std::collections::{BTreeSet, HashMap};
+
+use fanfold_core::{FactRecord, StableHash, StableHasher, Status, UnitId};
+use serde::{Deserialize, Serialize};
+
+use crate::map::field_text;
+use crate::partition::PartUnit;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct VerifyReport {
+    pub passed: bool,
+    pub cited_checked: u64,
+    pub cited_missing: Vec<UnitId>,
+    pub hash_mismatches: Vec<UnitId>,
+    pub evidence_checked: u64,
+    pub evidence_failures: Vec<String>,
+    /// Seeded random negatives listed for a human or second model to read back.
+    pub negative_sample: Vec<UnitId>,
+    /// Every abstain, listed for read-back.
+    pub abstains: Vec<UnitId>,
+}
+
+/// Checks `cited` ids and every fact's evidence against freshly partitioned
+/// `source_units`.
+pub fn verify(
+    source_units: &[PartUnit],
+    facts: &[FactRecord],
+    cited: &BTreeSet<UnitId>,
+    negative_sample: usize,
+    seed: u64,
+) -> VerifyReport {
+    let by_id: HashMap<&UnitId, &PartUnit> =
+        source_units.iter().map(|u| (&u.unit.unit_id, u)).collect();
+    let mut report = VerifyReport::default();
+    let fact_hash: HashMap<&UnitId, &FactRecord> = facts
+        .iter()
+        .filter_map(|f| f.source_ids.first().map(|id| (id, f)))
+        .collect();
+    for id in cited {
+        report.cited_checked += 1;
+        match by_id.get(id) {
+            None => report.cited_missing.push(id.clone()),
+            Some(u) => {
+                if let Some(f) = fact_hash.get(id)
+                    && f.source_hashes.first() != Some(&u.unit.unit_hash)
+                {
+                    report.hash_mismatches.push(id.clone());
+                }
+            }
+        }
+    }
+    for f in facts {
+        let Some(id) = f.source_ids.first() else {
+            continue;
+        };
+        for ev in &f.evidence {
+            report.evidence_checked += 1;
+            let ok = by_id
+                .get(id)
+                .and_then(|u| field_text(&u.value, &ev.field))
+                .and_then(|t| {
+                    t.get(ev.start as usize..ev.end as usize)
+                        .map(|s| s == ev.quote)
+                })
+                .unwrap_or(false);
+            if !ok {
+                report.evidence_failures.push(format!(
+                    "unit {id} field `{}` bytes {}..{}: {:?}",
+                    ev.field, ev.start, ev.end, ev.quote
+                ));
+            }
+        }
+    }
+    let mut negatives: Vec<(fanfold_core::ContentHash, &UnitId)> = facts
+        .iter()
+        .filter(|f| f.status == Status::Negative)
+        .filter_map(|f| f.source_ids.first())
+        .map(|id| {
+            let mut h = StableHasher::new("negative-sample-v1");
+            h.field("seed", &seed);
+            id.stable_hash(&mut h);
+            (h.finish(), id)
+        })
+        .collect();
+    negatives.sort();
+    report.negative_sample = negatives
+        .into_iter()
+        .take(negative_sample)
+        .map(|(_, id)| id.clone())
+        .collect();
+    report.abstains = facts
+        .iter()
+        .filter(|f| f.status == Status::Abstain)
+        .filter_map(|f| f.source_ids.first().cloned())
+        .collect();
+    report.passed = report.cited_missing.is_empty()
+        && report.hash_mismatches.is_empty()
+        && report.evidence_failures.is_empty();
+    report
+}
