@@ -1,1 +1,123 @@
+//! Model backends behind one trait.
+//!
+//! A backend is handed a [`Job`]: one stage's shared prefix plus a queue of
+//! per-unit suffixes. It pulls requests with [`Job::next`] whenever it has a
+//! free slot and hands each result back with [`Job::complete`]. The engine
+//! owns the queue, so it alone enforces slots, budgets, retries and
+//! cancellation, and it measures concurrency itself instead of trusting the
+//! backend. This shape fits an in-process model with KV-shared slots
+//! (continuous batching: pull the moment a slot frees), HTTP endpoints
+//! (one pull per connection) and provider batch APIs (pull all, submit,
+//! poll) alike.
 
+pub mod replay;
+pub mod scripted;
+
+use serde::{Deserialize, Serialize};
+
+pub use replay::{Cassette, CassetteEntry, RecordingBackend, ReplayBackend};
+pub use scripted::ScriptedBackend;
+
+/// One unit's turn.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// The engine's handle for this unit; opaque to backends.
+    pub index: usize,
+    pub unit_id: String,
+    /// The per-unit part of the prompt; it follows the job's prefix.
+    pub suffix: String,
+    /// The projected fields the suffix was built from. Real backends ignore
+    /// it; the scripted backend computes its answer from it.
+    pub input: serde_json::Value,
+    /// 1 for the first try.
+    pub attempt: u32,
+    pub max_output_tokens: u32,
+}
+
+/// Token counts and time as the backend measured them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens the backend evaluated for this request.
+    pub prompt_tokens: u64,
+    /// Prompt tokens served from a shared or cached prefix.
+    pub cached_tokens: u64,
+    pub completion_tokens: u64,
+    pub latency_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Completion {
+    pub text: String,
+    pub usage: Usage,
+}
+
+/// A failed call. Each is retried within the stage's budget and then
+/// recorded as `error` with its cause; none is ever a negative.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum CallError {
+    #[error("timed out after {ms} ms")]
+    Timeout { ms: u64 },
+    #[error("backend error: {0}")]
+    Backend(String),
+    #[error("no recorded answer for this request (cassette miss)")]
+    Missing,
+}
+
+impl CallError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            CallError::Timeout { .. } => "timeout",
+            CallError::Backend(_) => "backend_error",
+            CallError::Missing => "cassette_miss",
+        }
+    }
+}
+
+/// What a backend is, for fact records and reports.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BackendInfo {
+    pub kind: String,
+    /// A stable identity of the model: a weights hash, a provider model
+    /// name, a script hash. Part of every cache key.
+    pub model_id: String,
+    /// True when answers come from a script or a cassette, not a model;
+    /// every output such a backend touches is labelled [SIMULATED].
+    pub simulated: bool,
+}
+
+/// The engine's side of a stage run.
+pub trait Job: Sync {
+    /// The immutable prefix shared by every request of this job.
+    fn prefix(&self) -> &str;
+    /// Most requests the backend may hold at once.
+    fn slots(&self) -> usize;
+    /// The next request, or `None` when there is no more work (queue empty,
+    /// budget spent, or the contract cancelled the rest).
+    fn next(&self) -> Option<Request>;
+    /// Hands back one result. May queue a retry that a later `next` returns.
+    fn complete(&self, request: Request, result: Result<Completion, CallError>);
+    /// True once queued and in-flight work should be abandoned.
+    fn is_cancelled(&self) -> bool;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("backend setup: {0}")]
+    Setup(String),
+    #[error("cassette {path}: {detail}")]
+    Cassette { path: String, detail: String },
+}
+
+pub trait ModelBackend: Send + Sync {
+    fn info(&self) -> BackendInfo;
+    /// Drains `job`, using at most `job.slots()` requests at once. Per-unit
+    /// failures go to `complete`; an `Err` means the backend itself could
+    /// not run.
+    fn run(&self, job: &dyn Job) -> Result<(), BackendError>;
+}
+
+/// A rough token count for backends that have no tokenizer: about four
+/// bytes a token. Only simulated backends use it.
+pub fn approx_tokens(text: &str) -> u64 {
+    (text.len() as u64).div_ceil(4)
+}

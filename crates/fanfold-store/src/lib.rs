@@ -1,1 +1,530 @@
+//! The store: one SQLite file per project directory, readable with `sqlite3`.
+//!
+//! Tables: `artifacts` (immutable source bytes by BLAKE3 hash), `units` and
+//! `rejections` (the partition of each artifact), `facts` (decided stage
+//! outputs by content key), `fold_nodes` (fold tree nodes by key), `runs`,
+//! `run_units` (each unit's outcome in a run) and `run_events`.
+//!
+//! Architecture Invariant: every write is a single statement or one
+//! transaction, in WAL mode, so a process killed at any instant leaves a
+//! consistent file, and a rerun finds every fact that was written before the
+//! kill. Only decided facts (positive, negative, abstain) enter `facts`:
+//! a failure is never cached as an answer.
 
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use fanfold_core::{ContentHash, FactRecord, Unit};
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+/// Bumped when the tables change shape; an older file is refused, not
+/// silently misread.
+pub const SCHEMA_VERSION: &str = "fanfold-store-v1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store {path}: {source}")]
+    Sqlite {
+        path: String,
+        source: rusqlite::Error,
+    },
+    #[error(
+        "store {path} has schema {found}, this fanfold needs {SCHEMA_VERSION}; move it aside to start fresh"
+    )]
+    Version { path: String, found: String },
+    #[error("store {path}: record does not decode: {detail}")]
+    Decode { path: String, detail: String },
+    #[error("refusing to cache a `{status}` fact: only decided answers are cached")]
+    NotCacheable { status: String },
+}
+
+/// A partition rejection as stored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RejectionRow {
+    pub ordinal: u64,
+    pub reason: String,
+    pub detail: String,
+    pub byte_start: u64,
+    pub byte_end: u64,
+}
+
+/// One unit's outcome in one run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunUnitRow {
+    pub unit_id: String,
+    /// The stage, or `prefilter` for an exclusion.
+    pub stage: String,
+    /// A fact status, or `excluded`.
+    pub status: String,
+    pub reason: Option<String>,
+    pub fact_key: Option<ContentHash>,
+}
+
+pub struct Store {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS artifacts (
+    hash TEXT PRIMARY KEY, len INTEGER NOT NULL, origin TEXT NOT NULL,
+    created_ms INTEGER NOT NULL, bytes BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS units (
+    source_hash TEXT NOT NULL, unit_id TEXT NOT NULL, ordinal INTEGER NOT NULL,
+    unit_kind TEXT NOT NULL, unit_hash TEXT NOT NULL,
+    byte_start INTEGER NOT NULL, byte_end INTEGER NOT NULL,
+    PRIMARY KEY (source_hash, unit_id));
+CREATE TABLE IF NOT EXISTS rejections (
+    source_hash TEXT NOT NULL, ordinal INTEGER NOT NULL, reason TEXT NOT NULL,
+    detail TEXT NOT NULL, byte_start INTEGER NOT NULL, byte_end INTEGER NOT NULL,
+    PRIMARY KEY (source_hash, ordinal));
+CREATE TABLE IF NOT EXISTS facts (
+    key TEXT PRIMARY KEY, unit_id TEXT NOT NULL, unit_hash TEXT NOT NULL,
+    stage TEXT NOT NULL, stage_version INTEGER NOT NULL, status TEXT NOT NULL,
+    record TEXT NOT NULL, created_ms INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS facts_by_unit ON facts (unit_id, stage);
+CREATE TABLE IF NOT EXISTS fold_nodes (
+    key TEXT PRIMARY KEY, level INTEGER NOT NULL, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, spec_name TEXT NOT NULL, spec_hash TEXT NOT NULL,
+    source_hash TEXT NOT NULL, started_ms INTEGER NOT NULL, finished_ms INTEGER,
+    stop_reason TEXT, certificate TEXT);
+CREATE TABLE IF NOT EXISTS run_units (
+    run_id TEXT NOT NULL, unit_id TEXT NOT NULL, stage TEXT NOT NULL,
+    status TEXT NOT NULL, reason TEXT, fact_key TEXT,
+    PRIMARY KEY (run_id, unit_id, stage));
+CREATE TABLE IF NOT EXISTS run_events (
+    run_id TEXT NOT NULL, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL,
+    kind TEXT NOT NULL, payload TEXT NOT NULL, PRIMARY KEY (run_id, seq));
+";
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let p = path.display().to_string();
+        let sql = |source| StoreError::Sqlite {
+            path: p.clone(),
+            source,
+        };
+        if let Some(dir) = path.parent()
+            && !dir.as_os_str().is_empty()
+        {
+            // A missing folder surfaces as SQLite's "unable to open" below.
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let conn = Connection::open(path).map_err(sql)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(sql)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(sql)?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(sql)?;
+        conn.execute_batch(SCHEMA).map_err(sql)?;
+        let found: Option<String> = conn
+            .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(sql)?;
+        match found {
+            None => {
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema', ?1)",
+                    [SCHEMA_VERSION],
+                )
+                .map_err(sql)?;
+            }
+            Some(v) if v == SCHEMA_VERSION => {}
+            Some(v) => return Err(StoreError::Version { path: p, found: v }),
+        }
+        Ok(Store {
+            conn: Mutex::new(conn),
+            path: path.to_owned(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave SQLite inconsistent:
+        // statements are atomic on their own.
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn sql(&self, source: rusqlite::Error) -> StoreError {
+        StoreError::Sqlite {
+            path: self.path.display().to_string(),
+            source,
+        }
+    }
+
+    fn decode(&self, detail: impl ToString) -> StoreError {
+        StoreError::Decode {
+            path: self.path.display().to_string(),
+            detail: detail.to_string(),
+        }
+    }
+
+    /// Stores source bytes under their hash; storing the same bytes twice is
+    /// a no-op, and stored bytes are never rewritten.
+    pub fn put_artifact(
+        &self,
+        hash: &ContentHash,
+        bytes: &[u8],
+        origin: &str,
+    ) -> Result<bool, StoreError> {
+        let n = self
+            .conn()
+            .execute(
+                "INSERT OR IGNORE INTO artifacts (hash, len, origin, created_ms, bytes) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![hash.to_hex(), bytes.len() as i64, origin, now_ms() as i64, bytes],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(n == 1)
+    }
+
+    pub fn get_artifact(&self, hash: &ContentHash) -> Result<Option<Vec<u8>>, StoreError> {
+        self.conn()
+            .query_row(
+                "SELECT bytes FROM artifacts WHERE hash = ?1",
+                [hash.to_hex()],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))
+    }
+
+    /// Records an artifact's partition in one transaction.
+    pub fn put_partition(
+        &self,
+        source: &ContentHash,
+        units: &[&Unit],
+        rejections: &[RejectionRow],
+    ) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        {
+            let mut ins = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO units (source_hash, unit_id, ordinal, unit_kind, unit_hash, byte_start, byte_end)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )
+                .map_err(|e| self.sql(e))?;
+            let src = source.to_hex();
+            for u in units {
+                ins.execute(params![
+                    src,
+                    u.unit_id.as_str(),
+                    u.ordinal as i64,
+                    u.unit_kind,
+                    u.unit_hash.to_hex(),
+                    u.bytes.start as i64,
+                    u.bytes.end as i64
+                ])
+                .map_err(|e| self.sql(e))?;
+            }
+            let mut rej = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO rejections (source_hash, ordinal, reason, detail, byte_start, byte_end)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .map_err(|e| self.sql(e))?;
+            for r in rejections {
+                rej.execute(params![
+                    src,
+                    r.ordinal as i64,
+                    r.reason,
+                    r.detail,
+                    r.byte_start as i64,
+                    r.byte_end as i64
+                ])
+                .map_err(|e| self.sql(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.sql(e))
+    }
+
+    pub fn count_units(&self, source: &ContentHash) -> Result<u64, StoreError> {
+        self.conn()
+            .query_row(
+                "SELECT COUNT(*) FROM units WHERE source_hash = ?1",
+                [source.to_hex()],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+            .map_err(|e| self.sql(e))
+    }
+
+    pub fn get_fact(&self, key: &ContentHash) -> Result<Option<FactRecord>, StoreError> {
+        let text: Option<String> = self
+            .conn()
+            .query_row(
+                "SELECT record FROM facts WHERE key = ?1",
+                [key.to_hex()],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))?;
+        text.map(|t| serde_json::from_str(&t).map_err(|e| self.decode(e)))
+            .transpose()
+    }
+
+    /// Caches a decided fact under its key.
+    pub fn put_fact(&self, fact: &FactRecord) -> Result<(), StoreError> {
+        if !fact.status.is_cacheable() {
+            return Err(StoreError::NotCacheable {
+                status: fact.status.to_string(),
+            });
+        }
+        let record = serde_json::to_string(fact).map_err(|e| self.decode(e))?;
+        let unit = fact
+            .source_ids
+            .first()
+            .map(|u| u.0.clone())
+            .unwrap_or_default();
+        let unit_hash = fact
+            .source_hashes
+            .first()
+            .map(|h| h.to_hex())
+            .unwrap_or_default();
+        self.conn()
+            .execute(
+                "INSERT OR REPLACE INTO facts (key, unit_id, unit_hash, stage, stage_version, status, record, created_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    fact.key.to_hex(),
+                    unit,
+                    unit_hash,
+                    fact.stage,
+                    fact.stage_version,
+                    fact.status.as_str(),
+                    record,
+                    now_ms() as i64
+                ],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    pub fn count_facts(&self) -> Result<u64, StoreError> {
+        self.conn()
+            .query_row("SELECT COUNT(*) FROM facts", [], |r| r.get::<_, i64>(0))
+            .map(|n| n as u64)
+            .map_err(|e| self.sql(e))
+    }
+
+    pub fn get_fold_node(
+        &self,
+        key: &ContentHash,
+    ) -> Result<Option<serde_json::Value>, StoreError> {
+        let text: Option<String> = self
+            .conn()
+            .query_row(
+                "SELECT value FROM fold_nodes WHERE key = ?1",
+                [key.to_hex()],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))?;
+        text.map(|t| serde_json::from_str(&t).map_err(|e| self.decode(e)))
+            .transpose()
+    }
+
+    pub fn put_fold_node(
+        &self,
+        key: &ContentHash,
+        level: u32,
+        value: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "INSERT OR REPLACE INTO fold_nodes (key, level, value) VALUES (?1, ?2, ?3)",
+                params![key.to_hex(), level, value.to_string()],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    pub fn begin_run(
+        &self,
+        run_id: &str,
+        spec_name: &str,
+        spec_hash: &ContentHash,
+        source: &ContentHash,
+    ) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "INSERT INTO runs (run_id, spec_name, spec_hash, source_hash, started_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![run_id, spec_name, spec_hash.to_hex(), source.to_hex(), now_ms() as i64],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    /// Records the outcome of many units in one transaction.
+    pub fn put_run_units(&self, run_id: &str, rows: &[RunUnitRow]) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        {
+            let mut ins = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO run_units (run_id, unit_id, stage, status, reason, fact_key)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .map_err(|e| self.sql(e))?;
+            for r in rows {
+                ins.execute(params![
+                    run_id,
+                    r.unit_id,
+                    r.stage,
+                    r.status,
+                    r.reason,
+                    r.fact_key.map(|k| k.to_hex())
+                ])
+                .map_err(|e| self.sql(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.sql(e))
+    }
+
+    pub fn event(
+        &self,
+        run_id: &str,
+        kind: &str,
+        payload: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "INSERT INTO run_events (run_id, seq, at_ms, kind, payload)
+                 VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM run_events WHERE run_id = ?1), ?2, ?3, ?4)",
+                params![run_id, now_ms() as i64, kind, payload.to_string()],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    pub fn finish_run(
+        &self,
+        run_id: &str,
+        stop_reason: &str,
+        certificate: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "UPDATE runs SET finished_ms = ?2, stop_reason = ?3, certificate = ?4 WHERE run_id = ?1",
+                params![run_id, now_ms() as i64, stop_reason, certificate.to_string()],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    /// Runs that began and never finished (killed processes).
+    pub fn unfinished_runs(&self) -> Result<Vec<String>, StoreError> {
+        let conn = self.conn();
+        let mut st = conn
+            .prepare("SELECT run_id FROM runs WHERE finished_ms IS NULL ORDER BY started_ms")
+            .map_err(|e| self.sql(e))?;
+        let rows = st.query_map([], |r| r.get(0)).map_err(|e| self.sql(e))?;
+        rows.collect::<Result<Vec<String>, _>>()
+            .map_err(|e| self.sql(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fanfold_core::{Cost, FACT_SCHEMA, ModelParams, Status, UnitId};
+
+    fn fact(status: Status) -> FactRecord {
+        FactRecord {
+            schema: FACT_SCHEMA.into(),
+            key: ContentHash::of_bytes(status.as_str().as_bytes()),
+            source_ids: vec![UnitId("1".into())],
+            source_hashes: vec![ContentHash::of_bytes(b"u")],
+            stage: "s".into(),
+            stage_version: 1,
+            rubric_hash: ContentHash::of_bytes(b"r"),
+            model: ModelParams {
+                backend: "scripted".into(),
+                model_id: "m".into(),
+                temperature: 0.0,
+                max_output_tokens: 8,
+                seed: 0,
+                simulated: true,
+            },
+            status,
+            decision: None,
+            facts: serde_json::Value::Null,
+            confidence: None,
+            reason: None,
+            evidence: vec![],
+            cost: Cost::default(),
+            attempts: 1,
+            reducer_path: vec![],
+        }
+    }
+
+    #[test]
+    fn facts_round_trip_and_failures_are_never_cached() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("s.sqlite")).expect("open");
+        let f = fact(Status::Negative);
+        store.put_fact(&f).expect("put");
+        assert_eq!(store.get_fact(&f.key).expect("get"), Some(f));
+        for st in [Status::Error, Status::Cancelled, Status::NotRun] {
+            assert!(matches!(
+                store.put_fact(&fact(st)),
+                Err(StoreError::NotCacheable { .. })
+            ));
+        }
+        assert_eq!(store.count_facts().expect("count"), 1);
+    }
+
+    #[test]
+    fn artifacts_are_immutable_and_reopen_keeps_everything() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.sqlite");
+        let h = ContentHash::of_bytes(b"abc");
+        {
+            let store = Store::open(&path).expect("open");
+            assert!(store.put_artifact(&h, b"abc", "test").expect("put"));
+            assert!(!store.put_artifact(&h, b"abc", "test").expect("put again"));
+            store.begin_run("r1", "spec", &h, &h).expect("run");
+        }
+        let store = Store::open(&path).expect("reopen");
+        assert_eq!(
+            store.get_artifact(&h).expect("get").as_deref(),
+            Some(&b"abc"[..])
+        );
+        assert_eq!(store.unfinished_runs().expect("runs"), ["r1"]);
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.sqlite");
+        drop(Store::open(&path).expect("open"));
+        let conn = Connection::open(&path).expect("raw");
+        conn.execute(
+            "UPDATE meta SET value = 'fanfold-store-v99' WHERE key = 'schema'",
+            [],
+        )
+        .expect("edit");
+        drop(conn);
+        assert!(matches!(
+            Store::open(&path),
+            Err(StoreError::Version { .. })
+        ));
+    }
+}

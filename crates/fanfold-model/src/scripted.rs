@@ -1,0 +1,135 @@
+//! [SIMULATED] The scripted backend: answers computed by a jq program over
+//! the unit's projected fields, with injectable faults. It exists to test the
+//! engine's accounting (slots, retries, statuses, caching) deterministically;
+//! its answers are never a quality claim.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use fanfold_core::StableHash;
+use fanfold_core::spec::{FaultKind, FaultSpec};
+use fanfold_ops::jq::{JqProgram, to_val};
+
+use crate::{
+    BackendError, BackendInfo, CallError, Completion, Job, ModelBackend, Usage, approx_tokens,
+};
+
+pub struct ScriptedBackend {
+    script: String,
+    faults: Vec<FaultSpec>,
+    delay: Duration,
+    /// Attempts seen per (fault index, unit), for faults limited by `times`.
+    hits: Mutex<HashMap<(usize, String), u32>>,
+}
+
+impl ScriptedBackend {
+    pub fn new(
+        script: String,
+        faults: Vec<FaultSpec>,
+        delay_ms: u64,
+    ) -> Result<ScriptedBackend, BackendError> {
+        JqProgram::compile(&script)
+            .map_err(|e| BackendError::Setup(format!("scripted backend script: {e}")))?;
+        Ok(ScriptedBackend {
+            script,
+            faults,
+            delay: Duration::from_millis(delay_ms),
+            hits: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn fault_for(&self, unit: &str) -> Option<FaultKind> {
+        let mut hits = self.hits.lock().unwrap_or_else(|e| e.into_inner());
+        for (i, f) in self.faults.iter().enumerate() {
+            if !f.units.iter().any(|u| u == unit) {
+                continue;
+            }
+            let n = hits.entry((i, unit.to_owned())).or_insert(0);
+            *n += 1;
+            if f.times.is_none_or(|t| *n <= t) {
+                return Some(f.kind);
+            }
+        }
+        None
+    }
+
+    fn answer(
+        &self,
+        program: &JqProgram,
+        prefix_tokens: u64,
+        req: &crate::Request,
+    ) -> Result<Completion, CallError> {
+        let started = Instant::now();
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
+        let fault = self.fault_for(&req.unit_id);
+        let text = match fault {
+            Some(FaultKind::Error) => return Err(CallError::Backend("injected 500".into())),
+            Some(FaultKind::Timeout) => return Err(CallError::Timeout { ms: 30_000 }),
+            Some(FaultKind::Malformed) => "{\"decision\": \"blocker\", \"cause\": ".to_owned(),
+            Some(FaultKind::SchemaViolation) => "{\"decision\": 42}".to_owned(),
+            Some(FaultKind::FalseQuote) | None => {
+                let mut out = program
+                    .first_json(to_val(&req.input))
+                    .map_err(|e| CallError::Backend(e.to_string()))?
+                    .unwrap_or(serde_json::Value::Null);
+                if fault == Some(FaultKind::FalseQuote)
+                    && let Some(ev) = out.get_mut("evidence")
+                {
+                    *ev = serde_json::json!([{"field": "body", "quote": "a sentence that is in no issue"}]);
+                }
+                out.to_string()
+            }
+        };
+        Ok(Completion {
+            usage: Usage {
+                prompt_tokens: prefix_tokens + approx_tokens(&req.suffix),
+                cached_tokens: 0,
+                completion_tokens: approx_tokens(&text),
+                latency_ms: started.elapsed().as_millis() as u64,
+            },
+            text,
+        })
+    }
+}
+
+impl ModelBackend for ScriptedBackend {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            kind: "scripted".into(),
+            model_id: format!("scripted:{}", self.script.key_in("script-v1").short(16)),
+            simulated: true,
+        }
+    }
+
+    fn run(&self, job: &dyn Job) -> Result<(), BackendError> {
+        let prefix_tokens = approx_tokens(job.prefix());
+        let workers = job.slots().max(1);
+        std::thread::scope(|scope| {
+            let mut handles = Vec::with_capacity(workers);
+            for _ in 0..workers {
+                handles.push(scope.spawn(|| -> Result<(), BackendError> {
+                    // jq values are not Send: each slot compiles its own copy.
+                    let program = JqProgram::compile(&self.script)
+                        .map_err(|e| BackendError::Setup(e.to_string()))?;
+                    while let Some(req) = job.next() {
+                        if job.is_cancelled() {
+                            job.complete(req, Err(CallError::Backend("cancelled".into())));
+                            continue;
+                        }
+                        let result = self.answer(&program, prefix_tokens, &req);
+                        job.complete(req, result);
+                    }
+                    Ok(())
+                }));
+            }
+            for h in handles {
+                h.join()
+                    .map_err(|_| BackendError::Setup("a scripted slot panicked".into()))??;
+            }
+            Ok(())
+        })
+    }
+}
