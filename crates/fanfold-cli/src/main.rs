@@ -1,1 +1,258 @@
-fn main() {}
+//! The `fanfold` command: glue between the user and the engine.
+
+mod progress;
+mod selfcheck;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use fanfold_engine::{Plan, RunOptions, Source};
+
+/// Every environment variable fanfold reads, in one place.
+mod env_vars {
+    /// `tracing` filter, e.g. `fanfold=debug`.
+    pub const LOG: &str = "FANFOLD_LOG";
+    /// The store file; `.fanfold/store.sqlite` when unset.
+    pub const STORE: &str = "FANFOLD_STORE";
+}
+
+#[derive(Parser)]
+#[command(
+    name = "fanfold",
+    version,
+    about = "Ask questions of large, record-shaped inputs with language models, one bounded micro-context per record."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a spec: partition, prefilter, map, fold, verify; write the answer.
+    Run(RunArgs),
+    /// Print what a spec will do, without calling any model.
+    Explain(ExplainArgs),
+    /// Prove the spine's claims on the issue-triage fixture.
+    Selfcheck(SelfcheckArgs),
+    /// Print the JSON Schema of the spec file format.
+    SpecSchema,
+    /// Write a seeded fixture.
+    #[command(subcommand)]
+    Fixture(FixtureCommand),
+}
+
+#[derive(Args)]
+struct InputArgs {
+    /// Input file, or `-` for standard input. Overrides the spec's input.
+    #[arg(long, value_name = "FILE")]
+    input: Option<PathBuf>,
+    /// A command whose output is captured once as the input, e.g.
+    /// `--input-command "gh issue list --limit 1000 --json number,title,body"`.
+    #[arg(long, value_name = "CMD", conflicts_with = "input")]
+    input_command: Option<String>,
+    /// The store file.
+    #[arg(long, env = env_vars::STORE, default_value = ".fanfold/store.sqlite")]
+    store: PathBuf,
+    /// Elements larger than this are rejected (listed, never sent to a model).
+    #[arg(long, default_value_t = fanfold_ops::partition::DEFAULT_MAX_UNIT_BYTES)]
+    max_unit_bytes: u64,
+}
+
+impl InputArgs {
+    fn source(&self) -> Option<Source> {
+        if let Some(cmd) = &self.input_command {
+            return Some(Source::Command(
+                cmd.split_whitespace().map(str::to_owned).collect(),
+            ));
+        }
+        self.input.as_ref().map(|p| {
+            if p.as_os_str() == "-" {
+                Source::Stdin
+            } else {
+                Source::File(p.clone())
+            }
+        })
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The spec file (TOML).
+    spec: PathBuf,
+    #[command(flatten)]
+    input: InputArgs,
+    /// Output folder; `.fanfold/runs/<spec name>` when absent.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Physical slots: most units in flight at once.
+    #[arg(long, default_value_t = 4)]
+    slots: usize,
+    /// Append every model call to a replay cassette.
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
+    /// Print JSON Lines envelopes (answer, certificate) instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ExplainArgs {
+    spec: PathBuf,
+    #[command(flatten)]
+    input: InputArgs,
+    /// Only the plan; do not read the input.
+    #[arg(long)]
+    no_input: bool,
+}
+
+#[derive(Args)]
+struct SelfcheckArgs {
+    /// The issue-triage example folder.
+    #[arg(long)]
+    example: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum FixtureCommand {
+    /// The 1,000-issue tracker export and its oracle.
+    IssueTriage {
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+    },
+    /// Synthetic JSONL event records.
+    Jsonl {
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 1_000_000)]
+        records: u64,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env(env_vars::LOG)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    match real_main() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn real_main() -> Result<ExitCode> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => run(args),
+        Command::Explain(args) => explain(args),
+        Command::Selfcheck(args) => selfcheck::main(args.example, args.json),
+        Command::SpecSchema => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&fanfold_core::spec::Spec::json_schema())?
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Fixture(FixtureCommand::IssueTriage { out, seed, count }) => {
+            fanfold_fixtures::issues::write_issue_triage(&out, seed, count)
+                .with_context(|| format!("writing the fixture to {}", out.display()))?;
+            eprintln!("wrote {}/issues.json and oracle.json", out.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Fixture(FixtureCommand::Jsonl { out, records, seed }) => {
+            let file = std::fs::File::create(&out)
+                .with_context(|| format!("creating {}", out.display()))?;
+            let mut w = std::io::BufWriter::new(file);
+            let bytes = fanfold_fixtures::jsonl::write_records(&mut w, seed, records)?;
+            std::io::Write::flush(&mut w)?;
+            eprintln!(
+                "wrote {records} records ({bytes} bytes) to {}",
+                out.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn run(args: RunArgs) -> Result<ExitCode> {
+    let plan = Plan::load(&args.spec)?;
+    let mut opts = RunOptions::new(args.input.store.clone());
+    opts.source = args.input.source();
+    opts.slots = args.slots;
+    opts.max_unit_bytes = args.input.max_unit_bytes;
+    opts.record = args.record.clone();
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(".fanfold/runs").join(&plan.spec.name));
+    opts.out_dir = Some(out.clone());
+    let report = if args.json {
+        fanfold_engine::run(&plan, &opts, &fanfold_engine::NoProgress)?
+    } else {
+        let bars = progress::Bars::new();
+        fanfold_engine::run(&plan, &opts, &bars)?
+    };
+    if args.json {
+        for (kind, data) in [
+            ("answer", serde_json::to_value(&report.answer)?),
+            ("certificate", serde_json::to_value(&report.certificate)?),
+        ] {
+            println!("{}", serde_json::json!({"type": kind, "data": data}));
+        }
+    } else {
+        print!("{}", fanfold_engine::output::markdown(&report));
+        println!(
+            "\nwrote {}/answer.json, answer.md, facts.jsonl, certificate.json",
+            out.display()
+        );
+    }
+    if !report.certificate.verify.passed {
+        bail!(
+            "verification failed: see {}/certificate.json",
+            out.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn explain(args: ExplainArgs) -> Result<ExitCode> {
+    let plan = Plan::load(&args.spec)?;
+    let routing = if args.no_input {
+        None
+    } else {
+        let source = args.input.source().or_else(|| plan.default_source());
+        match source {
+            Some(src) => {
+                let store = if args.input.store.exists() {
+                    Some(fanfold_store::Store::open(&args.input.store)?)
+                } else {
+                    None
+                };
+                Some(fanfold_engine::run::route(
+                    &plan,
+                    &src,
+                    store.as_ref(),
+                    args.input.max_unit_bytes,
+                )?)
+            }
+            None => None,
+        }
+    };
+    print!("{}", plan.explain(routing.as_ref()));
+    Ok(ExitCode::SUCCESS)
+}

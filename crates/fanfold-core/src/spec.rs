@@ -256,8 +256,8 @@ fn default_fan_in() -> usize {
     16
 }
 
+// No `deny_unknown_fields` here: serde cannot combine it with `flatten`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct ReducerSpec {
     pub name: String,
     /// Stage whose facts feed this reducer; all stages when absent.

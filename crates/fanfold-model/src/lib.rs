@@ -121,3 +121,12 @@ pub trait ModelBackend: Send + Sync {
 pub fn approx_tokens(text: &str) -> u64 {
     (text.len() as u64).div_ceil(4)
 }
+
+impl<B: ModelBackend + ?Sized> ModelBackend for Box<B> {
+    fn info(&self) -> BackendInfo {
+        (**self).info()
+    }
+    fn run(&self, job: &dyn Job) -> Result<(), BackendError> {
+        (**self).run(job)
+    }
+}

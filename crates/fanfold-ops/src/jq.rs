@@ -32,7 +32,7 @@ impl JqProgram {
         let loader = Loader::new(defs);
         let arena = Arena::default();
         let syntax = |detail: String| JqError::Syntax {
-            expr: source.to_owned(),
+            expr: excerpt(source),
             detail,
         };
         let modules = loader
@@ -85,7 +85,7 @@ impl JqProgram {
                         Err(_) => "the program halted".to_owned(),
                     };
                     return Err(JqError::Runtime {
-                        expr: self.source.clone(),
+                        expr: excerpt(&self.source),
                         detail,
                     });
                 }
@@ -112,6 +112,20 @@ impl JqProgram {
                     })
             }
         }
+    }
+}
+
+/// A short form of a program for error messages: long scripts are named by
+/// their first line.
+fn excerpt(source: &str) -> String {
+    let first = source
+        .lines()
+        .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .unwrap_or("");
+    if first.len() < source.trim().len() {
+        format!("{} ...", first.chars().take(80).collect::<String>())
+    } else {
+        source.to_owned()
     }
 }
 

@@ -1,0 +1,380 @@
+//! From a spec file to a checked plan. Every cross-reference and file is
+//! resolved here, before any input is read or any model is called, so a bad
+//! spec fails in milliseconds with the file and the name at fault.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use fanfold_core::spec::{BackendSpec, ContractSpec, ReducerKind, Spec};
+use fanfold_core::{ContentHash, StableHash};
+use fanfold_ops::map::{MapSpecError, MapStage};
+use fanfold_ops::prefilter::{Prefilter, PrefilterError};
+
+use crate::source::Source;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("reading spec {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("spec {path}: {detail}")]
+    Parse { path: String, detail: String },
+    #[error("spec {path}: {detail}")]
+    Invalid { path: String, detail: String },
+    #[error("spec {path}: reading {what} {file}: {source}")]
+    File {
+        path: String,
+        what: &'static str,
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("spec {path}: {file} is not JSON: {detail}")]
+    Json {
+        path: String,
+        file: String,
+        detail: String,
+    },
+    #[error("spec {path}: {source}")]
+    Map { path: String, source: MapSpecError },
+    #[error("spec {path}: {source}")]
+    Prefilter {
+        path: String,
+        source: PrefilterError,
+    },
+}
+
+pub struct Plan {
+    pub spec: Spec,
+    pub spec_path: PathBuf,
+    pub spec_dir: PathBuf,
+    /// Hash of the spec text and every file it names.
+    pub spec_hash: ContentHash,
+    pub stages: Vec<MapStage>,
+}
+
+impl Plan {
+    pub fn load(path: &Path) -> Result<Plan, PlanError> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| PlanError::Read {
+            path: p.clone(),
+            source,
+        })?;
+        let spec = Spec::from_toml(&text).map_err(|e| PlanError::Parse {
+            path: p.clone(),
+            detail: e.to_string(),
+        })?;
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Plan::from_spec(spec, path, &dir, &text)
+    }
+
+    pub fn from_spec(
+        spec: Spec,
+        spec_path: &Path,
+        spec_dir: &Path,
+        text: &str,
+    ) -> Result<Plan, PlanError> {
+        let p = spec_path.display().to_string();
+        let invalid = |detail: String| PlanError::Invalid {
+            path: p.clone(),
+            detail,
+        };
+        let mut hashed: BTreeMap<String, String> = BTreeMap::new();
+        hashed.insert("spec".into(), text.to_owned());
+        let mut stages = Vec::new();
+        let mut names = BTreeSet::new();
+        if spec.stages.is_empty() {
+            return Err(invalid("declares no stages; add a [[stages]] table".into()));
+        }
+        for s in &spec.stages {
+            if !names.insert(s.name.clone()) {
+                return Err(invalid(format!("stage `{}` is declared twice", s.name)));
+            }
+            let read = |what: &'static str, file: &str| {
+                std::fs::read_to_string(spec_dir.join(file)).map_err(|source| PlanError::File {
+                    path: p.clone(),
+                    what,
+                    file: spec_dir.join(file).display().to_string(),
+                    source,
+                })
+            };
+            let rubric = read("rubric", &s.rubric)?;
+            let schema_text = read("output schema", &s.output_schema)?;
+            let schema = serde_json::from_str(&schema_text).map_err(|e| PlanError::Json {
+                path: p.clone(),
+                file: s.output_schema.clone(),
+                detail: e.to_string(),
+            })?;
+            if !spec.backends.contains_key(&s.backend) {
+                return Err(invalid(format!(
+                    "stage `{}` uses backend `{}`, which no [backends.{}] table declares",
+                    s.name, s.backend, s.backend
+                )));
+            }
+            hashed.insert(format!("rubric:{}", s.name), rubric.clone());
+            hashed.insert(format!("schema:{}", s.name), schema_text);
+            stages.push(MapStage::new(s.clone(), rubric, schema).map_err(|source| {
+                PlanError::Map {
+                    path: p.clone(),
+                    source,
+                }
+            })?);
+        }
+        for (name, b) in &spec.backends {
+            if let BackendSpec::Scripted { script, .. } = b {
+                let text = std::fs::read_to_string(spec_dir.join(script)).map_err(|source| {
+                    PlanError::File {
+                        path: p.clone(),
+                        what: "script",
+                        file: spec_dir.join(script).display().to_string(),
+                        source,
+                    }
+                })?;
+                hashed.insert(format!("script:{name}"), text);
+            }
+        }
+        for r in &spec.prefilter {
+            if let Some(st) = &r.stage
+                && !names.contains(st)
+            {
+                return Err(invalid(format!(
+                    "prefilter rule `{}` routes to unknown stage `{st}`; known stages: {}",
+                    r.name,
+                    names.iter().cloned().collect::<Vec<_>>().join(", ")
+                )));
+            }
+        }
+        Prefilter::compile(&spec.prefilter).map_err(|source| PlanError::Prefilter {
+            path: p.clone(),
+            source,
+        })?;
+        let mut reducers = BTreeMap::new();
+        for r in &spec.fold.reducers {
+            if let Some(st) = &r.stage
+                && !names.contains(st)
+            {
+                return Err(invalid(format!(
+                    "reducer `{}` reads unknown stage `{st}`",
+                    r.name
+                )));
+            }
+            if reducers.insert(r.name.clone(), &r.kind).is_some() {
+                return Err(invalid(format!("reducer `{}` is declared twice", r.name)));
+            }
+        }
+        if spec.fold.fan_in < 2 {
+            return Err(invalid("fold.fan_in must be at least 2".into()));
+        }
+        match &spec.contract {
+            ContractSpec::Exhaustive { answer, themes, .. } => {
+                match reducers.get(answer) {
+                    Some(ReducerKind::Set { .. }) => {}
+                    _ => {
+                        return Err(invalid(format!(
+                            "contract.answer `{answer}` must name a `set` reducer"
+                        )));
+                    }
+                }
+                if let Some(t) = themes
+                    && !matches!(reducers.get(t), Some(ReducerKind::CountBy { .. }))
+                {
+                    return Err(invalid(format!(
+                        "contract.themes `{t}` must name a `count_by` reducer"
+                    )));
+                }
+            }
+            ContractSpec::TopK { bound, score, k } => {
+                if *k == 0 {
+                    return Err(invalid("contract.k must be at least 1".into()));
+                }
+                if !score.starts_with('/') {
+                    return Err(invalid(format!(
+                        "contract.score `{score}` must be a JSON pointer"
+                    )));
+                }
+                fanfold_ops::jq::JqProgram::compile(bound)
+                    .map_err(|e| invalid(format!("contract.bound: {e}")))?;
+            }
+            ContractSpec::Threshold { .. } => {}
+        }
+        let spec_hash = hashed.key_in("spec-v1");
+        Ok(Plan {
+            spec,
+            spec_path: spec_path.to_owned(),
+            spec_dir: spec_dir.to_owned(),
+            spec_hash,
+            stages,
+        })
+    }
+
+    /// The source the spec names, resolved against its folder.
+    pub fn default_source(&self) -> Option<Source> {
+        if let Some(cmd) = &self.spec.input.command {
+            return Some(Source::Command(cmd.clone()));
+        }
+        self.spec
+            .input
+            .path
+            .as_ref()
+            .map(|p| Source::File(self.spec_dir.join(p)))
+    }
+
+    pub fn stage(&self, name: &str) -> Option<&MapStage> {
+        self.stages.iter().find(|s| s.name() == name)
+    }
+
+    /// The plan as text, for `fanfold explain`. `routing` adds what the
+    /// prefilter did with an actual input.
+    pub fn explain(&self, routing: Option<&Routing>) -> String {
+        let s = &self.spec;
+        let mut out = String::new();
+        let _ = writeln!(out, "spec      {}", s.name);
+        let _ = writeln!(out, "question  {}", s.question);
+        let _ = writeln!(
+            out,
+            "partition {} (kind {})",
+            s.input.partition.type_name(),
+            s.input.partition.kind()
+        );
+        let _ = writeln!(
+            out,
+            "\nprefilter (first match decides; no match keeps the unit for `{}`)",
+            self.stages[0].name()
+        );
+        for r in &s.prefilter {
+            let action = match r.action {
+                fanfold_core::spec::PrefilterAction::Keep => "keep".to_owned(),
+                fanfold_core::spec::PrefilterAction::Exclude => {
+                    format!("exclude({})", r.reason.as_deref().unwrap_or(&r.name))
+                }
+                fanfold_core::spec::PrefilterAction::Route => {
+                    format!("route({})", r.stage.as_deref().unwrap_or("?"))
+                }
+            };
+            let _ = writeln!(out, "  {:<20} {:<28} when {}", r.name, action, r.when);
+        }
+        let _ = writeln!(out, "\nstages");
+        for st in &self.stages {
+            let sp = &st.spec;
+            let backend = s
+                .backends
+                .get(&sp.backend)
+                .map(|b| b.type_name())
+                .unwrap_or("?");
+            let simulated = if backend == "scripted" || backend == "replay" {
+                " [SIMULATED]"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "  {} map v{} backend={}({}){} fields=[{}] attempts={} max_output_tokens={}",
+                sp.name,
+                sp.version,
+                sp.backend,
+                backend,
+                simulated,
+                sp.fields.join(", "),
+                sp.max_attempts,
+                sp.max_output_tokens
+            );
+            let _ = writeln!(
+                out,
+                "    decision {} positive=[{}] negative=[{}] abstain=[{}]",
+                sp.decision.pointer,
+                sp.decision.positive.join(", "),
+                sp.decision.negative.join(", "),
+                sp.decision.abstain.join(", ")
+            );
+            let _ = writeln!(
+                out,
+                "    shared prefix {} bytes (rubric {})",
+                st.prefix().len(),
+                sp.rubric
+            );
+        }
+        let _ = writeln!(out, "\nfold (fan-in {})", s.fold.fan_in);
+        for r in &s.fold.reducers {
+            let statuses = r
+                .statuses
+                .as_ref()
+                .map(|l| l.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("|"))
+                .unwrap_or_else(|| "positive".into());
+            let _ = writeln!(
+                out,
+                "  {:<12} {:<9} stage={} statuses={}",
+                r.name,
+                r.kind.type_name(),
+                r.stage.as_deref().unwrap_or("*"),
+                statuses
+            );
+        }
+        let contract = match &s.contract {
+            ContractSpec::Exhaustive {
+                answer,
+                themes,
+                top_themes,
+            } => format!(
+                "exhaustive: answer={answer} themes={} top={top_themes}; never stops early",
+                themes.as_deref().unwrap_or("-")
+            ),
+            ContractSpec::TopK { k, score, bound } => {
+                format!(
+                    "top_k: k={k} score={score} bound=`{bound}`; cancels units whose bound cannot reach the top k"
+                )
+            }
+            ContractSpec::Threshold { count } => {
+                format!("threshold: stop once {count} positives are found")
+            }
+        };
+        let _ = writeln!(out, "\ncontract  {contract}");
+        let b = &s.budget;
+        let fmt = |v: Option<u64>| {
+            v.map(|n| n.to_string())
+                .unwrap_or_else(|| "unlimited".into())
+        };
+        let _ = writeln!(
+            out,
+            "budget    model_calls={} tokens={} wall_secs={}",
+            fmt(b.max_model_calls),
+            fmt(b.max_tokens),
+            fmt(b.max_wall_secs)
+        );
+        if let Some(r) = routing {
+            let _ = writeln!(
+                out,
+                "\ninput     {} elements: {} units, {} rejected",
+                r.elements, r.units, r.rejected
+            );
+            for (reason, n) in &r.rejected_by_reason {
+                let _ = writeln!(out, "  rejected {reason}: {n}");
+            }
+            for (reason, n) in &r.excluded_by_reason {
+                let _ = writeln!(out, "  excluded {reason}: {n}");
+            }
+            for (stage, n) in &r.routed {
+                let cached = r.cached.get(stage).copied().unwrap_or(0);
+                let _ = writeln!(
+                    out,
+                    "  stage {stage}: {n} units, {cached} cached, expected model calls {} (more with retries)",
+                    n - cached
+                );
+            }
+        }
+        out
+    }
+}
+
+/// What the prefilter did with one input, for `explain`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Routing {
+    pub elements: u64,
+    pub units: u64,
+    pub rejected: u64,
+    pub rejected_by_reason: BTreeMap<String, u64>,
+    pub excluded_by_reason: BTreeMap<String, u64>,
+    pub routed: BTreeMap<String, u64>,
+    pub cached: BTreeMap<String, u64>,
+}

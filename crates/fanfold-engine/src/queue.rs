@@ -1,0 +1,436 @@
+//! The engine's side of a stage run: a queue of per-unit requests that a
+//! backend drains through [`Job`], with slots, retries, budgets and the
+//! answer contract enforced here, where the backend cannot get around them.
+
+use std::collections::VecDeque;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use fanfold_core::Status;
+use fanfold_core::spec::BudgetSpec;
+use fanfold_model::{CallError, Completion, Job, Request, Usage};
+use fanfold_ops::contract::{Controller, StopReason};
+use fanfold_ops::map::{Interpreted, MapStage};
+use serde_json::Value;
+
+/// A unit waiting for its turn.
+#[derive(Clone, Debug)]
+pub struct Pending {
+    /// The unit's index in the run.
+    pub index: usize,
+    pub unit_id: String,
+    pub suffix: String,
+    pub input: Value,
+    pub attempt: u32,
+    /// Upper bound of the unit's score under a top-k contract.
+    pub bound: Option<f64>,
+}
+
+/// How one unit ended at this stage.
+#[derive(Clone, Debug)]
+pub struct UnitResult {
+    pub status: Status,
+    pub interpreted: Option<Interpreted>,
+    pub reason: Option<String>,
+    pub attempts: u32,
+    pub usage: Usage,
+}
+
+/// Budgets as reservations from one pool shared by every stage of a run:
+/// a call reserves its worst case before it is sent and settles to what it
+/// used when it returns.
+pub struct BudgetPool {
+    limits: BudgetSpec,
+    started: Instant,
+    state: Mutex<BudgetState>,
+}
+
+#[derive(Default, Clone, Copy, Debug)]
+pub struct BudgetState {
+    pub calls: u64,
+    pub tokens: u64,
+    pub reserved_tokens: u64,
+}
+
+impl BudgetPool {
+    pub fn new(limits: BudgetSpec) -> BudgetPool {
+        BudgetPool {
+            limits,
+            started: Instant::now(),
+            state: Mutex::new(BudgetState::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BudgetState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn used(&self) -> BudgetState {
+        *self.lock()
+    }
+
+    pub fn wall_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn try_reserve(&self, tokens: u64) -> Result<(), StopReason> {
+        let mut s = self.lock();
+        if let Some(limit) = self.limits.max_model_calls
+            && s.calls >= limit
+        {
+            return Err(StopReason::BudgetExhausted {
+                budget: "model_calls".into(),
+                limit,
+                used: s.calls,
+            });
+        }
+        if let Some(limit) = self.limits.max_tokens
+            && s.tokens + s.reserved_tokens + tokens > limit
+        {
+            return Err(StopReason::BudgetExhausted {
+                budget: "tokens".into(),
+                limit,
+                used: s.tokens,
+            });
+        }
+        if let Some(limit) = self.limits.max_wall_secs {
+            let secs = self.started.elapsed().as_secs();
+            if secs >= limit {
+                return Err(StopReason::BudgetExhausted {
+                    budget: "wall_secs".into(),
+                    limit,
+                    used: secs,
+                });
+            }
+        }
+        s.calls += 1;
+        s.reserved_tokens += tokens;
+        Ok(())
+    }
+
+    fn settle(&self, reserved: u64, used: u64) {
+        let mut s = self.lock();
+        s.reserved_tokens = s.reserved_tokens.saturating_sub(reserved);
+        s.tokens += used;
+    }
+}
+
+struct State {
+    queue: VecDeque<Pending>,
+    in_flight: usize,
+    max_in_flight: usize,
+    usage: Vec<(usize, Usage)>,
+    finished: Vec<(usize, UnitResult)>,
+    stop: Option<StopReason>,
+}
+
+pub struct StageJob<'a> {
+    stage: &'a MapStage,
+    slots: usize,
+    budget: &'a BudgetPool,
+    controller: &'a Mutex<Controller>,
+    /// JSON pointer to the contract's score in an output, for top-k.
+    score_pointer: Option<String>,
+    /// Called once per finished unit, outside the queue's lock.
+    on_finish: &'a (dyn Fn(usize, &UnitResult) + Sync),
+    state: Mutex<State>,
+    slot_free: Condvar,
+}
+
+impl<'a> StageJob<'a> {
+    pub fn new(
+        stage: &'a MapStage,
+        slots: usize,
+        pending: Vec<Pending>,
+        budget: &'a BudgetPool,
+        controller: &'a Mutex<Controller>,
+        score_pointer: Option<String>,
+        on_finish: &'a (dyn Fn(usize, &UnitResult) + Sync),
+    ) -> StageJob<'a> {
+        StageJob {
+            stage,
+            slots: slots.max(1),
+            budget,
+            controller,
+            score_pointer,
+            on_finish,
+            state: Mutex::new(State {
+                queue: pending.into(),
+                in_flight: 0,
+                max_in_flight: 0,
+                usage: Vec::new(),
+                finished: Vec::new(),
+                stop: None,
+            }),
+            slot_free: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The results, the most requests ever in flight at once, and why the
+    /// stage stopped early (if it did).
+    pub fn finish(self) -> (Vec<(usize, UnitResult)>, usize, Option<StopReason>) {
+        let mut state = self.state.into_inner().unwrap_or_else(|e| e.into_inner());
+        // Anything still queued (a backend that returned early) never ran.
+        let leftovers: Vec<Pending> = state.queue.drain(..).collect();
+        for p in leftovers {
+            let usage = usage_of(&state.usage, p.index);
+            state.finished.push((
+                p.index,
+                UnitResult {
+                    status: Status::NotRun,
+                    interpreted: None,
+                    reason: Some("backend_stopped".into()),
+                    attempts: p.attempt.saturating_sub(1),
+                    usage,
+                },
+            ));
+        }
+        (state.finished, state.max_in_flight, state.stop)
+    }
+
+    fn estimate(&self, p: &Pending) -> u64 {
+        fanfold_model::approx_tokens(self.stage.prefix())
+            + fanfold_model::approx_tokens(&p.suffix)
+            + u64::from(self.stage.spec.max_output_tokens)
+    }
+
+    /// Ends every queued first attempt with `status`; retries of units
+    /// already opened stay queued.
+    fn drain_unopened(
+        &self,
+        state: &mut State,
+        status: Status,
+        reason: &str,
+    ) -> Vec<(usize, UnitResult)> {
+        let mut kept = VecDeque::new();
+        let mut ended = Vec::new();
+        while let Some(p) = state.queue.pop_front() {
+            if p.attempt > 1 && status == Status::Cancelled {
+                kept.push_back(p);
+                continue;
+            }
+            let r = UnitResult {
+                status,
+                interpreted: None,
+                reason: Some(reason.to_owned()),
+                attempts: p.attempt - 1,
+                usage: usage_of(&state.usage, p.index),
+            };
+            state.finished.push((p.index, r.clone()));
+            ended.push((p.index, r));
+        }
+        state.queue = kept;
+        ended
+    }
+
+    fn finish_unit(
+        &self,
+        state: &mut State,
+        index: usize,
+        mut r: UnitResult,
+    ) -> (usize, UnitResult) {
+        r.usage = usage_of(&state.usage, index);
+        let score = match (&self.score_pointer, &r.interpreted) {
+            (Some(p), Some(i)) => i.facts.pointer(p).and_then(Value::as_f64),
+            _ => None,
+        };
+        self.controller
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .observe(r.status, score);
+        state.finished.push((index, r.clone()));
+        (index, r)
+    }
+}
+
+fn usage_of(all: &[(usize, Usage)], index: usize) -> Usage {
+    let mut u = Usage::default();
+    for (i, x) in all {
+        if *i == index {
+            u.prompt_tokens += x.prompt_tokens;
+            u.cached_tokens += x.cached_tokens;
+            u.completion_tokens += x.completion_tokens;
+            u.latency_ms += x.latency_ms;
+        }
+    }
+    u
+}
+
+impl Job for StageJob<'_> {
+    fn prefix(&self) -> &str {
+        self.stage.prefix()
+    }
+
+    fn slots(&self) -> usize {
+        self.slots
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.lock().stop.is_some()
+    }
+
+    fn next(&self) -> Option<Request> {
+        let mut ended = Vec::new();
+        let request = {
+            let mut state = self.lock();
+            // Slots are enforced here: a backend asking for more than it may
+            // hold waits for a completion.
+            while state.in_flight >= self.slots {
+                state = self
+                    .slot_free
+                    .wait(state)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+            loop {
+                if state.stop.is_some() && state.queue.iter().all(|p| p.attempt == 1) {
+                    break None;
+                }
+                let best_unopened = state
+                    .queue
+                    .iter()
+                    .filter(|p| p.attempt == 1)
+                    .filter_map(|p| p.bound)
+                    .reduce(f64::max);
+                let has_unopened = state.queue.iter().any(|p| p.attempt == 1);
+                if has_unopened
+                    && state.stop.is_none()
+                    && let Some(detail) = self
+                        .controller
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .may_cancel_rest(best_unopened)
+                {
+                    ended.extend(self.drain_unopened(
+                        &mut state,
+                        Status::Cancelled,
+                        "contract_satisfied",
+                    ));
+                    state.stop = Some(StopReason::ContractSatisfied { detail });
+                    continue;
+                }
+                let Some(p) = state.queue.pop_front() else {
+                    break None;
+                };
+                if state.stop.is_some() && p.attempt == 1 {
+                    continue;
+                }
+                let estimate = self.estimate(&p);
+                if let Err(stop) = self.budget.try_reserve(estimate) {
+                    state.queue.push_front(p);
+                    let reason = format!("budget_exhausted:{}", stop_budget(&stop));
+                    // Retries that cannot be paid for end as errors, not negatives.
+                    let retries: Vec<Pending> = state
+                        .queue
+                        .iter()
+                        .filter(|p| p.attempt > 1)
+                        .cloned()
+                        .collect();
+                    state.queue.retain(|p| p.attempt == 1);
+                    for r in retries {
+                        let res = UnitResult {
+                            status: Status::Error,
+                            interpreted: None,
+                            reason: Some(format!("retry not run: {reason}")),
+                            attempts: r.attempt - 1,
+                            usage: Usage::default(),
+                        };
+                        ended.push(self.finish_unit(&mut state, r.index, res));
+                    }
+                    ended.extend(self.drain_unopened(&mut state, Status::NotRun, &reason));
+                    state.stop.get_or_insert(stop);
+                    break None;
+                }
+                state.in_flight += 1;
+                state.max_in_flight = state.max_in_flight.max(state.in_flight);
+                break Some(Request {
+                    index: p.index,
+                    unit_id: p.unit_id,
+                    suffix: p.suffix,
+                    input: p.input,
+                    attempt: p.attempt,
+                    max_output_tokens: self.stage.spec.max_output_tokens,
+                });
+            }
+        };
+        for (i, r) in &ended {
+            (self.on_finish)(*i, r);
+        }
+        request
+    }
+
+    fn complete(&self, req: Request, result: Result<Completion, CallError>) {
+        let reserved = fanfold_model::approx_tokens(self.stage.prefix())
+            + fanfold_model::approx_tokens(&req.suffix)
+            + u64::from(req.max_output_tokens);
+        let used = result
+            .as_ref()
+            .map(|c| c.usage.prompt_tokens + c.usage.completion_tokens)
+            .unwrap_or(0);
+        self.budget.settle(reserved, used);
+        let finished = {
+            let mut state = self.lock();
+            state.in_flight = state.in_flight.saturating_sub(1);
+            self.slot_free.notify_all();
+            if let Ok(c) = &result {
+                state.usage.push((req.index, c.usage));
+            }
+            let failure = match result {
+                Ok(c) => match self.stage.interpret(&c.text, &req.input) {
+                    Ok(i) => Ok(i),
+                    Err(invalid) => Err(format!("{}: {invalid}", invalid.code())),
+                },
+                Err(e) => Err(format!("{}: {e}", e.code())),
+            };
+            match failure {
+                Ok(i) => Some(self.finish_unit(
+                    &mut state,
+                    req.index,
+                    UnitResult {
+                        status: i.status,
+                        reason: i.reason.clone(),
+                        interpreted: Some(i),
+                        attempts: req.attempt,
+                        usage: Usage::default(),
+                    },
+                )),
+                Err(reason) if req.attempt < self.stage.spec.max_attempts => {
+                    tracing::debug!(unit = %req.unit_id, attempt = req.attempt, %reason, "retrying");
+                    state.queue.push_front(Pending {
+                        index: req.index,
+                        unit_id: req.unit_id,
+                        suffix: req.suffix,
+                        input: req.input,
+                        attempt: req.attempt + 1,
+                        bound: None,
+                    });
+                    None
+                }
+                Err(reason) => Some(self.finish_unit(
+                    &mut state,
+                    req.index,
+                    UnitResult {
+                        status: Status::Error,
+                        interpreted: None,
+                        reason: Some(format!("{reason} (after {} attempts)", req.attempt)),
+                        attempts: req.attempt,
+                        usage: Usage::default(),
+                    },
+                )),
+            }
+        };
+        if let Some((i, r)) = finished {
+            (self.on_finish)(i, &r);
+        }
+    }
+}
+
+fn stop_budget(stop: &StopReason) -> String {
+    match stop {
+        StopReason::BudgetExhausted { budget, .. } => budget.clone(),
+        other => other.code().to_owned(),
+    }
+}

@@ -1,0 +1,32 @@
+# [SIMULATED] A keyword judge standing in for a model in tests and in
+# `fanfold selfcheck`. It reads only the fields the stage projects, like a
+# model would; its precision and recall are a property of these rules, not
+# of any model.
+def text: ((.title // "") + "\n" + (.body // ""));
+def has_label($n): any((.labels // [])[]; .name == $n);
+def downgraded: text | test("not a (release )?blocker|downgrading"; "i");
+def blocking:
+  (has_label("release-blocker") or (text | test("block(s|ing)? (the )?(v)?3\\.0|release blocker|blocker (for|list)|has to block"; "i")))
+  and (downgraded | not);
+def new_path: text | test("auth/v2|auth::v2|new_auth_path`?: enabled|new auth(entication)? (path|service)|new login|OIDC"; "i");
+def legacy: text | test("auth/v1|legacy|LDAP"; "i");
+def incidental: text | test("chart|export|invoice|billing|search results|csv"; "i");
+def causes: [
+  ["token_refresh_race", "refresh token|refresh(es)? (overlap|race)|concurrent(ly)? refresh|invalid_grant|reuse detect"],
+  ["sso_redirect_loop", "redirect(s|ed|ing)? (loop|back)|TOO_MANY_REDIRECTS|ping-pong|back and forth|redirects .*forever"],
+  ["session_cookie_scope", "cookie"],
+  ["clock_skew", "clock|skew|\\biat\\b|\\bnbf\\b"],
+  ["scope_mapping", "scope|claim|group mapping|role"]
+];
+def sentence($re): [(.body // "") | match("[^.\n]*(" + $re + ")[^.\n]*"; "i") | .string] | first;
+. as $u
+| [causes[] | select(.[1] as $re | $u | text | test($re; "i"))] as $hits
+| (if ($hits | length) > 0 then $hits[0] else ["other", "auth/v2|new_auth_path|OIDC"] end) as $cause
+| (if blocking and new_path and (legacy | not) and (incidental | not) then "blocker" else "not_blocker" end) as $decision
+| ($u | sentence($cause[1])) as $quote
+| {
+    decision: $decision,
+    cause: (if $decision == "blocker" then $cause[0] else "none" end),
+    confidence: (if $decision == "blocker" and $quote != null then 0.9 else 0.7 end),
+    evidence: (if $decision == "blocker" and $quote != null and ($quote | length) >= 8 then [{field: "body", quote: $quote}] else [] end)
+  }
