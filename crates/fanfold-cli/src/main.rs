@@ -1,5 +1,6 @@
 //! The `fanfold` command: glue between the user and the engine.
 
+mod bench;
 mod progress;
 mod selfcheck;
 
@@ -42,6 +43,9 @@ enum Command {
     /// Write a seeded fixture.
     #[command(subcommand)]
     Fixture(FixtureCommand),
+    /// Measure fanfold against baselines and write a report.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 #[derive(Args)]
@@ -161,6 +165,7 @@ fn real_main() -> Result<ExitCode> {
         Command::Run(args) => run(args),
         Command::Explain(args) => explain(args),
         Command::Selfcheck(args) => selfcheck::main(args.example, args.json),
+        Command::Bench(cmd) => bench::main(cmd),
         Command::SpecSchema => {
             println!(
                 "{}",

@@ -1,3 +1,480 @@
-pub fn main(_e: Option<std::path::PathBuf>, _j: bool) -> anyhow::Result<std::process::ExitCode> {
-    Ok(std::process::ExitCode::SUCCESS)
+//! `fanfold selfcheck`: proves each claim of the spine on the issue-triage
+//! fixture and prints every check with the figure it measured.
+//!
+//! The example's backend is scripted, so quality figures are [SIMULATED];
+//! the accounting (coverage, slots, caching, invalidation, stopping,
+//! statuses) is real: it is the engine's own behaviour being measured.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, anyhow};
+use fanfold_core::spec::{BackendSpec, BudgetSpec, ContractSpec, FaultKind, FaultSpec};
+use fanfold_core::{Status, UnitId};
+use fanfold_engine::run::RunReport;
+use fanfold_engine::{NoProgress, Plan, RunOptions, Source};
+use serde::Serialize;
+use serde_json::Value;
+
+const SLOTS: usize = 4;
+
+#[derive(Serialize)]
+struct Check {
+    name: &'static str,
+    ok: bool,
+    /// True when the figure judges answers produced by a simulated backend.
+    simulated: bool,
+    figure: String,
+}
+
+#[derive(Serialize)]
+struct SelfcheckReport {
+    ok: bool,
+    simulated: bool,
+    backend: String,
+    checks: Vec<Check>,
+}
+
+fn default_example() -> PathBuf {
+    let local = PathBuf::from("examples/issue-triage");
+    if local.join("spec.toml").exists() {
+        return local;
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/issue-triage")
+}
+
+struct Ctx {
+    example: PathBuf,
+    tmp: tempfile::TempDir,
+    runs: usize,
+}
+
+impl Ctx {
+    fn plan(&self) -> Result<Plan> {
+        Ok(Plan::load(&self.example.join("spec.toml"))?)
+    }
+
+    fn store(&self, name: &str) -> PathBuf {
+        self.tmp.path().join(format!("{name}.sqlite"))
+    }
+
+    fn run(
+        &mut self,
+        plan: &Plan,
+        store: &Path,
+        source: Option<Source>,
+        budget: Option<BudgetSpec>,
+    ) -> Result<RunReport> {
+        self.runs += 1;
+        let mut opts = RunOptions::new(store.to_owned());
+        opts.slots = SLOTS;
+        opts.source = source;
+        opts.budget = budget;
+        opts.out_dir = Some(self.tmp.path().join(format!("out-{}", self.runs)));
+        Ok(fanfold_engine::run(plan, &opts, &NoProgress)?)
+    }
+}
+
+fn set_backend(plan: &mut Plan, faults: Vec<FaultSpec>, delay_ms: u64) {
+    if let Some(BackendSpec::Scripted {
+        faults: f,
+        delay_ms: d,
+        ..
+    }) = plan.spec.backends.get_mut("default")
+    {
+        *f = faults;
+        *d = delay_ms;
+    }
+}
+
+fn routed(r: &RunReport) -> u64 {
+    r.certificate.routed_by_stage.values().sum()
+}
+
+pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
+    let example = example.unwrap_or_else(default_example);
+    let mut ctx = Ctx {
+        example: example.clone(),
+        tmp: tempfile::tempdir().context("creating a temporary folder")?,
+        runs: 0,
+    };
+    let mut checks = Vec::new();
+    let issues_path = example.join("issues.json");
+    let issues_text = std::fs::read_to_string(&issues_path)
+        .with_context(|| format!("reading {}", issues_path.display()))?;
+    let issues: Vec<Value> = serde_json::from_str(&issues_text)
+        .with_context(|| format!("parsing {}", issues_path.display()))?;
+
+    // Run 1: the base run, with a small simulated latency so that slots fill.
+    let mut plan = ctx.plan()?;
+    set_backend(&mut plan, Vec::new(), 2);
+    let store_a = ctx.store("a");
+    let base = ctx.run(&plan, &store_a, None, None)?;
+    let backend = base
+        .certificate
+        .backends
+        .first()
+        .map(|b| format!("{} ({})", b.kind, b.model_id))
+        .unwrap_or_default();
+
+    // source_accounting: an independent count of the array and its keys.
+    let keys: BTreeSet<String> = issues
+        .iter()
+        .filter_map(|i| i.get("number").map(|n| n.to_string()))
+        .collect();
+    let stored_units =
+        fanfold_store::Store::open(&store_a)?.count_units(&base.certificate.source_hash)?;
+    let cov = base.certificate.coverage;
+    let dup = issues.len() - keys.len();
+    let unit_ids: BTreeSet<String> = base
+        .facts
+        .iter()
+        .map(|f| f.source_ids[0].0.clone())
+        .chain(std::iter::empty())
+        .collect();
+    let excluded: u64 = base.certificate.excluded_by_reason.values().sum();
+    checks.push(Check {
+        name: "source_accounting",
+        ok: cov.elements == issues.len() as u64
+            && cov.units + cov.rejected == cov.elements
+            && cov.rejected as usize == dup
+            && stored_units == cov.units
+            && unit_ids.iter().all(|id| keys.contains(id))
+            && excluded + routed(&base) == cov.units,
+        simulated: false,
+        figure: format!(
+            "{} elements = {} units + {} rejected ({} duplicate keys); {} excluded by prefilter + {} routed = {} units; {} units stored",
+            cov.elements,
+            cov.units,
+            cov.rejected,
+            dup,
+            excluded,
+            routed(&base),
+            cov.units,
+            stored_units
+        ),
+    });
+
+    let st = &base.certificate.stats;
+    checks.push(Check {
+        name: "bounded_concurrency",
+        ok: st.max_in_flight <= SLOTS && st.max_in_flight >= 2 && st.model_calls > SLOTS as u64,
+        simulated: false,
+        figure: format!(
+            "at most {} of {} slots in flight over {} model calls",
+            st.max_in_flight, SLOTS, st.model_calls
+        ),
+    });
+
+    // Run 2: unchanged input, same store.
+    let again = ctx.run(&plan, &store_a, None, None)?;
+    let s2 = &again.certificate.stats;
+    checks.push(Check {
+        name: "reuse_unchanged",
+        ok: s2.model_calls == 0
+            && s2.cache_hits == routed(&base)
+            && s2.fold_nodes_computed == 0
+            && again.answer.items == base.answer.items
+            && again.certificate.fold_root == base.certificate.fold_root,
+        simulated: false,
+        figure: format!(
+            "rerun: {} model calls, {} cache hits of {} routed, {} fold nodes recomputed, same answer and fold root",
+            s2.model_calls,
+            s2.cache_hits,
+            routed(&base),
+            s2.fold_nodes_computed
+        ),
+    });
+
+    // Run 3: one answer issue is downgraded in its body, so its fact and its
+    // fold path must change while everything else is reused.
+    let target = base
+        .answer
+        .items
+        .first()
+        .map(|i| i.unit_id.clone())
+        .ok_or_else(|| anyhow!("the base run found no answer items"))?;
+    let mut edited = issues.clone();
+    for issue in &mut edited {
+        if issue.get("number").map(|n| n.to_string()).as_deref() == Some(target.as_str())
+            && let Some(Value::String(body)) = issue.get_mut("body")
+        {
+            body.push_str("\n\nUpdate (triage): downgrading, not a blocker.");
+        }
+    }
+    let edited_path = ctx.tmp.path().join("issues-edited.json");
+    std::fs::write(&edited_path, serde_json::to_string_pretty(&edited)?)?;
+    let changed = ctx.run(&plan, &store_a, Some(Source::File(edited_path)), None)?;
+    let s3 = &changed.certificate.stats;
+    let one_path = s3.fold_nodes_computed == u64::from(s3.fold_depth);
+    // And a rubric change: only the stage keyed by the rubric recomputes.
+    let copy = ctx.tmp.path().join("example-copy");
+    std::fs::create_dir_all(&copy)?;
+    for entry in std::fs::read_dir(&example)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::copy(entry.path(), copy.join(entry.file_name()))?;
+        }
+    }
+    let rubric = copy.join("rubric.md");
+    let mut text = std::fs::read_to_string(&rubric)?;
+    text.push_str(
+        "\nBe strict about the release: a P1 without a blocker statement is not a blocker.\n",
+    );
+    std::fs::write(&rubric, text)?;
+    let mut plan_b = Plan::load(&copy.join("spec.toml"))?;
+    set_backend(&mut plan_b, Vec::new(), 0);
+    let rubric_run = ctx.run(&plan_b, &store_a, None, None)?;
+    let s4 = &rubric_run.certificate.stats;
+    checks.push(Check {
+        name: "precise_invalidation",
+        ok: s3.model_calls == 1
+            && s3.recomputed_units == vec![target.0.clone()]
+            && s3.cache_hits == routed(&base) - 1
+            && one_path
+            && changed.answer.items.len() + 1 == base.answer.items.len()
+            && !changed.answer.items.iter().any(|i| i.unit_id == target)
+            && s4.model_calls == routed(&base)
+            && s4.cache_hits == 0,
+        simulated: false,
+        figure: format!(
+            "issue #{target} downgraded: {} model call(s) (units {:?}), {} cache hits, {} fold nodes recomputed on a tree of depth {}, answer {} -> {} items; rubric edited: {} of {} units recomputed",
+            s3.model_calls,
+            s3.recomputed_units,
+            s3.cache_hits,
+            s3.fold_nodes_computed,
+            s3.fold_depth,
+            base.answer.items.len(),
+            changed.answer.items.len(),
+            s4.model_calls,
+            routed(&base)
+        ),
+    });
+
+    // cited_output_vs_oracle: the oracle is read here and nowhere else.
+    let oracle_path = example.join("oracle.json");
+    let oracle: Value = serde_json::from_str(
+        &std::fs::read_to_string(&oracle_path)
+            .with_context(|| format!("reading {}", oracle_path.display()))?,
+    )?;
+    let truth: BTreeSet<String> = oracle["blocker_ids"]
+        .as_array()
+        .map(|a| a.iter().map(|v| v.to_string()).collect())
+        .unwrap_or_default();
+    let true_causes: Vec<String> = oracle["causes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c["cause"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let got: BTreeSet<String> = base
+        .answer
+        .items
+        .iter()
+        .map(|i| i.unit_id.0.clone())
+        .collect();
+    let hit = got.intersection(&truth).count() as f64;
+    let precision = if got.is_empty() {
+        0.0
+    } else {
+        hit / got.len() as f64
+    };
+    let recall = if truth.is_empty() {
+        0.0
+    } else {
+        hit / truth.len() as f64
+    };
+    let got_causes: Vec<String> = base.answer.themes.iter().map(|t| t.key.clone()).collect();
+    let cause_overlap = got_causes
+        .iter()
+        .filter(|c| true_causes.contains(c))
+        .count();
+    let v = &base.certificate.verify;
+    checks.push(Check {
+        name: "cited_output_vs_oracle",
+        ok: v.passed && v.cited_checked as usize >= got.len() && precision > 0.0 && recall > 0.0,
+        simulated: base.answer.simulated,
+        figure: format!(
+            "precision {precision:.2}, recall {recall:.2} ({} cited, {} true); causes {}/{} match the oracle's three ({}); {} cited ids and {} evidence quotes verified against the artifact",
+            got.len(),
+            truth.len(),
+            cause_overlap,
+            true_causes.len(),
+            got_causes.join(", "),
+            v.cited_checked,
+            v.evidence_checked
+        ),
+    });
+
+    // stopping_contract: exhaustive never stops early; a threshold stops
+    // once proven; a budget stops with not_run, never negatives.
+    let exhaustive_ok =
+        base.certificate.stop.code() == "completed" && base.answer.statuses.cancelled == 0;
+    let mut plan_t = ctx.plan()?;
+    set_backend(&mut plan_t, Vec::new(), 0);
+    plan_t.spec.contract = ContractSpec::Threshold { count: 5 };
+    let threshold = ctx.run(&plan_t, &ctx.store("threshold"), None, None)?;
+    let ts = threshold.answer.statuses;
+    let threshold_ok = threshold.certificate.stop.code() == "contract_satisfied"
+        && ts.positive >= 5
+        && ts.cancelled > 0
+        && ts.negative <= base.answer.statuses.negative
+        && ts.total() == routed(&base);
+    let budget = BudgetSpec {
+        max_model_calls: Some(20),
+        ..BudgetSpec::default()
+    };
+    let limited = ctx.run(&plan_t, &ctx.store("budget"), None, Some(budget))?;
+    let ls = limited.answer.statuses;
+    let mut plan_e = ctx.plan()?;
+    set_backend(&mut plan_e, Vec::new(), 0);
+    let budget_e = BudgetSpec {
+        max_model_calls: Some(20),
+        ..BudgetSpec::default()
+    };
+    let limited_e = ctx.run(&plan_e, &ctx.store("budget-e"), None, Some(budget_e))?;
+    let les = limited_e.answer.statuses;
+    let budget_ok = limited_e.certificate.stop.code() == "budget_exhausted"
+        && limited_e.certificate.stats.model_calls == 20
+        && les.not_run == routed(&base) - 20
+        && les.cancelled == 0
+        && les.positive + les.negative + les.abstain + les.error == 20;
+    checks.push(Check {
+        name: "stopping_contract",
+        ok: exhaustive_ok && threshold_ok && budget_ok && ls.not_run + ls.cancelled > 0,
+        simulated: false,
+        figure: format!(
+            "exhaustive: stop {} with {} cancelled; threshold 5: stop {} after {} positives, {} cancelled, {} negatives; exhaustive with a 20-call budget: stop {}, {} decided, {} not_run, {} cancelled",
+            base.certificate.stop.code(),
+            base.answer.statuses.cancelled,
+            threshold.certificate.stop.code(),
+            ts.positive,
+            ts.cancelled,
+            ts.negative,
+            limited_e.certificate.stop.code(),
+            les.positive + les.negative + les.abstain,
+            les.not_run,
+            les.cancelled
+        ),
+    });
+
+    // statuses_distinct: injected faults end as errors, never negatives, are
+    // never cached, and a transient fault recovers through a retry.
+    let mut ids: Vec<UnitId> = base.facts.iter().map(|f| f.source_ids[0].clone()).collect();
+    ids.sort_by(|a, b| a.0.len().cmp(&b.0.len()).then_with(|| a.cmp(b)));
+    let pick = |i: usize| ids.get(i).map(|u| u.0.clone()).unwrap_or_default();
+    let kinds = [
+        FaultKind::Error,
+        FaultKind::Timeout,
+        FaultKind::Malformed,
+        FaultKind::SchemaViolation,
+        FaultKind::FalseQuote,
+    ];
+    let mut faults: Vec<FaultSpec> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, k)| FaultSpec {
+            kind: *k,
+            units: vec![pick(i)],
+            times: None,
+        })
+        .collect();
+    let transient = pick(kinds.len());
+    faults.push(FaultSpec {
+        kind: FaultKind::Malformed,
+        units: vec![transient.clone()],
+        times: Some(1),
+    });
+    let mut plan_f = ctx.plan()?;
+    set_backend(&mut plan_f, faults, 0);
+    let store_f = ctx.store("faults");
+    let faulty = ctx.run(&plan_f, &store_f, None, None)?;
+    let faulted: BTreeSet<String> = (0..kinds.len()).map(pick).collect();
+    let fault_statuses: Vec<Status> = faulty
+        .facts
+        .iter()
+        .filter(|f| faulted.contains(&f.source_ids[0].0))
+        .map(|f| f.status)
+        .collect();
+    // A false quote only invalidates outputs that carry evidence; for a
+    // negative without evidence it is moot, so count what was refused.
+    let errors = fault_statuses
+        .iter()
+        .filter(|s| **s == Status::Error)
+        .count();
+    let transient_status = faulty
+        .facts
+        .iter()
+        .find(|f| f.source_ids[0].0 == transient)
+        .map(|f| (f.status, f.attempts));
+    let mut plan_clean = ctx.plan()?;
+    set_backend(&mut plan_clean, Vec::new(), 0);
+    let healed = ctx.run(&plan_clean, &store_f, None, None)?;
+    let fs = faulty.answer.statuses;
+    checks.push(Check {
+        name: "statuses_distinct",
+        ok: errors >= kinds.len() - 1
+            && fault_statuses.iter().all(|s| *s == Status::Error || s.is_cacheable())
+            && fs.error as usize == errors
+            && matches!(transient_status, Some((s, 2)) if s.is_cacheable())
+            && healed.certificate.stats.model_calls == errors as u64
+            && fs.positive + fs.negative + fs.abstain + fs.error == routed(&base),
+        simulated: false,
+        figure: format!(
+            "injected error, timeout, malformed, schema-violating and false-quote outputs: {errors} errors, 0 negatives among them; statuses positive {} negative {} abstain {} error {} cancelled {} not_run {}; transient fault recovered on attempt {}; rerun without faults re-asked exactly the {} errored units",
+            fs.positive,
+            fs.negative,
+            fs.abstain,
+            fs.error,
+            fs.cancelled,
+            fs.not_run,
+            transient_status.map(|t| t.1).unwrap_or(0),
+            healed.certificate.stats.model_calls
+        ),
+    });
+
+    let report = SelfcheckReport {
+        ok: checks.iter().all(|c| c.ok),
+        simulated: base.answer.simulated,
+        backend,
+        checks,
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let tag = if report.simulated { " [SIMULATED]" } else { "" };
+        println!(
+            "fanfold selfcheck on {} (backend {}{tag})",
+            example.display(),
+            report.backend
+        );
+        println!(
+            "accounting figures are real; figures marked [SIMULATED] judge a scripted backend's answers\n"
+        );
+        for c in &report.checks {
+            let sim = if c.simulated { " [SIMULATED]" } else { "" };
+            println!(
+                "{} {:<24} {}{sim}",
+                if c.ok { "ok  " } else { "FAIL" },
+                c.name,
+                c.figure
+            );
+        }
+        println!(
+            "\n{}",
+            if report.ok {
+                "all checks passed"
+            } else {
+                "some checks FAILED"
+            }
+        );
+    }
+    Ok(if report.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
