@@ -153,10 +153,24 @@ fn main() -> ExitCode {
     match real_main() {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", describe(&e));
             ExitCode::from(2)
         }
     }
+}
+
+/// The error and its causes, skipping causes whose text the message above
+/// them already contains (library errors often quote their source).
+fn describe(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+    }
+    msg
 }
 
 fn real_main() -> Result<ExitCode> {
@@ -212,6 +226,16 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         let bars = progress::Bars::new();
         fanfold_engine::run(&plan, &opts, &bars)?
     };
+    let c = &report.certificate;
+    if c.coverage.rejected > 0 {
+        eprintln!(
+            "warning: {} of {} elements rejected (not sent to any stage):",
+            c.coverage.rejected, c.coverage.elements
+        );
+        for r in &c.rejections {
+            eprintln!("  {r}");
+        }
+    }
     if args.json {
         for (kind, data) in [
             ("answer", serde_json::to_value(&report.answer)?),

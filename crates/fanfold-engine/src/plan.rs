@@ -42,7 +42,7 @@ pub enum PlanError {
     #[error("spec {path}: {source}")]
     Prefilter {
         path: String,
-        source: PrefilterError,
+        source: Box<PrefilterError>,
     },
 }
 
@@ -148,7 +148,7 @@ impl Plan {
         }
         Prefilter::compile(&spec.prefilter).map_err(|source| PlanError::Prefilter {
             path: p.clone(),
-            source,
+            source: Box::new(source),
         })?;
         let mut reducers = BTreeMap::new();
         for r in &spec.fold.reducers {

@@ -150,6 +150,8 @@ pub struct Certificate {
     pub coverage: Coverage,
     pub coverage_complete: bool,
     pub rejected_by_reason: BTreeMap<String, u64>,
+    /// The first rejections in full (where, why, what to do).
+    pub rejections: Vec<String>,
     pub excluded_by_reason: BTreeMap<String, u64>,
     pub routed_by_stage: BTreeMap<String, u64>,
     pub statuses_by_stage: BTreeMap<String, StatusCounts>,
@@ -173,6 +175,9 @@ pub struct RunReport {
     pub facts: Vec<FactRecord>,
     pub fold: FoldOutcome,
 }
+
+/// Rejections listed in full in a certificate; the counts cover the rest.
+const MAX_LISTED_REJECTIONS: usize = 20;
 
 /// Fold nodes cached in the store.
 struct StoreNodes<'a>(&'a Store);
@@ -675,6 +680,11 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         coverage,
         coverage_complete: coverage.is_complete(),
         rejected_by_reason,
+        rejections: rejections
+            .iter()
+            .take(MAX_LISTED_REJECTIONS)
+            .map(|r| format!("{}: {}", r.reason, r.detail))
+            .collect(),
         excluded_by_reason: excluded_by_reason.clone(),
         routed_by_stage: routed
             .iter()

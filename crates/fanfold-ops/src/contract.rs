@@ -61,12 +61,10 @@ impl Controller {
             return;
         }
         self.positives += 1;
-        if let ContractSpec::TopK { k, .. } = &self.contract {
-            if let Some(s) = score {
-                self.top.push(s);
-                self.top.sort_by(|a, b| b.total_cmp(a));
-                self.top.truncate(*k);
-            }
+        if let (ContractSpec::TopK { k, .. }, Some(s)) = (&self.contract, score) {
+            self.top.push(s);
+            self.top.sort_by(|a, b| b.total_cmp(a));
+            self.top.truncate(*k);
         }
     }
 

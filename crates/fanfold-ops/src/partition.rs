@@ -620,9 +620,8 @@ mod tests {
     #[test]
     fn malformed_json_names_the_byte_offset() {
         let src = b"[{\"number\": 1},\n {\"number\": 2,, }]";
-        let err = partition_all(&json_array_spec(), src, PartitionOptions::default())
-            .err()
-            .expect("fails");
+        let err =
+            partition_all(&json_array_spec(), src, PartitionOptions::default()).expect_err("fails");
         match err {
             PartitionError::Malformed { offset, line, .. } => {
                 assert_eq!(line, 2);
@@ -632,8 +631,7 @@ mod tests {
         }
         let truncated = br#"[{"number": 1}, {"number": 2"#;
         let err = partition_all(&json_array_spec(), truncated, PartitionOptions::default())
-            .err()
-            .expect("fails");
+            .expect_err("fails");
         assert!(err.to_string().contains("truncated"), "{err}");
     }
 
@@ -641,14 +639,12 @@ mod tests {
     fn empty_and_non_utf8_inputs_are_clear_errors() {
         for src in [&b""[..], b"   \n", b"[]"] {
             let err = partition_all(&json_array_spec(), src, PartitionOptions::default())
-                .err()
-                .expect("fails");
+                .expect_err("fails");
             assert!(matches!(err, PartitionError::Empty), "{err}");
         }
         let bad = b"[{\"number\": 1, \"t\": \"caf\xe9\"}]";
-        let err = partition_all(&json_array_spec(), bad, PartitionOptions::default())
-            .err()
-            .expect("fails");
+        let err =
+            partition_all(&json_array_spec(), bad, PartitionOptions::default()).expect_err("fails");
         assert!(
             matches!(
                 err,
@@ -692,8 +688,7 @@ mod tests {
             b"{\"id\": 1}\n{\"id\": }\n",
             PartitionOptions::default(),
         )
-        .err()
-        .expect("fails");
+        .expect_err("fails");
         assert!(
             matches!(
                 err,
@@ -723,8 +718,7 @@ mod tests {
             b"LineId,Content\n1,a\n2,b,c\n",
             PartitionOptions::default(),
         )
-        .err()
-        .expect("fails");
+        .expect_err("fails");
         match err {
             PartitionError::Malformed {
                 line: 3,

@@ -174,8 +174,7 @@ mod tests {
         .expect("ok");
         let err = pf
             .decide("42", to_val(&json!({"labels": 3})))
-            .err()
-            .expect("fails");
+            .expect_err("fails");
         assert!(err.to_string().contains("unit 42"), "{err}");
     }
 }

@@ -1,0 +1,497 @@
+//! End-to-end tests of the `fanfold` binary: one integration-test binary,
+//! one helper per feature.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fanfold"));
+    c.env_remove("FANFOLD_STORE").env("FANFOLD_LOG", "error");
+    c
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("fanfold runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A small spec over `input` with a scripted judge: `flag` true means yes.
+struct Fixture {
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new(partition: &str, extra: &str) -> Fixture {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let spec = format!(
+            r#"name = "t"
+question = "Which records are flagged?"
+
+[input]
+path = "input.data"
+partition = {partition}
+
+{extra}
+
+[[stages]]
+name = "judge"
+type = "map"
+version = 1
+rubric = "rubric.md"
+output_schema = "schema.json"
+decision = {{ pointer = "/decision", positive = ["yes"], negative = ["no"] }}
+
+[backends.default]
+type = "scripted"
+script = "judge.jq"
+
+[fold]
+fan_in = 4
+[[fold.reducers]]
+name = "flagged"
+type = "set"
+"#
+        );
+        let spec = if spec.contains("[contract]") {
+            spec
+        } else {
+            format!("{spec}\n[contract]\ntype = \"exhaustive\"\nanswer = \"flagged\"\n")
+        };
+        std::fs::write(dir.path().join("spec.toml"), spec).expect("spec");
+        std::fs::write(
+            dir.path().join("rubric.md"),
+            "Say yes when the record is flagged.\n",
+        )
+        .expect("rubric");
+        std::fs::write(
+            dir.path().join("schema.json"),
+            r#"{"type": "object", "required": ["decision"], "properties": {"decision": {"enum": ["yes", "no"]}, "score": {"type": "number"}}}"#,
+        )
+        .expect("schema");
+        std::fs::write(
+            dir.path().join("judge.jq"),
+            r#"{decision: (if .flag == true or .flag == "true" then "yes" else "no" end), score: ((.score // 0) | tonumber)}"#,
+        )
+        .expect("script");
+        Fixture { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn input(&self, bytes: &[u8]) -> &Fixture {
+        std::fs::write(self.path("input.data"), bytes).expect("input");
+        self
+    }
+
+    fn run(&self, extra: &[&str]) -> Output {
+        run(bin()
+            .arg("run")
+            .arg(self.path("spec.toml"))
+            .arg("--store")
+            .arg(self.path("store.sqlite"))
+            .arg("--out")
+            .arg(self.path("out"))
+            .arg("--json")
+            .args(extra))
+    }
+
+    fn certificate(&self) -> Value {
+        let text = std::fs::read_to_string(self.path("out/certificate.json")).expect("certificate");
+        serde_json::from_str(&text).expect("json")
+    }
+
+    fn answer_ids(&self) -> Vec<String> {
+        let text = std::fs::read_to_string(self.path("out/answer.json")).expect("answer");
+        let v: Value = serde_json::from_str(&text).expect("json");
+        v["items"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|i| i["unit_id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn fact_count(&self) -> u64 {
+        fanfold_store::Store::open(&self.path("store.sqlite"))
+            .expect("store")
+            .count_facts()
+            .expect("count")
+    }
+}
+
+const JSON_ARRAY: &str = r#"{ type = "json_array", key = "id", kind = "row" }"#;
+
+#[test]
+fn selfcheck_json_is_ok() {
+    let o = run(bin().current_dir(repo()).args(["selfcheck", "--json"]));
+    assert!(o.status.success(), "{}\n{}", stdout(&o), stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).expect("json");
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["simulated"], true);
+    let names: Vec<&str> = v["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "source_accounting",
+            "bounded_concurrency",
+            "reuse_unchanged",
+            "precise_invalidation",
+            "cited_output_vs_oracle",
+            "stopping_contract",
+            "statuses_distinct"
+        ]
+    );
+}
+
+#[test]
+fn explain_snapshot() {
+    let o = run(bin().current_dir(repo()).args([
+        "explain",
+        "examples/issue-triage/spec.toml",
+        "--store",
+        "/nonexistent/store.sqlite",
+    ]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    insta::assert_snapshot!("explain_issue_triage", stdout(&o));
+}
+
+#[test]
+fn run_writes_cited_outputs_labelled_simulated() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = run(bin()
+        .current_dir(repo())
+        .args([
+            "run",
+            "examples/issue-triage/spec.toml",
+            "--json",
+            "--slots",
+            "2",
+        ])
+        .arg("--store")
+        .arg(dir.path().join("s.sqlite"))
+        .arg("--out")
+        .arg(dir.path().join("out")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("jsonl"))
+        .collect();
+    assert_eq!(lines[0]["type"], "answer");
+    assert_eq!(lines[1]["type"], "certificate");
+    let md = std::fs::read_to_string(dir.path().join("out/answer.md")).expect("md");
+    assert!(md.contains("[SIMULATED]"));
+    assert!(md.contains("https://github.com/acme-corp/widget/issues/"));
+    let facts = std::fs::read_to_string(dir.path().join("out/facts.jsonl")).expect("facts");
+    let routed = lines[1]["data"]["routed_by_stage"]["auth_blocker"]
+        .as_u64()
+        .expect("routed");
+    assert_eq!(facts.lines().count() as u64, routed);
+    for line in facts.lines() {
+        let f: Value = serde_json::from_str(line).expect("fact");
+        assert_eq!(f["schema"], "fanfold.fact/v1");
+        assert_eq!(f["model"]["simulated"], true);
+        assert!(!f["reducer_path"].as_array().expect("path").is_empty());
+    }
+    // The store is plain SQLite.
+    let conn = std::process::Command::new("sqlite3")
+        .arg(dir.path().join("s.sqlite"))
+        .arg("SELECT COUNT(*) FROM facts;")
+        .output();
+    if let Ok(out) = conn {
+        assert_eq!(stdout(&out).trim(), routed.to_string());
+    }
+}
+
+#[test]
+fn stdin_and_command_inputs_share_the_artifact() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    let data = br#"[{"id": 1, "flag": true}, {"id": 2, "flag": false}]"#;
+    f.input(data);
+    let mut child = bin()
+        .arg("run")
+        .arg(f.path("spec.toml"))
+        .args(["--input", "-", "--json", "--store"])
+        .arg(f.path("store.sqlite"))
+        .arg("--out")
+        .arg(f.path("out"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(data)
+        .expect("write");
+    let o = child.wait_with_output().expect("wait");
+    assert!(o.status.success());
+    let from_stdin = f.certificate()["source_hash"].clone();
+    assert_eq!(f.answer_ids(), ["1"]);
+    let cmd = format!("cat {}", f.path("input.data").display());
+    let o = f.run(&["--input-command", &cmd]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(f.certificate()["source_hash"], from_stdin);
+    assert_eq!(f.certificate()["stats"]["model_calls"], 0);
+}
+
+#[test]
+fn bad_inputs_fail_clearly_and_keep_the_store() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    f.input(br#"[{"id": 1, "flag": true}]"#);
+    assert!(f.run(&[]).status.success());
+    let facts_before = f.fact_count();
+    assert_eq!(facts_before, 1);
+
+    let cases: Vec<(&[u8], &str)> = vec![
+        (b"[{\"id\": 1},\n {\"id\": 2,, }]", "malformed JSON at byte"),
+        (
+            b"[{\"id\": 1, \"t\": \"caf\xe9\"}]",
+            "invalid UTF-8 at byte 20",
+        ),
+        (b"", "the input is empty"),
+        (b"{\"id\": 1}", "expected a JSON array"),
+        (b"[{\"id\": 1}, {\"id\": 2}", "truncated"),
+    ];
+    for (input, expect) in cases {
+        f.input(input);
+        let o = f.run(&[]);
+        assert_eq!(o.status.code(), Some(2), "{expect}");
+        let err = stderr(&o);
+        assert!(err.contains(expect), "expected {expect:?} in {err}");
+        assert!(
+            err.contains("input.data"),
+            "the error names the file: {err}"
+        );
+        assert_eq!(f.fact_count(), facts_before, "nothing stored is lost");
+    }
+}
+
+#[test]
+fn ragged_csv_names_the_line() {
+    let f = Fixture::new(r#"{ type = "csv", key = "id", kind = "row" }"#, "");
+    f.input(b"id,flag\n1,true\n2,false,extra\n");
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("malformed CSV at byte 15 (line 3)") && err.contains("3 fields"),
+        "{err}"
+    );
+}
+
+#[test]
+fn duplicate_ids_and_huge_records_are_reported_not_lost() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    let huge = "x".repeat(50 * 1024 * 1024);
+    let input = format!(
+        r#"[{{"id": 1, "flag": true}}, {{"id": 1, "flag": false}}, {{"id": 3, "body": "{huge}"}}, {{"id": 4, "flag": true}}]"#
+    );
+    f.input(input.as_bytes());
+    let o = f.run(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let c = f.certificate();
+    assert_eq!(c["coverage"]["elements"], 4);
+    assert_eq!(c["coverage"]["units"], 2);
+    assert_eq!(c["rejected_by_reason"]["duplicate_key"], 1);
+    assert_eq!(c["rejected_by_reason"]["too_large"], 1);
+    assert_eq!(c["coverage_complete"], true);
+    assert_eq!(f.answer_ids(), ["1", "4"]);
+    assert!(stderr(&o).contains("repeats id = 1"), "{}", stderr(&o));
+}
+
+#[test]
+fn bad_specs_name_the_problem() {
+    let cases = [
+        (
+            "[[prefilter]]\nname = \"r\"\nwhen = \".x\"\naction = \"route\"\nstage = \"nope\"\n",
+            "routes to unknown stage `nope`",
+        ),
+        (
+            "[[prefilter]]\nname = \"r\"\nwhen = \".x ==\"\naction = \"exclude\"\n",
+            "prefilter rule `r`: jq syntax error",
+        ),
+        (
+            "[[prefilter]]\nname = \"r\"\nwhen = \"nosuch(1)\"\naction = \"exclude\"\n",
+            "undefined: nosuch",
+        ),
+        ("surprise = 1\n", "unknown field `surprise`"),
+    ];
+    for (extra, expect) in cases {
+        let f = Fixture::new(JSON_ARRAY, extra);
+        f.input(br#"[{"id": 1}]"#);
+        let o = f.run(&[]);
+        assert_eq!(o.status.code(), Some(2));
+        let err = stderr(&o);
+        assert!(
+            err.contains(expect) && err.contains("spec.toml"),
+            "expected {expect:?} in {err}"
+        );
+    }
+}
+
+#[test]
+fn top_k_cancels_only_what_cannot_enter() {
+    let extra = "[contract]\ntype = \"top_k\"\nk = 3\nscore = \"/score\"\nbound = \".score\"\n";
+    let f = Fixture::new(r#"{ type = "jsonl", key = "id", kind = "row" }"#, extra);
+    let mut input = String::new();
+    for i in 0..40 {
+        input.push_str(&format!(
+            "{{\"id\": {i}, \"flag\": {}, \"score\": {}}}\n",
+            i % 2 == 0,
+            (i * 7) % 40
+        ));
+    }
+    f.input(input.as_bytes());
+    let o = f.run(&["--slots", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let c = f.certificate();
+    assert_eq!(c["stop"]["reason"], "contract_satisfied");
+    let cancelled = c["statuses"]["cancelled"].as_u64().expect("n");
+    let calls = c["stats"]["model_calls"].as_u64().expect("n");
+    assert_eq!(cancelled + calls, 40);
+    assert!(cancelled > 20, "cancelled {cancelled}");
+    // The same answer as judging everything.
+    let mut expected: Vec<(u64, u64)> = (0..40u64)
+        .filter(|i| i % 2 == 0)
+        .map(|i| ((i * 7) % 40, i))
+        .collect();
+    expected.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.to_string().cmp(&b.1.to_string())));
+    let want: Vec<String> = expected
+        .iter()
+        .take(3)
+        .map(|(_, i)| i.to_string())
+        .collect();
+    assert_eq!(f.answer_ids(), want);
+}
+
+#[test]
+fn record_then_replay_gives_the_same_answer() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    f.input(br#"[{"id": 1, "flag": true}, {"id": 2, "flag": false}, {"id": 3, "flag": true}]"#);
+    let cassette = f.path("cassette.jsonl");
+    let o = f.run(&["--record", cassette.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let recorded = f.answer_ids();
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    let spec = spec.replace(
+        "type = \"scripted\"\nscript = \"judge.jq\"",
+        "type = \"replay\"\ncassette = \"cassette.jsonl\"",
+    );
+    std::fs::write(f.path("spec.toml"), spec).expect("spec");
+    std::fs::remove_file(f.path("store.sqlite")).expect("fresh store");
+    let o = f.run(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(f.answer_ids(), recorded);
+    assert_eq!(f.certificate()["backends"][0]["kind"], "replay");
+    assert_eq!(f.certificate()["simulated"], true);
+}
+
+#[test]
+fn a_killed_run_resumes_from_the_store() {
+    let f = Fixture::new(r#"{ type = "jsonl", key = "id", kind = "row" }"#, "");
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replace(
+            "script = \"judge.jq\"",
+            "script = \"judge.jq\"\ndelay_ms = 25",
+        ),
+    )
+    .expect("spec");
+    let input: String = (0..200)
+        .map(|i| format!("{{\"id\": {i}, \"flag\": {}}}\n", i % 3 == 0))
+        .collect();
+    f.input(input.as_bytes());
+    let mut child = bin()
+        .arg("run")
+        .arg(f.path("spec.toml"))
+        .args(["--json", "--slots", "2", "--store"])
+        .arg(f.path("store.sqlite"))
+        .arg("--out")
+        .arg(f.path("out"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        if f.path("store.sqlite").exists() && f.fact_count() >= 20 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().expect("kill");
+    child.wait().expect("reaped");
+    let kept = f.fact_count();
+    assert!((20..200).contains(&kept), "kept {kept}");
+    // The rerun reuses every fact stored before the kill.
+    let o = f.run(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let c = f.certificate();
+    assert_eq!(c["stats"]["cache_hits"].as_u64(), Some(kept));
+    assert_eq!(c["stats"]["model_calls"].as_u64(), Some(200 - kept));
+    assert_eq!(f.answer_ids().len(), 67);
+}
+
+#[test]
+fn log_lines_partition_with_full_coverage() {
+    let log = repo().join("../shared/data/loghub-2k/BGL/BGL_2k.log");
+    let Ok(bytes) = std::fs::read(&log) else {
+        panic!("the shared loghub data is expected at {}", log.display());
+    };
+    let lines = bytes
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .count() as u64;
+    let extra = "[[prefilter]]\nname = \"normal\"\nwhen = '.text | startswith(\"-\")'\naction = \"exclude\"\n";
+    let f = Fixture::new(r#"{ type = "lines", kind = "log_line" }"#, extra);
+    f.input(&bytes);
+    let o = f.run(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let c = f.certificate();
+    assert_eq!(c["coverage"]["elements"].as_u64(), Some(lines));
+    assert_eq!(c["coverage_complete"], true);
+    // BGL marks alert lines with a label other than "-": 143 of them.
+    let alerts = bytes
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty() && !l.starts_with(b"-"))
+        .count() as u64;
+    assert_eq!(c["routed_by_stage"]["judge"].as_u64(), Some(alerts));
+}
+
+#[test]
+fn spec_schema_is_shipped_and_current() {
+    let o = run(bin().arg("spec-schema"));
+    assert!(o.status.success());
+    let shipped = std::fs::read_to_string(repo().join("docs/spec.schema.json"))
+        .expect("docs/spec.schema.json");
+    assert_eq!(
+        stdout(&o).trim(),
+        shipped.trim(),
+        "regenerate with `fanfold spec-schema > docs/spec.schema.json`"
+    );
+}
