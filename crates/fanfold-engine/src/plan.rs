@@ -113,6 +113,10 @@ impl Plan {
                     s.name, s.backend, s.backend
                 )));
             }
+            if let Some(expr) = &s.project {
+                fanfold_ops::jq::JqProgram::compile(expr)
+                    .map_err(|e| invalid(format!("stage `{}` project: {e}", s.name)))?;
+            }
             hashed.insert(format!("rubric:{}", s.name), rubric.clone());
             hashed.insert(format!("schema:{}", s.name), schema_text);
             stages.push(MapStage::new(s.clone(), rubric, schema).map_err(|source| {
@@ -219,6 +223,31 @@ impl Plan {
             .path
             .as_ref()
             .map(|p| Source::File(self.spec_dir.join(p)))
+    }
+
+    /// Sends every stage to the backend `name` (the `--backend` flag).
+    pub fn use_backend(&mut self, name: &str) -> Result<(), PlanError> {
+        if !self.spec.backends.contains_key(name) {
+            return Err(PlanError::Invalid {
+                path: self.spec_path.display().to_string(),
+                detail: format!(
+                    "no backend `{name}`; declared: {}",
+                    self.spec
+                        .backends
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
+        for stage in &mut self.stages {
+            stage.spec.backend = name.to_owned();
+        }
+        for stage in &mut self.spec.stages {
+            stage.backend = name.to_owned();
+        }
+        Ok(())
     }
 
     pub fn stage(&self, name: &str) -> Option<&MapStage> {

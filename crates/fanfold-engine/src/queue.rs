@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use fanfold_core::Status;
 use fanfold_core::spec::BudgetSpec;
-use fanfold_model::{CallError, Completion, Job, Request, Usage};
+use fanfold_model::{CallError, Completion, DecisionField, Job, Request, Usage};
 use fanfold_ops::contract::{Controller, StopReason};
 use fanfold_ops::map::{Interpreted, MapStage};
 use serde_json::Value;
@@ -24,6 +24,8 @@ pub struct Pending {
     pub attempt: u32,
     /// Upper bound of the unit's score under a top-k contract.
     pub bound: Option<f64>,
+    /// The stage's schema narrowed to this unit.
+    pub schema: Option<Value>,
 }
 
 /// How one unit ended at this stage.
@@ -126,6 +128,7 @@ struct State {
 
 pub struct StageJob<'a> {
     stage: &'a MapStage,
+    decision: DecisionField,
     slots: usize,
     budget: &'a BudgetPool,
     controller: &'a Mutex<Controller>,
@@ -147,8 +150,20 @@ impl<'a> StageJob<'a> {
         score_pointer: Option<String>,
         on_finish: &'a (dyn Fn(usize, &UnitResult) + Sync),
     ) -> StageJob<'a> {
+        let d = &stage.spec.decision;
+        let decision = DecisionField {
+            key: d.pointer.rsplit('/').next().unwrap_or_default().to_owned(),
+            choices: d
+                .positive
+                .iter()
+                .chain(&d.negative)
+                .chain(&d.abstain)
+                .cloned()
+                .collect(),
+        };
         StageJob {
             stage,
+            decision,
             slots: slots.max(1),
             budget,
             controller,
@@ -273,6 +288,15 @@ impl Job for StageJob<'_> {
         self.lock().stop.is_some()
     }
 
+    fn output_schema(&self) -> Option<&Value> {
+        Some(&self.stage.schema)
+    }
+
+    fn decision(&self) -> Option<&DecisionField> {
+        // Only a top-level decision key can be found in the generated text.
+        (self.stage.spec.decision.pointer.matches('/').count() == 1).then_some(&self.decision)
+    }
+
     fn next(&self) -> Option<Request> {
         let mut ended = Vec::new();
         let request = {
@@ -353,6 +377,7 @@ impl Job for StageJob<'_> {
                     input: p.input,
                     attempt: p.attempt,
                     max_output_tokens: self.stage.spec.max_output_tokens,
+                    schema: p.schema,
                 });
             }
         };
@@ -379,7 +404,10 @@ impl Job for StageJob<'_> {
                 state.usage.push((req.index, c.usage));
             }
             let failure = match result {
-                Ok(c) => match self.stage.interpret(&c.text, &req.input) {
+                Ok(c) => match self
+                    .stage
+                    .interpret(&c.text, &req.input, c.choices.as_deref())
+                {
                     Ok(i) => Ok(i),
                     Err(invalid) => Err(format!("{}: {invalid}", invalid.code())),
                 },
@@ -406,6 +434,7 @@ impl Job for StageJob<'_> {
                         input: req.input,
                         attempt: req.attempt + 1,
                         bound: None,
+                        schema: req.schema,
                     });
                     None
                 }

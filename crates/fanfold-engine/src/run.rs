@@ -48,6 +48,12 @@ pub enum RunError {
         "the spec names no input: give --input FILE, --input - (stdin) or --input-command, or set input.path"
     )]
     NoInput,
+    #[error("stage `{stage}` project on unit {unit}: {detail}")]
+    Project {
+        stage: String,
+        unit: String,
+        detail: String,
+    },
     #[error("contract bound on unit {unit}: {detail}")]
     Bound { unit: String, detail: String },
     #[error("writing {path}: {source}")]
@@ -431,9 +437,10 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         let mut keys: HashMap<usize, (ContentHash, Value)> = HashMap::new();
         let mut pending = Vec::new();
         let mut cached = 0u64;
+        let projector = Projector::new(stage)?;
         for &i in indices {
             let u = &units[i];
-            let projected = stage.project(&u.value);
+            let projected = projector.project(stage, u)?;
             let key = stage.cache_key(projected.key_in("input-v1"), &model);
             if let Some(mut fact) = store.get_fact(&key)? {
                 cached += 1;
@@ -470,6 +477,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
                 index: i,
                 unit_id: u.unit.unit_id.0.clone(),
                 suffix: stage.suffix(u.unit.unit_id.as_str(), &projected),
+                schema: stage.schema_for_unit(&projected),
                 input: projected.clone(),
                 attempt: 1,
                 bound,
@@ -748,6 +756,43 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         crate::output::write_all(dir, &report)?;
     }
     Ok(report)
+}
+
+/// What a stage's contexts see of a unit: its `project` expression, or its
+/// `fields`.
+struct Projector(Option<JqProgram>);
+
+impl Projector {
+    fn new(stage: &fanfold_ops::map::MapStage) -> Result<Projector, RunError> {
+        let program = match &stage.spec.project {
+            Some(expr) => Some(JqProgram::compile(expr).map_err(|e| RunError::Project {
+                stage: stage.name().to_owned(),
+                unit: "-".into(),
+                detail: e.to_string(),
+            })?),
+            None => None,
+        };
+        Ok(Projector(program))
+    }
+
+    fn project(&self, stage: &fanfold_ops::map::MapStage, u: &PartUnit) -> Result<Value, RunError> {
+        let Some(p) = &self.0 else {
+            return Ok(stage.project(&u.value));
+        };
+        match p.first_json(to_val(&u.value)) {
+            Ok(Some(v)) => Ok(v),
+            Ok(None) => Err(RunError::Project {
+                stage: stage.name().to_owned(),
+                unit: u.unit.unit_id.0.clone(),
+                detail: "the project expression yielded nothing".into(),
+            }),
+            Err(e) => Err(RunError::Project {
+                stage: stage.name().to_owned(),
+                unit: u.unit.unit_id.0.clone(),
+                detail: e.to_string(),
+            }),
+        }
+    }
 }
 
 fn leaf_of(f: &FactRecord) -> Leaf {

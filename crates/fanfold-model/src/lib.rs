@@ -32,6 +32,9 @@ pub struct Request {
     /// 1 for the first try.
     pub attempt: u32,
     pub max_output_tokens: u32,
+    /// The job's output schema narrowed to this unit (its quotable
+    /// sentences), for backends that constrain decoding per request.
+    pub schema: Option<serde_json::Value>,
 }
 
 /// Token counts and time as the backend measured them.
@@ -45,10 +48,23 @@ pub struct Usage {
     pub latency_ms: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Completion {
     pub text: String,
     pub usage: Usage,
+    /// The probability of each allowed decision, read from the model's
+    /// logits where the decision was generated. Backends that cannot see
+    /// logits leave it empty.
+    #[serde(default)]
+    pub choices: Option<Vec<(String, f64)>>,
+}
+
+/// The output field that carries a stage's decision and its allowed values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecisionField {
+    /// The object key, e.g. `decision`.
+    pub key: String,
+    pub choices: Vec<String>,
 }
 
 /// A failed call. Each is retried within the stage's budget and then
@@ -98,6 +114,15 @@ pub trait Job: Sync {
     fn complete(&self, request: Request, result: Result<Completion, CallError>);
     /// True once queued and in-flight work should be abandoned.
     fn is_cancelled(&self) -> bool;
+    /// The JSON Schema every output must satisfy; backends that can
+    /// constrain decoding to it do.
+    fn output_schema(&self) -> Option<&serde_json::Value> {
+        None
+    }
+    /// Where the decision is, for backends that score choices.
+    fn decision(&self) -> Option<&DecisionField> {
+        None
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -24,6 +24,8 @@ pub struct CassetteEntry {
     pub text: Option<String>,
     pub error: Option<String>,
     pub usage: Usage,
+    #[serde(default)]
+    pub choices: Option<Vec<(String, f64)>>,
 }
 
 /// The key of one request in a cassette.
@@ -77,6 +79,7 @@ impl Cassette {
             Some(text) => Ok(Completion {
                 text: text.clone(),
                 usage: entry.usage,
+                choices: entry.choices.clone(),
             }),
             None => Err(CallError::Backend(entry.error.clone().unwrap_or_default())),
         }
@@ -163,6 +166,12 @@ impl Job for RecordingJob<'_> {
     fn is_cancelled(&self) -> bool {
         self.inner.is_cancelled()
     }
+    fn output_schema(&self) -> Option<&serde_json::Value> {
+        self.inner.output_schema()
+    }
+    fn decision(&self) -> Option<&crate::DecisionField> {
+        self.inner.decision()
+    }
     fn complete(&self, request: Request, result: Result<Completion, CallError>) {
         let entry = CassetteEntry {
             request: request_key(self.inner.prefix(), &request.suffix),
@@ -172,6 +181,7 @@ impl Job for RecordingJob<'_> {
             text: result.as_ref().ok().map(|c| c.text.clone()),
             error: result.as_ref().err().map(|e| e.to_string()),
             usage: result.as_ref().map(|c| c.usage).unwrap_or_default(),
+            choices: result.as_ref().ok().and_then(|c| c.choices.clone()),
         };
         if let Ok(line) = serde_json::to_string(&entry) {
             let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());

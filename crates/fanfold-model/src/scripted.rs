@@ -91,6 +91,7 @@ impl ScriptedBackend {
                 latency_ms: started.elapsed().as_millis() as u64,
             },
             text,
+            choices: None,
         })
     }
 }

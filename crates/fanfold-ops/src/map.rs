@@ -97,6 +97,7 @@ impl MapStage {
             .field("type", "map")
             .field("version", &spec.version)
             .field("fields", &spec.fields)
+            .field("project", &spec.project)
             .field("schema", &schema)
             .field("decision_pointer", &spec.decision.pointer)
             .field("positive", &spec.decision.positive)
@@ -133,7 +134,9 @@ impl MapStage {
         &self.prefix
     }
 
-    /// The unit's fields this stage is allowed to see.
+    /// The unit's fields this stage is allowed to see, by `fields`. A
+    /// `project` expression is applied by the caller, which owns the jq
+    /// engine (see [`crate::jq`]).
     pub fn project(&self, value: &Value) -> Value {
         if self.spec.fields.is_empty() {
             return value.clone();
@@ -149,6 +152,55 @@ impl MapStage {
     pub fn suffix(&self, unit_id: &str, projected: &Value) -> String {
         let body = serde_json::to_string_pretty(projected).unwrap_or_default();
         format!("Record {unit_id}:\n```json\n{body}\n```\n")
+    }
+
+    /// The stage's schema narrowed to one unit: each evidence item's quote
+    /// must be one of the unit's own sentences, verbatim. A backend that
+    /// decodes under this schema cannot invent a quote. `None` when the
+    /// stage has no evidence or the unit offers no quotable sentence.
+    pub fn schema_for_unit(&self, projected: &Value) -> Option<Value> {
+        let key = self.spec.evidence.as_deref()?.strip_prefix('/')?;
+        if key.contains('/') {
+            return None;
+        }
+        let items = self.schema.pointer(&format!("/properties/{key}/items"))?;
+        let max_len = items
+            .pointer("/properties/quote/maxLength")
+            .and_then(Value::as_u64)
+            .unwrap_or(200) as usize;
+        let fields: Vec<String> = match items
+            .pointer("/properties/field/enum")
+            .and_then(Value::as_array)
+        {
+            Some(list) => list
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect(),
+            None => projected.as_object()?.keys().cloned().collect(),
+        };
+        let mut alternatives = Vec::new();
+        for field in fields {
+            let Some(text) = field_text(projected, &field) else {
+                continue;
+            };
+            let quotes = sentences(&text, max_len);
+            if quotes.is_empty() {
+                continue;
+            }
+            alternatives.push(serde_json::json!({
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["field", "quote"],
+                "properties": {"field": {"const": field}, "quote": {"enum": quotes}}
+            }));
+        }
+        if alternatives.is_empty() {
+            return None;
+        }
+        let mut narrowed = self.schema.clone();
+        let slot = narrowed.pointer_mut(&format!("/properties/{key}/items"))?;
+        *slot = serde_json::json!({"anyOf": alternatives});
+        Some(narrowed)
     }
 
     /// The cache key of this stage's fact for one unit. `input_hash` is the
@@ -168,8 +220,15 @@ impl MapStage {
     }
 
     /// Judges one raw output against the schema, the decision lists and the
-    /// unit's own text.
-    pub fn interpret(&self, raw: &str, projected: &Value) -> Result<Interpreted, Invalid> {
+    /// unit's own text. `choices` are decision probabilities a backend read
+    /// from the model's logits; when present, the decided choice's
+    /// probability is the fact's confidence, in place of any the model wrote.
+    pub fn interpret(
+        &self,
+        raw: &str,
+        projected: &Value,
+        choices: Option<&[(String, f64)]>,
+    ) -> Result<Interpreted, Invalid> {
         let facts: Value = serde_json::from_str(strip_fences(raw))
             .map_err(|e| Invalid::MalformedJson(e.to_string()))?;
         if let Some(first) = self.validator.iter_errors(&facts).next() {
@@ -204,12 +263,14 @@ impl MapStage {
             Some(p) => check_evidence(facts.pointer(p), projected)?,
             None => Vec::new(),
         };
-        let confidence = self
-            .spec
-            .confidence
-            .as_ref()
-            .and_then(|p| facts.pointer(p))
-            .and_then(Value::as_f64);
+        let scored = choices.and_then(|c| c.iter().find(|(k, _)| *k == decision).map(|(_, p)| *p));
+        let confidence = scored.or_else(|| {
+            self.spec
+                .confidence
+                .as_ref()
+                .and_then(|p| facts.pointer(p))
+                .and_then(Value::as_f64)
+        });
         let mut reason = None;
         if let (Some(min), Some(c)) = (self.spec.min_confidence, confidence)
             && c < min
@@ -246,6 +307,41 @@ pub fn field_text(projected: &Value, field: &str) -> Option<String> {
         Value::String(s) => Some(s.clone()),
         Value::Null => None,
         other => Some(other.to_string()),
+    }
+}
+
+/// Most quote alternatives offered per field: grammar size grows with them.
+const MAX_QUOTES_PER_FIELD: usize = 48;
+
+/// The quotable sentences of a text: split at sentence ends and line
+/// breaks, trimmed, between 8 and `max_len` bytes, first occurrences only.
+/// Each is a verbatim substring of `text`.
+pub fn sentences(text: &str, max_len: usize) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut start = 0;
+    let bytes = text.as_bytes();
+    for (i, b) in bytes.iter().enumerate() {
+        let end = match b {
+            b'\n' => Some(i),
+            b'.' | b'!' | b'?' if bytes.get(i + 1).is_none_or(|n| n.is_ascii_whitespace()) => {
+                Some(i + 1)
+            }
+            _ => None,
+        };
+        if let Some(end) = end {
+            push_sentence(&mut out, &text[start..end], max_len);
+            start = i + 1;
+        }
+    }
+    push_sentence(&mut out, &text[start..], max_len);
+    out.truncate(MAX_QUOTES_PER_FIELD);
+    out
+}
+
+fn push_sentence(out: &mut Vec<String>, raw: &str, max_len: usize) {
+    let s = raw.trim();
+    if s.len() >= 8 && s.len() <= max_len && !out.iter().any(|o| o == s) {
+        out.push(s.to_owned());
     }
 }
 
@@ -299,6 +395,7 @@ mod tests {
             version: 1,
             rubric: "r.md".into(),
             fields: vec!["title".into(), "body".into()],
+            project: None,
             output_schema: "o.json".into(),
             backend: "default".into(),
             decision: DecisionSpec {
@@ -335,7 +432,7 @@ mod tests {
         let raw = r#"```json
 {"decision": "yes", "confidence": 0.9, "evidence": [{"field": "body", "quote": "redirects to /login forever"}]}
 ```"#;
-        let out = s.interpret(raw, &unit).expect("valid");
+        let out = s.interpret(raw, &unit, None).expect("valid");
         assert_eq!(out.status, Status::Positive);
         assert_eq!(out.evidence[0].start, 13);
         assert_eq!(out.evidence[0].end, 40);
@@ -366,11 +463,66 @@ mod tests {
         ];
         for (raw, code) in cases {
             assert_eq!(
-                s.interpret(raw, &unit).err().map(|e| e.code()),
+                s.interpret(raw, &unit, None).err().map(|e| e.code()),
                 Some(code),
                 "{raw}"
             );
         }
+    }
+
+    #[test]
+    fn unit_schema_offers_only_verbatim_sentences() {
+        let s = stage();
+        let unit = json!({"title": "Login loops", "body": "First line here.\nThe callback redirects to /login forever. Short.\n"});
+        // The test stage's schema has no item properties to narrow by field.
+        let narrowed = s.schema_for_unit(&unit);
+        assert!(narrowed.is_none());
+        assert_eq!(
+            sentences(unit["body"].as_str().unwrap_or_default(), 200),
+            [
+                "First line here.",
+                "The callback redirects to /login forever."
+            ]
+        );
+        let mut spec = s.spec.clone();
+        spec.evidence = Some("/evidence".into());
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "decision": {"enum": ["yes", "no", "unsure"]},
+                "evidence": {"type": "array", "items": {"type": "object", "properties": {
+                    "field": {"enum": ["title", "body"]}, "quote": {"type": "string", "maxLength": 30}}}}
+            }
+        });
+        let s2 = MapStage::new(spec, "r".into(), schema).expect("valid");
+        let narrowed = s2.schema_for_unit(&unit).expect("narrowed");
+        let alts = narrowed
+            .pointer("/properties/evidence/items/anyOf")
+            .and_then(Value::as_array)
+            .expect("anyOf");
+        assert_eq!(alts.len(), 2);
+        assert_eq!(
+            alts[1]["properties"]["quote"]["enum"],
+            json!(["First line here."])
+        );
+        for alt in alts {
+            for q in alt["properties"]["quote"]["enum"].as_array().expect("enum") {
+                let field = alt["properties"]["field"]["const"].as_str().expect("field");
+                let text = field_text(&unit, field).expect("text");
+                assert!(text.contains(q.as_str().expect("str")));
+            }
+        }
+    }
+
+    #[test]
+    fn scored_choices_replace_the_written_confidence() {
+        let s = stage();
+        let unit = json!({"title": "t", "body": "b"});
+        let raw = r#"{"decision": "yes", "confidence": 0.99, "evidence": []}"#;
+        let choices = [("yes".to_owned(), 0.4), ("no".to_owned(), 0.6)];
+        let out = s.interpret(raw, &unit, Some(&choices)).expect("valid");
+        assert_eq!(out.confidence, Some(0.4));
+        assert_eq!(out.status, Status::Abstain, "0.4 is under the 0.5 floor");
     }
 
     #[test]
@@ -381,6 +533,7 @@ mod tests {
             .interpret(
                 r#"{"decision": "no", "confidence": 0.2, "evidence": []}"#,
                 &unit,
+                None,
             )
             .expect("valid");
         assert_eq!(out.status, Status::Abstain);

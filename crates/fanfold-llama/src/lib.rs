@@ -1,0 +1,591 @@
+//! The embedded model backend: llama.cpp in-process.
+//!
+//! One stage is one job. Its shared prefix (chat template, rubric, schema)
+//! is evaluated once into KV sequence 0 and forked into N slots by KV copy;
+//! each slot then evaluates only its unit's suffix and decodes under a
+//! grammar derived from the stage's JSON Schema, so every answer parses. A
+//! slot is refilled the moment it frees (continuous batching), and no batch
+//! ever exceeds `n_batch` tokens, by construction. Token counts are measured
+//! here, on the Rust side: llama.cpp's own perf counters miss batched and
+//! copied tokens.
+
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use fanfold_model::{
+    BackendError, BackendInfo, CallError, Completion, Job, ModelBackend, Request, Usage,
+};
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
+use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::token::data::LlamaTokenData;
+use llama_cpp_2::token::data_array::LlamaTokenDataArray;
+
+/// Temperature of retries; first attempts are greedy.
+const RETRY_TEMPERATURE: f32 = 0.7;
+
+/// Marks where the unit goes in the templated prompt.
+const UNIT_SENTINEL: &str = "\u{1}FANFOLD_UNIT\u{1}";
+
+#[derive(Clone, Debug)]
+pub struct LlamaConfig {
+    pub model_path: PathBuf,
+    /// Threads for llama.cpp; all cores when absent.
+    pub threads: Option<i32>,
+    /// Most tokens in one decode call.
+    pub n_batch: u32,
+    /// KV budget of one slot: the unit's suffix plus its answer. Longer
+    /// units are truncated to fit, and the truncation is counted.
+    pub slot_tokens: u32,
+    /// Evaluate the shared prefix once and fork it into the slots. Off, every
+    /// unit evaluates its whole prompt: the naive baseline benchmarks compare
+    /// against.
+    pub share_prefix: bool,
+}
+
+impl LlamaConfig {
+    pub fn new(model_path: PathBuf) -> LlamaConfig {
+        LlamaConfig {
+            model_path,
+            threads: None,
+            n_batch: 512,
+            slot_tokens: 2048,
+            share_prefix: true,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LlamaError {
+    #[error("llama.cpp could not start: {0}")]
+    Backend(String),
+    #[error("loading model {path}: {detail}")]
+    Load { path: String, detail: String },
+}
+
+fn backend() -> Result<&'static LlamaBackend, LlamaError> {
+    static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
+    BACKEND
+        .get_or_init(|| {
+            let mut b = LlamaBackend::init().map_err(|e| e.to_string())?;
+            b.void_logs();
+            Ok(b)
+        })
+        .as_ref()
+        .map_err(|e| LlamaError::Backend(e.clone()))
+}
+
+/// A loaded GGUF model, ready to run jobs.
+pub struct EmbeddedModel {
+    model: LlamaModel,
+    model_id: String,
+    cfg: LlamaConfig,
+}
+
+/// What one job measured, beyond per-unit usage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JobStats {
+    pub prefix_tokens: u64,
+    pub decode_ms: u64,
+    pub sample_ms: u64,
+    pub full_vocab_samples: u64,
+    pub samples: u64,
+    pub decode_calls: u64,
+    pub largest_batch: u64,
+    pub truncated_units: u64,
+}
+
+impl EmbeddedModel {
+    pub fn load(cfg: LlamaConfig) -> Result<EmbeddedModel, LlamaError> {
+        let backend = backend()?;
+        let load = |detail: String| LlamaError::Load {
+            path: cfg.model_path.display().to_string(),
+            detail,
+        };
+        let bytes = std::fs::read(&cfg.model_path).map_err(|e| load(e.to_string()))?;
+        let digest = blake3::hash(&bytes).to_hex();
+        drop(bytes);
+        let model =
+            LlamaModel::load_from_file(backend, &cfg.model_path, &LlamaModelParams::default())
+                .map_err(|e| load(e.to_string()))?;
+        let name = cfg
+            .model_path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Ok(EmbeddedModel {
+            model,
+            model_id: format!("gguf:{name}:{}", &digest.as_str()[..16]),
+            cfg,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.cfg.model_path
+    }
+
+    /// Splits the chat-templated prompt around the unit: the part before is
+    /// the shared prefix, the part after closes the user turn and opens the
+    /// assistant's.
+    fn template(&self, system: &str) -> (String, String) {
+        let tmpl = self.model.chat_template(None).ok();
+        let messages = (
+            LlamaChatMessage::new("system".into(), system.into()),
+            LlamaChatMessage::new("user".into(), UNIT_SENTINEL.into()),
+        );
+        if let (Some(tmpl), (Ok(system), Ok(user))) = (tmpl, messages)
+            && let Ok(text) = self.model.apply_chat_template(&tmpl, &[system, user], true)
+            && let Some(at) = text.find(UNIT_SENTINEL)
+        {
+            return (
+                text[..at].to_owned(),
+                text[at + UNIT_SENTINEL.len()..].to_owned(),
+            );
+        }
+        // No usable template in the file: plain text turns.
+        (format!("{system}\n\n"), "\n\nAnswer:\n".to_owned())
+    }
+
+    fn grammar(&self, job: &dyn Job) -> Result<Option<String>, BackendError> {
+        match job.output_schema() {
+            None => Ok(None),
+            Some(schema) => llama_cpp_2::json_schema_to_grammar(&schema.to_string())
+                .map(Some)
+                .map_err(|e| BackendError::Setup(format!("output schema to grammar: {e}"))),
+        }
+    }
+
+    /// Runs a job and returns what it measured.
+    pub fn run_job(&self, job: &dyn Job) -> Result<JobStats, BackendError> {
+        let setup = |e: String| BackendError::Setup(e);
+        let backend = backend().map_err(|e| setup(e.to_string()))?;
+        let slots = job.slots().max(1);
+        let vocab = self.model.vocab();
+        let (prefix_text, tail_text) = self.template(job.prefix());
+        let prefix = vocab.tokenize(prefix_text.as_bytes(), vocab.should_add_bos(), true);
+        let tail = vocab.tokenize(tail_text.as_bytes(), false, true);
+        let grammar = self.grammar(job)?;
+        let scorer = job
+            .decision()
+            .and_then(|d| ChoiceScorer::new(&self.model, d));
+        let n_batch = self.cfg.n_batch.max(16);
+        let share = self.cfg.share_prefix;
+        // One KV stream per sequence (not one unified cache): a token then
+        // attends only to its own sequence's cells, not to every slot's.
+        // Sequence 0 holds the prefix; forking copies it into a slot's stream.
+        let per_seq = prefix.len() as u32 + self.cfg.slot_tokens;
+        let n_ctx = (slots as u32 + 1) * per_seq;
+        let threads = self.cfg.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get() as i32)
+                .unwrap_or(2)
+        });
+        let params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(n_ctx))
+            .with_n_batch(n_batch)
+            .with_n_ubatch(n_batch)
+            .with_n_seq_max(slots as u32 + 1)
+            .with_kv_unified(false)
+            .with_n_threads(threads)
+            .with_n_threads_batch(threads);
+        let mut ctx = self
+            .model
+            .new_context(backend, params)
+            .map_err(|e| setup(format!("creating a context of {n_ctx} tokens: {e}")))?;
+        let mut stats = JobStats {
+            prefix_tokens: prefix.len() as u64,
+            ..JobStats::default()
+        };
+
+        // The shared prefix, once, in sequence 0.
+        let mut batch = LlamaBatch::new(n_batch as usize, 1);
+        let shared: &[LlamaToken] = if share { &prefix } else { &[] };
+        for (chunk_no, chunk) in shared.chunks(n_batch as usize).enumerate() {
+            batch.clear();
+            for (i, t) in chunk.iter().enumerate() {
+                let pos = (chunk_no * n_batch as usize + i) as i32;
+                batch
+                    .add(*t, pos, &[0], false)
+                    .map_err(|e| setup(e.to_string()))?;
+            }
+            ctx.decode(&mut batch)
+                .map_err(|e| setup(format!("evaluating the shared prefix: {e}")))?;
+            stats.decode_calls += 1;
+        }
+
+        let mut state: Vec<Slot> = (0..slots).map(|_| Slot::default()).collect();
+        let mut prefix_billed = false;
+        let mut batch = LlamaBatch::new(n_batch as usize, slots as i32 + 1);
+        loop {
+            // Refill free slots the moment they free. The queue is asked
+            // again every round: a failed answer comes back as a retry.
+            for (s, slot) in state.iter_mut().enumerate() {
+                if slot.req.is_some() {
+                    continue;
+                }
+                match job.next() {
+                    None => break,
+                    Some(req) => {
+                        let seq = s as i32 + 1;
+                        let ready = if share {
+                            fork(&mut ctx, seq)
+                        } else {
+                            ctx.clear_kv_cache_seq(Some(seq as u32), None, None)
+                                .map(|_| ())
+                                .map_err(|e| e.to_string())
+                        };
+                        if let Err(e) = ready {
+                            job.complete(req, Err(CallError::Backend(e)));
+                            continue;
+                        }
+                        let budget = self.cfg.slot_tokens as usize;
+                        let answer = req.max_output_tokens as usize;
+                        let mut unit = vocab.tokenize(req.suffix.as_bytes(), false, false);
+                        let room = budget.saturating_sub(answer + tail.len());
+                        if unit.len() > room {
+                            unit.truncate(room);
+                            stats.truncated_units += 1;
+                        }
+                        unit.extend_from_slice(&tail);
+                        let (pending, pos) = if share {
+                            (unit, prefix.len() as i32)
+                        } else {
+                            let mut whole = prefix.clone();
+                            whole.extend_from_slice(&unit);
+                            (whole, 0)
+                        };
+                        // A per-unit schema (quotes restricted to the unit's
+                        // sentences) wins over the job's.
+                        let unit_grammar = req
+                            .schema
+                            .as_ref()
+                            .and_then(|s| llama_cpp_2::json_schema_to_grammar(&s.to_string()).ok());
+                        let sampler = match unit_grammar.as_ref().or(grammar.as_ref()) {
+                            Some(g) => match LlamaSampler::grammar(&self.model, g, "root") {
+                                Ok(s) => Some(s),
+                                Err(e) => {
+                                    job.complete(
+                                        req,
+                                        Err(CallError::Backend(format!("grammar: {e}"))),
+                                    );
+                                    continue;
+                                }
+                            },
+                            None => None,
+                        };
+                        *slot = Slot {
+                            pending,
+                            pos,
+                            sampler,
+                            started: Some(Instant::now()),
+                            req: Some(req),
+                            ..Slot::default()
+                        };
+                    }
+                }
+            }
+            if state.iter().all(|s| s.req.is_none()) {
+                break;
+            }
+
+            // One batch: every generating slot's last token first, then
+            // prompt chunks shared fairly, never more than n_batch tokens.
+            batch.clear();
+            let mut room = n_batch as usize;
+            for (s, slot) in state.iter_mut().enumerate() {
+                slot.logits_at = None;
+                if slot.req.is_some()
+                    && slot.pending.is_empty()
+                    && let Some(t) = slot.next_input
+                {
+                    let _ = batch.add(t, slot.pos, &[s as i32 + 1], true);
+                    slot.logits_at = Some(batch.n_tokens() - 1);
+                    slot.pos += 1;
+                    room = room.saturating_sub(1);
+                }
+            }
+            let prompting: Vec<usize> = (0..slots)
+                .filter(|s| state[*s].req.is_some() && !state[*s].pending.is_empty())
+                .collect();
+            if !prompting.is_empty() {
+                let fair = (room / prompting.len()).max(1);
+                for s in prompting {
+                    if room == 0 {
+                        break;
+                    }
+                    let slot = &mut state[s];
+                    let take = fair.min(room).min(slot.pending.len());
+                    let chunk: Vec<LlamaToken> = slot.pending.drain(..take).collect();
+                    for (i, t) in chunk.iter().enumerate() {
+                        let last = slot.pending.is_empty() && i + 1 == chunk.len();
+                        let _ = batch.add(*t, slot.pos, &[s as i32 + 1], last);
+                        slot.pos += 1;
+                        if last {
+                            slot.logits_at = Some(batch.n_tokens() - 1);
+                        }
+                    }
+                    slot.evaluated += take as u64;
+                    room -= take;
+                }
+            }
+            stats.largest_batch = stats.largest_batch.max(batch.n_tokens() as u64);
+            let t0 = Instant::now();
+            let decoded = ctx.decode(&mut batch);
+            stats.decode_ms += t0.elapsed().as_millis() as u64;
+            if let Err(e) = decoded {
+                // The batch is lost for every slot in it: fail them all, so
+                // the engine retries, and keep serving the queue.
+                for slot in state.iter_mut() {
+                    if let Some(req) = slot.req.take() {
+                        job.complete(req, Err(CallError::Backend(format!("decode failed: {e}"))));
+                    }
+                    *slot = Slot::default();
+                }
+                continue;
+            }
+            stats.decode_calls += 1;
+
+            // Sample for every slot whose logits were computed.
+            for slot in state.iter_mut() {
+                let Some(at) = slot.logits_at else { continue };
+                if let Some(scorer) = &scorer
+                    && slot.choices.is_none()
+                    && scorer.at_value_start(&slot.out)
+                {
+                    slot.choices = Some(scorer.score(ctx.get_logits_ith(at)));
+                }
+                let t0 = Instant::now();
+                let retry_seed = slot
+                    .req
+                    .as_ref()
+                    .filter(|r| r.attempt > 1)
+                    .map(|r| r.attempt * 7919 + slot.generated);
+                let (token, full) = sample(&ctx, at, slot.sampler.as_mut(), retry_seed);
+                stats.sample_ms += t0.elapsed().as_millis() as u64;
+                stats.samples += 1;
+                stats.full_vocab_samples += u64::from(full);
+                let Some(req) = slot.req.as_ref() else {
+                    continue;
+                };
+                let done = match token {
+                    None => Some(Err(CallError::Backend(
+                        "the grammar allows no token here".into(),
+                    ))),
+                    Some(t) if vocab.is_eog(t) => Some(Ok(())),
+                    Some(t) => {
+                        if let Some(s) = slot.sampler.as_mut() {
+                            s.accept(t);
+                        }
+                        slot.out.extend(vocab.token_to_piece(t, false, None));
+                        slot.generated += 1;
+                        slot.next_input = Some(t);
+                        if slot.generated >= req.max_output_tokens {
+                            Some(Ok(()))
+                        } else {
+                            None
+                        }
+                    }
+                };
+                if let Some(result) = done {
+                    let Some(req) = slot.req.take() else { continue };
+                    let mut usage = Usage {
+                        prompt_tokens: slot.evaluated,
+                        cached_tokens: if share { prefix.len() as u64 } else { 0 },
+                        completion_tokens: u64::from(slot.generated),
+                        latency_ms: slot
+                            .started
+                            .map(|t| t.elapsed().as_millis() as u64)
+                            .unwrap_or(0),
+                    };
+                    // The prefix was evaluated once; bill it to the first unit
+                    // that finishes, so sums over units are exact.
+                    if share && !prefix_billed {
+                        usage.prompt_tokens += prefix.len() as u64;
+                        usage.cached_tokens = 0;
+                        prefix_billed = true;
+                    }
+                    let text = String::from_utf8_lossy(&slot.out).into_owned();
+                    let choices = slot.choices.take();
+                    job.complete(
+                        req,
+                        result.map(|()| Completion {
+                            text,
+                            usage,
+                            choices,
+                        }),
+                    );
+                    *slot = Slot::default();
+                }
+            }
+        }
+        Ok(stats)
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    req: Option<Request>,
+    /// Suffix tokens not yet evaluated.
+    pending: Vec<LlamaToken>,
+    pos: i32,
+    sampler: Option<LlamaSampler>,
+    next_input: Option<LlamaToken>,
+    logits_at: Option<i32>,
+    out: Vec<u8>,
+    generated: u32,
+    evaluated: u64,
+    started: Option<Instant>,
+    choices: Option<Vec<(String, f64)>>,
+}
+
+/// Reads the probability of each allowed decision from the logits at the
+/// step where the decision's value begins: a softmax over the first token of
+/// each choice. Only used when those first tokens are distinct, so the
+/// probabilities describe the choices and nothing else.
+struct ChoiceScorer {
+    key_pattern: Vec<u8>,
+    first_tokens: Vec<(String, LlamaToken)>,
+}
+
+impl ChoiceScorer {
+    fn new(model: &LlamaModel, decision: &fanfold_model::DecisionField) -> Option<ChoiceScorer> {
+        let vocab = model.vocab();
+        let mut first_tokens = Vec::new();
+        for c in &decision.choices {
+            let t = *vocab.tokenize(c.as_bytes(), false, false).first()?;
+            if first_tokens.iter().any(|(_, u)| *u == t) {
+                return None;
+            }
+            first_tokens.push((c.clone(), t));
+        }
+        Some(ChoiceScorer {
+            key_pattern: format!("\"{}\"", decision.key).into_bytes(),
+            first_tokens,
+        })
+    }
+
+    /// True when the text so far ends with `"key": "` (any spacing).
+    fn at_value_start(&self, out: &[u8]) -> bool {
+        let Some(rest) = out.strip_suffix(b"\"") else {
+            return false;
+        };
+        let rest = rest.trim_ascii_end();
+        let Some(rest) = rest.strip_suffix(b":") else {
+            return false;
+        };
+        rest.trim_ascii_end().ends_with(&self.key_pattern)
+    }
+
+    fn score(&self, logits: &[f32]) -> Vec<(String, f64)> {
+        let picked: Vec<f64> = self
+            .first_tokens
+            .iter()
+            .map(|(_, t)| {
+                logits
+                    .get(t.0 as usize)
+                    .copied()
+                    .unwrap_or(f32::NEG_INFINITY) as f64
+            })
+            .collect();
+        let max = picked.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let exps: Vec<f64> = picked.iter().map(|l| (l - max).exp()).collect();
+        let sum: f64 = exps.iter().sum();
+        self.first_tokens
+            .iter()
+            .zip(exps)
+            .map(|((c, _), e)| (c.clone(), if sum > 0.0 { e / sum } else { 0.0 }))
+            .collect()
+    }
+}
+
+/// Points `seq` at a fresh copy of the shared prefix.
+fn fork(ctx: &mut LlamaContext<'_>, seq: i32) -> Result<(), String> {
+    ctx.clear_kv_cache_seq(Some(seq as u32), None, None)
+        .map_err(|e| e.to_string())?;
+    ctx.copy_kv_cache_seq(0, seq, None, None)
+        .map_err(|e| e.to_string())
+}
+
+/// Greedy decoding under the grammar. The argmax token is tried alone
+/// first; only when the grammar rejects it is the grammar applied to the
+/// whole vocabulary, which is the slow path. A retry (`retry_seed`) samples
+/// at a moderate temperature instead: repeating a greedy answer that failed
+/// validation would fail the same way.
+/// Returns the token and whether the full vocabulary had to be searched.
+fn sample(
+    ctx: &LlamaContext<'_>,
+    at: i32,
+    sampler: Option<&mut LlamaSampler>,
+    retry_seed: Option<u32>,
+) -> (Option<LlamaToken>, bool) {
+    if let Some(seed) = retry_seed {
+        let mut all = ctx.token_data_array_ith(at);
+        if let Some(g) = sampler {
+            all.apply_sampler(g);
+        }
+        if !all.data.iter().any(|d| d.logit().is_finite()) {
+            return (None, true);
+        }
+        all.apply_sampler(&mut LlamaSampler::temp(RETRY_TEMPERATURE));
+        return (Some(all.sample_token(seed)), true);
+    }
+    let logits = ctx.get_logits_ith(at);
+    let (best, best_logit) =
+        logits
+            .iter()
+            .enumerate()
+            .fold((0usize, f32::NEG_INFINITY), |acc, (i, l)| {
+                if *l > acc.1 { (i, *l) } else { acc }
+            });
+    let best = LlamaToken::new(best as i32);
+    let Some(sampler) = sampler else {
+        return (Some(best), false);
+    };
+    let mut one = LlamaTokenDataArray::new(vec![LlamaTokenData::new(best, best_logit, 0.0)], false);
+    one.apply_sampler(sampler);
+    if one.data.first().is_some_and(|d| d.logit().is_finite()) {
+        return (Some(best), false);
+    }
+    let mut all = ctx.token_data_array_ith(at);
+    all.apply_sampler(sampler);
+    let token = all
+        .data
+        .iter()
+        .filter(|d| d.logit().is_finite())
+        .max_by(|a, b| a.logit().total_cmp(&b.logit()))
+        .map(|d| d.id());
+    (token, true)
+}
+
+impl ModelBackend for EmbeddedModel {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            kind: "llama".into(),
+            model_id: self.model_id.clone(),
+            simulated: false,
+        }
+    }
+
+    fn run(&self, job: &dyn Job) -> Result<(), BackendError> {
+        let stats = self.run_job(job)?;
+        tracing::info!(
+            prefix_tokens = stats.prefix_tokens,
+            decode_ms = stats.decode_ms,
+            sample_ms = stats.sample_ms,
+            samples = stats.samples,
+            full_vocab_samples = stats.full_vocab_samples,
+            decode_calls = stats.decode_calls,
+            largest_batch = stats.largest_batch,
+            truncated_units = stats.truncated_units,
+            "llama job finished"
+        );
+        Ok(())
+    }
+}

