@@ -254,12 +254,12 @@ impl EmbeddedModel {
                             stats.truncated_units += 1;
                         }
                         unit.extend_from_slice(&tail);
-                        let (pending, pos) = if share {
-                            (unit, prefix.len() as i32)
+                        let (pending, pos, prefix_pending) = if share {
+                            (unit, prefix.len() as i32, 0)
                         } else {
                             let mut whole = prefix.clone();
                             whole.extend_from_slice(&unit);
-                            (whole, 0)
+                            (whole, 0, prefix.len())
                         };
                         // A per-unit schema (quotes restricted to the unit's
                         // sentences) wins over the job's.
@@ -282,6 +282,7 @@ impl EmbeddedModel {
                         };
                         *slot = Slot {
                             pending,
+                            prefix_pending,
                             pos,
                             sampler,
                             started: Some(Instant::now()),
@@ -321,7 +322,11 @@ impl EmbeddedModel {
                         break;
                     }
                     let slot = &mut state[s];
-                    let take = fair.min(room).min(slot.pending.len());
+                    let mut take = fair.min(room).min(slot.pending.len());
+                    if slot.prefix_pending > 0 {
+                        take = take.min(slot.prefix_pending);
+                        slot.prefix_pending -= take;
+                    }
                     let chunk: Vec<LlamaToken> = slot.pending.drain(..take).collect();
                     for (i, t) in chunk.iter().enumerate() {
                         let last = slot.pending.is_empty() && i + 1 == chunk.len();
@@ -434,6 +439,10 @@ struct Slot {
     req: Option<Request>,
     /// Suffix tokens not yet evaluated.
     pending: Vec<LlamaToken>,
+    /// Of `pending`, how many leading tokens are the prefix (naive mode).
+    /// A batch chunk never crosses that boundary, so both modes evaluate the
+    /// same tokens in the same chunk shapes and their logits can be compared.
+    prefix_pending: usize,
     pos: i32,
     sampler: Option<LlamaSampler>,
     next_input: Option<LlamaToken>,
@@ -588,4 +597,80 @@ impl ModelBackend for EmbeddedModel {
         );
         Ok(())
     }
+}
+
+/// What llama.cpp itself can do on this machine with this model, measured
+/// by the same binary: the ceiling the fabric's throughput is judged by.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ThroughputLimit {
+    /// Tokens per second evaluating one full batch of prompt tokens.
+    pub prompt_tps: f64,
+    /// Tokens per second generating with `seqs` sequences, one token each
+    /// per step.
+    pub generation_tps: f64,
+}
+
+pub fn throughput_limit(model_path: &Path, seqs: usize) -> Result<ThroughputLimit, LlamaError> {
+    const PROMPT: usize = 512;
+    const STEPS: usize = 32;
+    let backend = backend()?;
+    let fail = |e: String| LlamaError::Backend(e);
+    let model = LlamaModel::load_from_file(backend, model_path, &LlamaModelParams::default())
+        .map_err(|e| LlamaError::Load {
+            path: model_path.display().to_string(),
+            detail: e.to_string(),
+        })?;
+    let seqs = seqs.max(1);
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get() as i32)
+        .unwrap_or(2);
+    let per_seq = (PROMPT + STEPS + 16) as u32;
+    let params = LlamaContextParams::default()
+        .with_n_ctx(NonZeroU32::new(per_seq * (seqs as u32 + 1)))
+        .with_n_batch(PROMPT as u32)
+        .with_n_ubatch(PROMPT as u32)
+        .with_n_seq_max(seqs as u32 + 1)
+        .with_kv_unified(false)
+        .with_n_threads(threads)
+        .with_n_threads_batch(threads);
+    let mut ctx = model
+        .new_context(backend, params)
+        .map_err(|e| fail(e.to_string()))?;
+    let n_vocab = model.n_vocab().max(1000);
+    let mut batch = LlamaBatch::new(PROMPT, seqs as i32 + 1);
+    for i in 0..PROMPT {
+        let token = LlamaToken::new(100 + (i as i32 * 37) % (n_vocab - 100));
+        batch
+            .add(token, i as i32, &[0], i + 1 == PROMPT)
+            .map_err(|e| fail(e.to_string()))?;
+    }
+    // One warm-up decode, then the measured one on a cleared cache.
+    ctx.decode(&mut batch).map_err(|e| fail(e.to_string()))?;
+    ctx.clear_kv_cache();
+    let started = Instant::now();
+    ctx.decode(&mut batch).map_err(|e| fail(e.to_string()))?;
+    let prompt_tps = PROMPT as f64 / started.elapsed().as_secs_f64();
+    for s in 1..=seqs {
+        fork(&mut ctx, s as i32).map_err(fail)?;
+    }
+    let started = Instant::now();
+    for step in 0..STEPS {
+        batch.clear();
+        for s in 1..=seqs {
+            batch
+                .add(
+                    LlamaToken::new(200 + step as i32),
+                    (PROMPT + step) as i32,
+                    &[s as i32],
+                    true,
+                )
+                .map_err(|e| fail(e.to_string()))?;
+        }
+        ctx.decode(&mut batch).map_err(|e| fail(e.to_string()))?;
+    }
+    let generation_tps = (STEPS * seqs) as f64 / started.elapsed().as_secs_f64();
+    Ok(ThroughputLimit {
+        prompt_tps,
+        generation_tps,
+    })
 }

@@ -1827,6 +1827,30 @@ pub mod fast_jsonl {
         }
 
         #[test]
+        fn hashes_stay_right_when_key_orders_repeat() {
+            let mut record = Record::default();
+            let mut scratch = HashScratch::default();
+            for text in [
+                r#"{"b": 1, "a": 2}"#,
+                r#"{"b": 3, "a": {"y": 1, "x": 2}}"#,
+                r#"{"a": 1, "b": 2}"#,
+                r#"{"b": 5, "a": 6, "b": 7}"#,
+                r#"{"b": 5, "a": 6, "b": 8}"#,
+                r#"{"b": 1, "a": 2}"#,
+                r#"{"b": 1, "aa": 2}"#,
+                r#"{"bb": 1, "a": 2}"#,
+            ] {
+                let value: serde_json::Value = serde_json::from_str(text).expect("json");
+                record.parse(text.as_bytes()).expect("parses");
+                assert_eq!(
+                    record.hash_with(&mut scratch),
+                    Some(super::super::unit_hash(&value)),
+                    "{text}"
+                );
+            }
+        }
+
+        #[test]
         fn integer_runs_detect_repeats_exactly() {
             let mut seen = SeenKeys::default();
             for n in ["5", "7", "6", "4", "8", "10", "0", "18446744073709551615"] {

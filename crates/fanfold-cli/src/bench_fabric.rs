@@ -1,0 +1,490 @@
+//! `fanfold bench fabric`: the execution fabric on the embedded model, side
+//! by side in one run: a shared prefix forked into N slots, the naive path
+//! (every unit evaluates its whole prompt) and a single slot; then sweeps
+//! of prefix length (few-shot examples) and slot count, and the llama.cpp
+//! throughput limit measured by the same binary on the same model.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow};
+use fanfold_engine::Plan;
+use fanfold_llama::{EmbeddedModel, LlamaConfig};
+use fanfold_model::{CallError, Completion, Job, Request};
+use fanfold_ops::jq::{JqProgram, to_val};
+use fanfold_ops::map::MapStage;
+use fanfold_ops::partition::{PartitionOptions, partition_all};
+use fanfold_ops::prefilter::{Outcome, Prefilter};
+use serde_json::Value;
+
+pub struct FabricArgs {
+    pub example: PathBuf,
+    pub units: usize,
+    pub slots: usize,
+    pub report: PathBuf,
+    pub plot_dir: PathBuf,
+}
+
+/// One measured configuration.
+#[derive(Clone, Debug, Default)]
+struct Measured {
+    label: String,
+    units: usize,
+    slots: usize,
+    prefix_tokens: u64,
+    prompt_evaluated: u64,
+    prompt_reused: u64,
+    generated: u64,
+    wall_s: f64,
+    errors: usize,
+}
+
+impl Measured {
+    fn units_per_s(&self) -> f64 {
+        self.units as f64 / self.wall_s.max(1e-9)
+    }
+    fn tokens_per_s(&self) -> f64 {
+        (self.prompt_evaluated + self.generated) as f64 / self.wall_s.max(1e-9)
+    }
+}
+
+struct BenchJob {
+    prefix: String,
+    schema: Value,
+    slots: usize,
+    queue: Mutex<Vec<Request>>,
+    done: Mutex<Vec<Result<Completion, CallError>>>,
+}
+
+impl Job for BenchJob {
+    fn prefix(&self) -> &str {
+        &self.prefix
+    }
+    fn slots(&self) -> usize {
+        self.slots
+    }
+    fn next(&self) -> Option<Request> {
+        self.queue.lock().ok()?.pop()
+    }
+    fn complete(&self, _request: Request, result: Result<Completion, CallError>) {
+        if let Ok(mut d) = self.done.lock() {
+            d.push(result);
+        }
+    }
+    fn is_cancelled(&self) -> bool {
+        false
+    }
+    fn output_schema(&self) -> Option<&Value> {
+        Some(&self.schema)
+    }
+}
+
+/// The units the example's prefilter routes to its stage, as requests.
+fn requests(plan: &Plan, stage: &MapStage, n: usize) -> Result<Vec<Request>> {
+    let source = plan
+        .default_source()
+        .ok_or_else(|| anyhow!("the example names no input"))?;
+    let bytes = source.read()?;
+    let (units, _, _) = partition_all(
+        &plan.spec.input.partition,
+        &bytes,
+        PartitionOptions::default(),
+    )?;
+    let prefilter = Prefilter::compile(&plan.spec.prefilter)?;
+    let project = stage
+        .spec
+        .project
+        .as_deref()
+        .map(JqProgram::compile)
+        .transpose()?;
+    let mut out = Vec::new();
+    for u in &units {
+        if matches!(
+            prefilter.decide(u.unit.unit_id.as_str(), to_val(&u.value))?,
+            Outcome::Exclude { .. }
+        ) {
+            continue;
+        }
+        let projected = match &project {
+            Some(p) => p.first_json(to_val(&u.value))?.unwrap_or(Value::Null),
+            None => stage.project(&u.value),
+        };
+        out.push(Request {
+            index: out.len(),
+            unit_id: u.unit.unit_id.0.clone(),
+            suffix: stage.suffix(u.unit.unit_id.as_str(), &projected),
+            schema: stage.schema_for_unit(&projected),
+            input: projected,
+            attempt: 1,
+            max_output_tokens: stage.spec.max_output_tokens,
+        });
+        if out.len() == n {
+            break;
+        }
+    }
+    // Popped from the back: keep source order.
+    out.reverse();
+    Ok(out)
+}
+
+/// Few-shot examples drawn from units outside the measured ones, answered
+/// in the output format, so a longer prefix carries real content.
+fn few_shots(stage: &MapStage, pool: &[Request], k: usize) -> String {
+    let mut text = String::new();
+    for (i, r) in pool.iter().take(k).enumerate() {
+        let title = r.input.get("title").and_then(Value::as_str).unwrap_or("");
+        let _ = write!(
+            text,
+            "\n### Example {}\n{}\nAnswer: {{\"decision\": \"not_blocker\", \"cause\": \"none\", \"evidence\": [{{\"field\": \"title\", \"quote\": {}}}]}}\n",
+            i + 1,
+            r.suffix,
+            serde_json::to_string(title).unwrap_or_default()
+        );
+    }
+    format!("{}\n## Examples\n{text}", stage.prefix())
+}
+
+fn run_config(
+    model_path: &Path,
+    label: &str,
+    prefix: &str,
+    schema: &Value,
+    reqs: &[Request],
+    slots: usize,
+    share: bool,
+) -> Result<Measured> {
+    let mut cfg = LlamaConfig::new(model_path.to_owned());
+    cfg.share_prefix = share;
+    cfg.slot_tokens = 1024;
+    let model = EmbeddedModel::load(cfg)?;
+    let job = BenchJob {
+        prefix: prefix.to_owned(),
+        schema: schema.clone(),
+        slots,
+        queue: Mutex::new(reqs.to_vec()),
+        done: Mutex::new(Vec::new()),
+    };
+    let started = Instant::now();
+    let stats = model.run_job(&job).map_err(|e| anyhow!("{e}"))?;
+    let wall_s = started.elapsed().as_secs_f64();
+    let done = job.done.into_inner().map_err(|_| anyhow!("poisoned"))?;
+    let mut m = Measured {
+        label: label.to_owned(),
+        units: reqs.len(),
+        slots,
+        prefix_tokens: stats.prefix_tokens,
+        wall_s,
+        ..Measured::default()
+    };
+    for r in &done {
+        match r {
+            Ok(c) => {
+                m.prompt_evaluated += c.usage.prompt_tokens;
+                m.prompt_reused += c.usage.cached_tokens;
+                m.generated += c.usage.completion_tokens;
+            }
+            Err(_) => m.errors += 1,
+        }
+    }
+    eprintln!(
+        "  {label}: {:.1}s, {} prompt tokens evaluated, {} reused, {} generated",
+        m.wall_s, m.prompt_evaluated, m.prompt_reused, m.generated
+    );
+    Ok(m)
+}
+
+/// Replaces the text between `<!-- bench:NAME:start -->` and its end marker
+/// in the report, or appends the section when absent.
+fn write_marked_section(report: &Path, name: &str, body: &str) -> Result<()> {
+    let start = format!("<!-- bench:{name}:start -->");
+    let end = format!("<!-- bench:{name}:end -->");
+    let old = std::fs::read_to_string(report).unwrap_or_else(|_| "# Benchmarks\n".to_owned());
+    let section = format!("{start}\n{body}{end}");
+    let new = match (old.find(&start), old.find(&end)) {
+        (Some(a), Some(b)) if b > a => format!("{}{section}{}", &old[..a], &old[b + end.len()..]),
+        _ => format!("{}\n{section}\n", old.trim_end()),
+    };
+    if let Some(dir) = report.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(report, new).with_context(|| format!("writing {}", report.display()))
+}
+
+/// A line chart as SVG, written by hand to keep the build small.
+fn svg_chart(title: &str, x_label: &str, y_label: &str, points: &[(f64, f64)]) -> String {
+    let (w, h, pad) = (640.0, 400.0, 60.0);
+    let max_x = points.iter().map(|p| p.0).fold(1.0, f64::max);
+    let max_y = points.iter().map(|p| p.1).fold(1e-9, f64::max) * 1.1;
+    let sx = |x: f64| pad + x / max_x * (w - 2.0 * pad);
+    let sy = |y: f64| h - pad - y / max_y * (h - 2.0 * pad);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">{title}</text>\n",
+        w / 2.0
+    );
+    let _ = writeln!(
+        s,
+        "<line x1=\"{pad}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/><line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{}\" stroke=\"black\"/>",
+        h - pad,
+        w - pad,
+        h - pad,
+        h - pad
+    );
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{x_label}</text>",
+        w / 2.0,
+        h - 15.0
+    );
+    let _ = writeln!(
+        s,
+        "<text x=\"15\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 15 {})\">{y_label}</text>",
+        h / 2.0,
+        h / 2.0
+    );
+    for i in 0..=4 {
+        let y = max_y * f64::from(i) / 4.0;
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{y:.1}</text>",
+            pad - 6.0,
+            sy(y) + 4.0
+        );
+    }
+    let path: Vec<String> = points
+        .iter()
+        .map(|(x, y)| format!("{:.1},{:.1}", sx(*x), sy(*y)))
+        .collect();
+    let _ = writeln!(
+        s,
+        "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"{}\"/>",
+        path.join(" ")
+    );
+    for (x, y) in points {
+        let _ = writeln!(
+            s,
+            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"#1f77b4\"/><text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{x}</text>",
+            sx(*x),
+            sy(*y),
+            sx(*x),
+            h - pad + 16.0
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+pub fn main(args: FabricArgs) -> Result<()> {
+    let model_path = fanfold_engine::models::ensure(
+        &fanfold_engine::models::SMOLLM2_135M,
+        &fanfold_engine::models::cache_dir(),
+        &|l| eprintln!("{l}"),
+    )?;
+    let plan = Plan::load(&args.example.join("spec.toml"))?;
+    let stage = plan
+        .stages
+        .first()
+        .ok_or_else(|| anyhow!("the example has no stage"))?;
+    let all = requests(&plan, stage, args.units + 16)?;
+    if all.len() < args.units + 16 {
+        return Err(anyhow!(
+            "the example routes only {} units; ask for fewer",
+            all.len()
+        ));
+    }
+    let (measured, pool) = all.split_at(args.units);
+    let schema = &stage.schema;
+    let prefix = stage.prefix();
+
+    eprintln!("throughput limit of this machine on this model:");
+    let limit =
+        fanfold_llama::throughput_limit(&model_path, args.slots).map_err(|e| anyhow!("{e}"))?;
+    eprintln!(
+        "  prompt {:.0} tokens/s, batched generation ({} seqs) {:.0} tokens/s",
+        limit.prompt_tps, args.slots, limit.generation_tps
+    );
+
+    eprintln!("side by side on {} units:", measured.len());
+    let shared = run_config(
+        &model_path,
+        "shared prefix",
+        prefix,
+        schema,
+        measured,
+        args.slots,
+        true,
+    )?;
+    let naive = run_config(
+        &model_path,
+        "naive (full prompt per unit)",
+        prefix,
+        schema,
+        measured,
+        args.slots,
+        false,
+    )?;
+    let single = run_config(
+        &model_path,
+        "shared prefix, one slot",
+        prefix,
+        schema,
+        measured,
+        1,
+        true,
+    )?;
+
+    eprintln!("prefix sweep (few-shot examples):");
+    let mut prefix_sweep = Vec::new();
+    for k in [0usize, 4, 16] {
+        let p = if k == 0 {
+            prefix.to_owned()
+        } else {
+            few_shots(stage, pool, k)
+        };
+        let mut m = run_config(
+            &model_path,
+            &format!("{k} few-shot"),
+            &p,
+            schema,
+            measured,
+            args.slots,
+            true,
+        )?;
+        m.label = format!("{k}");
+        prefix_sweep.push(m);
+    }
+    eprintln!("slot sweep:");
+    let mut slot_sweep = Vec::new();
+    for s in [1usize, 2, 4, 8, 16] {
+        slot_sweep.push(run_config(
+            &model_path,
+            &format!("{s} slots"),
+            prefix,
+            schema,
+            measured,
+            s,
+            true,
+        )?);
+    }
+
+    std::fs::create_dir_all(&args.plot_dir)
+        .with_context(|| format!("creating {}", args.plot_dir.display()))?;
+    let prefix_svg = args.plot_dir.join("fabric-prefix-sweep.svg");
+    let points: Vec<(f64, f64)> = prefix_sweep
+        .iter()
+        .map(|m| (m.prefix_tokens as f64, m.wall_s))
+        .collect();
+    std::fs::write(
+        &prefix_svg,
+        svg_chart(
+            "Wall time vs shared prefix length",
+            "prefix tokens",
+            "wall s",
+            &points,
+        ),
+    )?;
+    let slots_svg = args.plot_dir.join("fabric-slot-sweep.svg");
+    let points: Vec<(f64, f64)> = slot_sweep
+        .iter()
+        .map(|m| (m.slots as f64, m.units_per_s()))
+        .collect();
+    std::fs::write(
+        &slots_svg,
+        svg_chart("Throughput vs slots", "slots", "units/s", &points),
+    )?;
+
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "## Execution fabric on the embedded model (`fanfold bench fabric`)\n"
+    );
+    let _ = writeln!(
+        md,
+        "Measured by `fanfold bench fabric` in one run on {cores} cores ({cpu}), model {} (llama.cpp in-process), {} units of the issue-triage example that its prefilter routes to the model, output constrained by the stage's schema. All figures are measured; none is simulated.\n",
+        fanfold_engine::models::SMOLLM2_135M.file,
+        measured.len()
+    );
+    let _ = writeln!(
+        md,
+        "Throughput limit of this binary on this model: prompt **{:.0} tokens/s** (one 512-token batch), batched generation **{:.0} tokens/s** ({} sequences, one token each per step).\n",
+        limit.prompt_tps, limit.generation_tps, args.slots
+    );
+    let row = |m: &Measured| {
+        format!(
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.2} | {:.0} |",
+            m.label,
+            m.slots,
+            m.prefix_tokens,
+            m.prompt_evaluated,
+            m.prompt_reused,
+            m.generated,
+            m.wall_s,
+            m.units_per_s(),
+            m.tokens_per_s()
+        )
+    };
+    let header = "| configuration | slots | prefix tokens | prompt tokens evaluated | prompt tokens reused | generated | wall s | units/s | tokens/s |\n|---|---|---|---|---|---|---|---|---|";
+    let _ = writeln!(md, "{header}");
+    for m in [&shared, &naive, &single] {
+        let _ = writeln!(md, "{}", row(m));
+    }
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    let _ = writeln!(
+        md,
+        "\nShared vs naive: **{:.2}x** fewer prompt tokens evaluated, **{:.2}x** less wall time. Shared vs one slot: **{:.2}x** less wall time. Aggregate throughput of the shared run: {:.0} tokens/s, **{:.0}%** of the prompt-throughput limit.\n",
+        ratio(
+            naive.prompt_evaluated as f64,
+            shared.prompt_evaluated as f64
+        ),
+        ratio(naive.wall_s, shared.wall_s),
+        ratio(single.wall_s, shared.wall_s),
+        shared.tokens_per_s(),
+        100.0 * ratio(shared.tokens_per_s(), limit.prompt_tps)
+    );
+    let _ = writeln!(
+        md,
+        "Prefix sweep (few-shot examples in the shared prefix; {} slots): [plot](fabric-prefix-sweep.svg)\n",
+        args.slots
+    );
+    let _ = writeln!(md, "{header}");
+    for m in &prefix_sweep {
+        let _ = writeln!(md, "{}", row(m));
+    }
+    let _ = writeln!(
+        md,
+        "\nSlot sweep (shared prefix): [plot](fabric-slot-sweep.svg)\n"
+    );
+    let _ = writeln!(md, "{header}");
+    for m in &slot_sweep {
+        let _ = writeln!(md, "{}", row(m));
+    }
+    let errors: usize = [&shared, &naive, &single]
+        .iter()
+        .map(|m| m.errors)
+        .sum::<usize>()
+        + prefix_sweep
+            .iter()
+            .chain(&slot_sweep)
+            .map(|m| m.errors)
+            .sum::<usize>();
+    let _ = writeln!(md, "\nBackend errors across all configurations: {errors}.");
+    write_marked_section(&args.report, "fabric", &md)?;
+    eprintln!(
+        "wrote {} and {}",
+        args.report.display(),
+        args.plot_dir.display()
+    );
+    Ok(())
+}
