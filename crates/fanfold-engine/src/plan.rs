@@ -297,15 +297,18 @@ impl Plan {
             } else {
                 ""
             };
+            let sees = match &sp.project {
+                Some(expr) => format!("project=`{expr}`"),
+                None => format!("fields=[{}]", sp.fields.join(", ")),
+            };
             let _ = writeln!(
                 out,
-                "  {} map v{} backend={}({}){} fields=[{}] attempts={} max_output_tokens={}",
+                "  {} map v{} backend={}({}){} attempts={} max_output_tokens={}\n    sees {sees}",
                 sp.name,
                 sp.version,
                 sp.backend,
                 backend,
                 simulated,
-                sp.fields.join(", "),
                 sp.max_attempts,
                 sp.max_output_tokens
             );

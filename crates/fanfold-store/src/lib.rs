@@ -267,13 +267,18 @@ impl Store {
     }
 
     pub fn get_fact(&self, key: &ContentHash) -> Result<Option<FactRecord>, StoreError> {
+        self.get_json("SELECT record FROM facts WHERE key = ?1", key)
+    }
+
+    /// Reads the JSON text column of the one row `sql` selects by `key`.
+    fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        sql: &str,
+        key: &ContentHash,
+    ) -> Result<Option<T>, StoreError> {
         let text: Option<String> = self
             .conn()
-            .query_row(
-                "SELECT record FROM facts WHERE key = ?1",
-                [key.to_hex()],
-                |r| r.get(0),
-            )
+            .query_row(sql, [key.to_hex()], |r| r.get(0))
             .optional()
             .map_err(|e| self.sql(e))?;
         text.map(|t| serde_json::from_str(&t).map_err(|e| self.decode(e)))
@@ -328,17 +333,7 @@ impl Store {
         &self,
         key: &ContentHash,
     ) -> Result<Option<serde_json::Value>, StoreError> {
-        let text: Option<String> = self
-            .conn()
-            .query_row(
-                "SELECT value FROM fold_nodes WHERE key = ?1",
-                [key.to_hex()],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(|e| self.sql(e))?;
-        text.map(|t| serde_json::from_str(&t).map_err(|e| self.decode(e)))
-            .transpose()
+        self.get_json("SELECT value FROM fold_nodes WHERE key = ?1", key)
     }
 
     pub fn put_fold_node(
