@@ -70,6 +70,9 @@ struct InputArgs {
     /// Send every stage to this backend of the spec's `[backends]` table.
     #[arg(long, value_name = "NAME")]
     backend: Option<String>,
+    /// Use this GGUF file for every embedded-model backend of the spec.
+    #[arg(long, value_name = "PATH.gguf")]
+    model: Option<PathBuf>,
 }
 
 impl InputArgs {
@@ -77,6 +80,18 @@ impl InputArgs {
         let mut plan = Plan::load(spec)?;
         if let Some(name) = &self.backend {
             plan.use_backend(name)?;
+        }
+        if let Some(path) = &self.model {
+            let path = std::path::absolute(path)
+                .with_context(|| format!("resolving {}", path.display()))?;
+            if !path.is_file() {
+                bail!("--model {}: no such file", path.display());
+            }
+            for b in plan.spec.backends.values_mut() {
+                if let fanfold_core::spec::BackendSpec::Llama { model, .. } = b {
+                    *model = Some(path.display().to_string());
+                }
+            }
         }
         Ok(plan)
     }

@@ -785,3 +785,20 @@ fn main_job_runs_on_the_embedded_model() {
     let md = std::fs::read_to_string(dir.path().join("out/answer.md")).expect("md");
     assert!(!md.contains("[SIMULATED]"));
 }
+
+#[test]
+fn model_flag_needs_an_existing_file() {
+    let o = run(bin().current_dir(repo()).args([
+        "explain",
+        "examples/issue-triage/spec.toml",
+        "--no-input",
+        "--model",
+        "/nonexistent/model.gguf",
+    ]));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--model /nonexistent/model.gguf: no such file"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -136,6 +136,12 @@ pub fn markdown(report: &RunReport) -> String {
         "- tokens{sim}: prompt {}, cached {}, completion {}",
         st.cost.prompt_tokens, st.cost.cached_tokens, st.cost.completion_tokens
     );
+    let phases: Vec<String> = st
+        .phases_ms
+        .iter()
+        .map(|(p, ms)| format!("{p} {ms} ms"))
+        .collect();
+    let _ = writeln!(out, "- wall {} ms: {}", st.wall_ms, phases.join(", "));
     let _ = writeln!(
         out,
         "- verify: {} ({} cited ids, {} evidence quotes checked; {} negatives sampled and {} abstains listed for read-back)",

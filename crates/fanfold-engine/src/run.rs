@@ -108,6 +108,9 @@ pub struct RunStats {
     pub recomputed_units: Vec<String>,
     pub cost: Cost,
     pub wall_ms: u64,
+    /// Wall time of each phase of the run, in order: source, partition,
+    /// prefilter, one entry per stage (`map:NAME`), fold, verify.
+    pub phases_ms: Vec<(String, u64)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -180,6 +183,32 @@ pub struct RunReport {
     pub certificate: Certificate,
     pub facts: Vec<FactRecord>,
     pub fold: FoldOutcome,
+}
+
+/// Wall time per phase, measured between marks.
+struct Phases {
+    last: std::time::Instant,
+    list: Vec<(String, u64)>,
+}
+
+impl Phases {
+    fn start() -> Phases {
+        Phases {
+            last: std::time::Instant::now(),
+            list: Vec::new(),
+        }
+    }
+
+    fn mark(&mut self, name: &str) {
+        let now = std::time::Instant::now();
+        self.list
+            .push((name.to_owned(), (now - self.last).as_millis() as u64));
+        self.last = now;
+    }
+
+    fn into_list(self) -> Vec<(String, u64)> {
+        self.list
+    }
 }
 
 /// Rejections listed in full in a certificate; the counts cover the rest.
@@ -300,6 +329,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         .or_else(|| plan.default_source())
         .ok_or(RunError::NoInput)?;
     let store = Store::open(&opts.store_path)?;
+    let mut phases = Phases::start();
     let bytes = source.read()?;
     let source_hash = ContentHash::of_bytes(&bytes);
     let origin = source.origin();
@@ -342,6 +372,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         &json!({"coverage": coverage, "origin": origin}),
     )?;
 
+    phases.mark("partition");
     // Prefilter.
     let prefilter = Prefilter::compile(&spec.prefilter)?;
     let default_stage = plan.stages[0].name().to_owned();
@@ -373,6 +404,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         &json!({"excluded": excluded_by_reason}),
     )?;
 
+    phases.mark("prefilter");
     let budget = BudgetPool::new(opts.budget.clone().unwrap_or_else(|| spec.budget.clone()));
     let controller = Mutex::new(Controller::new(spec.contract.clone()));
     let score_pointer = match &spec.contract {
@@ -561,6 +593,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         })?;
         let (results, max_in_flight, stage_stop) = job.finish();
         progress.stage_finished(stage.name());
+        phases.mark(&format!("map:{}", stage.name()));
         stats.max_in_flight = stats.max_in_flight.max(max_in_flight);
         if let Some(s) = stage_stop
             && stop == StopReason::Completed
@@ -584,6 +617,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     stats.recomputed_units.sort();
 
     // Fold, in source order.
+    let fold_started = std::time::Instant::now();
     leaves.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.stage.cmp(&b.1.stage)));
     let leaf_list: Vec<Leaf> = leaves.into_iter().map(|(_, l)| l).collect();
     let fold = fold_tree(&spec.fold, &leaf_list, &mut StoreNodes(&store));
@@ -611,6 +645,11 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
             .then_with(|| a.stage.cmp(&b.stage))
     });
 
+    stats.phases_ms.extend(phases.into_list());
+    stats
+        .phases_ms
+        .push(("fold".into(), fold_started.elapsed().as_millis() as u64));
+    let verify_started = std::time::Instant::now();
     // Answer.
     let by_id: HashMap<&UnitId, &PartUnit> = units.iter().map(|u| (&u.unit.unit_id, u)).collect();
     let fact_of: HashMap<&UnitId, &FactRecord> = facts
@@ -669,9 +708,12 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         spec.verify.seed,
     );
 
+    stats
+        .phases_ms
+        .push(("verify".into(), verify_started.elapsed().as_millis() as u64));
     let statuses = fold.root.total_statuses();
     let simulated = backend_infos.iter().any(|b| b.simulated);
-    stats.wall_ms = budget.wall_ms();
+    stats.wall_ms = stats.phases_ms.iter().map(|(_, ms)| ms).sum();
     let mut rejected_by_reason = BTreeMap::new();
     for r in &rejections {
         *rejected_by_reason.entry(r.reason.clone()).or_insert(0) += 1;
