@@ -204,6 +204,23 @@ fn run_writes_cited_outputs_labelled_simulated() {
         .collect();
     assert_eq!(lines[0]["type"], "answer");
     assert_eq!(lines[1]["type"], "certificate");
+    let phases: Vec<&str> = lines[1]["data"]["stats"]["phases_ms"]
+        .as_array()
+        .expect("phases")
+        .iter()
+        .filter_map(|p| p[0].as_str())
+        .collect();
+    assert_eq!(
+        phases,
+        [
+            "source",
+            "partition",
+            "prefilter",
+            "map:auth_blocker",
+            "fold",
+            "verify"
+        ]
+    );
     let md = std::fs::read_to_string(dir.path().join("out/answer.md")).expect("md");
     assert!(md.contains("[SIMULATED]"));
     assert!(md.contains("https://github.com/acme-corp/widget/issues/"));

@@ -334,6 +334,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     let source_hash = ContentHash::of_bytes(&bytes);
     let origin = source.origin();
     store.put_artifact(&source_hash, &bytes, &origin)?;
+    phases.mark("source");
     let (units, rejections, coverage) = partition_all(
         &spec.input.partition,
         &bytes,
