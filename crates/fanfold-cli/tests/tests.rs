@@ -819,3 +819,27 @@ fn model_flag_needs_an_existing_file() {
         stderr(&o)
     );
 }
+
+#[test]
+fn explain_counts_cached_facts_through_the_stage_projection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("s.sqlite");
+    let spec = "examples/issue-triage/spec.toml";
+    let o = run(bin()
+        .current_dir(repo())
+        .args(["run", spec, "--backend", "scripted", "--json", "--store"])
+        .arg(&store)
+        .arg("--out")
+        .arg(dir.path().join("out")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(bin()
+        .current_dir(repo())
+        .args(["explain", spec, "--backend", "scripted", "--store"])
+        .arg(&store));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("stage auth_blocker: 66 units, 66 cached, expected model calls 0"),
+        "{}",
+        stdout(&o)
+    );
+}

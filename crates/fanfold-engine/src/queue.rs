@@ -207,9 +207,11 @@ impl<'a> StageJob<'a> {
         (state.finished, state.max_in_flight, state.stop)
     }
 
-    fn estimate(&self, p: &Pending) -> u64 {
+    /// The tokens a call for `suffix` reserves from the budget before it is
+    /// sent: its prompt and the most it may generate.
+    fn reservation(&self, suffix: &str) -> u64 {
         fanfold_model::approx_tokens(self.stage.prefix())
-            + fanfold_model::approx_tokens(&p.suffix)
+            + fanfold_model::approx_tokens(suffix)
             + u64::from(self.stage.spec.max_output_tokens)
     }
 
@@ -342,7 +344,7 @@ impl Job for StageJob<'_> {
                 if state.stop.is_some() && p.attempt == 1 {
                     continue;
                 }
-                let estimate = self.estimate(&p);
+                let estimate = self.reservation(&p.suffix);
                 if let Err(stop) = self.budget.try_reserve(estimate) {
                     state.queue.push_front(p);
                     let reason = format!("budget_exhausted:{}", stop_budget(&stop));
@@ -388,9 +390,7 @@ impl Job for StageJob<'_> {
     }
 
     fn complete(&self, req: Request, result: Result<Completion, CallError>) {
-        let reserved = fanfold_model::approx_tokens(self.stage.prefix())
-            + fanfold_model::approx_tokens(&req.suffix)
-            + u64::from(req.max_output_tokens);
+        let reserved = self.reservation(&req.suffix);
         let used = result
             .as_ref()
             .map(|c| c.usage.prompt_tokens + c.usage.completion_tokens)

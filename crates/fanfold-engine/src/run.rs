@@ -14,6 +14,7 @@ use fanfold_model::{BackendInfo, ModelBackend, RecordingBackend};
 use fanfold_ops::contract::{Controller, StopReason};
 use fanfold_ops::fold::{Agg, FoldOutcome, FoldValue, Leaf, NodeCache, fold_tree};
 use fanfold_ops::jq::{JqProgram, to_val};
+use fanfold_ops::map::field_text;
 use fanfold_ops::partition::{Coverage, PartUnit, PartitionError, PartitionOptions, partition_all};
 use fanfold_ops::prefilter::{Outcome, Prefilter};
 use fanfold_ops::verify::{VerifyReport, verify};
@@ -252,53 +253,79 @@ pub fn route(
         origin: source.origin(),
         source: source_err,
     })?;
-    let prefilter = Prefilter::compile(&plan.spec.prefilter)?;
+    let prefiltered = prefilter_units(plan, &units)?;
     let mut r = Routing {
         elements: coverage.elements,
         units: coverage.units,
         rejected: coverage.rejected,
+        excluded_by_reason: prefiltered.excluded_by_reason,
         ..Routing::default()
     };
     for rej in &rejections {
         *r.rejected_by_reason.entry(rej.reason.clone()).or_insert(0) += 1;
     }
-    let default_stage = plan.stages[0].name().to_owned();
-    let mut infos: HashMap<String, BackendInfo> = HashMap::new();
-    for u in &units {
+    for (stage_name, indices) in &prefiltered.routed {
+        r.routed.insert(stage_name.clone(), indices.len() as u64);
+        let (Some(store), Some(stage)) = (store, plan.stage(stage_name)) else {
+            continue;
+        };
+        // A backend that cannot be built here counts as nothing cached.
+        let Some(info) = plan
+            .spec
+            .backends
+            .get(&stage.spec.backend)
+            .and_then(|spec| backends::build(spec, &plan.spec_dir).ok())
+            .map(|b| b.info())
+        else {
+            continue;
+        };
+        let model = model_params(&info, stage);
+        let projector = Projector::new(stage)?;
+        let mut cached = 0;
+        for &i in indices {
+            let projected = projector.project(stage, &units[i])?;
+            if store
+                .get_fact(&stage.cache_key(projected.key_in("input-v1"), &model))?
+                .is_some()
+            {
+                cached += 1;
+            }
+        }
+        r.cached.insert(stage_name.clone(), cached);
+    }
+    Ok(r)
+}
+
+/// What the prefilter did with each unit.
+struct Prefiltered {
+    excluded_by_reason: BTreeMap<String, u64>,
+    /// Stage name -> indices of the units routed to it, in source order.
+    routed: BTreeMap<String, Vec<usize>>,
+    /// (unit index, reason) of every excluded unit.
+    excluded: Vec<(usize, String)>,
+}
+
+fn prefilter_units(plan: &Plan, units: &[PartUnit]) -> Result<Prefiltered, RunError> {
+    let prefilter = Prefilter::compile(&plan.spec.prefilter)?;
+    let default_stage = plan.stages[0].name();
+    let mut out = Prefiltered {
+        excluded_by_reason: BTreeMap::new(),
+        routed: BTreeMap::new(),
+        excluded: Vec::new(),
+    };
+    for (i, u) in units.iter().enumerate() {
         match prefilter.decide(u.unit.unit_id.as_str(), to_val(&u.value))? {
             Outcome::Exclude { reason, .. } => {
-                *r.excluded_by_reason.entry(reason).or_insert(0) += 1
+                *out.excluded_by_reason.entry(reason.clone()).or_insert(0) += 1;
+                out.excluded.push((i, reason));
             }
             o => {
-                let stage_name = o.stage(&default_stage).unwrap_or(&default_stage).to_owned();
-                *r.routed.entry(stage_name.clone()).or_insert(0) += 1;
-                if let (Some(store), Some(stage)) = (store, plan.stage(&stage_name)) {
-                    let info = match infos.get(&stage.spec.backend) {
-                        Some(i) => i.clone(),
-                        None => {
-                            let Some(spec) = plan.spec.backends.get(&stage.spec.backend) else {
-                                continue;
-                            };
-                            let Ok(b) = backends::build(spec, &plan.spec_dir) else {
-                                continue;
-                            };
-                            let i = b.info();
-                            infos.insert(stage.spec.backend.clone(), i.clone());
-                            i
-                        }
-                    };
-                    let key = stage.cache_key(
-                        stage.project(&u.value).key_in("input-v1"),
-                        &model_params(&info, stage),
-                    );
-                    if store.get_fact(&key)?.is_some() {
-                        *r.cached.entry(stage_name).or_insert(0) += 1;
-                    }
-                }
+                let stage = o.stage(default_stage).unwrap_or(default_stage).to_owned();
+                out.routed.entry(stage).or_default().push(i);
             }
         }
     }
-    Ok(r)
+    Ok(out)
 }
 
 fn model_params(info: &BackendInfo, stage: &fanfold_ops::map::MapStage) -> ModelParams {
@@ -309,15 +336,6 @@ fn model_params(info: &BackendInfo, stage: &fanfold_ops::map::MapStage) -> Model
         max_output_tokens: stage.spec.max_output_tokens,
         seed: stage.spec.seed,
         simulated: info.simulated,
-    }
-}
-
-fn field_string(value: &Value, field: Option<&String>) -> Option<String> {
-    let v = value.get(field?)?;
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Null => None,
-        other => Some(other.to_string()),
     }
 }
 
@@ -375,29 +393,21 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
 
     phases.mark("partition");
     // Prefilter.
-    let prefilter = Prefilter::compile(&spec.prefilter)?;
-    let default_stage = plan.stages[0].name().to_owned();
-    let mut excluded_by_reason: BTreeMap<String, u64> = BTreeMap::new();
-    let mut routed: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    let mut unit_rows = Vec::new();
-    for (i, u) in units.iter().enumerate() {
-        match prefilter.decide(u.unit.unit_id.as_str(), to_val(&u.value))? {
-            Outcome::Exclude { reason, .. } => {
-                *excluded_by_reason.entry(reason.clone()).or_insert(0) += 1;
-                unit_rows.push(RunUnitRow {
-                    unit_id: u.unit.unit_id.0.clone(),
-                    stage: "prefilter".into(),
-                    status: "excluded".into(),
-                    reason: Some(reason),
-                    fact_key: None,
-                });
-            }
-            o => {
-                let stage = o.stage(&default_stage).unwrap_or(&default_stage).to_owned();
-                routed.entry(stage).or_default().push(i);
-            }
-        }
-    }
+    let Prefiltered {
+        excluded_by_reason,
+        routed,
+        excluded,
+    } = prefilter_units(plan, &units)?;
+    let unit_rows: Vec<RunUnitRow> = excluded
+        .into_iter()
+        .map(|(i, reason)| RunUnitRow {
+            unit_id: units[i].unit.unit_id.0.clone(),
+            stage: "prefilter".into(),
+            status: "excluded".into(),
+            reason: Some(reason),
+            fact_key: None,
+        })
+        .collect();
     store.put_run_units(&run_id, &unit_rows)?;
     store.event(
         &run_id,
@@ -668,8 +678,10 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
             let value = by_id.get(id).map(|u| &u.value);
             AnswerItem {
                 unit_id: id.clone(),
-                title: value.and_then(|v| field_string(v, spec.output.title.as_ref())),
-                link: value.and_then(|v| field_string(v, spec.output.link.as_ref())),
+                title: value
+                    .and_then(|v| spec.output.title.as_deref().and_then(|f| field_text(v, f))),
+                link: value
+                    .and_then(|v| spec.output.link.as_deref().and_then(|f| field_text(v, f))),
                 theme: theme_of.get(id).map(|s| (*s).to_owned()),
                 score: *score,
                 evidence: fact_of

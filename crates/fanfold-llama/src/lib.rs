@@ -109,9 +109,13 @@ impl EmbeddedModel {
             path: cfg.model_path.display().to_string(),
             detail,
         };
-        let bytes = std::fs::read(&cfg.model_path).map_err(|e| load(e.to_string()))?;
-        let digest = blake3::hash(&bytes).to_hex();
-        drop(bytes);
+        // Stream the file through the hasher rather than hold ~100 MB of
+        // weights twice while llama.cpp maps them.
+        let file = std::fs::File::open(&cfg.model_path).map_err(|e| load(e.to_string()))?;
+        let mut hasher = blake3::Hasher::new();
+        std::io::copy(&mut std::io::BufReader::new(file), &mut hasher)
+            .map_err(|e| load(e.to_string()))?;
+        let digest = hasher.finalize().to_hex();
         let model =
             LlamaModel::load_from_file(backend, &cfg.model_path, &LlamaModelParams::default())
                 .map_err(|e| load(e.to_string()))?;
