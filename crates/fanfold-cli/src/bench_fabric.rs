@@ -11,12 +11,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow};
 use fanfold_engine::Plan;
+use fanfold_engine::run::{Projector, prefilter_units};
 use fanfold_llama::{EmbeddedModel, LlamaConfig};
 use fanfold_model::{CallError, Completion, Job, Request};
-use fanfold_ops::jq::{JqProgram, to_val};
 use fanfold_ops::map::MapStage;
 use fanfold_ops::partition::{PartitionOptions, partition_all};
-use fanfold_ops::prefilter::{Outcome, Prefilter};
 use serde_json::Value;
 
 pub struct FabricArgs {
@@ -92,25 +91,18 @@ fn requests(plan: &Plan, stage: &MapStage, n: usize) -> Result<Vec<Request>> {
         &bytes,
         PartitionOptions::default(),
     )?;
-    let prefilter = Prefilter::compile(&plan.spec.prefilter)?;
-    let project = stage
-        .spec
-        .project
-        .as_deref()
-        .map(JqProgram::compile)
-        .transpose()?;
+    // The same routing and projection a run uses.
+    let routed = prefilter_units(plan, &units)?;
+    let projector = Projector::new(stage)?;
     let mut out = Vec::new();
-    for u in &units {
-        if matches!(
-            prefilter.decide(u.unit.unit_id.as_str(), to_val(&u.value))?,
-            Outcome::Exclude { .. }
-        ) {
-            continue;
-        }
-        let projected = match &project {
-            Some(p) => p.first_json(to_val(&u.value))?.unwrap_or(Value::Null),
-            None => stage.project(&u.value),
-        };
+    for &i in routed
+        .routed
+        .get(stage.name())
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+    {
+        let u = &units[i];
+        let projected = projector.project(stage, u)?;
         out.push(Request {
             index: out.len(),
             unit_id: u.unit.unit_id.0.clone(),

@@ -297,15 +297,16 @@ pub fn route(
 }
 
 /// What the prefilter did with each unit.
-struct Prefiltered {
-    excluded_by_reason: BTreeMap<String, u64>,
+pub struct Prefiltered {
+    pub excluded_by_reason: BTreeMap<String, u64>,
     /// Stage name -> indices of the units routed to it, in source order.
-    routed: BTreeMap<String, Vec<usize>>,
+    pub routed: BTreeMap<String, Vec<usize>>,
     /// (unit index, reason) of every excluded unit.
-    excluded: Vec<(usize, String)>,
+    pub excluded: Vec<(usize, String)>,
 }
 
-fn prefilter_units(plan: &Plan, units: &[PartUnit]) -> Result<Prefiltered, RunError> {
+/// Runs the plan's prefilter over `units`.
+pub fn prefilter_units(plan: &Plan, units: &[PartUnit]) -> Result<Prefiltered, RunError> {
     let prefilter = Prefilter::compile(&plan.spec.prefilter)?;
     let default_stage = plan.stages[0].name();
     let mut out = Prefiltered {
@@ -815,10 +816,10 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
 
 /// What a stage's contexts see of a unit: its `project` expression, or its
 /// `fields`.
-struct Projector(Option<JqProgram>);
+pub struct Projector(Option<JqProgram>);
 
 impl Projector {
-    fn new(stage: &fanfold_ops::map::MapStage) -> Result<Projector, RunError> {
+    pub fn new(stage: &fanfold_ops::map::MapStage) -> Result<Projector, RunError> {
         let program = match &stage.spec.project {
             Some(expr) => Some(JqProgram::compile(expr).map_err(|e| RunError::Project {
                 stage: stage.name().to_owned(),
@@ -830,7 +831,11 @@ impl Projector {
         Ok(Projector(program))
     }
 
-    fn project(&self, stage: &fanfold_ops::map::MapStage, u: &PartUnit) -> Result<Value, RunError> {
+    pub fn project(
+        &self,
+        stage: &fanfold_ops::map::MapStage,
+        u: &PartUnit,
+    ) -> Result<Value, RunError> {
         let Some(p) = &self.0 else {
             return Ok(stage.project(&u.value));
         };
