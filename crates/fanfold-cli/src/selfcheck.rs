@@ -93,8 +93,19 @@ fn set_backend(plan: &mut Plan, faults: Vec<FaultSpec>, delay_ms: u64) {
     }
 }
 
-fn routed(r: &RunReport) -> u64 {
-    r.certificate.routed_by_stage.values().sum()
+/// Units the prefilter kept.
+fn kept(r: &RunReport) -> u64 {
+    r.certificate.coverage.units - r.certificate.excluded_by_reason.values().sum::<u64>()
+}
+
+/// Kept units an embed stage dropped before any model saw them.
+fn dropped(r: &RunReport) -> u64 {
+    r.certificate.stats.embed.values().map(|e| e.dropped).sum()
+}
+
+/// Kept units that reached the model stage.
+fn judged(r: &RunReport) -> u64 {
+    kept(r) - dropped(r)
 }
 
 pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
@@ -145,18 +156,19 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
             && cov.rejected as usize == dup
             && stored_units == cov.units
             && unit_ids.iter().all(|id| keys.contains(id))
-            && excluded + routed(&base) == cov.units,
+            && excluded + kept(&base) == cov.units,
         simulated: false,
         figure: format!(
-            "{} elements = {} units + {} rejected ({} duplicate keys); {} excluded by prefilter + {} routed = {} units; {} units stored",
+            "{} elements = {} units + {} rejected ({} duplicate keys); {} excluded by prefilter + {} kept = {} units; {} units stored; {} kept units dropped by embedding",
             cov.elements,
             cov.units,
             cov.rejected,
             dup,
             excluded,
-            routed(&base),
+            kept(&base),
             cov.units,
-            stored_units
+            stored_units,
+            dropped(&base)
         ),
     });
 
@@ -177,16 +189,16 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     checks.push(Check {
         name: "reuse_unchanged",
         ok: s2.model_calls == 0
-            && s2.cache_hits == routed(&base)
+            && s2.cache_hits == judged(&base)
             && s2.fold_nodes_computed == 0
             && again.answer.items == base.answer.items
             && again.certificate.fold_root == base.certificate.fold_root,
         simulated: false,
         figure: format!(
-            "rerun: {} model calls, {} cache hits of {} routed, {} fold nodes recomputed, same answer and fold root",
+            "rerun: {} model calls, {} cache hits of {} judged units, {} fold nodes recomputed, same answer and fold root",
             s2.model_calls,
             s2.cache_hits,
-            routed(&base),
+            judged(&base),
             s2.fold_nodes_computed
         ),
     });
@@ -212,6 +224,7 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     let changed = ctx.run(&plan, &store_a, Some(Source::File(edited_path)), None)?;
     let s3 = &changed.certificate.stats;
     let one_path = s3.fold_nodes_computed == u64::from(s3.fold_depth);
+    let reembedded: u64 = s3.embed.values().map(|e| e.vectors_computed).sum();
     // And a rubric change: only the stage keyed by the rubric recomputes.
     let copy = ctx.tmp.path().join("example-copy");
     std::fs::create_dir_all(&copy)?;
@@ -235,16 +248,18 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     checks.push(Check {
         name: "precise_invalidation",
         ok: s3.model_calls == 1
+            && reembedded <= 1
             && s3.recomputed_units == vec![target.0.clone()]
-            && s3.cache_hits == routed(&base) - 1
+            && s3.cache_hits == judged(&base) - 1
             && one_path
             && changed.answer.items.len() + 1 == base.answer.items.len()
             && !changed.answer.items.iter().any(|i| i.unit_id == target)
-            && s4.model_calls == routed(&base)
+            && s4.model_calls == judged(&base)
             && s4.cache_hits == 0,
         simulated: false,
         figure: format!(
-            "issue #{target} downgraded: {} model call(s) (units {:?}), {} cache hits, {} fold nodes recomputed on a tree of depth {}, answer {} -> {} items; rubric edited: {} of {} units recomputed",
+            "issue #{target} downgraded: {} text(s) re-embedded, {} model call(s) (units {:?}), {} cache hits, {} fold nodes recomputed on a tree of depth {}, answer {} -> {} items; rubric edited: {} of {} units recomputed",
+            reembedded,
             s3.model_calls,
             s3.recomputed_units,
             s3.cache_hits,
@@ -253,7 +268,7 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
             base.answer.items.len(),
             changed.answer.items.len(),
             s4.model_calls,
-            routed(&base)
+            judged(&base)
         ),
     });
 
@@ -327,7 +342,7 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
         && ts.positive >= 5
         && ts.cancelled > 0
         && ts.negative <= base.answer.statuses.negative
-        && ts.total() == routed(&base);
+        && ts.total() == kept(&base);
     let budget = BudgetSpec {
         max_model_calls: Some(20),
         ..BudgetSpec::default()
@@ -344,9 +359,9 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     let les = limited_e.answer.statuses;
     let budget_ok = limited_e.certificate.stop.code() == "budget_exhausted"
         && limited_e.certificate.stats.model_calls == 20
-        && les.not_run == routed(&base) - 20
+        && les.not_run == judged(&base) - 20
         && les.cancelled == 0
-        && les.positive + les.negative + les.abstain + les.error == 20;
+        && les.positive + les.negative + les.abstain + les.error == 20 + dropped(&base);
     checks.push(Check {
         name: "stopping_contract",
         ok: exhaustive_ok && threshold_ok && budget_ok && ls.not_run + ls.cancelled > 0,
@@ -426,7 +441,7 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
             && fs.error as usize == errors
             && matches!(transient_status, Some((s, 2)) if s.is_cacheable())
             && healed.certificate.stats.model_calls == errors as u64
-            && fs.positive + fs.negative + fs.abstain + fs.error == routed(&base),
+            && fs.positive + fs.negative + fs.abstain + fs.error == kept(&base),
         simulated: false,
         figure: format!(
             "injected error, timeout, malformed, schema-violating and false-quote outputs: {errors} errors, 0 negatives among them; statuses positive {} negative {} abstain {} error {} cancelled {} not_run {}; transient fault recovered on attempt {}; rerun without faults re-asked exactly the {} errored units",

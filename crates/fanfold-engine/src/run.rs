@@ -22,6 +22,7 @@ use fanfold_store::{RejectionRow, RunUnitRow, Store, StoreError};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::embedding::{EmbedStats, Embedders};
 use crate::plan::{Plan, Routing};
 use crate::queue::{BudgetPool, Pending, StageJob, UnitResult};
 use crate::source::{Source, SourceError};
@@ -55,6 +56,8 @@ pub enum RunError {
         unit: String,
         detail: String,
     },
+    #[error("stage `{stage}`: {detail}")]
+    Embed { stage: String, detail: String },
     #[error("contract bound on unit {unit}: {detail}")]
     Bound { unit: String, detail: String },
     #[error("writing {path}: {source}")]
@@ -110,8 +113,12 @@ pub struct RunStats {
     pub cost: Cost,
     pub wall_ms: u64,
     /// Wall time of each phase of the run, in order: source, partition,
-    /// prefilter, one entry per stage (`map:NAME`), fold, verify.
+    /// prefilter, one entry per stage (`embed:NAME`, `map:NAME`), fold,
+    /// verify.
     pub phases_ms: Vec<(String, u64)>,
+    /// What each embed stage did.
+    #[serde(default)]
+    pub embed: BTreeMap<String, EmbedStats>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -264,8 +271,39 @@ pub fn route(
     for rej in &rejections {
         *r.rejected_by_reason.entry(rej.reason.clone()).or_insert(0) += 1;
     }
-    for (stage_name, indices) in &prefiltered.routed {
+    let mut routed = prefiltered.routed;
+    for stage_name in &plan.order {
+        let Some(indices) = routed.get(stage_name).cloned() else {
+            continue;
+        };
         r.routed.insert(stage_name.clone(), indices.len() as u64);
+        if let Some(stage) = plan.embed_stage(stage_name) {
+            // Cached facts say where a unit goes; the rest are undecided
+            // until embedded, and may still reach the next stage.
+            let (_, model_id) = crate::embedding::embedder_identity(stage, &plan.spec_dir)?;
+            let mut cached = 0;
+            let mut passed = Vec::new();
+            if let Some(store) = store {
+                for (i, key, _) in crate::embedding::fact_keys(stage, &units, &indices, &model_id)?
+                {
+                    if let Some(f) = store.get_fact(&key)? {
+                        cached += 1;
+                        if f.status == Status::Positive {
+                            passed.push(i);
+                        }
+                    }
+                }
+            }
+            r.cached.insert(stage_name.clone(), cached);
+            if let Some(then) = &stage.spec.then {
+                *r.undecided_before.entry(then.clone()).or_insert(0) +=
+                    indices.len() as u64 - cached;
+                let next = routed.entry(then.clone()).or_default();
+                next.extend(passed);
+                next.sort_unstable();
+            }
+            continue;
+        }
         let (Some(store), Some(stage)) = (store, plan.stage(stage_name)) else {
             continue;
         };
@@ -280,10 +318,10 @@ pub fn route(
             continue;
         };
         let model = model_params(&info, stage);
-        let projector = Projector::new(stage)?;
+        let projector = Projector::compile(stage.name(), stage.spec.project.as_deref())?;
         let mut cached = 0;
-        for &i in indices {
-            let projected = projector.project(stage, &units[i])?;
+        for &i in &indices {
+            let projected = projector.project(stage.name(), &stage.spec.fields, &units[i])?;
             if store
                 .get_fact(&stage.cache_key(projected.key_in("input-v1"), &model))?
                 .is_some()
@@ -308,7 +346,7 @@ pub struct Prefiltered {
 /// Runs the plan's prefilter over `units`.
 pub fn prefilter_units(plan: &Plan, units: &[PartUnit]) -> Result<Prefiltered, RunError> {
     let prefilter = Prefilter::compile(&plan.spec.prefilter)?;
-    let default_stage = plan.stages[0].name();
+    let default_stage = plan.first_stage();
     let mut out = Prefiltered {
         excluded_by_reason: BTreeMap::new(),
         routed: BTreeMap::new(),
@@ -396,7 +434,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     // Prefilter.
     let Prefiltered {
         excluded_by_reason,
-        routed,
+        mut routed,
         excluded,
     } = prefilter_units(plan, &units)?;
     let unit_rows: Vec<RunUnitRow> = excluded
@@ -442,8 +480,52 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     let mut leaves: Vec<(u64, Leaf)> = Vec::new();
     let mut backend_infos: Vec<BackendInfo> = Vec::new();
     let mut built: HashMap<String, Box<dyn ModelBackend>> = HashMap::new();
+    let mut embedders = Embedders::default();
 
-    for stage in &plan.stages {
+    for stage_name in &plan.order {
+        if let Some(stage) = plan.embed_stage(stage_name) {
+            let Some(indices) = routed.get(stage_name) else {
+                continue;
+            };
+            progress.stage_started(stage_name, indices.len() as u64, 0);
+            let outcome = crate::embedding::run_stage(
+                stage,
+                &plan.spec_dir,
+                &units,
+                indices,
+                &store,
+                &mut embedders,
+            )?;
+            for (i, fact) in outcome.ended {
+                progress.unit_finished(stage_name, fact.status);
+                leaves.push((units[i].unit.ordinal, leaf_of(&fact)));
+                controller
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .observe(fact.status, None);
+                facts.push(fact);
+            }
+            for _ in &outcome.passed {
+                progress.unit_finished(stage_name, Status::Positive);
+            }
+            if let Some(then) = &stage.spec.then {
+                let next = routed.entry(then.clone()).or_default();
+                next.extend(outcome.passed);
+                next.sort_unstable();
+            }
+            store.event(
+                &run_id,
+                "embedded",
+                &json!({"stage": stage_name, "stats": outcome.stats}),
+            )?;
+            stats.embed.insert(stage_name.clone(), outcome.stats);
+            progress.stage_finished(stage_name);
+            phases.mark(&format!("embed:{stage_name}"));
+            continue;
+        }
+        let Some(stage) = plan.stage(stage_name) else {
+            continue;
+        };
         let Some(indices) = routed.get(stage.name()) else {
             continue;
         };
@@ -481,10 +563,10 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         let mut keys: HashMap<usize, (ContentHash, Value)> = HashMap::new();
         let mut pending = Vec::new();
         let mut cached = 0u64;
-        let projector = Projector::new(stage)?;
+        let projector = Projector::compile(stage.name(), stage.spec.project.as_deref())?;
         for &i in indices {
             let u = &units[i];
-            let projected = projector.project(stage, u)?;
+            let projected = projector.project(stage.name(), &stage.spec.fields, u)?;
             let key = stage.cache_key(projected.key_in("input-v1"), &model);
             if let Some(mut fact) = store.get_fact(&key)? {
                 cached += 1;
@@ -570,7 +652,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
                     prompt_tokens: r.usage.prompt_tokens,
                     cached_tokens: r.usage.cached_tokens,
                     completion_tokens: r.usage.completion_tokens,
-                    usd: 0.0,
+                    usd: backend.cost_usd(&r.usage).unwrap_or(0.0),
                     latency_ms: r.usage.latency_ms,
                     calls: u64::from(r.attempts),
                 },
@@ -814,15 +896,14 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     Ok(report)
 }
 
-/// What a stage's contexts see of a unit: its `project` expression, or its
-/// `fields`.
+/// What a stage sees of a unit: its `project` expression, or its `fields`.
 pub struct Projector(Option<JqProgram>);
 
 impl Projector {
-    pub fn new(stage: &fanfold_ops::map::MapStage) -> Result<Projector, RunError> {
-        let program = match &stage.spec.project {
+    pub fn compile(stage: &str, project: Option<&str>) -> Result<Projector, RunError> {
+        let program = match project {
             Some(expr) => Some(JqProgram::compile(expr).map_err(|e| RunError::Project {
-                stage: stage.name().to_owned(),
+                stage: stage.to_owned(),
                 unit: "-".into(),
                 detail: e.to_string(),
             })?),
@@ -831,26 +912,19 @@ impl Projector {
         Ok(Projector(program))
     }
 
-    pub fn project(
-        &self,
-        stage: &fanfold_ops::map::MapStage,
-        u: &PartUnit,
-    ) -> Result<Value, RunError> {
+    pub fn project(&self, stage: &str, fields: &[String], u: &PartUnit) -> Result<Value, RunError> {
         let Some(p) = &self.0 else {
-            return Ok(stage.project(&u.value));
+            return Ok(fanfold_ops::map::project_fields(fields, &u.value));
+        };
+        let err = |detail: String| RunError::Project {
+            stage: stage.to_owned(),
+            unit: u.unit.unit_id.0.clone(),
+            detail,
         };
         match p.first_json(to_val(&u.value)) {
             Ok(Some(v)) => Ok(v),
-            Ok(None) => Err(RunError::Project {
-                stage: stage.name().to_owned(),
-                unit: u.unit.unit_id.0.clone(),
-                detail: "the project expression yielded nothing".into(),
-            }),
-            Err(e) => Err(RunError::Project {
-                stage: stage.name().to_owned(),
-                unit: u.unit.unit_id.0.clone(),
-                detail: e.to_string(),
-            }),
+            Ok(None) => Err(err("the project expression yielded nothing".into())),
+            Err(e) => Err(err(e.to_string())),
         }
     }
 }

@@ -100,6 +100,8 @@ pub struct JobStats {
     pub decode_calls: u64,
     pub largest_batch: u64,
     pub truncated_units: u64,
+    /// Units abandoned mid-decode because the job was cancelled.
+    pub cancelled_in_flight: u64,
 }
 
 impl EmbeddedModel {
@@ -228,6 +230,18 @@ impl EmbeddedModel {
         let mut prefix_billed = false;
         let mut batch = LlamaBatch::new(n_batch as usize, slots as i32 + 1);
         loop {
+            // A cancelled job abandons its in-flight units between decode
+            // calls and pulls nothing more; the slots' KV is overwritten by
+            // the next job's fork.
+            if job.is_cancelled() {
+                for slot in state.iter_mut() {
+                    if let Some(req) = slot.req.take() {
+                        stats.cancelled_in_flight += 1;
+                        job.complete(req, Err(CallError::Cancelled));
+                    }
+                }
+                break;
+            }
             // Refill free slots the moment they free. The queue is asked
             // again every round: a failed answer comes back as a retry.
             for (s, slot) in state.iter_mut().enumerate() {

@@ -77,6 +77,38 @@ pub enum CallError {
     Backend(String),
     #[error("no recorded answer for this request (cassette miss)")]
     Missing,
+    /// The provider kept answering 429 until the retries ran out, or asked
+    /// for a longer wait than the backend allows.
+    #[error("rate limited (HTTP 429) after {attempts} attempts{}", wait_note(*retry_after_ms))]
+    RateLimited {
+        attempts: u32,
+        retry_after_ms: Option<u64>,
+    },
+    /// The provider answered with an error status; the excerpt is the start
+    /// of its body, with any credential removed.
+    #[error("HTTP {status}: {body_excerpt}")]
+    Http { status: u16, body_excerpt: String },
+    /// No response arrived: refused, reset or closed before the headers.
+    #[error("connection failed: {0}")]
+    Connection(String),
+    /// The response started but its body ended early.
+    #[error("response body truncated: {0}")]
+    Truncated(String),
+    /// The response arrived whole but is not what the protocol promises.
+    #[error("invalid response: {0}")]
+    InvalidResponse(String),
+    /// Every endpoint's circuit breaker was open and stayed open.
+    #[error("circuit open on every endpoint: {0}")]
+    CircuitOpen(String),
+    /// The job was cancelled before the request was sent.
+    #[error("cancelled before sending")]
+    Cancelled,
+}
+
+fn wait_note(retry_after_ms: Option<u64>) -> String {
+    retry_after_ms
+        .map(|ms| format!("; the provider asked to wait {ms} ms"))
+        .unwrap_or_default()
 }
 
 impl CallError {
@@ -85,6 +117,13 @@ impl CallError {
             CallError::Timeout { .. } => "timeout",
             CallError::Backend(_) => "backend_error",
             CallError::Missing => "cassette_miss",
+            CallError::RateLimited { .. } => "rate_limited",
+            CallError::Http { .. } => "http_status",
+            CallError::Connection(_) => "connection",
+            CallError::Truncated(_) => "truncated",
+            CallError::InvalidResponse(_) => "invalid_response",
+            CallError::CircuitOpen(_) => "circuit_open",
+            CallError::Cancelled => "cancelled",
         }
     }
 }
@@ -139,6 +178,10 @@ pub trait ModelBackend: Send + Sync {
     /// failures go to `complete`; an `Err` means the backend itself could
     /// not run.
     fn run(&self, job: &dyn Job) -> Result<(), BackendError>;
+    /// What `usage` cost in US dollars, where the backend knows its price.
+    fn cost_usd(&self, _usage: &Usage) -> Option<f64> {
+        None
+    }
 }
 
 /// A rough token count for backends that have no tokenizer: about four
@@ -153,5 +196,8 @@ impl<B: ModelBackend + ?Sized> ModelBackend for Box<B> {
     }
     fn run(&self, job: &dyn Job) -> Result<(), BackendError> {
         (**self).run(job)
+    }
+    fn cost_usd(&self, usage: &Usage) -> Option<f64> {
+        (**self).cost_usd(usage)
     }
 }

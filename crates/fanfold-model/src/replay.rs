@@ -209,4 +209,8 @@ impl<B: ModelBackend> ModelBackend for RecordingBackend<B> {
             .map_err(|e| BackendError::Setup(format!("flushing the cassette: {e}")))?;
         r
     }
+
+    fn cost_usd(&self, usage: &crate::Usage) -> Option<f64> {
+        self.inner.cost_usd(usage)
+    }
 }

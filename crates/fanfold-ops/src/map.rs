@@ -2,7 +2,7 @@
 //! prefix of rubric and schema, then the unit's projected fields) and how its
 //! raw output becomes a typed, schema-checked, evidence-checked fact.
 
-use fanfold_core::spec::StageSpec;
+use fanfold_core::spec::MapStageSpec;
 use fanfold_core::{ContentHash, Evidence, ModelParams, StableHash, StableHasher, Status};
 use serde_json::Value;
 
@@ -58,7 +58,7 @@ pub struct Interpreted {
 
 /// A map stage ready to build prompts and judge outputs.
 pub struct MapStage {
-    pub spec: StageSpec,
+    pub spec: MapStageSpec,
     pub rubric: String,
     pub rubric_hash: ContentHash,
     pub schema: Value,
@@ -68,7 +68,11 @@ pub struct MapStage {
 }
 
 impl MapStage {
-    pub fn new(spec: StageSpec, rubric: String, schema: Value) -> Result<MapStage, MapSpecError> {
+    pub fn new(
+        spec: MapStageSpec,
+        rubric: String,
+        schema: Value,
+    ) -> Result<MapStage, MapSpecError> {
         let validator = jsonschema::validator_for(&schema).map_err(|e| MapSpecError::Schema {
             stage: spec.name.clone(),
             detail: e.to_string(),
@@ -138,14 +142,7 @@ impl MapStage {
     /// `project` expression is applied by the caller, which owns the jq
     /// engine (see [`crate::jq`]).
     pub fn project(&self, value: &Value) -> Value {
-        if self.spec.fields.is_empty() {
-            return value.clone();
-        }
-        let mut out = serde_json::Map::new();
-        for f in &self.spec.fields {
-            out.insert(f.clone(), value.get(f).cloned().unwrap_or(Value::Null));
-        }
-        Value::Object(out)
+        project_fields(&self.spec.fields, value)
     }
 
     /// The per-unit suffix: the record and nothing else.
@@ -300,6 +297,19 @@ fn strip_fences(raw: &str) -> &str {
     t.strip_suffix("```").unwrap_or(t).trim()
 }
 
+/// The named top-level fields of a unit (absent ones as null), or the whole
+/// unit when `fields` is empty.
+pub fn project_fields(fields: &[String], value: &Value) -> Value {
+    if fields.is_empty() {
+        return value.clone();
+    }
+    let mut out = serde_json::Map::new();
+    for f in fields {
+        out.insert(f.clone(), value.get(f).cloned().unwrap_or(Value::Null));
+    }
+    Value::Object(out)
+}
+
 /// The text of a field as a context saw it: strings as themselves, anything
 /// else as compact JSON.
 pub fn field_text(projected: &Value, field: &str) -> Option<String> {
@@ -385,13 +395,12 @@ pub fn check_evidence(items: Option<&Value>, projected: &Value) -> Result<Vec<Ev
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fanfold_core::spec::{DecisionSpec, StageType};
+    use fanfold_core::spec::DecisionSpec;
     use serde_json::json;
 
     fn stage() -> MapStage {
-        let spec = StageSpec {
+        let spec = MapStageSpec {
             name: "s".into(),
-            stage_type: StageType::Map,
             version: 1,
             rubric: "r.md".into(),
             fields: vec!["title".into(), "body".into()],

@@ -93,6 +93,9 @@ CREATE TABLE IF NOT EXISTS facts (
     stage TEXT NOT NULL, stage_version INTEGER NOT NULL, status TEXT NOT NULL,
     record TEXT NOT NULL, created_ms INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS facts_by_unit ON facts (unit_id, stage);
+CREATE TABLE IF NOT EXISTS embeddings (
+    key TEXT PRIMARY KEY, model TEXT NOT NULL, dim INTEGER NOT NULL,
+    vector BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS fold_nodes (
     key TEXT PRIMARY KEY, level INTEGER NOT NULL, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
@@ -329,6 +332,58 @@ impl Store {
             .map_err(|e| self.sql(e))
     }
 
+    /// A cached embedding: little-endian `f32`s, `dim` of them.
+    pub fn get_embedding(&self, key: &ContentHash) -> Result<Option<Vec<f32>>, StoreError> {
+        let row: Option<(i64, Vec<u8>)> = self
+            .conn()
+            .query_row(
+                "SELECT dim, vector FROM embeddings WHERE key = ?1",
+                [key.to_hex()],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))?;
+        let Some((dim, bytes)) = row else {
+            return Ok(None);
+        };
+        if bytes.len() != dim as usize * 4 {
+            return Err(self.decode(format!(
+                "embedding {} holds {} bytes, not {dim} floats",
+                key.short(12),
+                bytes.len()
+            )));
+        }
+        Ok(Some(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ))
+    }
+
+    /// Caches embeddings in one transaction.
+    pub fn put_embeddings(
+        &self,
+        model: &str,
+        rows: &[(ContentHash, &[f32])],
+    ) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        {
+            let mut stmt = tx
+                .prepare(
+                    "INSERT OR REPLACE INTO embeddings (key, model, dim, vector) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(|e| self.sql(e))?;
+            for (key, v) in rows {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                stmt.execute(params![key.to_hex(), model, v.len() as i64, bytes])
+                    .map_err(|e| self.sql(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.sql(e))
+    }
+
     pub fn get_fold_node(
         &self,
         key: &ContentHash,
@@ -484,6 +539,27 @@ mod tests {
             ));
         }
         assert_eq!(store.count_facts().expect("count"), 1);
+    }
+
+    #[test]
+    fn embeddings_round_trip_bit_exactly() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("s.sqlite")).expect("open");
+        let a = ContentHash::of_bytes(b"a");
+        let b = ContentHash::of_bytes(b"b");
+        let va = [0.25f32, -1.5, f32::MIN_POSITIVE, 3.0e-8];
+        let vb = [1.0f32];
+        store
+            .put_embeddings("m", &[(a, &va[..]), (b, &vb[..])])
+            .expect("put");
+        assert_eq!(store.get_embedding(&a).expect("get"), Some(va.to_vec()));
+        assert_eq!(store.get_embedding(&b).expect("get"), Some(vb.to_vec()));
+        assert_eq!(
+            store
+                .get_embedding(&ContentHash::of_bytes(b"c"))
+                .expect("get"),
+            None
+        );
     }
 
     #[test]

@@ -1,0 +1,391 @@
+//! OpenAI-compatible `/chat/completions`: OpenAI, vLLM, llama.cpp's
+//! llama-server, Ollama.
+
+use std::fmt;
+
+use fanfold_model::{BackendError, BackendInfo, Job, ModelBackend, Request, Usage};
+use futures_util::StreamExt;
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
+use serde_json::{Value, json};
+
+use crate::config::{MaxTokensField, OpenAiConfig, OutputMode};
+use crate::secret::ApiKey;
+use crate::transport::{Fault, Protocol, Reply, Transport, parse_json, read_body};
+use crate::{HttpError, HttpStats};
+
+/// The `json_schema.name` sent with structured output.
+const SCHEMA_NAME: &str = "fanfold_output";
+
+pub(crate) struct OpenAiProtocol {
+    config: OpenAiConfig,
+}
+
+/// A backend for OpenAI-compatible servers.
+///
+/// The job's prefix is the system message and each request's suffix the
+/// user message, so the prompt's leading bytes are identical across
+/// requests and a provider's prefix cache can serve them.
+pub struct OpenAiBackend {
+    transport: Transport<OpenAiProtocol>,
+}
+
+impl OpenAiBackend {
+    /// Reads each endpoint's key from its environment variable, checks the
+    /// configuration, and starts the backend's runtime.
+    pub fn new(config: OpenAiConfig) -> Result<OpenAiBackend, HttpError> {
+        if config.model.trim().is_empty() {
+            return Err(HttpError::Config("model is empty".into()));
+        }
+        if let Some(t) = config.temperature
+            && !(t.is_finite() && t >= 0.0)
+        {
+            return Err(HttpError::Config(format!(
+                "temperature {t} is not a non-negative number"
+            )));
+        }
+        let transport = config.transport.clone();
+        Ok(OpenAiBackend {
+            transport: Transport::new(OpenAiProtocol { config }, transport)?,
+        })
+    }
+
+    pub fn config(&self) -> &OpenAiConfig {
+        &self.transport.protocol.config
+    }
+
+    /// Counters since the backend was built.
+    pub fn stats(&self) -> HttpStats {
+        self.transport.stats()
+    }
+}
+
+impl fmt::Debug for OpenAiBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The config holds only the names of key variables; keys live in
+        // the transport, which is not printed.
+        f.debug_struct("OpenAiBackend")
+            .field("config", self.config())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ModelBackend for OpenAiBackend {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            kind: "openai".into(),
+            model_id: format!("{}/{}", self.transport.primary_host(), self.config().model),
+            simulated: false,
+        }
+    }
+
+    fn run(&self, job: &dyn Job) -> Result<(), BackendError> {
+        self.transport.run(job)
+    }
+}
+
+impl Protocol for OpenAiProtocol {
+    fn path(&self) -> &'static str {
+        "/chat/completions"
+    }
+
+    fn headers(&self, key: Option<&ApiKey>) -> Result<HeaderMap, HttpError> {
+        let mut h = HeaderMap::new();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(key) = key {
+            let mut v =
+                HeaderValue::from_str(&format!("Bearer {}", key.expose())).map_err(|_| {
+                    HttpError::Config(
+                        "the API key contains characters not allowed in an HTTP header".into(),
+                    )
+                })?;
+            v.set_sensitive(true);
+            h.insert(AUTHORIZATION, v);
+        }
+        Ok(h)
+    }
+
+    fn body(&self, job: &dyn Job, request: &Request) -> Value {
+        let c = &self.config;
+        let mut messages = Vec::with_capacity(2);
+        if !job.prefix().is_empty() {
+            messages.push(json!({"role": "system", "content": job.prefix()}));
+        }
+        messages.push(json!({"role": "user", "content": request.suffix}));
+        let mut body = json!({
+            "model": c.model,
+            "messages": messages,
+        });
+        let limit = match c.max_tokens_field {
+            MaxTokensField::MaxTokens => "max_tokens",
+            MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
+        };
+        body[limit] = json!(request.max_output_tokens);
+        if let Some(t) = c.temperature {
+            body["temperature"] = json!(t);
+        }
+        if let Some(s) = c.seed {
+            body["seed"] = json!(s);
+        }
+        if c.output == OutputMode::JsonSchema {
+            let schema = if c.per_request_schema {
+                request.schema.as_ref().or(job.output_schema())
+            } else {
+                job.output_schema().or(request.schema.as_ref())
+            };
+            if let Some(schema) = schema {
+                body["response_format"] = json!({
+                    "type": "json_schema",
+                    "json_schema": {"name": SCHEMA_NAME, "schema": schema, "strict": c.strict},
+                });
+            }
+        }
+        if c.stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        body
+    }
+
+    async fn read(&self, response: reqwest::Response) -> Result<Reply, Fault> {
+        if self.config.stream {
+            read_stream(response).await
+        } else {
+            let bytes = read_body(response).await?;
+            parse_completion(&parse_json(&bytes)?)
+        }
+    }
+}
+
+/// Usage as OpenAI reports it: `prompt_tokens` includes the cached ones,
+/// so the evaluated count is the difference.
+fn usage(v: &Value) -> (Usage, Option<u64>) {
+    let Some(u) = v.get("usage").filter(|u| u.is_object()) else {
+        return (Usage::default(), None);
+    };
+    let n = |p: &str| u.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    let prompt = n("/prompt_tokens");
+    let cached = n("/prompt_tokens_details/cached_tokens").min(prompt);
+    let completion = n("/completion_tokens");
+    (
+        Usage {
+            prompt_tokens: prompt - cached,
+            cached_tokens: cached,
+            completion_tokens: completion,
+            latency_ms: 0,
+        },
+        Some(prompt.saturating_add(completion)),
+    )
+}
+
+fn error_message(v: &Value) -> Option<String> {
+    let e = v.get("error")?;
+    Some(
+        e.get("message")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .unwrap_or_else(|| e.to_string()),
+    )
+}
+
+fn parse_completion(v: &Value) -> Result<Reply, Fault> {
+    if let Some(m) = error_message(v) {
+        return Err(Fault::Invalid(format!("error object in a 200 answer: {m}")));
+    }
+    let message = v
+        .pointer("/choices/0/message")
+        .ok_or_else(|| Fault::Invalid("no choices[0].message in the answer".into()))?;
+    let text = match message.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        _ => {
+            let refusal = message
+                .get("refusal")
+                .and_then(Value::as_str)
+                .map(|r| format!("the model refused: {r}"))
+                .unwrap_or_else(|| "choices[0].message.content is not a string".into());
+            return Err(Fault::Invalid(refusal));
+        }
+    };
+    let (usage, billed_tokens) = usage(v);
+    Ok(Reply {
+        text,
+        usage,
+        billed_tokens,
+    })
+}
+
+/// Accumulates a server-sent-event stream of chat completion chunks.
+#[derive(Default)]
+struct StreamState {
+    text: String,
+    usage: Option<(Usage, Option<u64>)>,
+    done: bool,
+    /// Bytes of the line being received.
+    line: Vec<u8>,
+    /// `data:` lines of the event being received.
+    data: Vec<String>,
+    refusal: Option<String>,
+}
+
+impl StreamState {
+    fn feed(&mut self, chunk: &[u8]) -> Result<(), Fault> {
+        for &b in chunk {
+            if b == b'\n' {
+                let line = std::mem::take(&mut self.line);
+                let line = String::from_utf8_lossy(&line);
+                self.line_done(line.trim_end_matches('\r'))?;
+            } else {
+                self.line.push(b);
+            }
+        }
+        Ok(())
+    }
+
+    fn line_done(&mut self, line: &str) -> Result<(), Fault> {
+        if line.is_empty() {
+            return self.dispatch();
+        }
+        if let Some(rest) = line.strip_prefix("data:") {
+            self.data
+                .push(rest.strip_prefix(' ').unwrap_or(rest).to_owned());
+        }
+        // Comments (`:`), `event:`, `id:` and `retry:` carry nothing here.
+        Ok(())
+    }
+
+    fn dispatch(&mut self) -> Result<(), Fault> {
+        if self.data.is_empty() {
+            return Ok(());
+        }
+        let data = self.data.join("\n");
+        self.data.clear();
+        if data.trim() == "[DONE]" {
+            self.done = true;
+            return Ok(());
+        }
+        let v: Value = serde_json::from_str(&data)
+            .map_err(|e| Fault::Invalid(format!("stream event is not JSON: {e}")))?;
+        if let Some(m) = error_message(&v) {
+            return Err(Fault::Invalid(format!("error event in the stream: {m}")));
+        }
+        if let Some(s) = v
+            .pointer("/choices/0/delta/content")
+            .and_then(Value::as_str)
+        {
+            self.text.push_str(s);
+        }
+        if let Some(r) = v
+            .pointer("/choices/0/delta/refusal")
+            .and_then(Value::as_str)
+        {
+            self.refusal.get_or_insert_with(String::new).push_str(r);
+        }
+        if v.get("usage").is_some_and(Value::is_object) {
+            self.usage = Some(usage(&v));
+        }
+        Ok(())
+    }
+}
+
+/// Reads a streamed answer. A stream that ends without `[DONE]` was cut
+/// off and counts as truncated.
+async fn read_stream(response: reqwest::Response) -> Result<Reply, Fault> {
+    let mut state = StreamState::default();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| crate::transport::classify(&e))?;
+        state.feed(&chunk)?;
+        if state.done {
+            break;
+        }
+    }
+    if !state.done {
+        // A final event without its blank line still counts.
+        let tail = std::mem::take(&mut state.line);
+        state.line_done(String::from_utf8_lossy(&tail).trim_end_matches('\r'))?;
+        state.dispatch()?;
+    }
+    if !state.done {
+        return Err(Fault::Truncated(
+            "the event stream ended without [DONE]".into(),
+        ));
+    }
+    if state.text.is_empty()
+        && let Some(r) = state.refusal
+    {
+        return Err(Fault::Invalid(format!("the model refused: {r}")));
+    }
+    let (usage, billed_tokens) = state.usage.unwrap_or_default();
+    Ok(Reply {
+        text: state.text,
+        usage,
+        billed_tokens,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_subtracts_cached_tokens() {
+        let v = json!({
+            "choices": [{"message": {"role": "assistant", "content": "{}"}}],
+            "usage": {"prompt_tokens": 1200, "completion_tokens": 7,
+                      "prompt_tokens_details": {"cached_tokens": 1024}}
+        });
+        let r = parse_completion(&v).expect("parses");
+        assert_eq!(r.text, "{}");
+        assert_eq!(
+            r.usage,
+            Usage {
+                prompt_tokens: 176,
+                cached_tokens: 1024,
+                completion_tokens: 7,
+                latency_ms: 0
+            }
+        );
+        assert_eq!(r.billed_tokens, Some(1207));
+    }
+
+    #[test]
+    fn missing_usage_and_refusals() {
+        let v = json!({"choices": [{"message": {"content": "x"}}]});
+        let r = parse_completion(&v).expect("parses");
+        assert_eq!(r.usage, Usage::default());
+        assert_eq!(r.billed_tokens, None);
+        let v = json!({"choices": [{"message": {"content": null, "refusal": "no"}}]});
+        assert!(matches!(parse_completion(&v), Err(Fault::Invalid(m)) if m.contains("refused")));
+        assert!(matches!(
+            parse_completion(&json!({})),
+            Err(Fault::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn sse_events_split_anywhere() {
+        let events = concat!(
+            ": keep-alive\n\n",
+            "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"{\\\"a\\\":\"}}]}\r\n\r\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"1}\"}}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":3,",
+            "\"prompt_tokens_details\":{\"cached_tokens\":8}}}\n\n",
+            "data: [DONE]\n\n",
+        )
+        .as_bytes();
+        for split in [1, 3, 7, events.len()] {
+            let mut s = StreamState::default();
+            for chunk in events.chunks(split) {
+                s.feed(chunk).expect("feeds");
+            }
+            assert!(s.done);
+            assert_eq!(s.text, "{\"a\":1}");
+            let (u, billed) = s.usage.expect("usage");
+            assert_eq!(
+                (u.prompt_tokens, u.cached_tokens, u.completion_tokens),
+                (2, 8, 3)
+            );
+            assert_eq!(billed, Some(13));
+        }
+    }
+}

@@ -1,0 +1,856 @@
+//! The transport both backends share: endpoint pool, admission, retries,
+//! circuit breakers, warm-up, and the worker loop that drains a job.
+//!
+//! `ModelBackend::run` is synchronous and a `Job` borrows the engine's
+//! state, so nothing here is spawned: `run` blocks on one future that joins
+//! one worker future per slot. The workers borrow the job; their
+//! concurrency is I/O concurrency on one task, which is all an HTTP client
+//! needs. The runtime's worker threads drive the sockets and timers.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fanfold_model::{BackendError, CallError, Completion, Job, Request, Usage, approx_tokens};
+use reqwest::header::HeaderMap;
+use serde::Serialize;
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+use crate::HttpError;
+use crate::breaker::{Breaker, Gate};
+use crate::config::TransportConfig;
+use crate::limits::{Budget, MAX_WAIT, RateInfo};
+use crate::secret::ApiKey;
+
+/// How long a waiting request sleeps between looks at a half-open
+/// breaker's probe or at cancellation.
+const POLL: Duration = Duration::from_millis(20);
+/// Longest excerpt of a provider's error body kept in an error.
+const EXCERPT_CHARS: usize = 300;
+/// Most connections one endpoint may be given.
+const MAX_CONCURRENCY: usize = 4096;
+
+/// A parsed answer, before latency is known.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    pub text: String,
+    pub usage: Usage,
+    /// Every token the provider counts against its per-minute limit, when
+    /// it reported usage.
+    pub billed_tokens: Option<u64>,
+}
+
+/// Why one attempt failed.
+#[derive(Clone, Debug)]
+pub(crate) enum Fault {
+    Status {
+        status: u16,
+        excerpt: String,
+        retry_after: Option<Duration>,
+    },
+    Timeout,
+    Connection(String),
+    Truncated(String),
+    Invalid(String),
+}
+
+impl Fault {
+    /// Transport faults that a later attempt may not repeat. Client errors
+    /// would, and so would a whole body that does not parse: both go back
+    /// to the engine at once.
+    fn retryable(&self) -> bool {
+        match self {
+            Fault::Status { status, .. } => *status == 408 || *status == 429 || *status >= 500,
+            Fault::Timeout | Fault::Connection(_) | Fault::Truncated(_) => true,
+            Fault::Invalid(_) => false,
+        }
+    }
+
+    /// Faults that say the endpoint is unhealthy, for its breaker.
+    fn is_endpoint_failure(&self) -> bool {
+        match self {
+            Fault::Status { status, .. } => *status >= 500,
+            Fault::Timeout | Fault::Connection(_) | Fault::Truncated(_) | Fault::Invalid(_) => true,
+        }
+    }
+
+    /// Statuses that will not change for this endpoint during a run: bad
+    /// key, no permission, wrong URL or model. The endpoint is set aside.
+    fn disables_endpoint(&self) -> bool {
+        matches!(
+            self,
+            Fault::Status {
+                status: 401 | 403 | 404,
+                ..
+            }
+        )
+    }
+
+    fn scrubbed(self, key: Option<&ApiKey>) -> Fault {
+        let Some(key) = key else { return self };
+        match self {
+            Fault::Status {
+                status,
+                excerpt,
+                retry_after,
+            } => Fault::Status {
+                status,
+                excerpt: key.scrub(&excerpt),
+                retry_after,
+            },
+            Fault::Timeout => Fault::Timeout,
+            Fault::Connection(m) => Fault::Connection(key.scrub(&m)),
+            Fault::Truncated(m) => Fault::Truncated(key.scrub(&m)),
+            Fault::Invalid(m) => Fault::Invalid(key.scrub(&m)),
+        }
+    }
+}
+
+/// One provider protocol: how a request is written and an answer read.
+pub(crate) trait Protocol: Sync {
+    /// Appended to an endpoint's base URL.
+    fn path(&self) -> &'static str;
+    /// Headers sent with every request, credentials included (marked
+    /// sensitive).
+    fn headers(&self, key: Option<&ApiKey>) -> Result<HeaderMap, HttpError>;
+    /// The JSON body. Built once per request and resent as is on retries.
+    fn body(&self, job: &dyn Job, request: &Request) -> serde_json::Value;
+    /// Reads a successful response.
+    fn read(&self, response: reqwest::Response) -> impl Future<Output = Result<Reply, Fault>>;
+}
+
+/// Reads a whole body, classifying a cut-off as truncation.
+pub(crate) async fn read_body(response: reqwest::Response) -> Result<Vec<u8>, Fault> {
+    response
+        .bytes()
+        .await
+        .map(|b| b.to_vec())
+        .map_err(|e| classify(&e))
+}
+
+/// Parses a JSON envelope. A body that stops mid-value was truncated
+/// (retryable); anything else that does not parse is invalid.
+pub(crate) fn parse_json(bytes: &[u8]) -> Result<serde_json::Value, Fault> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        if e.is_eof() {
+            Fault::Truncated(format!("body ends mid-JSON after {} bytes", bytes.len()))
+        } else {
+            Fault::Invalid(format!(
+                "body is not JSON ({e}); it starts {:?}",
+                excerpt(&String::from_utf8_lossy(bytes))
+            ))
+        }
+    })
+}
+
+pub(crate) fn excerpt(text: &str) -> String {
+    let t = text.trim();
+    match t.char_indices().nth(EXCERPT_CHARS) {
+        Some((i, _)) => format!("{}...", &t[..i]),
+        None => t.to_owned(),
+    }
+}
+
+/// Classifies a client error by what the caller can do about it.
+pub(crate) fn classify(e: &reqwest::Error) -> Fault {
+    // reqwest's own message names the URL; the causes below it say what
+    // happened.
+    let mut parts = Vec::new();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let m = s.to_string();
+        if parts.last() != Some(&m) {
+            parts.push(m);
+        }
+        source = s.source();
+    }
+    let msg = if parts.is_empty() {
+        e.to_string()
+    } else {
+        parts.join(": ")
+    };
+    if e.is_timeout() {
+        Fault::Timeout
+    } else if e.is_body() || e.is_decode() {
+        Fault::Truncated(msg)
+    } else {
+        Fault::Connection(msg)
+    }
+}
+
+struct EndpointState {
+    budget: Budget,
+    breaker: Breaker,
+    /// Set when the endpoint answered 401, 403 or 404; cleared each run.
+    disabled: Option<CallError>,
+}
+
+struct Endpoint {
+    /// `host[:port]` of the base URL; never the path or credentials.
+    host: String,
+    url: reqwest::Url,
+    headers: HeaderMap,
+    key: Option<ApiKey>,
+    weight: u32,
+    max_concurrency: usize,
+    permits: Semaphore,
+    state: Mutex<EndpointState>,
+    requests: AtomicU64,
+    failures: AtomicU64,
+}
+
+impl Endpoint {
+    fn lock(&self) -> std::sync::MutexGuard<'_, EndpointState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Counters over the backend's lifetime.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct HttpStats {
+    /// HTTP attempts sent, retries included.
+    pub requests: u64,
+    /// Attempts after a request's first.
+    pub retries: u64,
+    /// 429 answers received.
+    pub rate_limited: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    /// Sums of the usage providers reported for successful requests.
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub completion_tokens: u64,
+    /// The usage the provider reported for the last job's warm-up request,
+    /// when it succeeded. Its `cached_tokens` is what the provider says it
+    /// served from cache; nothing is assumed.
+    pub warm_up: Option<Usage>,
+    pub endpoints: Vec<EndpointStats>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct EndpointStats {
+    pub host: String,
+    pub requests: u64,
+    pub failures: u64,
+    /// Times its circuit breaker opened.
+    pub breaker_opened: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    retries: AtomicU64,
+    rate_limited: AtomicU64,
+    succeeded: AtomicU64,
+    failed: AtomicU64,
+    prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+    warm_up: Mutex<Option<Usage>>,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+pub(crate) struct Transport<P> {
+    pub(crate) protocol: P,
+    cfg: TransportConfig,
+    endpoints: Vec<Endpoint>,
+    client: reqwest::Client,
+    runtime: tokio::runtime::Runtime,
+    counters: Counters,
+}
+
+enum Acquired<'a> {
+    Got(Lease<'a>),
+    /// Every usable endpoint's breaker is open until then.
+    OpenUntil(Instant),
+    /// No endpoint is usable this run.
+    Disabled(CallError),
+    Cancelled,
+}
+
+/// The right to send one attempt to one endpoint: a concurrency permit,
+/// and for a half-open breaker the probe's turn. Dropping it unreported
+/// gives the probe's turn back.
+struct Lease<'a> {
+    endpoint: &'a Endpoint,
+    probe: bool,
+    reported: bool,
+    _permit: SemaphorePermit<'a>,
+}
+
+impl Lease<'_> {
+    fn success(&mut self) {
+        self.reported = true;
+        self.endpoint.lock().breaker.success();
+    }
+
+    fn failure(&mut self) {
+        self.reported = true;
+        bump(&self.endpoint.failures, 1);
+        if self.endpoint.lock().breaker.failure(Instant::now()) {
+            tracing::warn!(endpoint = %self.endpoint.host, "circuit breaker opened");
+        }
+    }
+
+    fn neutral(&mut self) {
+        self.reported = true;
+        self.endpoint.lock().breaker.neutral(self.probe);
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if !self.reported {
+            self.endpoint.lock().breaker.neutral(self.probe);
+        }
+    }
+}
+
+/// Sleeps for `d` unless the job is cancelled first; false when it was.
+async fn pause(d: Duration, job: &dyn Job) -> bool {
+    let end = crate::limits::later(Instant::now(), d);
+    loop {
+        if job.is_cancelled() {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= end {
+            return true;
+        }
+        tokio::time::sleep((end - now).min(Duration::from_millis(100))).await;
+    }
+}
+
+impl<P: Protocol> Transport<P> {
+    pub(crate) fn new(protocol: P, cfg: TransportConfig) -> Result<Transport<P>, HttpError> {
+        if cfg.endpoints.is_empty() {
+            return Err(HttpError::Config("no endpoints configured".into()));
+        }
+        let day = MAX_WAIT.as_millis() as u64;
+        for (name, ms, min) in [
+            ("request_timeout_ms", cfg.request_timeout_ms, 1),
+            ("connect_timeout_ms", cfg.connect_timeout_ms, 1),
+            ("retry.backoff_base_ms", cfg.retry.backoff_base_ms, 0),
+            ("retry.backoff_max_ms", cfg.retry.backoff_max_ms, 0),
+            ("retry.max_retry_after_ms", cfg.retry.max_retry_after_ms, 0),
+            ("breaker.cooldown_ms", cfg.breaker.cooldown_ms, 0),
+        ] {
+            if !(min..=day).contains(&ms) {
+                return Err(HttpError::Config(format!(
+                    "{name} = {ms} is outside {min}..={day}"
+                )));
+            }
+        }
+        let now = Instant::now();
+        let mut endpoints = Vec::with_capacity(cfg.endpoints.len());
+        for e in &cfg.endpoints {
+            let bad = |detail: &str| HttpError::BadUrl {
+                url: e.base_url.clone(),
+                detail: detail.to_owned(),
+            };
+            if e.weight == 0 {
+                return Err(HttpError::Config(format!(
+                    "endpoint {}: weight must be at least 1",
+                    e.base_url
+                )));
+            }
+            if !(1..=MAX_CONCURRENCY).contains(&e.max_concurrency) {
+                return Err(HttpError::Config(format!(
+                    "endpoint {}: max_concurrency must be in 1..={MAX_CONCURRENCY}",
+                    e.base_url
+                )));
+            }
+            if e.requests_per_minute == Some(0) || e.tokens_per_minute == Some(0) {
+                return Err(HttpError::Config(format!(
+                    "endpoint {}: a per-minute budget of 0 would send nothing; leave it unset for no budget",
+                    e.base_url
+                )));
+            }
+            let full = format!("{}{}", e.base_url.trim_end_matches('/'), protocol.path());
+            let url = reqwest::Url::parse(&full).map_err(|err| bad(&err.to_string()))?;
+            if !matches!(url.scheme(), "http" | "https") {
+                return Err(bad("the scheme must be http or https"));
+            }
+            if !url.username().is_empty() || url.password().is_some() {
+                return Err(bad(
+                    "credentials in the URL would be printed; use api_key_env",
+                ));
+            }
+            let host = match (url.host_str(), url.port()) {
+                (Some(h), Some(p)) => format!("{h}:{p}"),
+                (Some(h), None) => h.to_owned(),
+                (None, _) => return Err(bad("no host")),
+            };
+            let key = e.api_key_env.as_deref().map(ApiKey::from_env).transpose()?;
+            let headers = protocol.headers(key.as_ref())?;
+            endpoints.push(Endpoint {
+                host,
+                url,
+                headers,
+                key,
+                weight: e.weight,
+                max_concurrency: e.max_concurrency,
+                permits: Semaphore::new(e.max_concurrency),
+                state: Mutex::new(EndpointState {
+                    budget: Budget::new(
+                        e.requests_per_minute,
+                        e.tokens_per_minute,
+                        Duration::from_millis(cfg.retry.max_retry_after_ms),
+                        now,
+                    ),
+                    breaker: Breaker::new(
+                        cfg.breaker.failure_threshold,
+                        Duration::from_millis(cfg.breaker.cooldown_ms),
+                    ),
+                    disabled: None,
+                }),
+                requests: AtomicU64::new(0),
+                failures: AtomicU64::new(0),
+            });
+        }
+        let total: usize = endpoints.iter().map(|e| e.max_concurrency).sum();
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(cfg.connect_timeout_ms.max(1)))
+            .pool_max_idle_per_host(total)
+            .user_agent(concat!("fanfold-http/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| HttpError::Client(e.to_string()))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("fanfold-http")
+            .enable_all()
+            .build()
+            .map_err(|e| HttpError::Runtime(e.to_string()))?;
+        Ok(Transport {
+            protocol,
+            cfg,
+            endpoints,
+            client,
+            runtime,
+            counters: Counters::default(),
+        })
+    }
+
+    /// The first endpoint's `host[:port]`, for the model id.
+    pub(crate) fn primary_host(&self) -> &str {
+        self.endpoints.first().map_or("", |e| e.host.as_str())
+    }
+
+    pub(crate) fn stats(&self) -> HttpStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        HttpStats {
+            requests: get(&c.requests),
+            retries: get(&c.retries),
+            rate_limited: get(&c.rate_limited),
+            succeeded: get(&c.succeeded),
+            failed: get(&c.failed),
+            prompt_tokens: get(&c.prompt_tokens),
+            cached_tokens: get(&c.cached_tokens),
+            completion_tokens: get(&c.completion_tokens),
+            warm_up: *c.warm_up.lock().unwrap_or_else(|e| e.into_inner()),
+            endpoints: self
+                .endpoints
+                .iter()
+                .map(|e| EndpointStats {
+                    host: e.host.clone(),
+                    requests: get(&e.requests),
+                    failures: get(&e.failures),
+                    breaker_opened: e.lock().breaker.opened,
+                })
+                .collect(),
+        }
+    }
+
+    /// Drains the job: the first request alone (warm-up), then up to
+    /// `min(job.slots(), total endpoint concurrency)` workers.
+    ///
+    /// Each worker holds at most one request, and there are no more workers
+    /// than slots, so `job.next()` (which blocks while all slots are held)
+    /// never blocks this thread while another worker's request is in
+    /// flight.
+    pub(crate) fn run(&self, job: &dyn Job) -> Result<(), BackendError> {
+        for e in &self.endpoints {
+            // A key or URL fixed between runs gets another chance. Budgets
+            // and breakers carry over: the provider's window does not
+            // restart with a new job.
+            e.lock().disabled = None;
+        }
+        let capacity: usize = self.endpoints.iter().map(|e| e.max_concurrency).sum();
+        let workers = job.slots().max(1).min(capacity.max(1));
+        self.runtime.block_on(async {
+            if self.cfg.warm_up
+                && let Some(request) = job.next()
+            {
+                let result = if job.is_cancelled() {
+                    Err(CallError::Cancelled)
+                } else {
+                    self.call(job, &request).await
+                };
+                let warm = result.as_ref().ok().map(|c| c.usage);
+                if let Some(u) = warm {
+                    tracing::info!(
+                        prompt_tokens = u.prompt_tokens,
+                        cached_tokens = u.cached_tokens,
+                        "prefix warm-up answered"
+                    );
+                }
+                *self
+                    .counters
+                    .warm_up
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = warm;
+                job.complete(request, result);
+            }
+            futures_util::future::join_all((0..workers).map(|_| self.worker(job))).await;
+        });
+        Ok(())
+    }
+
+    async fn worker(&self, job: &dyn Job) {
+        // Drain until the job has nothing more, even once cancelled: the
+        // engine hands out queued retries after a stop and expects each
+        // back through `complete`.
+        while let Some(request) = job.next() {
+            let result = if job.is_cancelled() {
+                Err(CallError::Cancelled)
+            } else {
+                self.call(job, &request).await
+            };
+            job.complete(request, result);
+        }
+    }
+
+    /// One request, with transport retries, to a result.
+    async fn call(&self, job: &dyn Job, request: &Request) -> Result<Completion, CallError> {
+        let result = self.call_inner(job, request).await;
+        match &result {
+            Ok(c) => {
+                bump(&self.counters.succeeded, 1);
+                bump(&self.counters.prompt_tokens, c.usage.prompt_tokens);
+                bump(&self.counters.cached_tokens, c.usage.cached_tokens);
+                bump(&self.counters.completion_tokens, c.usage.completion_tokens);
+            }
+            Err(e) => {
+                bump(&self.counters.failed, 1);
+                tracing::debug!(unit = %request.unit_id, code = e.code(), error = %e, "request failed");
+            }
+        }
+        result
+    }
+
+    async fn call_inner(&self, job: &dyn Job, request: &Request) -> Result<Completion, CallError> {
+        let body = serde_json::to_vec(&self.protocol.body(job, request))
+            .map_err(|e| CallError::Backend(format!("could not encode the request body: {e}")))?;
+        // The reservation: estimated prompt plus the most it may generate.
+        let cost = approx_tokens(job.prefix())
+            + approx_tokens(&request.suffix)
+            + u64::from(request.max_output_tokens);
+        let retry = &self.cfg.retry;
+        let timeout = Duration::from_millis(self.cfg.request_timeout_ms);
+        let mut attempts: u32 = 0;
+        let mut rate_limited: u32 = 0;
+        let mut last: Option<Fault> = None;
+        let mut last_retry_after: Option<Duration> = None;
+        while attempts <= retry.max_retries {
+            if job.is_cancelled() {
+                return Err(CallError::Cancelled);
+            }
+            let mut lease = match self.acquire(job).await {
+                Acquired::Got(l) => l,
+                Acquired::Cancelled => return Err(CallError::Cancelled),
+                Acquired::Disabled(e) => return Err(e),
+                Acquired::OpenUntil(t) => {
+                    // Waiting out a cool-down uses up an attempt, so a pool
+                    // that stays down fails its requests in bounded time.
+                    attempts += 1;
+                    if attempts > retry.max_retries {
+                        break;
+                    }
+                    if !pause(t.saturating_duration_since(Instant::now()), job).await {
+                        return Err(CallError::Cancelled);
+                    }
+                    continue;
+                }
+            };
+            let endpoint = lease.endpoint;
+            loop {
+                let wait = endpoint.lock().budget.admit(cost, Instant::now());
+                match wait {
+                    Ok(()) => break,
+                    Err(d) => {
+                        if !pause(d, job).await {
+                            return Err(CallError::Cancelled);
+                        }
+                    }
+                }
+            }
+            attempts += 1;
+            if attempts > 1 {
+                bump(&self.counters.retries, 1);
+            }
+            bump(&self.counters.requests, 1);
+            bump(&endpoint.requests, 1);
+            let started = Instant::now();
+            let outcome = match tokio::time::timeout(timeout, self.attempt(endpoint, &body)).await {
+                Ok(o) => o,
+                Err(_) => Err((Fault::Timeout, None)),
+            };
+            // The attempt that answered, from send to parsed body; time
+            // spent waiting for budget or after failed attempts is not the
+            // model's and is left out.
+            let latency_ms = started.elapsed().as_millis() as u64;
+            let (fault, info) = match outcome {
+                Ok((reply, info)) => {
+                    lease.success();
+                    let mut st = endpoint.lock();
+                    st.budget.settle(cost, reply.billed_tokens.unwrap_or(cost));
+                    st.budget.observe(&info, Instant::now());
+                    return Ok(Completion {
+                        text: reply.text,
+                        usage: Usage {
+                            latency_ms,
+                            ..reply.usage
+                        },
+                        choices: None,
+                    });
+                }
+                Err(f) => f,
+            };
+            if fault.is_endpoint_failure() {
+                lease.failure();
+            } else {
+                lease.neutral();
+            }
+            drop(lease);
+            {
+                let mut st = endpoint.lock();
+                let now = Instant::now();
+                if let Some(info) = &info {
+                    st.budget.observe(info, now);
+                }
+                if let Fault::Status {
+                    retry_after: Some(d),
+                    ..
+                } = &fault
+                {
+                    // Everyone sending to this endpoint waits, not only
+                    // this request.
+                    st.budget.hold(*d, now);
+                }
+                if let Fault::Status { .. } = &fault {
+                    // An error status was not billed.
+                    st.budget.settle(cost, 0);
+                }
+            }
+            tracing::debug!(
+                endpoint = %endpoint.host,
+                unit = %request.unit_id,
+                attempt = attempts,
+                fault = ?fault,
+                "attempt failed"
+            );
+            let retry_after = match &fault {
+                Fault::Status { retry_after, .. } => *retry_after,
+                _ => None,
+            };
+            if let Fault::Status { status: 429, .. } = &fault {
+                rate_limited += 1;
+                bump(&self.counters.rate_limited, 1);
+            }
+            last_retry_after = retry_after.or(last_retry_after);
+            if retry_after.is_some_and(|d| d > Duration::from_millis(retry.max_retry_after_ms)) {
+                // Holding a slot that long would stall the run; the engine
+                // records the cause and a later run retries.
+                return Err(self.to_error(&fault, attempts, rate_limited, retry_after));
+            }
+            if fault.disables_endpoint() {
+                let err = self.to_error(&fault, attempts, rate_limited, last_retry_after);
+                tracing::warn!(endpoint = %endpoint.host, error = %err, "endpoint set aside for this run");
+                endpoint.lock().disabled = Some(err);
+                // Another endpoint of the pool may still serve; `acquire`
+                // reports the cause once none is left.
+                last = Some(fault);
+                continue;
+            }
+            if !fault.retryable() {
+                return Err(self.to_error(&fault, attempts, rate_limited, last_retry_after));
+            }
+            last = Some(fault);
+            if attempts > retry.max_retries {
+                break;
+            }
+            let delay = self.backoff(attempts).max(retry_after.unwrap_or_default());
+            if !pause(delay, job).await {
+                return Err(CallError::Cancelled);
+            }
+        }
+        Err(match &last {
+            Some(f) => self.to_error(f, attempts, rate_limited, last_retry_after),
+            None => CallError::CircuitOpen(format!(
+                "{} endpoint(s) stayed open through {attempts} attempts",
+                self.endpoints.len()
+            )),
+        })
+    }
+
+    /// Full jitter: uniform in `[0, min(max, base * 2^(n-1))]`.
+    fn backoff(&self, attempts_done: u32) -> Duration {
+        let r = &self.cfg.retry;
+        let exp = attempts_done.saturating_sub(1).min(30);
+        let ceiling = r
+            .backoff_base_ms
+            .saturating_mul(1u64 << exp)
+            .min(r.backoff_max_ms);
+        Duration::from_millis(fastrand::u64(0..=ceiling))
+    }
+
+    fn to_error(
+        &self,
+        fault: &Fault,
+        attempts: u32,
+        rate_limited: u32,
+        retry_after: Option<Duration>,
+    ) -> CallError {
+        match fault {
+            Fault::Status { status: 429, .. } => CallError::RateLimited {
+                attempts: attempts.max(rate_limited),
+                retry_after_ms: retry_after.map(|d| d.as_millis() as u64),
+            },
+            Fault::Status {
+                status, excerpt, ..
+            } => CallError::Http {
+                status: *status,
+                body_excerpt: excerpt.clone(),
+            },
+            Fault::Timeout => CallError::Timeout {
+                ms: self.cfg.request_timeout_ms,
+            },
+            Fault::Connection(m) => CallError::Connection(m.clone()),
+            Fault::Truncated(m) => CallError::Truncated(m.clone()),
+            Fault::Invalid(m) => CallError::InvalidResponse(m.clone()),
+        }
+    }
+
+    /// Picks an endpoint: weighted among those whose breaker admits
+    /// traffic, preferring those with a free connection slot, then waits
+    /// for a slot there.
+    async fn acquire<'a>(&'a self, job: &dyn Job) -> Acquired<'a> {
+        loop {
+            if job.is_cancelled() {
+                return Acquired::Cancelled;
+            }
+            let now = Instant::now();
+            let mut open: Vec<&Endpoint> = Vec::new();
+            let mut earliest: Option<Instant> = None;
+            let mut probing = false;
+            let mut disabled: Option<CallError> = None;
+            for e in &self.endpoints {
+                let st = e.lock();
+                if let Some(err) = &st.disabled {
+                    disabled.get_or_insert_with(|| err.clone());
+                    continue;
+                }
+                match st.breaker.peek(now) {
+                    Gate::Pass => open.push(e),
+                    Gate::OpenUntil(t) => earliest = Some(earliest.map_or(t, |x| x.min(t))),
+                    Gate::ProbeInFlight => probing = true,
+                }
+            }
+            if open.is_empty() {
+                if probing {
+                    // A probe is testing an endpoint; its answer comes
+                    // within one request timeout.
+                    if !pause(POLL, job).await {
+                        return Acquired::Cancelled;
+                    }
+                    continue;
+                }
+                if let Some(t) = earliest {
+                    return Acquired::OpenUntil(t);
+                }
+                return Acquired::Disabled(disabled.unwrap_or_else(|| {
+                    CallError::CircuitOpen("no endpoint is configured".into())
+                }));
+            }
+            let free: Vec<&Endpoint> = open
+                .iter()
+                .copied()
+                .filter(|e| e.permits.available_permits() > 0)
+                .collect();
+            let choices = if free.is_empty() { &open } else { &free };
+            let Some(endpoint) = weighted(choices) else {
+                continue;
+            };
+            let Ok(permit) = endpoint.permits.acquire().await else {
+                return Acquired::Disabled(CallError::Backend("endpoint slots were closed".into()));
+            };
+            let Some(probe) = endpoint.lock().breaker.enter(Instant::now()) else {
+                // The breaker opened, or another request took the probe,
+                // while this one waited for a slot.
+                continue;
+            };
+            return Acquired::Got(Lease {
+                endpoint,
+                probe,
+                reported: false,
+                _permit: permit,
+            });
+        }
+    }
+
+    /// One HTTP exchange.
+    async fn attempt(
+        &self,
+        endpoint: &Endpoint,
+        body: &[u8],
+    ) -> Result<(Reply, RateInfo), (Fault, Option<RateInfo>)> {
+        let key = endpoint.key.as_ref();
+        let response = self
+            .client
+            .post(endpoint.url.clone())
+            .headers(endpoint.headers.clone())
+            .body(body.to_vec())
+            .send()
+            .await
+            .map_err(|e| (classify(&e).scrubbed(key), None))?;
+        let info = RateInfo::from_headers(response.headers());
+        let status = response.status();
+        if !status.is_success() {
+            // The body only explains the status; if it cannot be read the
+            // status still says enough.
+            let text = match response.bytes().await {
+                Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+                Err(_) => String::new(),
+            };
+            let fault = Fault::Status {
+                status: status.as_u16(),
+                excerpt: excerpt(&text),
+                retry_after: info.retry_after,
+            };
+            return Err((fault.scrubbed(key), Some(info)));
+        }
+        match self.protocol.read(response).await {
+            Ok(reply) => Ok((reply, info)),
+            Err(f) => Err((f.scrubbed(key), Some(info))),
+        }
+    }
+}
+
+/// A weighted random pick; `None` only for no choices.
+fn weighted<'a>(choices: &[&'a Endpoint]) -> Option<&'a Endpoint> {
+    let total: u64 = choices.iter().map(|e| u64::from(e.weight)).sum();
+    let mut pick = fastrand::u64(0..total.max(1));
+    for e in choices {
+        let w = u64::from(e.weight);
+        if pick < w {
+            return Some(e);
+        }
+        pick -= w;
+    }
+    choices.last().copied()
+}

@@ -1,0 +1,497 @@
+//! An in-process provider for the backend tests: an axum server on
+//! 127.0.0.1:0 that speaks just enough of both APIs and injects faults per
+//! unit, plus a raw TCP server that drops every connection unanswered.
+
+#![allow(dead_code)]
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use fanfold_model::{CallError, Completion, Job, Request};
+use serde_json::{Value, json};
+
+/// What the server does with one request.
+#[derive(Clone, Debug)]
+pub enum Action {
+    Ok,
+    /// A success with extra response headers.
+    OkWithHeaders(Vec<(&'static str, String)>),
+    Status(u16, Option<&'static str>),
+    /// Answers after this long.
+    Slow(u64),
+    /// Declares a longer body than it sends, then closes.
+    Truncate,
+    /// Starts a chunked body, then aborts the connection.
+    Abort,
+    /// A whole 200 body that is not JSON.
+    Garbage,
+    /// 401 whose body echoes the credentials it was sent, as some
+    /// providers do.
+    EchoAuth401,
+}
+
+#[derive(Clone, Debug)]
+pub struct Hit {
+    pub unit: String,
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Value,
+    pub at: Instant,
+    pub start_seq: u64,
+}
+
+#[derive(Default)]
+pub struct MockState {
+    plans: Mutex<HashMap<String, VecDeque<Action>>>,
+    /// For units without a plan.
+    default: Mutex<Option<Action>>,
+    pub hits: Mutex<Vec<Hit>>,
+    /// Sequence numbers at which each hit's handler finished, by hit index.
+    pub ends: Mutex<HashMap<usize, u64>>,
+    seq: AtomicU64,
+    in_flight: AtomicUsize,
+    pub max_in_flight: AtomicUsize,
+    served_prefix: AtomicBool,
+    /// Handler delay for successes, to make overlap likely.
+    pub delay_ms: AtomicU64,
+}
+
+pub struct Mock {
+    pub addr: SocketAddr,
+    pub state: Arc<MockState>,
+    runtime: tokio::runtime::Runtime,
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("mock runtime")
+}
+
+impl Mock {
+    pub fn start() -> Mock {
+        let state = Arc::new(MockState::default());
+        let rt = runtime();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let app = Router::new().fallback(handle).with_state(state.clone());
+        rt.spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Mock {
+            addr,
+            state,
+            runtime: rt,
+        }
+    }
+
+    /// The OpenAI-style base URL (with `/v1`).
+    pub fn openai_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub fn anthropic_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Actions for successive requests of `unit`; after they run out, or
+    /// for units without a plan, the last action repeats.
+    pub fn plan(&self, unit: &str, actions: Vec<Action>) {
+        self.state
+            .plans
+            .lock()
+            .expect("plans")
+            .insert(unit.to_owned(), actions.into());
+    }
+
+    /// What units without a plan get (a success unless set).
+    pub fn set_default(&self, action: Action) {
+        *self.state.default.lock().expect("default") = Some(action);
+    }
+
+    pub fn hits(&self) -> Vec<Hit> {
+        self.state.hits.lock().expect("hits").clone()
+    }
+
+    pub fn hits_for(&self, unit: &str) -> usize {
+        self.hits().iter().filter(|h| h.unit == unit).count()
+    }
+
+    pub fn max_in_flight(&self) -> usize {
+        self.state.max_in_flight.load(Ordering::SeqCst)
+    }
+}
+
+fn unit_of(body: &Value) -> String {
+    body.get("messages")
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
+        .and_then(|m| m.get("content"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned()
+}
+
+struct InFlight<'a>(&'a MockState, usize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let seq = self.0.seq.fetch_add(1, Ordering::SeqCst);
+        self.0.ends.lock().expect("ends").insert(self.1, seq);
+    }
+}
+
+async fn handle(
+    State(st): State<Arc<MockState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let unit = unit_of(&body);
+    let now = st.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    st.max_in_flight.fetch_max(now, Ordering::SeqCst);
+    let start_seq = st.seq.fetch_add(1, Ordering::SeqCst);
+    let index = {
+        let mut hits = st.hits.lock().expect("hits");
+        hits.push(Hit {
+            unit: unit.clone(),
+            path: uri.path().to_owned(),
+            headers: headers.clone(),
+            body: body.clone(),
+            at: Instant::now(),
+            start_seq,
+        });
+        hits.len() - 1
+    };
+    let _guard = InFlight(&st, index);
+    let action = {
+        let mut plans = st.plans.lock().expect("plans");
+        match plans.get_mut(&unit) {
+            Some(q) if q.len() > 1 => q.pop_front().unwrap_or(Action::Ok),
+            Some(q) => q.front().cloned().unwrap_or(Action::Ok),
+            None => st
+                .default
+                .lock()
+                .expect("default")
+                .clone()
+                .unwrap_or(Action::Ok),
+        }
+    };
+    let anthropic = uri.path().ends_with("/messages");
+    match action {
+        Action::Ok => success(&st, &body, &unit, anthropic, Vec::new()).await,
+        Action::OkWithHeaders(h) => success(&st, &body, &unit, anthropic, h).await,
+        Action::Slow(ms) => {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            success(&st, &body, &unit, anthropic, Vec::new()).await
+        }
+        Action::Status(code, retry_after) => {
+            let mut r = (
+                StatusCode::from_u16(code).expect("status"),
+                json!({"error": {"message": format!("injected {code}"), "type": "injected"}})
+                    .to_string(),
+            )
+                .into_response();
+            if let Some(ra) = retry_after {
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, ra.parse().expect("header"));
+            }
+            r
+        }
+        Action::Truncate => Response::builder()
+            .status(200)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_LENGTH, "1000")
+            .body(cut_body(false))
+            .expect("response"),
+        Action::Abort => Response::builder()
+            .status(200)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(cut_body(true))
+            .expect("response"),
+        Action::Garbage => (StatusCode::OK, "<html>gateway says hello</html>").into_response(),
+        Action::EchoAuth401 => {
+            let sent = headers
+                .get(header::AUTHORIZATION)
+                .or_else(|| headers.get("x-api-key"))
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned();
+            (
+                StatusCode::UNAUTHORIZED,
+                json!({"error": {"message": format!("Incorrect API key provided: {sent}")}})
+                    .to_string(),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// A body that sends its start, pauses so the headers and that start
+/// reach the client, then ends early (or fails, aborting the connection).
+fn cut_body(fail: bool) -> Body {
+    let stream = futures_util::stream::unfold(0u8, move |step| async move {
+        match step {
+            0 => Some((
+                Ok::<_, std::io::Error>(Bytes::from_static(b"{\"choices\": [{\"mess")),
+                1,
+            )),
+            1 => {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                fail.then(|| (Err(std::io::Error::other("injected abort")), 2))
+            }
+            _ => None,
+        }
+    });
+    Body::from_stream(stream)
+}
+
+async fn success(
+    st: &MockState,
+    body: &Value,
+    unit: &str,
+    anthropic: bool,
+    extra: Vec<(&'static str, String)>,
+) -> Response {
+    let delay = st.delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    // The first answer evaluates the whole prompt; later ones find the
+    // shared prefix in the cache.
+    let cached = if st.served_prefix.swap(true, Ordering::SeqCst) {
+        64
+    } else {
+        0
+    };
+    let answer = json!({"unit": unit});
+    let mut response = if anthropic {
+        let v = json!({
+            "id": "msg_1", "type": "message", "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Recording."},
+                {"type": "tool_use", "id": "toolu_1", "name": "emit", "input": answer}
+            ],
+            "stop_reason": "tool_use",
+            "usage": {"input_tokens": 36, "cache_creation_input_tokens": 64 - cached,
+                      "cache_read_input_tokens": cached, "output_tokens": 5}
+        });
+        (StatusCode::OK, v.to_string()).into_response()
+    } else if body.get("stream").and_then(Value::as_bool) == Some(true) {
+        let text = answer.to_string();
+        let (a, b) = text.split_at(text.len() / 2);
+        let mut sse = String::new();
+        sse.push_str(": keep-alive\n\n");
+        for part in ["", a, b] {
+            sse.push_str(&format!(
+                "data: {}\n\n",
+                json!({"choices": [{"index": 0, "delta": {"content": part}}]})
+            ));
+        }
+        sse.push_str(&format!(
+            "data: {}\n\ndata: [DONE]\n\n",
+            json!({"choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": 5,
+                   "prompt_tokens_details": {"cached_tokens": cached}}})
+        ));
+        Response::builder()
+            .header(header::CONTENT_TYPE, "text/event-stream")
+            .body(Body::from(sse))
+            .expect("response")
+    } else {
+        let v = json!({
+            "id": "chatcmpl-1", "object": "chat.completion",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": answer.to_string()}}],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 5,
+                      "prompt_tokens_details": {"cached_tokens": cached}}
+        });
+        (StatusCode::OK, v.to_string()).into_response()
+    };
+    for (k, v) in extra {
+        response
+            .headers_mut()
+            .insert(k, v.parse().expect("header value"));
+    }
+    response
+}
+
+/// A server that reads each request and closes the connection without a
+/// word.
+pub struct DropServer {
+    pub addr: SocketAddr,
+    pub hits: Arc<AtomicUsize>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl DropServer {
+    pub fn start() -> DropServer {
+        let rt = runtime();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counter = hits.clone();
+        rt.spawn(async move {
+            use tokio::io::AsyncReadExt;
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 65536];
+                    let mut seen = Vec::new();
+                    // Read up to the end of the headers, count, close.
+                    while let Ok(n) = socket.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        seen.extend_from_slice(&buf[..n]);
+                        if seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                            counter.fetch_add(1, Ordering::SeqCst);
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        DropServer {
+            addr,
+            hits,
+            runtime: rt,
+        }
+    }
+}
+
+/// The engine's side, reduced: a queue, the results, and checks that the
+/// backend honours the contract.
+pub struct TestJob {
+    pub prefix: String,
+    pub slots: usize,
+    pub schema: Option<Value>,
+    queue: Mutex<VecDeque<Request>>,
+    pub results: Mutex<Vec<(Request, Result<Completion, CallError>)>>,
+    handed: AtomicUsize,
+    in_flight: AtomicUsize,
+    pub max_in_flight: AtomicUsize,
+    pub cancelled: AtomicBool,
+    /// Cancel once this many results are back.
+    pub cancel_after: Option<usize>,
+}
+
+pub fn job_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"unit": {"type": "string"}},
+        "required": ["unit"],
+        "additionalProperties": false
+    })
+}
+
+impl TestJob {
+    pub fn new(units: &[&str], slots: usize) -> TestJob {
+        let queue = units
+            .iter()
+            .enumerate()
+            .map(|(i, u)| Request {
+                index: i,
+                unit_id: (*u).to_owned(),
+                suffix: (*u).to_owned(),
+                input: json!({"id": u}),
+                attempt: 1,
+                max_output_tokens: 64,
+                schema: Some(json!({
+                    "type": "object",
+                    "properties": {"unit": {"const": u}},
+                    "required": ["unit"]
+                })),
+            })
+            .collect();
+        TestJob {
+            prefix: "You are a careful reader. Answer with JSON.\nRubric: report the unit id."
+                .into(),
+            slots,
+            schema: Some(job_schema()),
+            queue: Mutex::new(queue),
+            results: Mutex::new(Vec::new()),
+            handed: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            cancelled: AtomicBool::new(false),
+            cancel_after: None,
+        }
+    }
+
+    pub fn numbered(n: usize, slots: usize) -> TestJob {
+        let names: Vec<String> = (0..n).map(|i| format!("u{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        TestJob::new(&refs, slots)
+    }
+
+    /// Every handed-out request came back exactly once; returns results by
+    /// unit id.
+    pub fn outcomes(&self) -> HashMap<String, Result<Completion, CallError>> {
+        let results = self.results.lock().expect("results");
+        assert_eq!(
+            results.len(),
+            self.handed.load(Ordering::SeqCst),
+            "every request handed out is completed exactly once"
+        );
+        assert!(
+            self.queue.lock().expect("queue").is_empty(),
+            "queue drained"
+        );
+        let mut out = HashMap::new();
+        for (req, res) in results.iter() {
+            assert!(
+                out.insert(req.unit_id.clone(), res.clone()).is_none(),
+                "unit {} completed twice",
+                req.unit_id
+            );
+        }
+        assert!(self.max_in_flight.load(Ordering::SeqCst) <= self.slots);
+        out
+    }
+}
+
+impl Job for TestJob {
+    fn prefix(&self) -> &str {
+        &self.prefix
+    }
+    fn slots(&self) -> usize {
+        self.slots
+    }
+    fn next(&self) -> Option<Request> {
+        let r = self.queue.lock().expect("queue").pop_front()?;
+        self.handed.fetch_add(1, Ordering::SeqCst);
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        Some(r)
+    }
+    fn complete(&self, request: Request, result: Result<Completion, CallError>) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let mut results = self.results.lock().expect("results");
+        results.push((request, result));
+        if self.cancel_after.is_some_and(|n| results.len() >= n) {
+            self.cancelled.store(true, Ordering::SeqCst);
+        }
+    }
+    fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+    fn output_schema(&self) -> Option<&Value> {
+        self.schema.as_ref()
+    }
+}
