@@ -22,6 +22,9 @@ use fanfold_ops::prefilter::fast::RecordPrefilter;
 use fanfold_ops::prefilter::{Outcome, Prefilter};
 use serde::{Deserialize, Serialize};
 
+#[path = "bench_http.rs"]
+mod bench_http;
+
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// Partition + prefilter throughput and peak memory on a large JSONL
@@ -31,6 +34,21 @@ pub enum BenchCommand {
     /// vs naive vs one slot, prefix and slot sweeps, and the llama.cpp
     /// throughput limit, side by side in one run.
     Fabric(FabricCliArgs),
+    /// The example's embed stage against the fixture's oracle: encoder
+    /// throughput and where the threshold falls among each kind of issue.
+    Embed(EmbedCliArgs),
+    /// The HTTP backend's scheduler against an in-process mock endpoint
+    /// with a fixed latency: wall time against the ideal schedule.
+    Http(bench_http::HttpArgs),
+}
+
+#[derive(Args)]
+pub struct EmbedCliArgs {
+    /// The issue-triage example folder.
+    #[arg(long, default_value = "examples/issue-triage")]
+    example: PathBuf,
+    #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
+    report: PathBuf,
 }
 
 #[derive(Args)]
@@ -116,6 +134,17 @@ pub fn main(cmd: BenchCommand) -> Result<ExitCode> {
                 report: a.report,
                 plot_dir: a.plots,
             })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Embed(a) => {
+            crate::bench_embed::main(crate::bench_embed::EmbedArgs {
+                example: a.example,
+                report: a.report,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Http(a) => {
+            bench_http::main(&a)?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -958,7 +987,7 @@ fn kernel() -> String {
 }
 
 /// `YYYY-MM-DD` of a moment, in UTC.
-fn utc_date(t: SystemTime) -> String {
+pub(crate) fn utc_date(t: SystemTime) -> String {
     let secs = t
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)

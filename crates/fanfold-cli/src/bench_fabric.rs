@@ -191,7 +191,7 @@ fn run_config(
 
 /// Replaces the text between `<!-- bench:NAME:start -->` and its end marker
 /// in the report, or appends the section when absent.
-fn write_marked_section(report: &Path, name: &str, body: &str) -> Result<()> {
+pub(crate) fn write_marked_section(report: &Path, name: &str, body: &str) -> Result<()> {
     let start = format!("<!-- bench:{name}:start -->");
     let end = format!("<!-- bench:{name}:end -->");
     let old = std::fs::read_to_string(report).unwrap_or_else(|_| "# Benchmarks\n".to_owned());

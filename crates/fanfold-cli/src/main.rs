@@ -1,6 +1,7 @@
 //! The `fanfold` command: glue between the user and the engine.
 
 mod bench;
+mod bench_embed;
 mod bench_fabric;
 mod progress;
 mod selfcheck;

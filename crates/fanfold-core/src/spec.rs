@@ -324,6 +324,12 @@ pub struct HttpBackendSpec {
     /// engine's validation and retries, for servers without it.
     #[serde(default)]
     pub output: HttpOutput,
+    /// Send each unit's narrowed schema (evidence quotes limited to the
+    /// unit's own sentences) instead of the stage's. Worth it on local
+    /// servers, which build a grammar per request anyway; hosted providers
+    /// compile and cache each distinct schema, so the stage's is the default.
+    #[serde(default)]
+    pub per_unit_schema: bool,
     /// Stream the answer (server-sent events).
     #[serde(default)]
     pub stream: bool,
@@ -356,6 +362,9 @@ fn default_weight() -> u32 {
 pub enum HttpOutput {
     #[default]
     JsonSchema,
+    /// `response_format` `json_object` with a `schema`: llama-cpp-python's
+    /// server.
+    JsonObject,
     Prompt,
 }
 

@@ -58,6 +58,7 @@ pub fn build(spec: &BackendSpec, spec_dir: &Path) -> Result<Box<dyn ModelBackend
             let mut cfg = OpenAiConfig::new(h.model.clone(), Vec::new());
             cfg.transport = transport(h)?;
             cfg.output = output_mode(h.output);
+            cfg.per_request_schema = h.per_unit_schema;
             cfg.stream = h.stream;
             let prices = prices(h, spec_dir)?;
             Ok(Box::new(Priced {
@@ -83,6 +84,7 @@ pub fn build(spec: &BackendSpec, spec_dir: &Path) -> Result<Box<dyn ModelBackend
 fn output_mode(o: HttpOutput) -> OutputMode {
     match o {
         HttpOutput::JsonSchema => OutputMode::JsonSchema,
+        HttpOutput::JsonObject => OutputMode::JsonObject,
         HttpOutput::Prompt => OutputMode::Prompt,
     }
 }

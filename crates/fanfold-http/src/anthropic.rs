@@ -127,7 +127,8 @@ impl Protocol for AnthropicProtocol {
         // The job's schema, not the request's: tools come before the system
         // block in the cached prefix, so they must not vary per request.
         let schema = job.output_schema().or(request.schema.as_ref());
-        if c.output == OutputMode::JsonSchema
+        // Anthropic has no JSON mode: any constrained mode is the tool.
+        if c.output != OutputMode::Prompt
             && let Some(schema) = schema
         {
             body["tools"] = json!([{
@@ -193,7 +194,7 @@ fn parse_message(v: &Value, mode: OutputMode) -> Result<Reply, Fault> {
     });
     let text = match (mode, tool_input) {
         (_, Some(input)) => input.to_string(),
-        (OutputMode::JsonSchema, None) => {
+        (OutputMode::JsonSchema | OutputMode::JsonObject, None) => {
             return Err(Fault::Invalid(format!(
                 "no {TOOL} tool_use block in the answer (stop_reason {})",
                 v.get("stop_reason").unwrap_or(&Value::Null)

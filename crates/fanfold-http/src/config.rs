@@ -143,6 +143,9 @@ pub enum OutputMode {
     /// Anthropic.
     #[default]
     JsonSchema,
+    /// `response_format: {"type": "json_object", "schema": ...}`, the form
+    /// llama-cpp-python's server accepts (it refuses `json_schema`).
+    JsonObject,
     /// The schema is only in the prompt; the engine validates the output.
     Prompt,
 }

@@ -126,17 +126,21 @@ impl Protocol for OpenAiProtocol {
         if let Some(s) = c.seed {
             body["seed"] = json!(s);
         }
-        if c.output == OutputMode::JsonSchema {
+        if c.output != OutputMode::Prompt {
             let schema = if c.per_request_schema {
                 request.schema.as_ref().or(job.output_schema())
             } else {
                 job.output_schema().or(request.schema.as_ref())
             };
             if let Some(schema) = schema {
-                body["response_format"] = json!({
-                    "type": "json_schema",
-                    "json_schema": {"name": SCHEMA_NAME, "schema": schema, "strict": c.strict},
-                });
+                body["response_format"] = if c.output == OutputMode::JsonObject {
+                    json!({"type": "json_object", "schema": schema})
+                } else {
+                    json!({
+                        "type": "json_schema",
+                        "json_schema": {"name": SCHEMA_NAME, "schema": schema, "strict": c.strict},
+                    })
+                };
             }
         }
         if c.stream {
