@@ -22,9 +22,6 @@ use fanfold_ops::prefilter::fast::RecordPrefilter;
 use fanfold_ops::prefilter::{Outcome, Prefilter};
 use serde::{Deserialize, Serialize};
 
-#[path = "bench_http.rs"]
-mod bench_http;
-
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// Partition + prefilter throughput and peak memory on a large JSONL
@@ -39,7 +36,7 @@ pub enum BenchCommand {
     Embed(EmbedCliArgs),
     /// The HTTP backend's scheduler against an in-process mock endpoint
     /// with a fixed latency: wall time against the ideal schedule.
-    Http(bench_http::HttpArgs),
+    Http(crate::bench_http::HttpArgs),
 }
 
 #[derive(Args)]
@@ -144,7 +141,7 @@ pub fn main(cmd: BenchCommand) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         BenchCommand::Http(a) => {
-            bench_http::main(&a)?;
+            crate::bench_http::main(&a)?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -948,7 +945,45 @@ fn splice(old: Option<&str>, section: &str) -> Result<String> {
     }
 }
 
-fn cpu_model() -> String {
+/// Replaces the text between `<!-- bench:NAME:start -->` and its end marker
+/// in the report, or appends the section when both are absent; other
+/// sections are left as they are.
+pub(crate) fn write_marked_section(report: &Path, name: &str, body: &str) -> Result<()> {
+    let old = match std::fs::read_to_string(report) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "# Benchmarks\n".to_owned(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", report.display())),
+    };
+    let new = splice_marked(&old, name, body)?;
+    if let Some(dir) = report.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(report, new).with_context(|| format!("writing {}", report.display()))
+}
+
+pub(crate) fn splice_marked(old: &str, name: &str, body: &str) -> Result<String> {
+    let start = format!("<!-- bench:{name}:start -->");
+    let end = format!("<!-- bench:{name}:end -->");
+    let section = format!("{start}\n{body}{end}");
+    match (old.find(&start), old.find(&end)) {
+        (Some(a), Some(b)) if a < b => {
+            Ok(format!("{}{section}{}", &old[..a], &old[b + end.len()..]))
+        }
+        (None, None) => {
+            let sep = if old.is_empty() || old.ends_with("\n\n") {
+                ""
+            } else if old.ends_with('\n') {
+                "\n"
+            } else {
+                "\n\n"
+            };
+            Ok(format!("{old}{sep}{section}\n"))
+        }
+        _ => bail!("the report's `{start}` / `{end}` markers are unbalanced; fix them by hand"),
+    }
+}
+
+pub(crate) fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|t| {
@@ -960,10 +995,12 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown CPU".to_owned())
 }
 
-fn load_average() -> String {
+/// The 1-, 5- and 15-minute load averages, as `/proc/loadavg` gives them.
+pub(crate) fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
-        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+        .map(|t| t.split_whitespace().take(3).collect::<Vec<_>>().join(" / "))
+        .filter(|t| !t.is_empty())
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
@@ -980,7 +1017,7 @@ fn nice() -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
-fn kernel() -> String {
+pub(crate) fn kernel() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_owned())
         .unwrap_or_else(|_| "(unknown kernel)".to_owned())

@@ -12,8 +12,7 @@ use anyhow::{Context, Result, anyhow};
 use fanfold_embed::{Embedder, EmbedderFiles};
 use fanfold_engine::Plan;
 use fanfold_engine::models::{MINILM_L6_V2, cache_dir, ensure_all};
-use fanfold_engine::run::{Projector, prefilter_units};
-use fanfold_ops::partition::{PartitionOptions, partition_all};
+use fanfold_engine::run::Projector;
 use serde_json::Value;
 
 pub struct EmbedArgs {
@@ -56,16 +55,7 @@ pub fn main(args: EmbedArgs) -> Result<()> {
         .embeds
         .first()
         .ok_or_else(|| anyhow!("the example has no embed stage"))?;
-    let source = plan
-        .default_source()
-        .ok_or_else(|| anyhow!("the example names no input"))?;
-    let bytes = source.read()?;
-    let (units, _, _) = partition_all(
-        &plan.spec.input.partition,
-        &bytes,
-        PartitionOptions::default(),
-    )?;
-    let routed = prefilter_units(&plan, &units)?;
+    let (units, routed) = crate::bench_fabric::example_units(&plan)?;
     let kept = routed.routed.get(stage.name()).cloned().unwrap_or_default();
     let projector = Projector::compile(stage.name(), stage.spec.project.as_deref())?;
     let mut texts = Vec::with_capacity(kept.len());
@@ -175,7 +165,7 @@ pub fn main(args: EmbedArgs) -> Result<()> {
     }
     let _ = writeln!(body);
     eprint!("{body}");
-    crate::bench_fabric::write_marked_section(&args.report, "embed", &body)?;
+    crate::bench::write_marked_section(&args.report, "embed", &body)?;
     eprintln!("wrote {}", args.report.display());
     Ok(())
 }

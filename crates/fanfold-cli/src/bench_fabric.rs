@@ -11,11 +11,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow};
 use fanfold_engine::Plan;
-use fanfold_engine::run::{Projector, prefilter_units};
+use fanfold_engine::run::{Prefiltered, Projector, prefilter_units};
 use fanfold_llama::{EmbeddedModel, LlamaConfig};
 use fanfold_model::{CallError, Completion, Job, Request};
 use fanfold_ops::map::MapStage;
-use fanfold_ops::partition::{PartitionOptions, partition_all};
+use fanfold_ops::partition::{PartUnit, PartitionOptions, partition_all};
 use serde_json::Value;
 
 pub struct FabricArgs {
@@ -80,10 +80,9 @@ impl Job for BenchJob {
     }
 }
 
-/// The units the example's prefilter keeps, as requests for `stage`. An
-/// embed stage in front is skipped: the bench measures the model, and
-/// needs more units than the embed filter would leave.
-fn requests(plan: &Plan, stage: &MapStage, n: usize) -> Result<Vec<Request>> {
+/// The example's units and what its prefilter did with them: the same
+/// partition and routing a run uses.
+pub(crate) fn example_units(plan: &Plan) -> Result<(Vec<PartUnit>, Prefiltered)> {
     let source = plan
         .default_source()
         .ok_or_else(|| anyhow!("the example names no input"))?;
@@ -93,8 +92,15 @@ fn requests(plan: &Plan, stage: &MapStage, n: usize) -> Result<Vec<Request>> {
         &bytes,
         PartitionOptions::default(),
     )?;
-    // The same routing and projection a run uses.
     let routed = prefilter_units(plan, &units)?;
+    Ok((units, routed))
+}
+
+/// The units the example's prefilter keeps, as requests for `stage`. An
+/// embed stage in front is skipped: the bench measures the model, and
+/// needs more units than the embed filter would leave.
+fn requests(plan: &Plan, stage: &MapStage, n: usize) -> Result<Vec<Request>> {
+    let (units, routed) = example_units(plan)?;
     let projector = Projector::compile(stage.name(), stage.spec.project.as_deref())?;
     let mut out = Vec::new();
     for &i in routed
@@ -187,23 +193,6 @@ fn run_config(
         m.wall_s, m.prompt_evaluated, m.prompt_reused, m.generated
     );
     Ok(m)
-}
-
-/// Replaces the text between `<!-- bench:NAME:start -->` and its end marker
-/// in the report, or appends the section when absent.
-pub(crate) fn write_marked_section(report: &Path, name: &str, body: &str) -> Result<()> {
-    let start = format!("<!-- bench:{name}:start -->");
-    let end = format!("<!-- bench:{name}:end -->");
-    let old = std::fs::read_to_string(report).unwrap_or_else(|_| "# Benchmarks\n".to_owned());
-    let section = format!("{start}\n{body}{end}");
-    let new = match (old.find(&start), old.find(&end)) {
-        (Some(a), Some(b)) if b > a => format!("{}{section}{}", &old[..a], &old[b + end.len()..]),
-        _ => format!("{}\n{section}\n", old.trim_end()),
-    };
-    if let Some(dir) = report.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    std::fs::write(report, new).with_context(|| format!("writing {}", report.display()))
 }
 
 /// A line chart as SVG, written by hand to keep the build small.
@@ -480,7 +469,7 @@ pub fn main(args: FabricArgs) -> Result<()> {
             .map(|m| m.errors)
             .sum::<usize>();
     let _ = writeln!(md, "\nBackend errors across all configurations: {errors}.");
-    write_marked_section(&args.report, "fabric", &md)?;
+    crate::bench::write_marked_section(&args.report, "fabric", &md)?;
     eprintln!(
         "wrote {} and {}",
         args.report.display(),

@@ -12,14 +12,13 @@
 //! request, split by thread between fanfold and the mock server.
 
 use std::collections::{HashMap, VecDeque};
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, anyhow, ensure};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -74,7 +73,7 @@ pub fn main(args: &HttpArgs) -> Result<()> {
     );
     ensure!(args.latency_ms >= 1, "--latency-ms must be at least 1");
     let latency = Duration::from_millis(args.latency_ms);
-    let load = load_average();
+    let load = crate::bench::load_average();
     let configs = [
         (args.requests, args.concurrency),
         (SMALL_REQUESTS, SMALL_CONCURRENCY),
@@ -100,7 +99,7 @@ pub fn main(args: &HttpArgs) -> Result<()> {
         results.push(m);
     }
     let section = render(args.latency_ms, &load, &results);
-    write_section(&args.report, &section)?;
+    crate::bench::write_marked_section(&args.report, NAME, &section)?;
     eprintln!("wrote {}", args.report.display());
     Ok(())
 }
@@ -619,15 +618,15 @@ fn render(latency_ms: u64, load: &str, results: &[Measured]) -> String {
     line(String::new());
     line(format!(
         "Measured on {} ({} cores), Linux {}, {} build, {}; load average {load} when the bench started. The mock server shares the process and the cores with fanfold.",
-        cpu_model(),
+        crate::bench::cpu_model(),
         cores(),
-        kernel(),
+        crate::bench::kernel(),
         if cfg!(debug_assertions) {
             "debug"
         } else {
             "release"
         },
-        utc_date(SystemTime::now()),
+        crate::bench::utc_date(SystemTime::now()),
     ));
     line(String::new());
     let header: Vec<String> = results
@@ -730,95 +729,6 @@ fn render(latency_ms: u64, load: &str, results: &[Measured]) -> String {
     s
 }
 
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_owned())
-        })
-        .unwrap_or_else(|| "an unknown CPU".to_owned())
-}
-
-/// The 1-, 5- and 15-minute load averages, as `/proc/loadavg` gives them.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .map(|t| t.split_whitespace().take(3).collect::<Vec<_>>().join(" / "))
-        .filter(|t| !t.is_empty())
-        .unwrap_or_else(|| "(unknown)".to_owned())
-}
-
-fn kernel() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "(unknown kernel)".to_owned())
-}
-
-/// `YYYY-MM-DD` of a moment, in UTC.
-fn utc_date(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_secs();
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-    format!("{y:04}-{m:02}-{d:02}")
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian date (H. Hinnant).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
-/// Replaces the text between this bench's markers, or appends the section
-/// when the markers are absent; other sections are left as they are.
-fn write_section(report: &Path, body: &str) -> Result<()> {
-    let old = match std::fs::read_to_string(report) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "# Benchmarks\n".to_owned(),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", report.display())),
-    };
-    let new = splice(&old, body)?;
-    if let Some(dir) = report.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    std::fs::write(report, new).with_context(|| format!("writing {}", report.display()))
-}
-
-fn splice(old: &str, body: &str) -> Result<String> {
-    let start = format!("<!-- bench:{NAME}:start -->");
-    let end = format!("<!-- bench:{NAME}:end -->");
-    let mut section = String::new();
-    let _ = write!(section, "{start}\n{body}{end}");
-    match (old.find(&start), old.find(&end)) {
-        (Some(a), Some(b)) if a < b => {
-            Ok(format!("{}{section}{}", &old[..a], &old[b + end.len()..]))
-        }
-        (None, None) => {
-            let sep = if old.is_empty() || old.ends_with("\n\n") {
-                ""
-            } else if old.ends_with('\n') {
-                "\n"
-            } else {
-                "\n\n"
-            };
-            Ok(format!("{old}{sep}{section}\n"))
-        }
-        _ => bail!("the report's `{start}` / `{end}` markers are unbalanced; fix them by hand"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -843,19 +753,17 @@ mod tests {
     #[test]
     fn splice_replaces_only_its_section() {
         let old = "# Benchmarks\n\n<!-- bench:fabric:start -->\nF\n<!-- bench:fabric:end -->\n";
-        let added = splice(old, "A\n").expect("appends");
+        let added = crate::bench::splice_marked(old, NAME, "A\n").expect("appends");
         assert!(added.starts_with(old));
         assert!(added.ends_with("<!-- bench:http:start -->\nA\n<!-- bench:http:end -->\n"));
-        let replaced = splice(&added, "B\n").expect("replaces");
+        let replaced = crate::bench::splice_marked(&added, NAME, "B\n").expect("replaces");
         assert_eq!(replaced, added.replace("\nA\n", "\nB\n"));
-        assert!(splice("<!-- bench:http:end -->", "x").is_err());
+        assert!(crate::bench::splice_marked("<!-- bench:http:end -->", NAME, "x").is_err());
     }
 
     #[test]
     fn stat_line_with_spaces_in_the_name() {
         let line = "42 (a b) c) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 0 0 20 0 1 0";
         assert_eq!(stat_cpu_ns(line), Some(10 * TICK_NS));
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
     }
 }

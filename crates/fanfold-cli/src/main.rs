@@ -3,6 +3,7 @@
 mod bench;
 mod bench_embed;
 mod bench_fabric;
+mod bench_http;
 mod progress;
 mod selfcheck;
 
