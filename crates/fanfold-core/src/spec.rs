@@ -337,6 +337,13 @@ pub struct HttpBackendSpec {
     pub timeout_ms: Option<u64>,
     /// Retries of transport faults (429, 5xx, timeouts) per call.
     pub max_retries: Option<u32>,
+    /// Consecutive failures that open an endpoint's circuit breaker (5
+    /// when absent). Raise it when single requests fail deterministically
+    /// (a server that errors on one unit's content), so one bad unit does
+    /// not stall the pool.
+    pub breaker_failures: Option<u32>,
+    /// How long an open breaker keeps traffic off (30,000 ms when absent).
+    pub breaker_cooldown_ms: Option<u64>,
     /// A TOML price table, relative to the spec; the bundled one when absent.
     pub prices: Option<String>,
 }

@@ -142,6 +142,12 @@ fn transport(h: &HttpBackendSpec) -> Result<TransportConfig, BackendError> {
     if let Some(n) = h.max_retries {
         t.retry.max_retries = n;
     }
+    if let Some(n) = h.breaker_failures {
+        t.breaker.failure_threshold = n;
+    }
+    if let Some(ms) = h.breaker_cooldown_ms {
+        t.breaker.cooldown_ms = ms;
+    }
     Ok(t)
 }
 
