@@ -371,6 +371,9 @@ answer = "flagged"
         let mut opts = RunOptions::new(self.path("store.sqlite"));
         opts.out_dir = Some(self.path("out"));
         opts.slots = 4;
+        // Every call is also written to a replay cassette, which the secret
+        // scan reads with the rest of the folder.
+        opts.record = Some(self.path("cassette.jsonl"));
         fanfold_engine::run(&plan, &opts, &NoProgress).expect("run completes")
     }
 }
@@ -508,7 +511,8 @@ fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// The key is nowhere the runs left anything: the store (with its WAL),
-/// the output folder, the reports' Debug and JSON forms.
+/// the output folder, the replay cassette, the reports' Debug and JSON
+/// forms.
 fn assert_key_absent(fx: &Fixture, mock: &Mock, reports: &[&RunReport]) {
     let key = api_key();
     // The key was in use: every request carried it.
@@ -548,6 +552,11 @@ fn assert_key_absent(fx: &Fixture, mock: &Mock, reports: &[&RunReport]) {
         "the store's bytes name the model"
     );
     assert!(out_files >= 4, "answer, certificate, facts, markdown");
+    let cassette = std::fs::read(fx.path("cassette.jsonl")).expect("cassette");
+    assert!(
+        contains(&cassette, b"decision"),
+        "the cassette holds the recorded answers"
+    );
     for r in reports {
         let debug = format!(
             "{:?}\n{:?}\n{:?}\n{:?}\n{}",
