@@ -8,43 +8,29 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Result, anyhow};
 use fanfold_embed::{Embedder, EmbedderFiles};
 use fanfold_engine::Plan;
 use fanfold_engine::models::{MINILM_L6_V2, cache_dir, ensure_all};
 use fanfold_engine::run::Projector;
-use serde_json::Value;
 
 pub struct EmbedArgs {
     pub example: PathBuf,
     pub report: PathBuf,
 }
 
-/// The oracle's kind of each issue: `blocker` or a decoy category.
+/// The oracle's kind of each issue: `blocker` or a decoy category. A
+/// decoy that is also a true blocker (a near duplicate) counts as a blocker.
 fn oracle_kinds(path: &Path) -> Result<BTreeMap<String, String>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let oracle: Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let oracle = crate::selfcheck::read_oracle(path)?;
     let mut kinds = BTreeMap::new();
-    let ids = |v: &Value| -> Vec<String> {
-        v.as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|x| x.to_string().trim_matches('"').to_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    if let Some(decoys) = oracle["decoys"].as_object() {
-        for (kind, list) in decoys {
-            for id in ids(list) {
-                kinds.insert(id, kind.clone());
-            }
+    for (kind, ids) in &oracle.decoys {
+        for id in ids {
+            kinds.insert(id.to_string(), kind.clone());
         }
     }
-    for id in ids(&oracle["blocker_ids"]) {
-        kinds.insert(id, "blocker".into());
+    for id in &oracle.blocker_ids {
+        kinds.insert(id.to_string(), "blocker".into());
     }
     Ok(kinds)
 }

@@ -108,6 +108,13 @@ fn judged(r: &RunReport) -> u64 {
     kept(r) - dropped(r)
 }
 
+/// The fixture's independent oracle.
+pub(crate) fn read_oracle(path: &Path) -> Result<fanfold_fixtures::issues::Oracle> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
 pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     let example = example.unwrap_or_else(default_example);
     let mut ctx = Ctx {
@@ -272,24 +279,11 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
         ),
     });
 
-    // cited_output_vs_oracle: the oracle is read here and nowhere else.
-    let oracle_path = example.join("oracle.json");
-    let oracle: Value = serde_json::from_str(
-        &std::fs::read_to_string(&oracle_path)
-            .with_context(|| format!("reading {}", oracle_path.display()))?,
-    )?;
-    let truth: BTreeSet<String> = oracle["blocker_ids"]
-        .as_array()
-        .map(|a| a.iter().map(|v| v.to_string()).collect())
-        .unwrap_or_default();
-    let true_causes: Vec<String> = oracle["causes"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|c| c["cause"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
+    // cited_output_vs_oracle: the oracle is read by checks and benches,
+    // never by the pipeline.
+    let oracle = read_oracle(&example.join("oracle.json"))?;
+    let truth: BTreeSet<String> = oracle.blocker_ids.iter().map(u64::to_string).collect();
+    let true_causes: Vec<String> = oracle.causes.iter().map(|c| c.cause.clone()).collect();
     let got: BTreeSet<String> = base
         .answer
         .items

@@ -383,6 +383,10 @@ fn bad_specs_name_the_problem() {
             "[[stages]]\nname = \"near\"\ntype = \"embed\"\nversion = 1\nnegative = [\"x\"]\nthreshold = 0.1\n",
             "stage `near`: needs at least one positive text",
         ),
+        (
+            "[backends.http]\ntype = \"openai\"\nmodel = \"m\"\n",
+            "backend `http`: give either base_url or a non-empty endpoints list",
+        ),
     ];
     for (extra, expect) in cases {
         let f = Fixture::new(JSON_ARRAY, extra);

@@ -348,6 +348,25 @@ pub struct HttpBackendSpec {
     pub prices: Option<String>,
 }
 
+impl HttpBackendSpec {
+    /// The endpoints to use: `base_url` (with the table's own limits) or the
+    /// `endpoints` list, exactly one of them.
+    pub fn endpoint_list(&self) -> Result<Vec<EndpointSpec>, String> {
+        match (&self.base_url, self.endpoints.is_empty()) {
+            (Some(url), true) => Ok(vec![EndpointSpec {
+                base_url: url.clone(),
+                api_key_env: self.api_key_env.clone(),
+                weight: default_weight(),
+                max_concurrency: self.max_concurrency,
+                requests_per_minute: self.requests_per_minute,
+                tokens_per_minute: self.tokens_per_minute,
+            }]),
+            (None, false) => Ok(self.endpoints.clone()),
+            _ => Err("give either base_url or a non-empty endpoints list".into()),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointSpec {

@@ -90,51 +90,22 @@ fn output_mode(o: HttpOutput) -> OutputMode {
 }
 
 fn transport(h: &HttpBackendSpec) -> Result<TransportConfig, BackendError> {
-    let endpoint = |base_url: &str,
-                    key: &Option<String>,
-                    weight: u32,
-                    concurrency: Option<usize>,
-                    rpm: Option<u64>,
-                    tpm: Option<u64>| {
-        let mut e = EndpointConfig::new(base_url);
-        e.api_key_env = key.clone();
-        e.weight = weight;
-        if let Some(c) = concurrency {
-            e.max_concurrency = c;
-        }
-        e.requests_per_minute = rpm;
-        e.tokens_per_minute = tpm;
-        e
-    };
-    let endpoints: Vec<EndpointConfig> = match (&h.base_url, h.endpoints.is_empty()) {
-        (Some(url), true) => vec![endpoint(
-            url,
-            &h.api_key_env,
-            1,
-            h.max_concurrency,
-            h.requests_per_minute,
-            h.tokens_per_minute,
-        )],
-        (None, false) => h
-            .endpoints
-            .iter()
-            .map(|e| {
-                endpoint(
-                    &e.base_url,
-                    &e.api_key_env,
-                    e.weight,
-                    e.max_concurrency,
-                    e.requests_per_minute,
-                    e.tokens_per_minute,
-                )
-            })
-            .collect(),
-        _ => {
-            return Err(BackendError::Setup(
-                "give either base_url or a non-empty endpoints list".into(),
-            ));
-        }
-    };
+    let endpoints = h
+        .endpoint_list()
+        .map_err(BackendError::Setup)?
+        .into_iter()
+        .map(|spec| {
+            let mut e = EndpointConfig::new(spec.base_url);
+            e.api_key_env = spec.api_key_env;
+            e.weight = spec.weight;
+            if let Some(c) = spec.max_concurrency {
+                e.max_concurrency = c;
+            }
+            e.requests_per_minute = spec.requests_per_minute;
+            e.tokens_per_minute = spec.tokens_per_minute;
+            e
+        })
+        .collect();
     let mut t = TransportConfig::new(endpoints);
     if let Some(ms) = h.timeout_ms {
         t.request_timeout_ms = ms;

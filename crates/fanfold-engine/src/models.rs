@@ -173,6 +173,7 @@ pub fn ensure_all(
         missing.push(model);
     }
     let mut packages: Vec<&str> = missing.iter().map(|m| m.package).collect();
+    packages.sort_unstable();
     packages.dedup();
     for package in packages {
         let members: Vec<&ModelFile> = missing

@@ -183,6 +183,10 @@ impl Plan {
             }
         }
         for (name, b) in &spec.backends {
+            if let BackendSpec::Openai(h) | BackendSpec::Anthropic(h) = b {
+                h.endpoint_list()
+                    .map_err(|e| invalid(format!("backend `{name}`: {e}")))?;
+            }
             if let BackendSpec::Scripted { script, .. } = b {
                 let text = std::fs::read_to_string(spec_dir.join(script)).map_err(|source| {
                     PlanError::File {
