@@ -988,6 +988,22 @@ pub(crate) fn utc_date(t: SystemTime) -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
+/// `YYYY-MM-DD HH:MM:SS` in UTC.
+pub(crate) fn utc_datetime(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_secs();
+    let day = secs % 86_400;
+    format!(
+        "{} {:02}:{:02}:{:02}",
+        utc_date(t),
+        day / 3600,
+        day / 60 % 60,
+        day % 60
+    )
+}
+
 /// Days since 1970-01-01 to a proleptic Gregorian date (H. Hinnant's
 /// algorithm).
 fn civil_from_days(z: i64) -> (i64, u32, u32) {

@@ -39,6 +39,9 @@ enum Command {
     Run(RunArgs),
     /// Print what a spec will do, without calling any model.
     Explain(ExplainArgs),
+    /// List the provider batches recorded in a store: open ones are
+    /// collected by the next run instead of being sent again.
+    Batches(BatchesArgs),
     /// Prove the spine's claims on the issue-triage fixture.
     Selfcheck(SelfcheckArgs),
     /// Print the JSON Schema of the spec file format.
@@ -75,6 +78,17 @@ struct InputArgs {
     /// Use this GGUF file for every embedded-model backend of the spec.
     #[arg(long, value_name = "PATH.gguf")]
     model: Option<PathBuf>,
+    /// Run every map stage one request per unit (`online`) or through the
+    /// provider's batch API (`batch`: OpenAI Batch, Anthropic Message
+    /// Batches). Overrides each stage's `execution`.
+    #[arg(long, value_enum)]
+    execution: Option<ExecutionArg>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ExecutionArg {
+    Online,
+    Batch,
 }
 
 impl InputArgs {
@@ -82,6 +96,12 @@ impl InputArgs {
         let mut plan = Plan::load(spec)?;
         if let Some(name) = &self.backend {
             plan.use_backend(name)?;
+        }
+        if let Some(e) = self.execution {
+            plan.use_execution(match e {
+                ExecutionArg::Online => fanfold_core::spec::Execution::Online,
+                ExecutionArg::Batch => fanfold_core::spec::Execution::Batch,
+            })?;
         }
         if let Some(path) = &self.model {
             let path = std::path::absolute(path)
@@ -144,6 +164,15 @@ struct ExplainArgs {
     /// Only the plan; do not read the input.
     #[arg(long)]
     no_input: bool,
+}
+
+#[derive(Args)]
+struct BatchesArgs {
+    /// The store file.
+    #[arg(long, env = env_vars::STORE, default_value = ".fanfold/store.sqlite")]
+    store: PathBuf,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -223,6 +252,7 @@ fn real_main() -> Result<ExitCode> {
     match cli.command {
         Command::Run(args) => run(args),
         Command::Explain(args) => explain(args),
+        Command::Batches(args) => batches(args).map(|()| ExitCode::SUCCESS),
         Command::Selfcheck(args) => selfcheck::main(args.example, args.json),
         Command::Bench(cmd) => bench::main(cmd),
         Command::Model(cmd) => {
@@ -369,4 +399,36 @@ fn explain(args: ExplainArgs) -> Result<ExitCode> {
     };
     print!("{}", plan.explain(routing.as_ref()));
     Ok(ExitCode::SUCCESS)
+}
+
+fn batches(args: BatchesArgs) -> Result<()> {
+    if !args.store.is_file() {
+        bail!("no store at {}", args.store.display());
+    }
+    let store = fanfold_store::Store::open(&args.store)?;
+    let rows = store.batches()?;
+    if args.json {
+        for row in &rows {
+            println!("{}", serde_json::to_string(row)?);
+        }
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!("no provider batches in {}", args.store.display());
+        return Ok(());
+    }
+    println!(
+        "{:<40} {:<10} {:<9} {:>8}  submitted (UTC)       endpoint",
+        "batch", "provider", "state", "requests"
+    );
+    for r in &rows {
+        let at = bench::utc_datetime(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(r.submitted_ms),
+        );
+        println!(
+            "{:<40} {:<10} {:<9} {:>8}  {at:<20}  {}",
+            r.batch_id, r.provider, r.state, r.requests, r.endpoint
+        );
+    }
+    Ok(())
 }

@@ -232,6 +232,21 @@ pub struct MapStageSpec {
     pub temperature: f64,
     #[serde(default)]
     pub seed: u64,
+    /// `online` sends each unit as its own request; `batch` sends the
+    /// stage's units through the provider's batch API (OpenAI Batch,
+    /// Anthropic Message Batches): cheaper, no per-minute limits, answers
+    /// within hours. Needs an `openai` or `anthropic` backend.
+    #[serde(default)]
+    pub execution: Execution,
+}
+
+/// How a map stage's requests reach its backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Execution {
+    #[default]
+    Online,
+    Batch,
 }
 
 fn default_backend() -> String {
@@ -346,6 +361,15 @@ pub struct HttpBackendSpec {
     pub breaker_cooldown_ms: Option<u64>,
     /// A TOML price table, relative to the spec; the bundled one when absent.
     pub prices: Option<String>,
+    /// Batch stages: the first wait between polls of a pending batch
+    /// (5,000 ms when absent); it doubles up to `batch_poll_max_ms`
+    /// (300,000 ms when absent).
+    pub batch_poll_ms: Option<u64>,
+    pub batch_poll_max_ms: Option<u64>,
+    /// Batch stages: stop waiting after this many seconds. Units still in a
+    /// pending batch end `not_run` (`batch_pending`); the batch id is in the
+    /// store and the next run collects it. Absent: wait until it ends.
+    pub batch_wait_secs: Option<u64>,
 }
 
 impl HttpBackendSpec {

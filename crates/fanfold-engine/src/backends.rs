@@ -2,10 +2,10 @@
 
 use std::path::Path;
 
-use fanfold_core::spec::{BackendSpec, HttpBackendSpec, HttpOutput};
+use fanfold_core::spec::{BackendSpec, Execution, HttpBackendSpec, HttpOutput};
 use fanfold_http::{
-    AnthropicBackend, AnthropicConfig, EndpointConfig, OpenAiBackend, OpenAiConfig, OutputMode,
-    PriceTable, TransportConfig,
+    AnthropicBackend, AnthropicConfig, BatchConfig, EndpointConfig, OpenAiBackend, OpenAiConfig,
+    OutputMode, PriceTable, TransportConfig,
 };
 use fanfold_llama::{EmbeddedModel, LlamaConfig};
 use fanfold_model::{
@@ -14,7 +14,19 @@ use fanfold_model::{
 
 use crate::models;
 
-pub fn build(spec: &BackendSpec, spec_dir: &Path) -> Result<Box<dyn ModelBackend>, BackendError> {
+/// Builds the backend `spec` declares; `execution` chooses between one
+/// request per unit and the provider's batch API.
+pub fn build(
+    spec: &BackendSpec,
+    spec_dir: &Path,
+    execution: Execution,
+) -> Result<Box<dyn ModelBackend>, BackendError> {
+    let batch = execution == Execution::Batch;
+    if batch && !matches!(spec, BackendSpec::Openai(_) | BackendSpec::Anthropic(_)) {
+        return Err(BackendError::Setup(
+            "batch execution needs an `openai` or `anthropic` backend".into(),
+        ));
+    }
     match spec {
         BackendSpec::Scripted {
             script,
@@ -60,22 +72,26 @@ pub fn build(spec: &BackendSpec, spec_dir: &Path) -> Result<Box<dyn ModelBackend
             cfg.output = output_mode(h.output);
             cfg.per_request_schema = h.per_unit_schema;
             cfg.stream = h.stream;
+            cfg.batch = batch.then(|| batch_config(h));
             let prices = prices(h, spec_dir)?;
             Ok(Box::new(Priced {
                 inner: OpenAiBackend::new(cfg)?,
                 model: h.model.clone(),
                 prices,
+                batch,
             }))
         }
         BackendSpec::Anthropic(h) => {
             let mut cfg = AnthropicConfig::new(h.model.clone(), Vec::new());
             cfg.transport = transport(h)?;
             cfg.output = output_mode(h.output);
+            cfg.batch = batch.then(|| batch_config(h));
             let prices = prices(h, spec_dir)?;
             Ok(Box::new(Priced {
                 inner: AnthropicBackend::new(cfg)?,
                 model: h.model.clone(),
                 prices,
+                batch,
             }))
         }
     }
@@ -122,6 +138,18 @@ fn transport(h: &HttpBackendSpec) -> Result<TransportConfig, BackendError> {
     Ok(t)
 }
 
+fn batch_config(h: &HttpBackendSpec) -> BatchConfig {
+    let mut b = BatchConfig::default();
+    if let Some(ms) = h.batch_poll_ms {
+        b.poll_initial_ms = ms;
+    }
+    if let Some(ms) = h.batch_poll_max_ms {
+        b.poll_max_ms = ms;
+    }
+    b.max_wait_secs = h.batch_wait_secs;
+    b
+}
+
 fn prices(h: &HttpBackendSpec, spec_dir: &Path) -> Result<PriceTable, BackendError> {
     match &h.prices {
         Some(file) => PriceTable::load(&spec_dir.join(file)),
@@ -131,11 +159,12 @@ fn prices(h: &HttpBackendSpec, spec_dir: &Path) -> Result<PriceTable, BackendErr
 }
 
 /// An HTTP backend with its price table: the engine asks it what each
-/// call's usage cost.
+/// call's usage cost, at the batch discount for a batch backend.
 struct Priced<B> {
     inner: B,
     model: String,
     prices: PriceTable,
+    batch: bool,
 }
 
 impl<B: ModelBackend> ModelBackend for Priced<B> {
@@ -146,6 +175,6 @@ impl<B: ModelBackend> ModelBackend for Priced<B> {
         self.inner.run(job)
     }
     fn cost_usd(&self, usage: &Usage) -> Option<f64> {
-        self.prices.cost_usd(&self.model, usage, false)
+        self.prices.cost_usd(&self.model, usage, self.batch)
     }
 }

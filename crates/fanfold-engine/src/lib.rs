@@ -3,6 +3,7 @@
 //! verifies and writes the answer, the facts and the run certificate.
 
 pub mod backends;
+pub mod batches;
 pub mod embedding;
 pub mod models;
 pub mod output;

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use fanfold_core::spec::{BackendSpec, ContractSpec, ReducerKind, Spec, StageSpec};
+use fanfold_core::spec::{BackendSpec, ContractSpec, Execution, ReducerKind, Spec, StageSpec};
 use fanfold_core::{ContentHash, StableHash};
 use fanfold_ops::embed::{EmbedSpecError, EmbedStage};
 use fanfold_ops::map::{MapSpecError, MapStage};
@@ -264,7 +264,7 @@ impl Plan {
             ContractSpec::Threshold { .. } => {}
         }
         let spec_hash = hashed.key_in("spec-v1");
-        Ok(Plan {
+        let plan = Plan {
             spec,
             spec_path: spec_path.to_owned(),
             spec_dir: spec_dir.to_owned(),
@@ -272,7 +272,47 @@ impl Plan {
             stages,
             embeds,
             order,
-        })
+        };
+        plan.check_execution()?;
+        Ok(plan)
+    }
+
+    /// Batch stages need a backend with a provider batch API.
+    fn check_execution(&self) -> Result<(), PlanError> {
+        for stage in &self.stages {
+            if stage.spec.execution != Execution::Batch {
+                continue;
+            }
+            let batchable = matches!(
+                self.spec.backends.get(&stage.spec.backend),
+                Some(BackendSpec::Openai(_) | BackendSpec::Anthropic(_))
+            );
+            if !batchable {
+                return Err(PlanError::Invalid {
+                    path: self.spec_path.display().to_string(),
+                    detail: format!(
+                        "stage `{}` has execution = \"batch\", but its backend `{}` has no batch API; batch needs an `openai` or `anthropic` backend",
+                        stage.name(),
+                        stage.spec.backend
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs every map stage `online` or through the provider's batch API
+    /// (the `--execution` flag).
+    pub fn use_execution(&mut self, execution: Execution) -> Result<(), PlanError> {
+        for stage in &mut self.stages {
+            stage.spec.execution = execution;
+        }
+        for stage in &mut self.spec.stages {
+            if let StageSpec::Map(s) = stage {
+                s.execution = execution;
+            }
+        }
+        self.check_execution()
     }
 
     /// The source the spec names, resolved against its folder.
@@ -311,7 +351,7 @@ impl Plan {
                 s.backend = name.to_owned();
             }
         }
-        Ok(())
+        self.check_execution()
     }
 
     pub fn stage(&self, name: &str) -> Option<&MapStage> {

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use fanfold_core::Status;
 use fanfold_core::spec::{BudgetSpec, ContractSpec};
-use fanfold_model::{CallError, Completion, DecisionField, Job, Request, Usage};
+use fanfold_model::{BatchLedger, CallError, Completion, DecisionField, Job, Request, Usage};
 use fanfold_ops::contract::{Controller, StopReason};
 use fanfold_ops::map::{Interpreted, MapStage};
 use serde_json::Value;
@@ -139,6 +139,8 @@ pub struct StageJob<'a> {
     score_pointer: Option<String>,
     /// Called once per finished unit, outside the queue's lock.
     on_finish: &'a (dyn Fn(usize, &UnitResult) + Sync),
+    /// Where provider batches are recorded, for batch stages.
+    ledger: Option<&'a dyn BatchLedger>,
     state: Mutex<State>,
     slot_free: Condvar,
 }
@@ -172,6 +174,7 @@ impl<'a> StageJob<'a> {
             controller,
             score_pointer,
             on_finish,
+            ledger: None,
             state: Mutex::new(State {
                 queue: pending.into(),
                 in_flight: 0,
@@ -186,6 +189,10 @@ impl<'a> StageJob<'a> {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn set_batch_ledger(&mut self, ledger: &'a dyn BatchLedger) {
+        self.ledger = Some(ledger);
     }
 
     /// The results, the most requests ever in flight at once, and why the
@@ -312,6 +319,10 @@ impl Job for StageJob<'_> {
         Some(&self.stage.schema)
     }
 
+    fn batch_ledger(&self) -> Option<&dyn BatchLedger> {
+        self.ledger
+    }
+
     fn decision(&self) -> Option<&DecisionField> {
         // Only a top-level decision key can be found in the generated text.
         (self.stage.spec.decision.pointer.matches('/').count() == 1).then_some(&self.decision)
@@ -420,6 +431,25 @@ impl Job for StageJob<'_> {
             self.slot_free.notify_all();
             if let Ok(c) = &result {
                 state.usage.push((req.index, c.usage));
+            }
+            if let Err(CallError::BatchPending {
+                batch_id,
+                state: at,
+            }) = &result
+            {
+                // Not a failure: the answer is on its way, and the next run
+                // collects it from the batch instead of asking again.
+                let r = UnitResult {
+                    status: Status::NotRun,
+                    interpreted: None,
+                    reason: Some(format!("batch_pending: {batch_id} ({at})")),
+                    attempts: req.attempt,
+                    usage: Usage::default(),
+                };
+                let finished = self.finish_unit(&mut state, req.index, r);
+                drop(state);
+                (self.on_finish)(finished.0, &finished.1);
+                return;
             }
             if matches!(result, Err(CallError::Cancelled)) {
                 let reason = format!(

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use fanfold_core::spec::{ContractSpec, ReducerKind};
+use fanfold_core::spec::{ContractSpec, Execution, ReducerKind};
 use fanfold_core::{
     ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash, Status, StatusCounts,
     UnitId,
@@ -22,6 +22,7 @@ use fanfold_store::{RejectionRow, RunUnitRow, Store, StoreError};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::batches::StoreLedger;
 use crate::embedding::{EmbedStats, Embedders};
 use crate::plan::{Plan, Routing};
 use crate::queue::{BudgetPool, Pending, StageJob, UnitResult};
@@ -312,7 +313,7 @@ pub fn route(
             .spec
             .backends
             .get(&stage.spec.backend)
-            .and_then(|spec| backends::build(spec, &plan.spec_dir).ok())
+            .and_then(|spec| backends::build(spec, &plan.spec_dir, stage.spec.execution).ok())
             .map(|b| b.info())
         else {
             continue;
@@ -479,7 +480,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     let mut facts: Vec<FactRecord> = Vec::new();
     let mut leaves: Vec<(u64, Leaf)> = Vec::new();
     let mut backend_infos: Vec<BackendInfo> = Vec::new();
-    let mut built: HashMap<String, Box<dyn ModelBackend>> = HashMap::new();
+    let mut built: HashMap<(String, Execution), Box<dyn ModelBackend>> = HashMap::new();
     let mut embedders = Embedders::default();
 
     for stage_name in &plan.order {
@@ -530,16 +531,19 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
             continue;
         };
         let name = &stage.spec.backend;
-        if !built.contains_key(name) {
+        let execution = stage.spec.execution;
+        let built_key = (name.clone(), execution);
+        if !built.contains_key(&built_key) {
             let bspec = spec.backends.get(name).ok_or_else(|| RunError::Backend {
                 name: name.clone(),
                 source: fanfold_model::BackendError::Setup("not declared".into()),
             })?;
-            let mut b =
-                backends::build(bspec, &plan.spec_dir).map_err(|source| RunError::Backend {
+            let mut b = backends::build(bspec, &plan.spec_dir, execution).map_err(|source| {
+                RunError::Backend {
                     name: name.clone(),
                     source,
-                })?;
+                }
+            })?;
             if let Some(path) = &opts.record {
                 b = Box::new(RecordingBackend::create(b, path).map_err(|source| {
                     RunError::Backend {
@@ -548,9 +552,9 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
                     }
                 })?);
             }
-            built.insert(name.clone(), b);
+            built.insert(built_key.clone(), b);
         }
-        let Some(backend) = built.get(name) else {
+        let Some(backend) = built.get(&built_key) else {
             continue;
         };
         let info = backend.info();
@@ -672,15 +676,23 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
             }
             progress.unit_finished(stage.name(), r.status);
         };
-        let job = StageJob::new(
+        // A batch holds every request of the stage at once; the provider,
+        // not a slot count, decides how many run together.
+        let slots = match execution {
+            Execution::Online => opts.slots,
+            Execution::Batch => pending.len(),
+        };
+        let ledger = StoreLedger(&store);
+        let mut job = StageJob::new(
             stage,
-            opts.slots,
+            slots,
             pending,
             &budget,
             &controller,
             score_pointer.clone(),
             &on_finish,
         );
+        job.set_batch_ledger(&ledger);
         backend.run(&job).map_err(|source| RunError::Backend {
             name: name.clone(),
             source,

@@ -2,17 +2,12 @@
 //! engine (plan, queue, cache, fold, outputs) talks HTTP to an in-process
 //! OpenAI-style server on 127.0.0.1 that answers each record by its content,
 //! reports usage with cached prompt tokens, and injects faults per unit.
-//!
-//! The server runs on its own tokio runtime in a background thread;
-//! `fanfold_engine::run` is synchronous and is called from the test thread,
-//! outside any runtime.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -24,6 +19,9 @@ use fanfold_core::{FactRecord, Status};
 use fanfold_engine::{NoProgress, Plan, RunOptions, RunReport};
 use fanfold_http::{ModelPrice, PriceTable};
 use serde_json::{Value, json};
+
+mod support;
+use support::Server;
 
 /// The environment variable the spec names for the API key.
 const KEY_VAR: &str = "FANFOLD_TEST_HTTP_KEY";
@@ -97,43 +95,17 @@ struct MockState {
 struct Mock {
     addr: SocketAddr,
     state: Arc<MockState>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    _server: Server,
 }
 
 impl Mock {
     fn start() -> Mock {
         let state = Arc::new(MockState::default());
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let app = Router::new().fallback(handle).with_state(state.clone());
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("mock runtime");
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                    .await
-                    .expect("bind");
-                addr_tx
-                    .send(listener.local_addr().expect("local addr"))
-                    .expect("address sent");
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(async {
-                        let _ = stop_rx.await;
-                    })
-                    .await
-                    .expect("serve");
-            });
-        });
-        let addr = addr_rx.recv().expect("mock address");
+        let server = Server::start(Router::new().fallback(handle).with_state(state.clone()));
         Mock {
-            addr,
+            addr: server.addr,
             state,
-            stop: Some(stop_tx),
-            thread: Some(thread),
+            _server: server,
         }
     }
 
@@ -159,17 +131,6 @@ impl Mock {
 
     fn served(&self) -> Vec<(String, Served)> {
         self.state.served.lock().expect("served").clone()
-    }
-}
-
-impl Drop for Mock {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

@@ -2,10 +2,11 @@
 
 use std::fmt;
 
-use fanfold_model::{BackendError, BackendInfo, Job, ModelBackend, Request, Usage};
+use fanfold_model::{BackendError, BackendInfo, CallError, Job, ModelBackend, Request, Usage};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
+use crate::batch::{BatchApi, BatchConfig, BatchHttp, BatchStatus, LineOutcome, line_error};
 use crate::config::{AnthropicConfig, OutputMode};
 use crate::secret::ApiKey;
 use crate::transport::{Fault, Protocol, Reply, Transport, parse_json, read_body};
@@ -79,8 +80,137 @@ impl ModelBackend for AnthropicBackend {
     }
 
     fn run(&self, job: &dyn Job) -> Result<(), BackendError> {
-        self.transport.run(job)
+        match &self.config().batch {
+            Some(batch) => self.transport.run_batch(job, batch),
+            None => self.transport.run(job),
+        }
     }
+}
+
+/// Message Batches: one `POST /v1/messages/batches` with every request's
+/// params, polled at `GET /v1/messages/batches/{id}`, results read as JSONL
+/// from the batch's `results_url`.
+impl BatchApi for AnthropicProtocol {
+    const PROVIDER: &'static str = "anthropic";
+    const MAX_REQUESTS: usize = 100_000;
+
+    async fn create(
+        &self,
+        http: &BatchHttp<'_>,
+        _cfg: &BatchConfig,
+        items: &[(String, Value)],
+    ) -> Result<String, Fault> {
+        let requests: Vec<Value> = items
+            .iter()
+            .map(|(custom_id, params)| json!({"custom_id": custom_id, "params": params}))
+            .collect();
+        let v = http
+            .post_json(&http.url(BATCHES), &json!({ "requests": requests }))
+            .await?;
+        v.get("id")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| Fault::Invalid("the created batch has no id".into()))
+    }
+
+    async fn status(&self, http: &BatchHttp<'_>, id: &str) -> Result<BatchStatus, Fault> {
+        let v = http.get_json(&http.url(&format!("{BATCHES}/{id}"))).await?;
+        let state = v
+            .get("processing_status")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Fault::Invalid("the batch has no processing_status".into()))?
+            .to_owned();
+        let ended = state == "ended";
+        let results = v.get("results_url").and_then(Value::as_str);
+        if ended && results.is_none() {
+            return Err(Fault::Invalid(format!(
+                "batch {id} ended without a results_url"
+            )));
+        }
+        Ok(BatchStatus {
+            state,
+            ended,
+            outputs: results.map(str::to_owned).into_iter().collect(),
+            failure: None,
+        })
+    }
+
+    async fn results(
+        &self,
+        http: &BatchHttp<'_>,
+        status: &BatchStatus,
+    ) -> Result<Vec<(String, LineOutcome)>, Fault> {
+        let mut out = Vec::new();
+        for url in &status.outputs {
+            let url = same_origin(http.base, url)?;
+            let bytes = http
+                .send(|| http.client.get(url.clone()).headers(http.headers.clone()))
+                .await?;
+            for (n, line) in bytes.split(|b| *b == b'\n').enumerate() {
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let v: Value = serde_json::from_slice(line)
+                    .map_err(|e| Fault::Invalid(format!("batch results line {}: {e}", n + 1)))?;
+                let Some(custom_id) = v.get("custom_id").and_then(Value::as_str) else {
+                    return Err(Fault::Invalid(format!(
+                        "batch results line {} has no custom_id",
+                        n + 1
+                    )));
+                };
+                out.push((custom_id.to_owned(), self.batch_line(&v)));
+            }
+        }
+        Ok(out)
+    }
+}
+
+const BATCHES: &str = "/v1/messages/batches";
+
+impl AnthropicProtocol {
+    fn batch_line(&self, v: &Value) -> LineOutcome {
+        let result = v.get("result").unwrap_or(&Value::Null);
+        match result.get("type").and_then(Value::as_str) {
+            Some("succeeded") => {
+                let message = result.get("message").unwrap_or(&Value::Null);
+                parse_message(message, self.config.output).map_err(|f| match f {
+                    Fault::Invalid(m) | Fault::Truncated(m) | Fault::Connection(m) => {
+                        CallError::InvalidResponse(m)
+                    }
+                    other => CallError::InvalidResponse(format!("{other:?}")),
+                })
+            }
+            Some("errored") => {
+                let e = result.pointer("/error/error").unwrap_or(&Value::Null);
+                let kind = e.get("type").and_then(Value::as_str).unwrap_or("errored");
+                Err(line_error(kind, e))
+            }
+            Some(kind) => Err(line_error(
+                kind,
+                &json!({"message": format!("the request was {kind}")}),
+            )),
+            None => Err(CallError::InvalidResponse(
+                "a batch result without a result type".into(),
+            )),
+        }
+    }
+}
+
+/// The results URL, refused unless it is on the configured API's origin:
+/// the API key goes with the request.
+fn same_origin(base: &str, url: &str) -> Result<reqwest::Url, Fault> {
+    let base = reqwest::Url::parse(base)
+        .map_err(|e| Fault::Invalid(format!("base URL does not parse: {e}")))?;
+    let url = base
+        .join(url)
+        .map_err(|e| Fault::Invalid(format!("results_url does not parse: {e}")))?;
+    if url.origin() != base.origin() {
+        return Err(Fault::Invalid(format!(
+            "results_url is on {}, not the API's origin; the key is not sent there",
+            url.origin().ascii_serialization()
+        )));
+    }
+    Ok(url)
 }
 
 impl Protocol for AnthropicProtocol {

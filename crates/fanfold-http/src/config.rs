@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::batch::BatchConfig;
+
 /// One server that can answer for the model, with its own limits.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -191,6 +193,10 @@ pub struct OpenAiConfig {
     /// last event.
     #[serde(default)]
     pub stream: bool,
+    /// Send the job through the Batch API (`/files` and `/batches`)
+    /// instead of one request per unit.
+    #[serde(default)]
+    pub batch: Option<BatchConfig>,
 }
 
 impl OpenAiConfig {
@@ -205,6 +211,7 @@ impl OpenAiConfig {
             per_request_schema: false,
             max_tokens_field: MaxTokensField::MaxTokens,
             stream: false,
+            batch: None,
         }
     }
 }
@@ -228,6 +235,10 @@ pub struct AnthropicConfig {
     /// ephemeral`.
     #[serde(default = "default_true")]
     pub cache_prefix: bool,
+    /// Send the job through Message Batches instead of one request per
+    /// unit.
+    #[serde(default)]
+    pub batch: Option<BatchConfig>,
 }
 
 impl AnthropicConfig {
@@ -238,6 +249,7 @@ impl AnthropicConfig {
             temperature: default_temperature(),
             output: OutputMode::JsonSchema,
             cache_prefix: true,
+            batch: None,
         }
     }
 }

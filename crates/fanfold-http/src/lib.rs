@@ -25,10 +25,16 @@
 //! `Debug` is redacted and which is never serialized, logged, or echoed in
 //! an error (response excerpts are scrubbed of it).
 //!
+//! **Batch mode** ([`BatchConfig`]) sends a whole job through OpenAI's
+//! Batch API or Anthropic's Message Batches instead: submit, poll, map each
+//! result back to its unit. Submitted batches go to the job's ledger, so a
+//! run stopped while one is pending collects it when run again.
+//!
 //! [`PriceTable`] turns [`fanfold_model::Usage`] into US dollars from an
 //! editable TOML file.
 
 mod anthropic;
+mod batch;
 mod breaker;
 mod config;
 mod limits;
@@ -39,8 +45,8 @@ mod transport;
 
 pub use anthropic::AnthropicBackend;
 pub use config::{
-    AnthropicConfig, BreakerConfig, EndpointConfig, MaxTokensField, OpenAiConfig, OutputMode,
-    RetryConfig, TransportConfig,
+    AnthropicConfig, BatchConfig, BreakerConfig, EndpointConfig, MaxTokensField, OpenAiConfig,
+    OutputMode, RetryConfig, TransportConfig,
 };
 pub use openai::OpenAiBackend;
 pub use price::{ModelPrice, PriceError, PriceTable};

@@ -3,14 +3,15 @@
 
 use std::fmt;
 
-use fanfold_model::{BackendError, BackendInfo, Job, ModelBackend, Request, Usage};
+use fanfold_model::{BackendError, BackendInfo, CallError, Job, ModelBackend, Request, Usage};
 use futures_util::StreamExt;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 
+use crate::batch::{BatchApi, BatchConfig, BatchHttp, BatchStatus, LineOutcome, line_error};
 use crate::config::{MaxTokensField, OpenAiConfig, OutputMode};
 use crate::secret::ApiKey;
-use crate::transport::{Fault, Protocol, Reply, Transport, parse_json, read_body};
+use crate::transport::{Fault, Protocol, Reply, Transport, excerpt, parse_json, read_body};
 use crate::{HttpError, HttpStats};
 
 /// The `json_schema.name` sent with structured output.
@@ -79,8 +80,167 @@ impl ModelBackend for OpenAiBackend {
     }
 
     fn run(&self, job: &dyn Job) -> Result<(), BackendError> {
-        self.transport.run(job)
+        match &self.config().batch {
+            Some(batch) => self.transport.run_batch(job, batch),
+            None => self.transport.run(job),
+        }
     }
+}
+
+/// The Batch API: the requests go up as a JSONL file (`POST /files`,
+/// purpose `batch`), a batch is created over it (`POST /batches`), polled
+/// (`GET /batches/{id}`), and its output and error files are read back
+/// (`GET /files/{id}/content`), one JSON line per request.
+impl BatchApi for OpenAiProtocol {
+    const PROVIDER: &'static str = "openai";
+    const MAX_REQUESTS: usize = 50_000;
+
+    async fn create(
+        &self,
+        http: &BatchHttp<'_>,
+        cfg: &BatchConfig,
+        items: &[(String, Value)],
+    ) -> Result<String, Fault> {
+        let mut jsonl = Vec::new();
+        for (custom_id, body) in items {
+            let line = json!({
+                "custom_id": custom_id,
+                "method": "POST",
+                "url": BATCH_ENDPOINT,
+                "body": body,
+            });
+            serde_json::to_writer(&mut jsonl, &line)
+                .map_err(|e| Fault::Invalid(format!("could not encode a batch line: {e}")))?;
+            jsonl.push(b'\n');
+        }
+        let files = http.url("/files");
+        let uploaded = http
+            .send(|| {
+                let part = reqwest::multipart::Part::bytes(jsonl.clone())
+                    .file_name("fanfold-batch.jsonl")
+                    .mime_str("application/jsonl")
+                    .unwrap_or_else(|_| reqwest::multipart::Part::bytes(jsonl.clone()));
+                let form = reqwest::multipart::Form::new()
+                    .text("purpose", "batch")
+                    .part("file", part);
+                http.client
+                    .post(&files)
+                    .headers(http.headers_without_content_type())
+                    .multipart(form)
+            })
+            .await?;
+        let file_id = string_field(&parse_json(&uploaded)?, "id", "the uploaded file")?;
+        let batch = http
+            .post_json(
+                &http.url("/batches"),
+                &json!({
+                    "input_file_id": file_id,
+                    "endpoint": BATCH_ENDPOINT,
+                    "completion_window": cfg.completion_window,
+                    "metadata": {"created_by": "fanfold"},
+                }),
+            )
+            .await?;
+        string_field(&batch, "id", "the created batch")
+    }
+
+    async fn status(&self, http: &BatchHttp<'_>, id: &str) -> Result<BatchStatus, Fault> {
+        let v = http.get_json(&http.url(&format!("/batches/{id}"))).await?;
+        let state = string_field(&v, "status", "the batch")?;
+        let ended = matches!(
+            state.as_str(),
+            "completed" | "failed" | "expired" | "cancelled"
+        );
+        let outputs = ["output_file_id", "error_file_id"]
+            .iter()
+            .filter_map(|k| v.get(*k).and_then(Value::as_str))
+            .map(str::to_owned)
+            .collect();
+        let failure = (state == "failed").then(|| {
+            v.pointer("/errors/data")
+                .and_then(Value::as_array)
+                .map(|errors| {
+                    errors
+                        .iter()
+                        .filter_map(|e| e.get("message").and_then(Value::as_str))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                })
+                .filter(|m| !m.is_empty())
+                .unwrap_or_else(|| "no reason given".into())
+        });
+        Ok(BatchStatus {
+            state,
+            ended,
+            outputs,
+            failure,
+        })
+    }
+
+    async fn results(
+        &self,
+        http: &BatchHttp<'_>,
+        status: &BatchStatus,
+    ) -> Result<Vec<(String, LineOutcome)>, Fault> {
+        let mut out = Vec::new();
+        for file in &status.outputs {
+            let url = http.url(&format!("/files/{file}/content"));
+            let bytes = http
+                .send(|| http.client.get(&url).headers(http.headers.clone()))
+                .await?;
+            for (n, line) in bytes.split(|b| *b == b'\n').enumerate() {
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let v: Value = serde_json::from_slice(line).map_err(|e| {
+                    Fault::Invalid(format!("batch file {file} line {}: {e}", n + 1))
+                })?;
+                let Some(custom_id) = v.get("custom_id").and_then(Value::as_str) else {
+                    return Err(Fault::Invalid(format!(
+                        "batch file {file} line {} has no custom_id",
+                        n + 1
+                    )));
+                };
+                out.push((custom_id.to_owned(), batch_line(&v)));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The `url` of every batch line and the batch's `endpoint`.
+const BATCH_ENDPOINT: &str = "/v1/chat/completions";
+
+fn string_field(v: &Value, key: &str, what: &str) -> Result<String, Fault> {
+    v.get(key)
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .ok_or_else(|| Fault::Invalid(format!("{what} has no {key:?}")))
+}
+
+/// One line of an output or error file.
+fn batch_line(v: &Value) -> LineOutcome {
+    if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
+        let code = e.get("code").and_then(Value::as_str).unwrap_or("error");
+        return Err(line_error(code, e));
+    }
+    let status = v
+        .pointer("/response/status_code")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    let body = v.pointer("/response/body").unwrap_or(&Value::Null);
+    if status != 200 {
+        return Err(CallError::Http {
+            status: u16::try_from(status).unwrap_or(0),
+            body_excerpt: excerpt(&body.to_string()),
+        });
+    }
+    parse_completion(body).map_err(|f| match f {
+        Fault::Invalid(m) | Fault::Truncated(m) | Fault::Connection(m) => {
+            CallError::InvalidResponse(m)
+        }
+        other => CallError::InvalidResponse(format!("{other:?}")),
+    })
 }
 
 impl Protocol for OpenAiProtocol {

@@ -59,7 +59,7 @@ impl Fault {
     /// Transport faults that a later attempt may not repeat. Client errors
     /// would, and so would a whole body that does not parse: both go back
     /// to the engine at once.
-    fn retryable(&self) -> bool {
+    pub(crate) fn retryable(&self) -> bool {
         match self {
             Fault::Status { status, .. } => *status == 408 || *status == 429 || *status >= 500,
             Fault::Timeout | Fault::Connection(_) | Fault::Truncated(_) => true,
@@ -87,7 +87,7 @@ impl Fault {
         )
     }
 
-    fn scrubbed(self, key: Option<&ApiKey>) -> Fault {
+    pub(crate) fn scrubbed(self, key: Option<&ApiKey>) -> Fault {
         let Some(key) = key else { return self };
         match self {
             Fault::Status {
@@ -189,6 +189,8 @@ struct EndpointState {
 struct Endpoint {
     /// `host[:port]` of the base URL; never the path or credentials.
     host: String,
+    /// The API root as configured, without a trailing slash.
+    base: String,
     url: reqwest::Url,
     headers: HeaderMap,
     key: Option<ApiKey>,
@@ -389,6 +391,7 @@ impl<P: Protocol> Transport<P> {
             let headers = protocol.headers(key.as_ref())?;
             endpoints.push(Endpoint {
                 host,
+                base: e.base_url.trim_end_matches('/').to_owned(),
                 url,
                 headers,
                 key,
@@ -433,6 +436,53 @@ impl<P: Protocol> Transport<P> {
             runtime,
             counters: Counters::default(),
         })
+    }
+
+    /// Runs batch work on the backend's runtime.
+    pub(crate) fn block_on<F: Future>(&self, f: F) -> F::Output {
+        self.runtime.block_on(f)
+    }
+
+    /// The primary endpoint's HTTP side, for batch calls: a batch lives at
+    /// one provider account, so pools do not apply.
+    pub(crate) fn batch_http(&self) -> crate::batch::BatchHttp<'_> {
+        // `new` refuses an empty pool, so there is always a first endpoint.
+        let e = &self.endpoints[0];
+        crate::batch::BatchHttp {
+            client: &self.client,
+            base: &e.base,
+            headers: &e.headers,
+            key: e.key.as_ref(),
+            max_retries: self.cfg.retry.max_retries,
+            backoff_base: Duration::from_millis(self.cfg.retry.backoff_base_ms),
+            timeout: Duration::from_millis(self.cfg.request_timeout_ms),
+        }
+    }
+
+    /// Transport retries per call.
+    pub(crate) fn retry_limit(&self) -> u32 {
+        self.cfg.retry.max_retries
+    }
+
+    /// The error a unit records for a fault of a batch call.
+    pub(crate) fn fault_error(&self, fault: &Fault) -> CallError {
+        self.to_error(fault, 1, 0, None)
+    }
+
+    pub(crate) fn count_request(&self) {
+        bump(&self.counters.requests, 1);
+    }
+
+    pub(crate) fn count_failed(&self) {
+        bump(&self.counters.failed, 1);
+    }
+
+    pub(crate) fn count_answer(&self, reply: &Reply) {
+        let c = &self.counters;
+        bump(&c.succeeded, 1);
+        bump(&c.prompt_tokens, reply.usage.prompt_tokens);
+        bump(&c.cached_tokens, reply.usage.cached_tokens);
+        bump(&c.completion_tokens, reply.usage.completion_tokens);
     }
 
     /// The first endpoint's `host[:port]`, for the model id.

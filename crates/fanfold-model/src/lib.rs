@@ -103,6 +103,11 @@ pub enum CallError {
     /// The job was cancelled before the request was sent.
     #[error("cancelled before sending")]
     Cancelled,
+    /// The request sits in a provider batch that had not ended when the
+    /// backend stopped waiting. The batch is recorded in the job's ledger,
+    /// so a later run collects its answer instead of sending it again.
+    #[error("batch {batch_id} still pending at the provider ({state})")]
+    BatchPending { batch_id: String, state: String },
 }
 
 fn wait_note(retry_after_ms: Option<u64>) -> String {
@@ -124,6 +129,7 @@ impl CallError {
             CallError::InvalidResponse(_) => "invalid_response",
             CallError::CircuitOpen(_) => "circuit_open",
             CallError::Cancelled => "cancelled",
+            CallError::BatchPending { .. } => "batch_pending",
         }
     }
 }
@@ -162,6 +168,45 @@ pub trait Job: Sync {
     fn decision(&self) -> Option<&DecisionField> {
         None
     }
+    /// Durable bookkeeping for provider batches; `None` when the engine
+    /// keeps no store, and then a batch cannot outlive the process.
+    fn batch_ledger(&self) -> Option<&dyn BatchLedger> {
+        None
+    }
+}
+
+/// Where a request already sits in a provider batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchSlot {
+    pub batch_id: String,
+    /// The request's id inside the batch.
+    pub custom_id: String,
+}
+
+/// A batch as submitted: the provider's id and, for each request, its
+/// content key and its id inside the batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubmittedBatch {
+    pub batch_id: String,
+    /// `openai` or `anthropic`.
+    pub provider: String,
+    /// The API root the batch lives at (never a credential).
+    pub endpoint: String,
+    pub requests: Vec<(String, String)>,
+}
+
+/// Durable records of provider batches, so a run killed while a batch is
+/// pending collects that batch when it is run again instead of paying for
+/// the requests twice. Requests are found by a content key: the provider,
+/// the endpoint, the attempt and the exact request body.
+pub trait BatchLedger: Sync {
+    /// The open batch holding the request with this key, if any.
+    fn find(&self, request_key: &str) -> Result<Option<BatchSlot>, String>;
+    /// Records a batch the provider accepted, with all its requests.
+    fn submitted(&self, batch: &SubmittedBatch) -> Result<(), String>;
+    /// Marks a batch whose results were all handed back (`consumed`) or
+    /// that can never yield any; its requests are no longer found.
+    fn close(&self, batch_id: &str, state: &str) -> Result<(), String>;
 }
 
 #[derive(Debug, thiserror::Error)]

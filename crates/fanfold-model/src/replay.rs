@@ -172,6 +172,9 @@ impl Job for RecordingJob<'_> {
     fn decision(&self) -> Option<&crate::DecisionField> {
         self.inner.decision()
     }
+    fn batch_ledger(&self) -> Option<&dyn crate::BatchLedger> {
+        self.inner.batch_ledger()
+    }
     fn complete(&self, request: Request, result: Result<Completion, CallError>) {
         let entry = CassetteEntry {
             request: request_key(self.inner.prefix(), &request.suffix),

@@ -420,6 +420,7 @@ mod tests {
             max_output_tokens: 64,
             temperature: 0.0,
             seed: 0,
+            execution: Default::default(),
         };
         let schema = json!({
             "type": "object",

@@ -3,7 +3,10 @@
 //! Tables: `artifacts` (immutable source bytes by BLAKE3 hash), `units` and
 //! `rejections` (the partition of each artifact), `facts` (decided stage
 //! outputs by content key), `fold_nodes` (fold tree nodes by key), `runs`,
-//! `run_units` (each unit's outcome in a run) and `run_events`.
+//! `run_units` (each unit's outcome in a run), `run_events`, and `batches`
+//! with `batch_requests` (provider batches and the content keys of the
+//! requests in them, so a run stopped while a batch is pending collects it
+//! when run again).
 //!
 //! Architecture Invariant: every write is a single statement or one
 //! transaction, in WAL mode, so a process killed at any instant leaves a
@@ -62,6 +65,21 @@ pub struct RunUnitRow {
     pub fact_key: Option<ContentHash>,
 }
 
+/// A provider batch as recorded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BatchRow {
+    pub batch_id: String,
+    pub provider: String,
+    /// The API root (never a credential).
+    pub endpoint: String,
+    /// `open` until its results were handed back (`consumed`) or it
+    /// failed as a whole (`failed`).
+    pub state: String,
+    pub requests: u64,
+    pub submitted_ms: u64,
+    pub closed_ms: Option<u64>,
+}
+
 pub struct Store {
     conn: Mutex<Connection>,
     path: PathBuf,
@@ -96,6 +114,13 @@ CREATE INDEX IF NOT EXISTS facts_by_unit ON facts (unit_id, stage);
 CREATE TABLE IF NOT EXISTS embeddings (
     key TEXT PRIMARY KEY, model TEXT NOT NULL, dim INTEGER NOT NULL,
     vector BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS batches (
+    batch_id TEXT PRIMARY KEY, provider TEXT NOT NULL, endpoint TEXT NOT NULL,
+    state TEXT NOT NULL, requests INTEGER NOT NULL,
+    submitted_ms INTEGER NOT NULL, closed_ms INTEGER);
+CREATE TABLE IF NOT EXISTS batch_requests (
+    request_key TEXT NOT NULL, batch_id TEXT NOT NULL, custom_id TEXT NOT NULL,
+    PRIMARY KEY (request_key, batch_id));
 CREATE TABLE IF NOT EXISTS fold_nodes (
     key TEXT PRIMARY KEY, level INTEGER NOT NULL, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
@@ -382,6 +407,93 @@ impl Store {
             }
         }
         tx.commit().map_err(|e| self.sql(e))
+    }
+
+    /// Records a submitted provider batch and its requests in one
+    /// transaction, as `open`.
+    pub fn put_batch(
+        &self,
+        batch: &BatchRow,
+        requests: &[(String, String)],
+    ) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        tx.execute(
+            "INSERT OR REPLACE INTO batches (batch_id, provider, endpoint, state, requests, submitted_ms, closed_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL)",
+            params![
+                batch.batch_id,
+                batch.provider,
+                batch.endpoint,
+                batch.state,
+                requests.len() as i64,
+                batch.submitted_ms as i64
+            ],
+        )
+        .map_err(|e| self.sql(e))?;
+        {
+            let mut stmt = tx
+                .prepare(
+                    "INSERT OR REPLACE INTO batch_requests (request_key, batch_id, custom_id) VALUES (?1, ?2, ?3)",
+                )
+                .map_err(|e| self.sql(e))?;
+            for (key, custom_id) in requests {
+                stmt.execute(params![key, batch.batch_id, custom_id])
+                    .map_err(|e| self.sql(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.sql(e))
+    }
+
+    /// The open batch holding the request with this content key, and the
+    /// request's id inside it; the newest when several do.
+    pub fn find_open_batch(
+        &self,
+        request_key: &str,
+    ) -> Result<Option<(String, String)>, StoreError> {
+        self.conn()
+            .query_row(
+                "SELECT r.batch_id, r.custom_id FROM batch_requests r JOIN batches b ON b.batch_id = r.batch_id WHERE r.request_key = ?1 AND b.state = 'open' ORDER BY b.submitted_ms DESC LIMIT 1",
+                [request_key],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))
+    }
+
+    /// Closes a batch (`consumed`, `failed`): its requests are no longer
+    /// found, so a rerun asks again for any unit that did not decide.
+    pub fn close_batch(&self, batch_id: &str, state: &str) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "UPDATE batches SET state = ?2, closed_ms = ?3 WHERE batch_id = ?1",
+                params![batch_id, state, now_ms() as i64],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    /// Every recorded batch, newest first.
+    pub fn batches(&self) -> Result<Vec<BatchRow>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare(
+                "SELECT batch_id, provider, endpoint, state, requests, submitted_ms, closed_ms FROM batches ORDER BY submitted_ms DESC, batch_id",
+            )
+            .map_err(|e| self.sql(e))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(BatchRow {
+                    batch_id: r.get(0)?,
+                    provider: r.get(1)?,
+                    endpoint: r.get(2)?,
+                    state: r.get(3)?,
+                    requests: r.get::<_, i64>(4)? as u64,
+                    submitted_ms: r.get::<_, i64>(5)? as u64,
+                    closed_ms: r.get::<_, Option<i64>>(6)?.map(|v| v as u64),
+                })
+            })
+            .map_err(|e| self.sql(e))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.sql(e))
     }
 
     pub fn get_fold_node(
