@@ -451,14 +451,17 @@ impl Plan {
                 Some(expr) => format!("project=`{expr}`"),
                 None => format!("fields=[{}]", sp.fields.join(", ")),
             };
+            let execution = match sp.execution {
+                Execution::Online => "",
+                Execution::Batch => " execution=batch",
+            };
             let _ = writeln!(
                 out,
-                "  {} map v{} backend={}({}){} attempts={} max_output_tokens={}\n    sees {sees}",
+                "  {} map v{} backend={}({}){simulated}{execution} attempts={} max_output_tokens={}\n    sees {sees}",
                 sp.name,
                 sp.version,
                 sp.backend,
                 backend,
-                simulated,
                 sp.max_attempts,
                 sp.max_output_tokens
             );
