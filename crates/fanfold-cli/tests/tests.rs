@@ -402,6 +402,36 @@ fn bad_specs_name_the_problem() {
 }
 
 #[test]
+fn batch_execution_needs_a_batch_api_and_batches_lists_the_store() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    f.input(br#"[{"id": 1}]"#);
+    let o = f.run(&["--execution", "batch"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("execution = \"batch\"") && err.contains("has no batch API"),
+        "{err}"
+    );
+    assert!(!f.path("store.sqlite").exists(), "refused before any work");
+
+    // A store with no batches says so; a missing store is an error.
+    let o = f.run(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let list = run(bin()
+        .arg("batches")
+        .arg("--store")
+        .arg(f.path("store.sqlite")));
+    assert!(list.status.success());
+    assert!(String::from_utf8_lossy(&list.stdout).contains("no provider batches"));
+    let missing = run(bin()
+        .arg("batches")
+        .arg("--store")
+        .arg(f.path("nope.sqlite")));
+    assert!(!missing.status.success());
+    assert!(stderr(&missing).contains("no store at"));
+}
+
+#[test]
 fn top_k_cancels_only_what_cannot_enter() {
     let extra = "[contract]\ntype = \"top_k\"\nk = 3\nscore = \"/score\"\nbound = \".score\"\n";
     let f = Fixture::new(r#"{ type = "jsonl", key = "id", kind = "row" }"#, extra);

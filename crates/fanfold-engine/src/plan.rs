@@ -458,12 +458,7 @@ impl Plan {
             let _ = writeln!(
                 out,
                 "  {} map v{} backend={}({}){simulated}{execution} attempts={} max_output_tokens={}\n    sees {sees}",
-                sp.name,
-                sp.version,
-                sp.backend,
-                backend,
-                sp.max_attempts,
-                sp.max_output_tokens
+                sp.name, sp.version, sp.backend, backend, sp.max_attempts, sp.max_output_tokens
             );
             let _ = writeln!(
                 out,

@@ -39,8 +39,8 @@ fn run(stream: bool) {
     for (unit, result) in outcomes {
         let c = result.unwrap_or_else(|e| panic!("{unit}: {e}"));
         // The server's grammar held the answer to the job's schema.
-        let v: Value = serde_json::from_str(&c.text)
-            .unwrap_or_else(|e| panic!("{unit}: {e}: {:?}", c.text));
+        let v: Value =
+            serde_json::from_str(&c.text).unwrap_or_else(|e| panic!("{unit}: {e}: {:?}", c.text));
         assert!(v["unit"].is_string(), "{unit}: {v}");
         assert!(c.usage.latency_ms > 0, "{unit}");
         let prompt = c.usage.prompt_tokens + c.usage.cached_tokens;

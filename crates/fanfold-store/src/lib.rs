@@ -694,6 +694,48 @@ mod tests {
     }
 
     #[test]
+    fn open_batches_are_found_by_request_key_until_closed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("s.sqlite")).expect("open");
+        let row = |id: &str, at: u64| BatchRow {
+            batch_id: id.into(),
+            provider: "openai".into(),
+            endpoint: "https://api.example/v1".into(),
+            state: "open".into(),
+            requests: 0,
+            submitted_ms: at,
+            closed_ms: None,
+        };
+        let keys = |k: &[(&str, &str)]| -> Vec<(String, String)> {
+            k.iter().map(|(a, b)| ((*a).into(), (*b).into())).collect()
+        };
+        store
+            .put_batch(&row("b1", 1), &keys(&[("k1", "r0"), ("k2", "r1")]))
+            .expect("b1");
+        store
+            .put_batch(&row("b2", 2), &keys(&[("k2", "r0")]))
+            .expect("b2");
+        let found = |k: &str| store.find_open_batch(k).expect("find");
+        assert_eq!(found("k1"), Some(("b1".into(), "r0".into())));
+        // The newest open batch wins when a request is in two.
+        assert_eq!(found("k2"), Some(("b2".into(), "r0".into())));
+        assert_eq!(found("k3"), None);
+        store.close_batch("b2", "consumed").expect("close");
+        assert_eq!(found("k2"), Some(("b1".into(), "r1".into())));
+        store.close_batch("b1", "failed").expect("close");
+        assert_eq!((found("k1"), found("k2")), (None, None));
+        let listed = store.batches().expect("list");
+        assert_eq!(
+            listed
+                .iter()
+                .map(|b| (b.batch_id.as_str(), b.state.as_str(), b.requests))
+                .collect::<Vec<_>>(),
+            [("b2", "consumed", 1), ("b1", "failed", 2)]
+        );
+        assert!(listed.iter().all(|b| b.closed_ms.is_some()));
+    }
+
+    #[test]
     fn a_newer_schema_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("s.sqlite");
