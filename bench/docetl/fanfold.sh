@@ -45,34 +45,9 @@ cp "$FIXTURE"/{spec.toml,rubric.md,fact.schema.json,scripted-judge.jq} "$WORK/"
 sed -i "s#^base_url = \"http://127.0.0.1:8080/v1\"#base_url = \"http://127.0.0.1:$PROXY_PORT/v1\"#" "$WORK/spec.toml"
 grep -q "127.0.0.1:$PROXY_PORT/v1" "$WORK/spec.toml" || { echo "spec.toml: local_server base_url not found" >&2; exit 1; }
 
-STARTED=()
-cleanup() {
-  for pid in "${STARTED[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${STARTED[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-up() { curl -sf -o /dev/null "http://127.0.0.1:$1/v1/models"; }
-
-if up "$SERVER_PORT"; then
-  echo "reusing the server on :$SERVER_PORT"
-else
-  echo "starting llama_cpp.server on :$SERVER_PORT"
-  "$LCP_PYTHON" -m llama_cpp.server --model "$MODEL" --host 127.0.0.1 --port "$SERVER_PORT" \
-    --model_alias local --n_ctx "$N_CTX" --n_threads "$N_THREADS" --n_threads_batch "$N_THREADS" \
-    --interrupt_requests False >"$WORK/server.log" 2>&1 &
-  STARTED+=($!)
-  for _ in $(seq 120); do up "$SERVER_PORT" && break; sleep 1; done
-  up "$SERVER_PORT" || { echo "server did not come up; see $WORK/server.log" >&2; exit 1; }
-fi
-if up "$PROXY_PORT"; then
-  echo "port $PROXY_PORT is taken: stop what listens there or set PROXY_PORT" >&2; exit 1
-fi
-python3 "$HERE/usage_proxy.py" --listen "127.0.0.1:$PROXY_PORT" --upstream "127.0.0.1:$SERVER_PORT" \
-  --log "$WORK/usage.jsonl" --tag fanfold 2>"$WORK/proxy.log" &
-STARTED+=($!)
-for _ in $(seq 30); do up "$PROXY_PORT" && break; sleep 0.2; done
-up "$PROXY_PORT" || { echo "proxy did not come up; see $WORK/proxy.log" >&2; exit 1; }
-: >"$WORK/usage.jsonl"
+. "$HERE/common.sh"
+start_server "$WORK/server.log"
+start_proxy "$WORK/usage.jsonl" "$WORK/proxy.log" fanfold
 
 echo "running fanfold on $RUN_DIR/issues.json"
 T0=$(date +%s.%N)

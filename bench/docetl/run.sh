@@ -72,37 +72,11 @@ if stale:
     sys.exit(f"pipeline.yaml: the prompt of {stale} no longer contains rubric.md verbatim")
 PYEOF
 
-STARTED=()
-cleanup() {
-  for pid in "${STARTED[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${STARTED[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-
-up() { curl -sf -o /dev/null "http://127.0.0.1:$1/v1/models"; }
-
-if up "$SERVER_PORT"; then
-  echo "reusing the server on :$SERVER_PORT"
-else
-  echo "starting llama_cpp.server on :$SERVER_PORT"
-  "$LCP_PYTHON" -m llama_cpp.server --model "$MODEL" --host 127.0.0.1 --port "$SERVER_PORT" \
-    --model_alias local --n_ctx "$N_CTX" --n_threads "$N_THREADS" --n_threads_batch "$N_THREADS" \
-    --interrupt_requests False >"$RUN_DIR/server.log" 2>&1 &
-  STARTED+=($!)
-  for _ in $(seq 120); do up "$SERVER_PORT" && break; sleep 1; done
-  up "$SERVER_PORT" || { echo "server did not come up; see $RUN_DIR/server.log" >&2; exit 1; }
-fi
-
-if up "$PROXY_PORT"; then
-  echo "port $PROXY_PORT is taken: stop what listens there or set PROXY_PORT" >&2; exit 1
-fi
-PROXY_ARGS=(--listen "127.0.0.1:$PROXY_PORT" --upstream "127.0.0.1:$SERVER_PORT" --log "$RUN_DIR/usage.jsonl" --tag docetl)
-[ "$LOG_BODIES" = 1 ] && PROXY_ARGS+=(--log-bodies)
-python3 "$HERE/usage_proxy.py" "${PROXY_ARGS[@]}" 2>"$RUN_DIR/proxy.log" &
-STARTED+=($!)
-for _ in $(seq 30); do up "$PROXY_PORT" && break; sleep 0.2; done
-up "$PROXY_PORT" || { echo "proxy did not come up; see $RUN_DIR/proxy.log" >&2; exit 1; }
-: >"$RUN_DIR/usage.jsonl"  # drop the readiness probes (not logged anyway)
+. "$HERE/common.sh"
+start_server "$RUN_DIR/server.log"
+PROXY_EXTRA=()
+[ "$LOG_BODIES" = 1 ] && PROXY_EXTRA+=(--log-bodies)
+start_proxy "$RUN_DIR/usage.jsonl" "$RUN_DIR/proxy.log" docetl "${PROXY_EXTRA[@]}"
 
 export OPENAI_API_BASE="http://127.0.0.1:$PROXY_PORT/v1"
 export OPENAI_API_KEY="sk-local"

@@ -432,32 +432,26 @@ impl Job for StageJob<'_> {
             if let Ok(c) = &result {
                 state.usage.push((req.index, c.usage));
             }
-            if let Err(CallError::BatchPending {
-                batch_id,
-                state: at,
-            }) = &result
-            {
-                // Not a failure: the answer is on its way, and the next run
-                // collects it from the batch instead of asking again.
+            // Neither ends in a retry: a cancelled unit's answer cannot
+            // matter, and a batch-pending one is on its way (the next run
+            // collects it from the batch instead of asking again).
+            let unanswered = match &result {
+                Err(CallError::BatchPending {
+                    batch_id,
+                    state: at,
+                }) => Some((Status::NotRun, format!("batch_pending: {batch_id} ({at})"))),
+                Err(CallError::Cancelled) => Some((
+                    Status::Cancelled,
+                    format!(
+                        "cancelled in flight: {}",
+                        state.stop.as_ref().map_or("stopped", StopReason::code)
+                    ),
+                )),
+                _ => None,
+            };
+            if let Some((status, reason)) = unanswered {
                 let r = UnitResult {
-                    status: Status::NotRun,
-                    interpreted: None,
-                    reason: Some(format!("batch_pending: {batch_id} ({at})")),
-                    attempts: req.attempt,
-                    usage: Usage::default(),
-                };
-                let finished = self.finish_unit(&mut state, req.index, r);
-                drop(state);
-                (self.on_finish)(finished.0, &finished.1);
-                return;
-            }
-            if matches!(result, Err(CallError::Cancelled)) {
-                let reason = format!(
-                    "cancelled in flight: {}",
-                    state.stop.as_ref().map_or("stopped", StopReason::code)
-                );
-                let r = UnitResult {
-                    status: Status::Cancelled,
+                    status,
                     interpreted: None,
                     reason: Some(reason),
                     attempts: req.attempt,

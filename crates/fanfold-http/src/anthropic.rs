@@ -6,7 +6,10 @@ use fanfold_model::{BackendError, BackendInfo, CallError, Job, ModelBackend, Req
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
-use crate::batch::{BatchApi, BatchConfig, BatchHttp, BatchStatus, LineOutcome, line_error};
+use crate::batch::{
+    BatchApi, BatchConfig, BatchHttp, BatchStatus, LineOutcome, invalid_reply, line_error,
+    result_lines,
+};
 use crate::config::{AnthropicConfig, OutputMode};
 use crate::secret::ApiKey;
 use crate::transport::{Fault, Protocol, Reply, Transport, parse_json, read_body};
@@ -146,19 +149,8 @@ impl BatchApi for AnthropicProtocol {
             let bytes = http
                 .send(|| http.client.get(url.clone()).headers(http.headers.clone()))
                 .await?;
-            for (n, line) in bytes.split(|b| *b == b'\n').enumerate() {
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                let v: Value = serde_json::from_slice(line)
-                    .map_err(|e| Fault::Invalid(format!("batch results line {}: {e}", n + 1)))?;
-                let Some(custom_id) = v.get("custom_id").and_then(Value::as_str) else {
-                    return Err(Fault::Invalid(format!(
-                        "batch results line {} has no custom_id",
-                        n + 1
-                    )));
-                };
-                out.push((custom_id.to_owned(), self.batch_line(&v)));
+            for (custom_id, v) in result_lines(&bytes, "batch results")? {
+                out.push((custom_id, self.batch_line(&v)));
             }
         }
         Ok(out)
@@ -173,12 +165,7 @@ impl AnthropicProtocol {
         match result.get("type").and_then(Value::as_str) {
             Some("succeeded") => {
                 let message = result.get("message").unwrap_or(&Value::Null);
-                parse_message(message, self.config.output).map_err(|f| match f {
-                    Fault::Invalid(m) | Fault::Truncated(m) | Fault::Connection(m) => {
-                        CallError::InvalidResponse(m)
-                    }
-                    other => CallError::InvalidResponse(format!("{other:?}")),
-                })
+                parse_message(message, self.config.output).map_err(invalid_reply)
             }
             Some("errored") => {
                 let e = result.pointer("/error/error").unwrap_or(&Value::Null);

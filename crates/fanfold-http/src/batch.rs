@@ -329,11 +329,7 @@ impl<P: BatchApi> Transport<P> {
             }
             Err(fault) => {
                 tracing::warn!(?fault, requests = items.len(), "batch submission failed");
-                let err = self.fault_error(&fault);
-                for (_, request) in requests {
-                    self.count_failed();
-                    job.complete(request, Err(err.clone()));
-                }
+                self.fail_all(job, requests, &self.fault_error(&fault));
             }
         }
     }
@@ -385,10 +381,7 @@ impl<P: BatchApi> Transport<P> {
                 };
                 if let Some(failure) = &status.failure {
                     let err = CallError::Backend(format!("batch {id} failed: {failure}"));
-                    for (_, request) in requests {
-                        self.count_failed();
-                        job.complete(request, Err(err.clone()));
-                    }
+                    self.fail_all(job, requests, &err);
                     self.close(ledger, &id, "failed");
                     continue;
                 }
@@ -477,6 +470,13 @@ impl<P: BatchApi> Transport<P> {
         }
     }
 
+    fn fail_all(&self, job: &dyn Job, requests: Vec<(String, Request)>, err: &CallError) {
+        for (_, request) in requests {
+            self.count_failed();
+            job.complete(request, Err(err.clone()));
+        }
+    }
+
     fn end_pending(
         &self,
         job: &dyn Job,
@@ -501,6 +501,38 @@ impl<P: BatchApi> Transport<P> {
         {
             tracing::warn!(batch = %id, error = %e, "batch not closed in the ledger");
         }
+    }
+}
+
+/// The lines of a batch result file, each with its `custom_id`. Blank
+/// lines are skipped; a line that is not a JSON object with a `custom_id`
+/// makes the whole file unreadable.
+pub(crate) fn result_lines(bytes: &[u8], what: &str) -> Result<Vec<(String, Value)>, Fault> {
+    let mut out = Vec::new();
+    for (n, line) in bytes.split(|b| *b == b'\n').enumerate() {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let v: Value = serde_json::from_slice(line)
+            .map_err(|e| Fault::Invalid(format!("{what} line {}: {e}", n + 1)))?;
+        let Some(custom_id) = v.get("custom_id").and_then(Value::as_str) else {
+            return Err(Fault::Invalid(format!(
+                "{what} line {} has no custom_id",
+                n + 1
+            )));
+        };
+        out.push((custom_id.to_owned(), v));
+    }
+    Ok(out)
+}
+
+/// A reply the protocol's parser refused, as the unit's error.
+pub(crate) fn invalid_reply(f: Fault) -> CallError {
+    match f {
+        Fault::Invalid(m) | Fault::Truncated(m) | Fault::Connection(m) => {
+            CallError::InvalidResponse(m)
+        }
+        other => CallError::InvalidResponse(format!("{other:?}")),
     }
 }
 

@@ -8,7 +8,10 @@ use futures_util::StreamExt;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 
-use crate::batch::{BatchApi, BatchConfig, BatchHttp, BatchStatus, LineOutcome, line_error};
+use crate::batch::{
+    BatchApi, BatchConfig, BatchHttp, BatchStatus, LineOutcome, invalid_reply, line_error,
+    result_lines,
+};
 use crate::config::{MaxTokensField, OpenAiConfig, OutputMode};
 use crate::secret::ApiKey;
 use crate::transport::{Fault, Protocol, Reply, Transport, excerpt, parse_json, read_body};
@@ -188,20 +191,8 @@ impl BatchApi for OpenAiProtocol {
             let bytes = http
                 .send(|| http.client.get(&url).headers(http.headers.clone()))
                 .await?;
-            for (n, line) in bytes.split(|b| *b == b'\n').enumerate() {
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                let v: Value = serde_json::from_slice(line).map_err(|e| {
-                    Fault::Invalid(format!("batch file {file} line {}: {e}", n + 1))
-                })?;
-                let Some(custom_id) = v.get("custom_id").and_then(Value::as_str) else {
-                    return Err(Fault::Invalid(format!(
-                        "batch file {file} line {} has no custom_id",
-                        n + 1
-                    )));
-                };
-                out.push((custom_id.to_owned(), batch_line(&v)));
+            for (custom_id, v) in result_lines(&bytes, &format!("batch file {file}"))? {
+                out.push((custom_id, batch_line(&v)));
             }
         }
         Ok(out)
@@ -235,12 +226,7 @@ fn batch_line(v: &Value) -> LineOutcome {
             body_excerpt: excerpt(&body.to_string()),
         });
     }
-    parse_completion(body).map_err(|f| match f {
-        Fault::Invalid(m) | Fault::Truncated(m) | Fault::Connection(m) => {
-            CallError::InvalidResponse(m)
-        }
-        other => CallError::InvalidResponse(format!("{other:?}")),
-    })
+    parse_completion(body).map_err(invalid_reply)
 }
 
 impl Protocol for OpenAiProtocol {
