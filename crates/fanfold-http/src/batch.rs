@@ -267,7 +267,7 @@ impl<P: BatchApi> Transport<P> {
                     batch_id,
                     custom_id,
                 }))) => {
-                    tracing::info!(unit = %request.unit_id, batch = %batch_id, "request already in a pending batch");
+                    tracing::debug!(unit = %request.unit_id, batch = %batch_id, "request already in a pending batch");
                     waiting
                         .entry(batch_id)
                         .or_default()
@@ -281,6 +281,9 @@ impl<P: BatchApi> Transport<P> {
             }
         }
 
+        for (batch_id, requests) in &waiting {
+            tracing::info!(batch = %batch_id, requests = requests.len(), "collecting a batch submitted earlier");
+        }
         let limit = cfg.max_requests.unwrap_or(P::MAX_REQUESTS).max(1);
         while !fresh.is_empty() {
             let rest = fresh.split_off(fresh.len().min(limit));
