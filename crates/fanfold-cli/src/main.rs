@@ -64,8 +64,9 @@ struct InputArgs {
     input: Option<PathBuf>,
     /// A command whose output is captured once as the input, e.g.
     /// `--input-command "gh issue list --limit 1000 --json number,title,body"`.
-    #[arg(long, value_name = "CMD", conflicts_with = "input")]
-    input_command: Option<String>,
+    /// Split into words by POSIX shell quoting rules, then run without a shell.
+    #[arg(long, value_name = "CMD", conflicts_with = "input", value_parser = parse_command_words)]
+    input_command: Option<CommandWords>,
     /// The store file.
     #[arg(long, env = env_vars::STORE, default_value = ".fanfold/store.sqlite")]
     store: PathBuf,
@@ -119,12 +120,22 @@ impl InputArgs {
     }
 }
 
+/// An `--input-command` split into its program and arguments.
+#[derive(Clone, Debug)]
+struct CommandWords(Vec<String>);
+
+/// Splits a command line by POSIX shell quoting rules (`'…'`, `"…"`, `\`),
+/// without running a shell: no expansion, pipes or redirections.
+fn parse_command_words(cmd: &str) -> Result<CommandWords, String> {
+    shlex::split(cmd).map(CommandWords).ok_or_else(|| {
+        "unclosed quote or trailing backslash: quote the command as a shell would".to_owned()
+    })
+}
+
 impl InputArgs {
     fn source(&self) -> Option<Source> {
-        if let Some(cmd) = &self.input_command {
-            return Some(Source::Command(
-                cmd.split_whitespace().map(str::to_owned).collect(),
-            ));
+        if let Some(CommandWords(words)) = &self.input_command {
+            return Some(Source::Command(words.clone()));
         }
         self.input.as_ref().map(|p| {
             if p.as_os_str() == "-" {

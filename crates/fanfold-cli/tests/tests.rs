@@ -295,6 +295,27 @@ fn stdin_and_command_inputs_share_the_artifact() {
 }
 
 #[test]
+fn input_command_is_split_by_shell_quoting_without_a_shell() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    let data = r#"[{"id": 1, "flag": true}, {"id": 2, "flag": false}]"#;
+    f.input(data.as_bytes());
+    assert!(f.run(&[]).status.success());
+    let from_file = f.certificate()["source_hash"].clone();
+    // printf echoes the JSON unchanged only if the single-quoted text, spaces
+    // and double quotes included, reaches it as one argument.
+    let cmd = format!("printf %s '{data}'");
+    let o = f.run(&["--input-command", &cmd]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(f.certificate()["source_hash"], from_file);
+    assert_eq!(f.answer_ids(), ["1"]);
+    let facts = f.fact_count();
+    let o = f.run(&["--input-command", "printf %s '[1, 2]"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("unclosed quote"), "{}", stderr(&o));
+    assert_eq!(f.fact_count(), facts);
+}
+
+#[test]
 fn bad_inputs_fail_clearly_and_keep_the_store() {
     let f = Fixture::new(JSON_ARRAY, "");
     f.input(br#"[{"id": 1, "flag": true}]"#);
