@@ -12,7 +12,7 @@ use anyhow::{Result, anyhow};
 use fanfold_embed::{Embedder, EmbedderFiles};
 use fanfold_engine::Plan;
 use fanfold_engine::models::{MINILM_L6_V2, cache_dir, ensure_all};
-use fanfold_engine::run::Projector;
+use fanfold_ops::view::Projector;
 
 pub struct EmbedArgs {
     pub example: PathBuf,
@@ -38,15 +38,24 @@ fn oracle_kinds(path: &Path) -> Result<BTreeMap<String, String>> {
 pub fn main(args: EmbedArgs) -> Result<()> {
     let plan = Plan::load(&args.example.join("spec.toml"))?;
     let stage = plan
-        .embeds
-        .first()
+        .stages
+        .iter()
+        .find_map(|s| plan.embed_stage(s.name()))
         .ok_or_else(|| anyhow!("the example has no embed stage"))?;
-    let (units, routed) = crate::bench_fabric::example_units(&plan)?;
-    let kept = routed.routed.get(stage.name()).cloned().unwrap_or_default();
-    let projector = Projector::compile(stage.name(), stage.spec.project.as_deref())?;
+    let routed = crate::bench_fabric::example_units(&plan)?;
+    let kept = routed
+        .by_stage
+        .get(stage.name())
+        .cloned()
+        .unwrap_or_default();
+    let projector = Projector::compile(
+        stage.name(),
+        stage.spec.project.as_deref(),
+        &stage.spec.fields,
+    )?;
     let mut texts = Vec::with_capacity(kept.len());
     for &i in &kept {
-        let projected = projector.project(stage.name(), &stage.spec.fields, &units[i])?;
+        let projected = projector.project(routed.table.id(i).as_str(), &routed.table.value(i))?;
         texts.push(stage.text(&projected));
     }
 
@@ -72,7 +81,7 @@ pub fn main(args: EmbedArgs) -> Result<()> {
     for (&i, v) in kept.iter().zip(&vectors) {
         let score = stage.score(v, &anchor_vectors).score;
         let kind = kinds
-            .get(units[i].unit.unit_id.as_str())
+            .get(routed.table.id(i).as_str())
             .cloned()
             .unwrap_or_else(|| "unlabelled".into());
         by_kind.entry(kind).or_default().push(score);

@@ -11,11 +11,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow};
 use fanfold_engine::Plan;
-use fanfold_engine::run::{Prefiltered, Projector, prefilter_units};
+use fanfold_engine::run::route::Routed;
 use fanfold_llama::{EmbeddedModel, LlamaConfig};
 use fanfold_model::{CallError, Completion, Job, Request};
 use fanfold_ops::map::MapStage;
-use fanfold_ops::partition::{PartUnit, PartitionOptions, partition_all};
+use fanfold_ops::view::Projector;
 use serde_json::Value;
 
 pub struct FabricArgs {
@@ -82,39 +82,40 @@ impl Job for BenchJob {
 
 /// The example's units and what its prefilter did with them: the same
 /// partition and routing a run uses.
-pub(crate) fn example_units(plan: &Plan) -> Result<(Vec<PartUnit>, Prefiltered)> {
+pub(crate) fn example_units(plan: &Plan) -> Result<Routed> {
     let source = plan
         .default_source()
         .ok_or_else(|| anyhow!("the example names no input"))?;
-    let bytes = source.read()?;
-    let (units, _, _) = partition_all(
-        &plan.spec.input.partition,
-        &bytes,
-        PartitionOptions::default(),
-    )?;
-    let routed = prefilter_units(plan, &units)?;
-    Ok((units, routed))
+    Ok(fanfold_engine::run::route_source(
+        plan,
+        &source,
+        fanfold_ops::partition::DEFAULT_MAX_UNIT_BYTES,
+    )?)
 }
 
 /// The units the example's prefilter keeps, as requests for `stage`. An
 /// embed stage in front is skipped: the bench measures the model, and
 /// needs more units than the embed filter would leave.
 fn requests(plan: &Plan, stage: &MapStage, n: usize) -> Result<Vec<Request>> {
-    let (units, routed) = example_units(plan)?;
-    let projector = Projector::compile(stage.name(), stage.spec.project.as_deref())?;
+    let routed = example_units(plan)?;
+    let projector = Projector::compile(
+        stage.name(),
+        stage.spec.project.as_deref(),
+        &stage.spec.fields,
+    )?;
     let mut out = Vec::new();
     for &i in routed
-        .routed
+        .by_stage
         .get(plan.first_stage())
         .map(Vec::as_slice)
         .unwrap_or(&[])
     {
-        let u = &units[i];
-        let projected = projector.project(stage.name(), &stage.spec.fields, u)?;
+        let id = routed.table.id(i);
+        let projected = projector.project(id.as_str(), &routed.table.value(i))?;
         out.push(Request {
             index: out.len(),
-            unit_id: u.unit.unit_id.0.clone(),
-            suffix: stage.suffix(u.unit.unit_id.as_str(), &projected),
+            unit_id: id.0.clone(),
+            suffix: stage.suffix(id.as_str(), &projected),
             schema: stage.schema_for_unit(&projected),
             input: projected,
             attempt: 1,
@@ -267,8 +268,9 @@ pub fn main(args: FabricArgs) -> Result<()> {
     let plan = Plan::load(&args.example.join("spec.toml"))?;
     let stage = plan
         .stages
-        .first()
-        .ok_or_else(|| anyhow!("the example has no stage"))?;
+        .iter()
+        .find_map(|s| plan.map_stage(s.name()))
+        .ok_or_else(|| anyhow!("the example has no map stage"))?;
     let all = requests(&plan, stage, args.units + 16)?;
     if all.len() < args.units + 16 {
         return Err(anyhow!(

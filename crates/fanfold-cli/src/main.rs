@@ -4,6 +4,7 @@ mod bench;
 mod bench_embed;
 mod bench_fabric;
 mod bench_http;
+mod bench_scale;
 mod progress;
 mod selfcheck;
 
@@ -12,7 +13,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use fanfold_engine::{Plan, RunOptions, Source};
+use fanfold_engine::{Overrides, Plan, RunOptions, Source};
 
 /// Every environment variable fanfold reads, in one place.
 mod env_vars {
@@ -93,30 +94,29 @@ enum ExecutionArg {
 }
 
 impl InputArgs {
+    /// The plan with this command line's overrides applied before it is
+    /// checked and hashed, so the certificate names what actually runs.
     fn plan(&self, spec: &std::path::Path) -> Result<Plan> {
-        let mut plan = Plan::load(spec)?;
-        if let Some(name) = &self.backend {
-            plan.use_backend(name)?;
-        }
-        if let Some(e) = self.execution {
-            plan.use_execution(match e {
+        let model = match &self.model {
+            Some(path) => {
+                let path = std::path::absolute(path)
+                    .with_context(|| format!("resolving {}", path.display()))?;
+                if !path.is_file() {
+                    bail!("--model {}: no such file", path.display());
+                }
+                Some(path)
+            }
+            None => None,
+        };
+        let overrides = Overrides {
+            backend: self.backend.clone(),
+            execution: self.execution.map(|e| match e {
                 ExecutionArg::Online => fanfold_core::spec::Execution::Online,
                 ExecutionArg::Batch => fanfold_core::spec::Execution::Batch,
-            })?;
-        }
-        if let Some(path) = &self.model {
-            let path = std::path::absolute(path)
-                .with_context(|| format!("resolving {}", path.display()))?;
-            if !path.is_file() {
-                bail!("--model {}: no such file", path.display());
-            }
-            for b in plan.spec.backends.values_mut() {
-                if let fanfold_core::spec::BackendSpec::Llama { model, .. } = b {
-                    *model = Some(path.display().to_string());
-                }
-            }
-        }
-        Ok(plan)
+            }),
+            model,
+        };
+        Ok(Plan::load_with(spec, &overrides)?)
     }
 }
 
@@ -346,11 +346,22 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(".fanfold/runs").join(&plan.spec.name));
     opts.out_dir = Some(out.clone());
-    let report = if args.json {
-        fanfold_engine::run(&plan, &opts, &fanfold_engine::NoProgress)?
+    let result = if args.json {
+        fanfold_engine::run(&plan, &opts, &fanfold_engine::NoProgress)
     } else {
         let bars = progress::Bars::new();
-        fanfold_engine::run(&plan, &opts, &bars)?
+        fanfold_engine::run(&plan, &opts, &bars)
+    };
+    let report = match result {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(match e.category() {
+                fanfold_engine::ErrorCategory::Input => EXIT_INPUT,
+                fanfold_engine::ErrorCategory::Configuration => EXIT_CONFIGURATION,
+                fanfold_engine::ErrorCategory::Execution => 2,
+            }));
+        }
     };
     let c = &report.certificate;
     if c.coverage.rejected > 0 {
@@ -376,14 +387,27 @@ fn run(args: RunArgs) -> Result<ExitCode> {
             out.display()
         );
     }
+    let code = report.exit_code();
     if !report.certificate.verify.passed {
-        bail!(
-            "verification failed: see {}/certificate.json",
+        eprintln!(
+            "error: verification failed: see {}/certificate.json",
             out.display()
         );
+    } else if !report.answer.complete {
+        eprintln!(
+            "warning: the answer is INCOMPLETE: {}",
+            report.answer.incomplete.join("; ")
+        );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(ExitCode::from(code))
 }
+
+/// `fanfold run` exits 5 when the input or the spec's expressions are at
+/// fault, 6 when a backend or model could not be set up, 2 for other
+/// failures; 3 and 4 (an incomplete answer, a failed verification) come
+/// from the engine's report.
+const EXIT_INPUT: u8 = 5;
+const EXIT_CONFIGURATION: u8 = 6;
 
 fn explain(args: ExplainArgs) -> Result<ExitCode> {
     let plan = args.input.plan(&args.spec)?;
@@ -398,7 +422,7 @@ fn explain(args: ExplainArgs) -> Result<ExitCode> {
                 } else {
                     None
                 };
-                Some(fanfold_engine::run::route(
+                Some(fanfold_engine::run::explain_routing(
                     &plan,
                     &src,
                     store.as_ref(),

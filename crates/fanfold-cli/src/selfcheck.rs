@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, anyhow};
 use fanfold_core::spec::{BackendSpec, BudgetSpec, ContractSpec, FaultKind, FaultSpec};
 use fanfold_core::{Status, UnitId};
-use fanfold_engine::run::RunReport;
+use fanfold_engine::RunReport;
 use fanfold_engine::{NoProgress, Plan, RunOptions, Source};
 use serde::Serialize;
 use serde_json::Value;
@@ -55,9 +55,7 @@ struct Ctx {
 
 impl Ctx {
     fn plan(&self) -> Result<Plan> {
-        let mut plan = Plan::load(&self.example.join("spec.toml"))?;
-        plan.use_backend(BACKEND)?;
-        Ok(plan)
+        Ok(scripted_plan(&self.example.join("spec.toml"))?)
     }
 
     fn store(&self, name: &str) -> PathBuf {
@@ -247,8 +245,7 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
         "\nBe strict about the release: a P1 without a blocker statement is not a blocker.\n",
     );
     std::fs::write(&rubric, text)?;
-    let mut plan_b = Plan::load(&copy.join("spec.toml"))?;
-    plan_b.use_backend(BACKEND)?;
+    let mut plan_b = scripted_plan(&copy.join("spec.toml"))?;
     set_backend(&mut plan_b, Vec::new(), 0);
     let rubric_run = ctx.run(&plan_b, &store_a, None, None)?;
     let s4 = &rubric_run.certificate.stats;
@@ -491,4 +488,15 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// The spec with every model stage on the scripted backend.
+fn scripted_plan(spec: &Path) -> Result<Plan, fanfold_engine::PlanError> {
+    Plan::load_with(
+        spec,
+        &fanfold_engine::Overrides {
+            backend: Some(BACKEND.into()),
+            ..Default::default()
+        },
+    )
 }

@@ -52,10 +52,11 @@ pub fn build(
             n_batch,
             slot_tokens,
         } => {
+            let identity = identity(spec, spec_dir, execution)?;
             let path = match model {
                 Some(m) => spec_dir.join(m),
                 None => models::ensure(&models::SMOLLM2_135M, &models::cache_dir(), &|line| {
-                    eprintln!("{line}")
+                    tracing::info!("{line}")
                 })
                 .map_err(|e| BackendError::Setup(e.to_string()))?,
             };
@@ -63,6 +64,7 @@ pub fn build(
             cfg.threads = *threads;
             cfg.n_batch = *n_batch;
             cfg.slot_tokens = *slot_tokens;
+            cfg.model_id = Some(identity.model_id);
             let model = EmbeddedModel::load(cfg).map_err(|e| BackendError::Setup(e.to_string()))?;
             Ok(Box::new(model))
         }
@@ -79,6 +81,7 @@ pub fn build(
                 model: h.model.clone(),
                 prices,
                 batch,
+                output: h.output,
             }))
         }
         BackendSpec::Anthropic(h) => {
@@ -92,8 +95,45 @@ pub fn build(
                 model: h.model.clone(),
                 prices,
                 batch,
+                output: h.output,
             }))
         }
+    }
+}
+
+/// A backend's identity, from the spec alone: the embedded model is named
+/// by its pinned hash (or its file's hash) and is never loaded or fetched
+/// here. Everything that changes what a backend answers is in it: the
+/// embedded model's slot window (a longer window truncates fewer units)
+/// and an HTTP backend's output mode.
+pub fn identity(
+    spec: &BackendSpec,
+    spec_dir: &Path,
+    execution: Execution,
+) -> Result<BackendInfo, BackendError> {
+    match spec {
+        BackendSpec::Llama {
+            model, slot_tokens, ..
+        } => {
+            let id = match model {
+                Some(m) => fanfold_llama::model_identity(&spec_dir.join(m))
+                    .map_err(|e| BackendError::Setup(e.to_string()))?,
+                None => format!(
+                    "gguf:{}:sha256-{}",
+                    models::SMOLLM2_135M.file,
+                    &models::SMOLLM2_135M.sha256[..16]
+                ),
+            };
+            Ok(BackendInfo {
+                kind: "llama".into(),
+                model_id: format!("{id}/slot{slot_tokens}"),
+                simulated: false,
+            })
+        }
+        BackendSpec::Openai(_)
+        | BackendSpec::Anthropic(_)
+        | BackendSpec::Scripted { .. }
+        | BackendSpec::Replay { .. } => Ok(build(spec, spec_dir, execution)?.info()),
     }
 }
 
@@ -165,11 +205,21 @@ struct Priced<B> {
     model: String,
     prices: PriceTable,
     batch: bool,
+    /// The output mode, part of the identity: the same model answers
+    /// differently under a schema than under a prompt.
+    output: HttpOutput,
 }
 
 impl<B: ModelBackend> ModelBackend for Priced<B> {
     fn info(&self) -> BackendInfo {
-        self.inner.info()
+        let mut info = self.inner.info();
+        let mode = match self.output {
+            HttpOutput::JsonSchema => "json_schema",
+            HttpOutput::JsonObject => "json_object",
+            HttpOutput::Prompt => "prompt",
+        };
+        info.model_id = format!("{}#{mode}", info.model_id);
+        info
     }
     fn run(&self, job: &dyn Job) -> Result<(), BackendError> {
         self.inner.run(job)

@@ -4,16 +4,20 @@
 
 pub mod backends;
 pub mod batches;
-pub mod embedding;
+pub mod error;
 pub mod models;
 pub mod output;
 pub mod plan;
 pub mod queue;
+pub mod report;
 pub mod run;
 pub mod source;
+pub mod stages;
 
-pub use plan::{Plan, PlanError};
-pub use run::{RunError, RunOptions, RunReport, run};
+pub use error::{ErrorCategory, RunError};
+pub use plan::{Overrides, Plan, PlanError};
+pub use report::{EXIT_INCOMPLETE, EXIT_VERIFY_FAILED, RunReport};
+pub use run::{RunOptions, run};
 pub use source::{Source, SourceError};
 
 /// Receives progress while a run goes. The CLI draws bars from it; tests

@@ -6,7 +6,8 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::Path;
 
-use crate::run::{RunError, RunReport};
+use crate::error::RunError;
+use crate::report::RunReport;
 
 pub const SIMULATED: &str = "[SIMULATED]";
 

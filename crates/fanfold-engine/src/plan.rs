@@ -8,11 +8,12 @@ use std::path::{Path, PathBuf};
 
 use fanfold_core::spec::{BackendSpec, ContractSpec, Execution, ReducerKind, Spec, StageSpec};
 use fanfold_core::{ContentHash, StableHash};
-use fanfold_ops::embed::{EmbedSpecError, EmbedStage};
-use fanfold_ops::map::{MapSpecError, MapStage};
+use fanfold_ops::embed::EmbedSpecError;
+use fanfold_ops::map::MapSpecError;
 use fanfold_ops::prefilter::{Prefilter, PrefilterError};
 
 use crate::source::Source;
+use crate::stages::{BuildContext, Stage};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
@@ -56,51 +57,67 @@ pub struct Plan {
     pub spec: Spec,
     pub spec_path: PathBuf,
     pub spec_dir: PathBuf,
-    /// Hash of the spec text and every file it names.
+    /// Hash of the spec as it runs (after overrides) and every file it
+    /// names.
     pub spec_hash: ContentHash,
-    /// The map stages, in spec order.
-    pub stages: Vec<MapStage>,
-    /// The embed stages, in spec order.
-    pub embeds: Vec<EmbedStage>,
-    /// Every stage's name, in spec order: the order stages run in.
-    pub order: Vec<String>,
+    /// The stages, in spec order: the order they run in.
+    pub stages: Vec<Box<dyn Stage>>,
+}
+
+/// Command-line choices that change what the spec means. They are applied
+/// before the plan is checked and hashed, so the certificate's spec hash is
+/// that of what ran.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    /// Send every model stage to this backend.
+    pub backend: Option<String>,
+    /// Run every map stage `online` or through the provider's batch API.
+    pub execution: Option<Execution>,
+    /// Another GGUF for every embedded backend.
+    pub model: Option<PathBuf>,
 }
 
 impl Plan {
     pub fn load(path: &Path) -> Result<Plan, PlanError> {
+        Plan::load_with(path, &Overrides::default())
+    }
+
+    pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Plan, PlanError> {
         let p = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| PlanError::Read {
             path: p.clone(),
             source,
         })?;
-        let spec = Spec::from_toml(&text).map_err(|e| PlanError::Parse {
+        let mut spec = Spec::from_toml(&text).map_err(|e| PlanError::Parse {
             path: p.clone(),
             detail: e.to_string(),
         })?;
+        apply(&mut spec, overrides).map_err(|detail| PlanError::Invalid {
+            path: p.clone(),
+            detail,
+        })?;
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Plan::from_spec(spec, path, &dir, &text)
+        Plan::from_spec(spec, path, &dir)
     }
 
-    pub fn from_spec(
-        spec: Spec,
-        spec_path: &Path,
-        spec_dir: &Path,
-        text: &str,
-    ) -> Result<Plan, PlanError> {
+    pub fn from_spec(spec: Spec, spec_path: &Path, spec_dir: &Path) -> Result<Plan, PlanError> {
         let p = spec_path.display().to_string();
         let invalid = |detail: String| PlanError::Invalid {
             path: p.clone(),
             detail,
         };
         let mut hashed: BTreeMap<String, String> = BTreeMap::new();
-        hashed.insert("spec".into(), text.to_owned());
-        let mut stages = Vec::new();
+        // The spec as parsed and overridden, not its text: comments and
+        // layout do not change what runs, overrides do.
+        hashed.insert(
+            "spec".into(),
+            serde_json::to_string(&spec).unwrap_or_default(),
+        );
+        let mut stages: Vec<Box<dyn Stage>> = Vec::new();
         let mut names = BTreeSet::new();
         if spec.stages.is_empty() {
             return Err(invalid("declares no stages; add a [[stages]] table".into()));
         }
-        let mut embeds = Vec::new();
-        let mut order = Vec::new();
         for decl in &spec.stages {
             if !names.insert(decl.name().to_owned()) {
                 return Err(invalid(format!(
@@ -108,15 +125,6 @@ impl Plan {
                     decl.name()
                 )));
             }
-            order.push(decl.name().to_owned());
-            let read = |what: &'static str, file: &str| {
-                std::fs::read_to_string(spec_dir.join(file)).map_err(|source| PlanError::File {
-                    path: p.clone(),
-                    what,
-                    file: spec_dir.join(file).display().to_string(),
-                    source,
-                })
-            };
             let project = match decl {
                 StageSpec::Map(s) => &s.project,
                 StageSpec::Embed(s) => &s.project,
@@ -125,60 +133,23 @@ impl Plan {
                 fanfold_ops::jq::JqProgram::compile(expr)
                     .map_err(|e| invalid(format!("stage `{}` project: {e}", decl.name())))?;
             }
-            let s = match decl {
-                StageSpec::Map(s) => s,
-                StageSpec::Embed(e) => {
-                    let examples = match &e.examples {
-                        Some(file) => Some((file.as_str(), read("examples", file)?)),
-                        None => None,
-                    };
-                    if let Some((file, text)) = &examples {
-                        hashed.insert(format!("examples:{}", e.name), format!("{file}\n{text}"));
-                    }
-                    let stage = EmbedStage::new(
-                        e.clone(),
-                        examples.as_ref().map(|(f, t)| (*f, t.as_str())),
-                    )
-                    .map_err(|source| PlanError::Embed {
-                        path: p.clone(),
-                        source,
-                    })?;
-                    embeds.push(stage);
-                    continue;
-                }
+            let mut ctx = BuildContext {
+                spec: &spec,
+                spec_path,
+                spec_dir,
+                hashed: &mut hashed,
             };
-            let rubric = read("rubric", &s.rubric)?;
-            let schema_text = read("output schema", &s.output_schema)?;
-            let schema = serde_json::from_str(&schema_text).map_err(|e| PlanError::Json {
-                path: p.clone(),
-                file: s.output_schema.clone(),
-                detail: e.to_string(),
-            })?;
-            if !spec.backends.contains_key(&s.backend) {
-                return Err(invalid(format!(
-                    "stage `{}` uses backend `{}`, which no [backends.{}] table declares",
-                    s.name, s.backend, s.backend
-                )));
-            }
-            hashed.insert(format!("rubric:{}", s.name), rubric.clone());
-            hashed.insert(format!("schema:{}", s.name), schema_text);
-            stages.push(MapStage::new(s.clone(), rubric, schema).map_err(|source| {
-                PlanError::Map {
-                    path: p.clone(),
-                    source,
-                }
-            })?);
+            stages.push(crate::stages::build(decl, &mut ctx)?);
         }
-        for e in &embeds {
-            let Some(then) = &e.spec.then else {
+        for (at, stage) in stages.iter().enumerate() {
+            let Some(then) = stage.then() else {
                 continue;
             };
-            let here = order.iter().position(|n| n == e.name());
-            let there = order.iter().position(|n| n == then);
-            if there.is_none() || there <= here {
+            let there = stages.iter().position(|s| s.name() == then);
+            if there.is_none_or(|t| t <= at) {
                 return Err(invalid(format!(
                     "stage `{}` passes units on to `{then}`, which is not a stage declared after it",
-                    e.name()
+                    stage.name()
                 )));
             }
         }
@@ -263,56 +234,15 @@ impl Plan {
             }
             ContractSpec::Threshold { .. } => {}
         }
+        check_execution(&spec).map_err(invalid)?;
         let spec_hash = hashed.key_in("spec-v1");
-        let plan = Plan {
+        Ok(Plan {
             spec,
             spec_path: spec_path.to_owned(),
             spec_dir: spec_dir.to_owned(),
             spec_hash,
             stages,
-            embeds,
-            order,
-        };
-        plan.check_execution()?;
-        Ok(plan)
-    }
-
-    /// Batch stages need a backend with a provider batch API.
-    fn check_execution(&self) -> Result<(), PlanError> {
-        for stage in &self.stages {
-            if stage.spec.execution != Execution::Batch {
-                continue;
-            }
-            let batchable = matches!(
-                self.spec.backends.get(&stage.spec.backend),
-                Some(BackendSpec::Openai(_) | BackendSpec::Anthropic(_))
-            );
-            if !batchable {
-                return Err(PlanError::Invalid {
-                    path: self.spec_path.display().to_string(),
-                    detail: format!(
-                        "stage `{}` has execution = \"batch\", but its backend `{}` has no batch API; batch needs an `openai` or `anthropic` backend",
-                        stage.name(),
-                        stage.spec.backend
-                    ),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs every map stage `online` or through the provider's batch API
-    /// (the `--execution` flag).
-    pub fn use_execution(&mut self, execution: Execution) -> Result<(), PlanError> {
-        for stage in &mut self.stages {
-            stage.spec.execution = execution;
-        }
-        for stage in &mut self.spec.stages {
-            if let StageSpec::Map(s) = stage {
-                s.execution = execution;
-            }
-        }
-        self.check_execution()
+        })
     }
 
     /// The source the spec names, resolved against its folder.
@@ -327,44 +257,32 @@ impl Plan {
             .map(|p| Source::File(self.spec_dir.join(p)))
     }
 
-    /// Sends every stage to the backend `name` (the `--backend` flag).
-    pub fn use_backend(&mut self, name: &str) -> Result<(), PlanError> {
-        if !self.spec.backends.contains_key(name) {
-            return Err(PlanError::Invalid {
-                path: self.spec_path.display().to_string(),
-                detail: format!(
-                    "no backend `{name}`; declared: {}",
-                    self.spec
-                        .backends
-                        .keys()
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            });
-        }
-        for stage in &mut self.stages {
-            stage.spec.backend = name.to_owned();
-        }
-        for stage in &mut self.spec.stages {
-            if let StageSpec::Map(s) = stage {
-                s.backend = name.to_owned();
-            }
-        }
-        self.check_execution()
+    pub fn stage(&self, name: &str) -> Option<&dyn Stage> {
+        self.stages
+            .iter()
+            .find(|s| s.name() == name)
+            .map(|s| s.as_ref())
     }
 
-    pub fn stage(&self, name: &str) -> Option<&MapStage> {
-        self.stages.iter().find(|s| s.name() == name)
+    /// The map stage `name`, for tools that drive the map operator alone.
+    pub fn map_stage(&self, name: &str) -> Option<&fanfold_ops::map::MapStage> {
+        self.stage(name)?
+            .as_any()
+            .downcast_ref::<crate::stages::map::MapRunner>()
+            .map(|m| &m.stage)
     }
 
-    pub fn embed_stage(&self, name: &str) -> Option<&EmbedStage> {
-        self.embeds.iter().find(|s| s.name() == name)
+    /// The embed stage `name`.
+    pub fn embed_stage(&self, name: &str) -> Option<&fanfold_ops::embed::EmbedStage> {
+        self.stage(name)?
+            .as_any()
+            .downcast_ref::<crate::stages::embed::EmbedRunner>()
+            .map(|e| &e.stage)
     }
 
     /// The stage a unit no prefilter rule routes goes to.
     pub fn first_stage(&self) -> &str {
-        self.order.first().map(String::as_str).unwrap_or("")
+        self.stages.first().map(|s| s.name()).unwrap_or("")
     }
 
     /// The plan as text, for `fanfold explain`. `routing` adds what the
@@ -398,82 +316,8 @@ impl Plan {
             let _ = writeln!(out, "  {:<20} {:<28} when {}", r.name, action, r.when);
         }
         let _ = writeln!(out, "\nstages");
-        for e in &self.embeds {
-            let sp = &e.spec;
-            let sees = match &sp.project {
-                Some(expr) => format!("project=`{expr}`"),
-                None => format!("fields=[{}]", sp.fields.join(", ")),
-            };
-            let positives = e
-                .anchors
-                .iter()
-                .filter(|a| a.polarity == fanfold_ops::embed::Polarity::Positive)
-                .count();
-            let _ = writeln!(
-                out,
-                "  {} embed v{} model={} max_tokens={}\n    sees {sees}",
-                sp.name,
-                sp.version,
-                sp.model.as_deref().unwrap_or("all-MiniLM-L6-v2"),
-                sp.max_tokens
-            );
-            let _ = writeln!(
-                out,
-                "    score = best similarity to {positives} positive texts{}; below {} ends as negative, else {}",
-                if positives < e.anchors.len() {
-                    format!(
-                        " minus best to {} negative texts",
-                        e.anchors.len() - positives
-                    )
-                } else {
-                    String::new()
-                },
-                sp.threshold,
-                sp.then
-                    .as_deref()
-                    .map(|t| format!("goes on to `{t}`"))
-                    .unwrap_or_else(|| "positive".into())
-            );
-        }
-        for st in &self.stages {
-            let sp = &st.spec;
-            let backend = s
-                .backends
-                .get(&sp.backend)
-                .map(|b| b.type_name())
-                .unwrap_or("?");
-            let simulated = if backend == "scripted" || backend == "replay" {
-                " [SIMULATED]"
-            } else {
-                ""
-            };
-            let sees = match &sp.project {
-                Some(expr) => format!("project=`{expr}`"),
-                None => format!("fields=[{}]", sp.fields.join(", ")),
-            };
-            let execution = match sp.execution {
-                Execution::Online => "",
-                Execution::Batch => " execution=batch",
-            };
-            let _ = writeln!(
-                out,
-                "  {} map v{} backend={}({}){simulated}{execution} attempts={} max_output_tokens={}\n    sees {sees}",
-                sp.name, sp.version, sp.backend, backend, sp.max_attempts, sp.max_output_tokens
-            );
-            let _ = writeln!(
-                out,
-                "    decision {} positive=[{}] negative=[{}] abstain=[{}]",
-                sp.decision.pointer,
-                sp.decision.positive.join(", "),
-                sp.decision.negative.join(", "),
-                sp.decision.abstain.join(", ")
-            );
-            let _ = writeln!(
-                out,
-                "    shared prefix {} bytes (rubric {})",
-                st.prefix().len(),
-                sp.rubric
-            );
+        for stage in &self.stages {
+            stage.explain(s, &mut out);
         }
         let _ = writeln!(out, "\nfold (fan-in {})", s.fold.fan_in);
         for r in &s.fold.reducers {
@@ -534,14 +378,23 @@ impl Plan {
             for (reason, n) in &r.excluded_by_reason {
                 let _ = writeln!(out, "  excluded {reason}: {n}");
             }
-            for stage in &self.order {
+            for stage in &self.stages {
+                let kind = stage.kind();
+                let stage = stage.name();
                 let n = r.routed.get(stage).copied().unwrap_or(0);
                 let more = r.undecided_before.get(stage).copied().unwrap_or(0);
                 if n == 0 && more == 0 {
                     continue;
                 }
+                if let Some(why) = r.unknown.get(stage) {
+                    let _ = writeln!(
+                        out,
+                        "  stage {stage}: {n} units, cached facts unknown ({why})"
+                    );
+                    continue;
+                }
                 let cached = r.cached.get(stage).copied().unwrap_or(0);
-                if self.embed_stage(stage).is_some() {
+                if kind == "embed" {
                     let _ = writeln!(
                         out,
                         "  stage {stage}: {n} units, {cached} cached, {} to embed (no model calls)",
@@ -583,4 +436,61 @@ pub struct Routing {
     /// Units an embed stage in front has yet to decide, which may still
     /// reach this stage.
     pub undecided_before: BTreeMap<String, u64>,
+    /// Stages whose cached facts could not be counted, and why.
+    pub unknown: BTreeMap<String, String>,
+}
+
+/// Applies command-line overrides to a parsed spec.
+fn apply(spec: &mut Spec, o: &Overrides) -> Result<(), String> {
+    if let Some(name) = &o.backend {
+        if !spec.backends.contains_key(name) {
+            return Err(format!(
+                "no backend `{name}`; declared: {}",
+                spec.backends.keys().cloned().collect::<Vec<_>>().join(", ")
+            ));
+        }
+        for stage in &mut spec.stages {
+            if let StageSpec::Map(s) = stage {
+                s.backend = name.clone();
+            }
+        }
+    }
+    if let Some(e) = o.execution {
+        for stage in &mut spec.stages {
+            if let StageSpec::Map(s) = stage {
+                s.execution = e;
+            }
+        }
+    }
+    if let Some(path) = &o.model {
+        for b in spec.backends.values_mut() {
+            if let BackendSpec::Llama { model, .. } = b {
+                *model = Some(path.display().to_string());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Batch stages need a backend with a provider batch API.
+fn check_execution(spec: &Spec) -> Result<(), String> {
+    for stage in &spec.stages {
+        let StageSpec::Map(s) = stage else {
+            continue;
+        };
+        if s.execution != Execution::Batch {
+            continue;
+        }
+        let batchable = matches!(
+            spec.backends.get(&s.backend),
+            Some(BackendSpec::Openai(_) | BackendSpec::Anthropic(_))
+        );
+        if !batchable {
+            return Err(format!(
+                "stage `{}` has execution = \"batch\", but its backend `{}` has no batch API; batch needs an `openai` or `anthropic` backend",
+                s.name, s.backend
+            ));
+        }
+    }
+    Ok(())
 }

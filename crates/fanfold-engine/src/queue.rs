@@ -135,8 +135,6 @@ pub struct StageJob<'a> {
     slots: usize,
     budget: &'a BudgetPool,
     controller: &'a Mutex<Controller>,
-    /// JSON pointer to the contract's score in an output, for top-k.
-    score_pointer: Option<String>,
     /// Called once per finished unit, outside the queue's lock.
     on_finish: &'a (dyn Fn(usize, &UnitResult) + Sync),
     /// Where provider batches are recorded, for batch stages.
@@ -152,7 +150,6 @@ impl<'a> StageJob<'a> {
         pending: Vec<Pending>,
         budget: &'a BudgetPool,
         controller: &'a Mutex<Controller>,
-        score_pointer: Option<String>,
         on_finish: &'a (dyn Fn(usize, &UnitResult) + Sync),
     ) -> StageJob<'a> {
         let d = &stage.spec.decision;
@@ -172,7 +169,6 @@ impl<'a> StageJob<'a> {
             slots: slots.max(1),
             budget,
             controller,
-            score_pointer,
             on_finish,
             ledger: None,
             state: Mutex::new(State {
@@ -260,15 +256,9 @@ impl<'a> StageJob<'a> {
         index: usize,
         mut r: UnitResult,
     ) -> (usize, UnitResult) {
+        // The controller learns of the result from the fact ledger, through
+        // `on_finish`: one place, for cached and computed facts alike.
         r.usage = usage_of(&state.usage, index);
-        let score = match (&self.score_pointer, &r.interpreted) {
-            (Some(p), Some(i)) => i.facts.pointer(p).and_then(Value::as_f64),
-            _ => None,
-        };
-        self.controller
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .observe(r.status, score);
         state.finished.push((index, r.clone()));
         (index, r)
     }

@@ -48,6 +48,9 @@ pub struct LlamaConfig {
     /// unit evaluates its whole prompt: the naive baseline benchmarks compare
     /// against.
     pub share_prefix: bool,
+    /// The model's identity, when the caller knows it already (a pinned
+    /// hash); otherwise the weights file is hashed on load.
+    pub model_id: Option<String>,
 }
 
 impl LlamaConfig {
@@ -58,8 +61,28 @@ impl LlamaConfig {
             n_batch: 512,
             slot_tokens: 2048,
             share_prefix: true,
+            model_id: None,
         }
     }
+}
+
+/// The identity of a GGUF file: its name and the start of its BLAKE3 hash.
+pub fn model_identity(path: &Path) -> Result<String, LlamaError> {
+    let load = |detail: String| LlamaError::Load {
+        path: path.display().to_string(),
+        detail,
+    };
+    // Streamed through the hasher rather than read whole.
+    let file = std::fs::File::open(path).map_err(|e| load(e.to_string()))?;
+    let mut hasher = blake3::Hasher::new();
+    std::io::copy(&mut std::io::BufReader::new(file), &mut hasher)
+        .map_err(|e| load(e.to_string()))?;
+    let digest = hasher.finalize().to_hex();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(format!("gguf:{name}:{}", &digest.as_str()[..16]))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,24 +134,16 @@ impl EmbeddedModel {
             path: cfg.model_path.display().to_string(),
             detail,
         };
-        // Stream the file through the hasher rather than hold ~100 MB of
-        // weights twice while llama.cpp maps them.
-        let file = std::fs::File::open(&cfg.model_path).map_err(|e| load(e.to_string()))?;
-        let mut hasher = blake3::Hasher::new();
-        std::io::copy(&mut std::io::BufReader::new(file), &mut hasher)
-            .map_err(|e| load(e.to_string()))?;
-        let digest = hasher.finalize().to_hex();
+        let model_id = match &cfg.model_id {
+            Some(id) => id.clone(),
+            None => model_identity(&cfg.model_path)?,
+        };
         let model =
             LlamaModel::load_from_file(backend, &cfg.model_path, &LlamaModelParams::default())
                 .map_err(|e| load(e.to_string()))?;
-        let name = cfg
-            .model_path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
         Ok(EmbeddedModel {
             model,
-            model_id: format!("gguf:{name}:{}", &digest.as_str()[..16]),
+            model_id,
             cfg,
         })
     }

@@ -13,3 +13,4 @@ pub mod map;
 pub mod partition;
 pub mod prefilter;
 pub mod verify;
+pub mod view;

@@ -5,7 +5,7 @@
 //! [`Coverage`] counts both. A malformed source is an error that names the
 //! byte offset and line; nothing is dropped silently.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io::BufRead;
 
 use fanfold_core::spec::PartitionSpec;
@@ -93,18 +93,54 @@ pub enum Element {
     Rejected(Rejection),
 }
 
+/// Remembers the ids given so far, to tell a repeat from a first
+/// occurrence. The engine's implementation keeps compact fingerprints and
+/// confirms a hit against the store, so it stays exact and small at any
+/// size; [`SeenKeys`] keeps everything in memory.
+pub trait SeenIds {
+    /// Records `id` for the element at `ordinal`; false when an earlier
+    /// element already has it.
+    fn first(&mut self, id: &str, ordinal: u64) -> Result<bool, PartitionError>;
+}
+
+/// The id of the `n`-th occurrence (from 1) of a content-derived id: the
+/// first keeps it, later ones gain `-n`, which an edit elsewhere in the
+/// source cannot shift.
+fn content_id(
+    seen: &mut dyn SeenIds,
+    base: String,
+    ordinal: u64,
+) -> Result<String, PartitionError> {
+    if seen.first(&base, ordinal)? {
+        return Ok(base);
+    }
+    let mut n = 2u64;
+    loop {
+        let id = format!("{base}-{n}");
+        if seen.first(&id, ordinal)? {
+            return Ok(id);
+        }
+        n += 1;
+    }
+}
+
 /// Assigns ids and tracks duplicates and coverage while elements stream by.
 struct Assigner<'a> {
     spec_kind: &'a str,
     key: Option<&'a str>,
     source_hash: ContentHash,
     max_unit_bytes: u64,
-    seen: HashMap<String, u64>,
+    seen: &'a mut dyn SeenIds,
     coverage: Coverage,
 }
 
 impl<'a> Assigner<'a> {
-    fn element(&mut self, value: Value, bytes: ByteRange, canonical: ContentHash) -> Element {
+    fn element(
+        &mut self,
+        value: Value,
+        bytes: ByteRange,
+        canonical: ContentHash,
+    ) -> Result<Element, PartitionError> {
         let ordinal = self.coverage.elements;
         self.coverage.elements += 1;
         let reject = |this: &mut Self, reason: &str, detail: String| {
@@ -124,40 +160,35 @@ impl<'a> Assigner<'a> {
                 bytes.len(),
                 self.max_unit_bytes
             );
-            return reject(self, "too_large", detail);
+            return Ok(reject(self, "too_large", detail));
         }
         let id = match self.key {
-            Some(key) => match value.get(key) {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Number(n)) => n.to_string(),
-                Some(Value::Bool(b)) => b.to_string(),
-                _ => {
+            Some(key) => {
+                let id = match value.get(key) {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(Value::Number(n)) => n.to_string(),
+                    Some(Value::Bool(b)) => b.to_string(),
+                    _ => {
+                        let detail = format!(
+                            "element {ordinal} at byte {} has no scalar `{key}` field",
+                            bytes.start
+                        );
+                        return Ok(reject(self, "missing_key", detail));
+                    }
+                };
+                if !self.seen.first(&id, ordinal)? {
                     let detail = format!(
-                        "element {ordinal} at byte {} has no scalar `{key}` field",
+                        "element {ordinal} at byte {} repeats {key} = {id}; the first occurrence is kept",
                         bytes.start
                     );
-                    return reject(self, "missing_key", detail);
+                    return Ok(reject(self, "duplicate_key", detail));
                 }
-            },
-            None => format!("c{}", canonical.short(16)),
-        };
-        let count = self.seen.entry(id.clone()).or_insert(0);
-        *count += 1;
-        let id = match (self.key, *count) {
-            (_, 1) => id,
-            // Content-derived ids of identical records are told apart by
-            // occurrence, which an edit elsewhere in the source cannot shift.
-            (None, n) => format!("{id}-{n}"),
-            (Some(key), _) => {
-                let detail = format!(
-                    "element {ordinal} at byte {} repeats {key} = {id}; the first occurrence is kept",
-                    bytes.start
-                );
-                return reject(self, "duplicate_key", detail);
+                id
             }
+            None => content_id(self.seen, format!("c{}", canonical.short(16)), ordinal)?,
         };
         self.coverage.units += 1;
-        Element::Unit(PartUnit {
+        Ok(Element::Unit(PartUnit {
             unit: Unit {
                 unit_id: UnitId(id),
                 unit_kind: self.spec_kind.to_owned(),
@@ -169,7 +200,114 @@ impl<'a> Assigner<'a> {
                 required_relations: Vec::new(),
             },
             value,
-        })
+        }))
+    }
+}
+
+/// Keys seen so far. Decimal-integer ids are kept as runs of consecutive
+/// numbers, so a source with sequential ids costs a few bytes in all.
+#[derive(Default)]
+pub struct SeenKeys {
+    /// Run start -> run end (inclusive); runs neither overlap nor touch.
+    runs: BTreeMap<u64, u64>,
+    others: HashSet<Box<str>>,
+}
+
+impl SeenIds for SeenKeys {
+    fn first(&mut self, id: &str, _ordinal: u64) -> Result<bool, PartitionError> {
+        Ok(self.insert(id))
+    }
+}
+
+impl SeenKeys {
+    /// False when `id` was seen before.
+    pub fn insert(&mut self, id: &str) -> bool {
+        match canonical_u64(id) {
+            Some(n) => self.insert_int(n),
+            None => self.others.insert(id.into()),
+        }
+    }
+
+    fn insert_int(&mut self, n: u64) -> bool {
+        let before = self.runs.range(..=n).next_back().map(|(&s, &e)| (s, e));
+        if let Some((_, end)) = before
+            && n <= end
+        {
+            return false;
+        }
+        let joins_before = before.filter(|&(_, end)| end + 1 == n).map(|(s, _)| s);
+        let after = n
+            .checked_add(1)
+            .and_then(|next| self.runs.get(&next).map(|&end| (next, end)));
+        match (joins_before, after) {
+            (Some(start), Some((next, end))) => {
+                self.runs.remove(&next);
+                self.runs.insert(start, end);
+            }
+            (Some(start), None) => {
+                self.runs.insert(start, n);
+            }
+            (None, Some((next, end))) => {
+                self.runs.remove(&next);
+                self.runs.insert(n, end);
+            }
+            (None, None) => {
+                self.runs.insert(n, n);
+            }
+        }
+        true
+    }
+}
+
+/// The number an id spells, when the id is exactly that number's
+/// decimal form (so `7` and `07` stay different ids).
+fn canonical_u64(id: &str) -> Option<u64> {
+    let b = id.as_bytes();
+    if b.is_empty() || (b.len() > 1 && b[0] == b'0') || !b.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    id.parse().ok()
+}
+
+/// Confirms that an id whose fingerprint was seen before really belongs to
+/// an earlier element (fingerprints of different ids can collide).
+pub trait ConfirmRepeat {
+    fn earlier(&mut self, id: &str, ordinal: u64) -> Result<bool, PartitionError>;
+}
+
+/// Ids in little memory, exactly: decimal-integer ids as runs (like
+/// [`SeenKeys`]), every other id as a 64-bit fingerprint. A fingerprint hit
+/// is confirmed through [`ConfirmRepeat`] (the engine asks the store), so a
+/// collision never makes a unit a duplicate. Memory is 8 bytes and change
+/// per non-integer id, not the id itself.
+pub struct CompactSeen<C> {
+    runs: SeenKeys,
+    fingerprints: HashSet<u64>,
+    confirm: C,
+}
+
+impl<C: ConfirmRepeat> CompactSeen<C> {
+    pub fn new(confirm: C) -> Self {
+        CompactSeen {
+            runs: SeenKeys::default(),
+            fingerprints: std::collections::HashSet::new(),
+            confirm,
+        }
+    }
+}
+
+impl<C: ConfirmRepeat> SeenIds for CompactSeen<C> {
+    fn first(&mut self, id: &str, ordinal: u64) -> Result<bool, PartitionError> {
+        if let Some(n) = canonical_u64(id) {
+            return Ok(self.runs.insert_int(n));
+        }
+        let digest = ContentHash::of_bytes(id.as_bytes());
+        let mut fp = [0u8; 8];
+        fp.copy_from_slice(&digest.0[..8]);
+        if self.fingerprints.insert(u64::from_le_bytes(fp)) {
+            return Ok(true);
+        }
+        Ok(!self.confirm.earlier(id, ordinal)?)
     }
 }
 
@@ -178,8 +316,19 @@ pub fn unit_hash(value: &Value) -> ContentHash {
     value.key_in("unit-v1")
 }
 
+/// The content hash a unit of `spec`'s format has, from its value: the
+/// canonical JSON hash, or for log lines the hash of the text itself.
+pub fn content_hash(spec: &PartitionSpec, value: &Value) -> ContentHash {
+    match (spec, value.get("text")) {
+        (PartitionSpec::Lines { .. }, Some(Value::String(text))) => {
+            ContentHash::of_bytes(text.as_bytes())
+        }
+        _ => unit_hash(value),
+    }
+}
+
 /// Partitions `source` into elements, calling `emit` for each in source
-/// order. Returns the coverage accounting.
+/// order, with every id remembered in memory. Returns the coverage.
 pub fn partition(
     spec: &PartitionSpec,
     source: &[u8],
@@ -187,18 +336,65 @@ pub fn partition(
     mut emit: impl FnMut(Element),
 ) -> Result<Coverage, PartitionError> {
     let source_hash = ContentHash::of_bytes(source);
-    partition_reader(spec, source_hash, source, options, &mut emit)
+    partition_reader(
+        spec,
+        source_hash,
+        source,
+        options,
+        &mut SeenKeys::default(),
+        &mut emit,
+    )
 }
 
 /// The streaming form: reads `reader` once and holds one element at a time
-/// (a JSON array is the exception: it is read whole).
+/// (a JSON array is the exception: it is read whole). JSONL goes through
+/// [`fast_jsonl`] on the calling thread, the one JSONL parser there is.
 pub fn partition_reader(
     spec: &PartitionSpec,
     source_hash: ContentHash,
-    mut reader: impl BufRead,
+    mut reader: impl BufRead + Send,
     options: PartitionOptions,
+    seen: &mut dyn SeenIds,
     emit: &mut dyn FnMut(Element),
 ) -> Result<Coverage, PartitionError> {
+    if let PartitionSpec::Jsonl { key, kind } = spec {
+        let fast = fast_jsonl::FastOptions {
+            partition: options,
+            threads: 1,
+            chunk_bytes: 1 << 20,
+        };
+        let mut failed = None;
+        let coverage = fast_jsonl::partition_jsonl(
+            key.as_deref(),
+            kind,
+            source_hash,
+            reader,
+            fast,
+            seen,
+            || |_: &str, _: &fast_jsonl::Record| (),
+            &mut |el| match el {
+                fast_jsonl::FastElement::Unit { unit, raw, .. } => {
+                    // The line parsed once already; this cannot fail.
+                    match serde_json::from_slice(raw) {
+                        Ok(value) => emit(Element::Unit(PartUnit { unit, value })),
+                        Err(e) => {
+                            failed.get_or_insert(PartitionError::Malformed {
+                                format: "JSON line",
+                                offset: unit.bytes.start,
+                                line: 0,
+                                detail: e.to_string(),
+                            });
+                        }
+                    }
+                }
+                fast_jsonl::FastElement::Rejected(r) => emit(Element::Rejected(r)),
+            },
+        )?;
+        return match failed {
+            Some(e) => Err(e),
+            None => Ok(coverage),
+        };
+    }
     let (key, kind) = match spec {
         PartitionSpec::JsonArray { key, kind }
         | PartitionSpec::Jsonl { key, kind }
@@ -210,7 +406,7 @@ pub fn partition_reader(
         key,
         source_hash,
         max_unit_bytes: options.max_unit_bytes,
-        seen: HashMap::new(),
+        seen,
         coverage: Coverage::default(),
     };
     match spec {
@@ -219,7 +415,7 @@ pub fn partition_reader(
             reader.read_to_end(&mut bytes)?;
             json_array(&bytes, &mut assigner, emit)?
         }
-        PartitionSpec::Jsonl { .. } => jsonl(reader, &mut assigner, emit)?,
+        PartitionSpec::Jsonl { .. } => {}
         PartitionSpec::Csv { delimiter, .. } => {
             csv_rows(reader, delimiter.as_deref(), &mut assigner, emit)?
         }
@@ -324,7 +520,7 @@ fn json_array(
                 end: end as u64,
             },
             canonical,
-        ));
+        )?);
         i = skip_ws(end);
         match bytes.get(i) {
             Some(b',') => i = skip_ws(i + 1),
@@ -388,40 +584,6 @@ fn scan_value(bytes: &[u8], start: usize) -> Result<usize, (usize, &'static str)
     }
 }
 
-fn jsonl(
-    mut reader: impl BufRead,
-    assigner: &mut Assigner,
-    emit: &mut dyn FnMut(Element),
-) -> Result<(), PartitionError> {
-    let mut line = Vec::new();
-    let mut offset = 0u64;
-    let mut line_no = 0u64;
-    loop {
-        line.clear();
-        let n = reader.read_until(b'\n', &mut line)?;
-        if n == 0 {
-            return Ok(());
-        }
-        line_no += 1;
-        let start = offset;
-        offset += n as u64;
-        let body = trim_line(&line);
-        if body.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        check_utf8(body, start, line_no)?;
-        let value: Value = serde_json::from_slice(body).map_err(|e| PartitionError::Malformed {
-            format: "JSON line",
-            offset: start + e.column().saturating_sub(1) as u64,
-            line: line_no,
-            detail: e.to_string(),
-        })?;
-        let canonical = unit_hash(&value);
-        let end = start + body.len() as u64;
-        emit(assigner.element(value, ByteRange { start, end }, canonical));
-    }
-}
-
 fn trim_line(line: &[u8]) -> &[u8] {
     let mut end = line.len();
     while end > 0 && (line[end - 1] == b'\n' || line[end - 1] == b'\r') {
@@ -481,7 +643,7 @@ fn csv_rows(
         }
         let value = Value::Object(obj);
         let canonical = unit_hash(&value);
-        emit(assigner.element(value, ByteRange { start, end }, canonical));
+        emit(assigner.element(value, ByteRange { start, end }, canonical)?);
     }
 }
 
@@ -498,12 +660,15 @@ fn lines(
     let mut line_no = 0u64;
     // The open record: its text, first line number and byte range.
     let mut open: Option<(String, u64, ByteRange)> = None;
-    let mut flush = |open: &mut Option<(String, u64, ByteRange)>, assigner: &mut Assigner| {
+    let mut flush = |open: &mut Option<(String, u64, ByteRange)>,
+                     assigner: &mut Assigner|
+     -> Result<(), PartitionError> {
         if let Some((text, line, range)) = open.take() {
             let canonical = ContentHash::of_bytes(text.as_bytes());
             let value = serde_json::json!({"text": text, "line": line});
-            emit(assigner.element(value, range, canonical));
+            emit(assigner.element(value, range, canonical)?);
         }
+        Ok(())
     };
     loop {
         buf.clear();
@@ -530,15 +695,194 @@ fn lines(
             }
             continue;
         }
-        flush(&mut open, assigner);
+        flush(&mut open, assigner)?;
         if start_re.is_none() && text.trim().is_empty() {
             // Blank lines carry nothing to judge; they are not elements.
             continue;
         }
         open = Some((text.to_owned(), line_no, ByteRange { start, end }));
     }
-    flush(&mut open, assigner);
+    flush(&mut open, assigner)?;
     Ok(())
+}
+
+/// What a per-unit function sees of a unit while the source streams by:
+/// the JSONL fast path's flat record, or a parsed value for other formats.
+pub enum UnitView<'a> {
+    Record(&'a fast_jsonl::Record),
+    Value(&'a Value),
+}
+
+impl UnitView<'_> {
+    /// The unit as a jq value.
+    pub fn to_val(&self) -> jaq_json::Val {
+        match self {
+            UnitView::Record(r) => r.to_val(),
+            UnitView::Value(v) => crate::jq::to_val(v),
+        }
+    }
+}
+
+/// One element of a streamed partition.
+pub enum Streamed<'a, T> {
+    /// A unit, its value as JSON text (the line itself for JSONL), and what
+    /// the per-unit function returned for it.
+    Unit {
+        unit: Unit,
+        json: &'a [u8],
+        extra: T,
+    },
+    Rejected(Rejection),
+}
+
+/// Runtime knobs of [`stream`]; none of them changes the result.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamOptions {
+    pub partition: PartitionOptions,
+    /// Worker threads for JSONL (other formats parse on the calling thread).
+    pub threads: usize,
+}
+
+/// The one partition entry point for large sources: every format, read once
+/// from `reader`, with `per_unit` run on each element that can become a unit
+/// (on JSONL's worker threads; `make_per_unit` is called once per thread).
+/// Memory is bounded by a few chunks per thread plus what `seen` keeps; a
+/// JSON array is read whole first.
+pub fn stream<T, R, M, F>(
+    spec: &PartitionSpec,
+    source_hash: ContentHash,
+    reader: R,
+    options: StreamOptions,
+    seen: &mut dyn SeenIds,
+    make_per_unit: M,
+    emit: &mut dyn FnMut(Streamed<'_, T>),
+) -> Result<Coverage, PartitionError>
+where
+    T: Send,
+    R: std::io::Read + Send,
+    M: Fn() -> F + Sync,
+    F: FnMut(&str, UnitView<'_>) -> T,
+{
+    if let PartitionSpec::Jsonl { key, kind } = spec {
+        let fast = fast_jsonl::FastOptions {
+            partition: options.partition,
+            threads: options.threads,
+            chunk_bytes: 1 << 20,
+        };
+        return fast_jsonl::partition_jsonl(
+            key.as_deref(),
+            kind,
+            source_hash,
+            reader,
+            fast,
+            seen,
+            || {
+                let mut f = make_per_unit();
+                move |id: &str, r: &fast_jsonl::Record| f(id, UnitView::Record(r))
+            },
+            &mut |el| match el {
+                fast_jsonl::FastElement::Unit { unit, raw, extra } => emit(Streamed::Unit {
+                    unit,
+                    json: raw,
+                    extra,
+                }),
+                fast_jsonl::FastElement::Rejected(r) => emit(Streamed::Rejected(r)),
+            },
+        );
+    }
+    let mut per_unit = make_per_unit();
+    let mut json = Vec::new();
+    partition_reader(
+        spec,
+        source_hash,
+        std::io::BufReader::with_capacity(1 << 20, reader),
+        options.partition,
+        seen,
+        &mut |el| match el {
+            Element::Unit(u) => {
+                let extra = per_unit(u.unit.unit_id.as_str(), UnitView::Value(&u.value));
+                json.clear();
+                // Writing a `Value` to memory cannot fail.
+                let _ = serde_json::to_writer(&mut json, &u.value);
+                emit(Streamed::Unit {
+                    unit: u.unit,
+                    json: &json,
+                    extra,
+                });
+            }
+            Element::Rejected(r) => emit(Streamed::Rejected(r)),
+        },
+    )
+}
+
+/// Reads one unit's value back from its own bytes in the source: the
+/// independent read-back `verify` does. `header` is a CSV source's header
+/// row; `first_line` is a log unit's line number.
+pub fn reread(
+    spec: &PartitionSpec,
+    bytes: &[u8],
+    header: Option<&[u8]>,
+    first_line: u64,
+) -> Result<Value, PartitionError> {
+    let malformed = |detail: String| PartitionError::Malformed {
+        format: spec.type_name(),
+        offset: 0,
+        line: first_line,
+        detail,
+    };
+    match spec {
+        PartitionSpec::JsonArray { .. } | PartitionSpec::Jsonl { .. } => {
+            serde_json::from_slice(bytes).map_err(|e| malformed(e.to_string()))
+        }
+        PartitionSpec::Csv { delimiter, .. } => {
+            let mut whole = header.unwrap_or_default().to_vec();
+            whole.extend_from_slice(bytes);
+            let delimiter = delimiter
+                .as_deref()
+                .and_then(|d| d.as_bytes().first().copied())
+                .unwrap_or(b',');
+            let mut rdr = csv::ReaderBuilder::new()
+                .delimiter(delimiter)
+                .has_headers(true)
+                .from_reader(whole.as_slice());
+            let headers = rdr.headers().map_err(|e| malformed(e.to_string()))?.clone();
+            let mut record = csv::StringRecord::new();
+            if !rdr
+                .read_record(&mut record)
+                .map_err(|e| malformed(e.to_string()))?
+            {
+                return Err(malformed("no row at the recorded bytes".into()));
+            }
+            let mut obj = serde_json::Map::new();
+            for (h, v) in headers.iter().zip(record.iter()) {
+                obj.insert(h.to_owned(), Value::String(v.to_owned()));
+            }
+            Ok(Value::Object(obj))
+        }
+        PartitionSpec::Lines { .. } => {
+            let text = std::str::from_utf8(bytes).map_err(|e| malformed(e.to_string()))?;
+            let text = text
+                .split('\n')
+                .map(|l| l.trim_end_matches('\r'))
+                .collect::<Vec<_>>()
+                .join("\n");
+            Ok(serde_json::json!({"text": text, "line": first_line}))
+        }
+    }
+}
+
+/// The CSV header row's bytes at the start of a source (through its line
+/// end), for [`reread`].
+pub fn csv_header(source_start: &[u8]) -> Option<&[u8]> {
+    let mut in_quotes = false;
+    for (i, b) in source_start.iter().enumerate() {
+        match b {
+            b'"' => in_quotes = !in_quotes,
+            b'\n' if !in_quotes => return source_start.get(..=i),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Collects all elements into memory: convenient for the engine and tests.
@@ -575,7 +919,7 @@ pub fn partition_all(
 /// kept as runs of consecutive numbers, so sequential ids cost nothing per
 /// record; other ids are kept one by one.
 pub mod fast_jsonl {
-    use std::collections::{BTreeMap, HashMap, HashSet};
+    use std::collections::BTreeMap;
     use std::fmt;
     use std::io::{self, Read};
     use std::sync::mpsc::{Receiver, sync_channel};
@@ -585,7 +929,9 @@ pub mod fast_jsonl {
     use jaq_json::{Map, Num, Rc, Val};
     use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
-    use super::{Coverage, PartitionError, PartitionOptions, Rejection, check_utf8, trim_line};
+    use super::{
+        Coverage, PartitionError, PartitionOptions, Rejection, SeenIds, check_utf8, trim_line,
+    };
 
     /// The hash bucket of [`super::unit_hash`].
     const UNIT_BUCKET: &str = "unit-v1";
@@ -780,6 +1126,7 @@ pub mod fast_jsonl {
         source_hash: ContentHash,
         reader: R,
         options: FastOptions,
+        seen: &mut dyn SeenIds,
         make_per_unit: M,
         emit: &mut dyn FnMut(FastElement<'_, T>),
     ) -> Result<Coverage, PartitionError>
@@ -798,8 +1145,7 @@ pub mod fast_jsonl {
             key,
             source_hash,
             max_unit_bytes: options.partition.max_unit_bytes,
-            seen: SeenKeys::default(),
-            content_ids: HashMap::new(),
+            seen,
             coverage: Coverage::default(),
             line_base: 0,
         };
@@ -1458,65 +1804,6 @@ pub mod fast_jsonl {
         }
     }
 
-    /// Keys seen so far. Decimal-integer ids are kept as runs of consecutive
-    /// numbers, so a source with sequential ids costs a few bytes in all.
-    #[derive(Default)]
-    struct SeenKeys {
-        /// Run start -> run end (inclusive); runs neither overlap nor touch.
-        runs: BTreeMap<u64, u64>,
-        others: HashSet<Box<str>>,
-    }
-
-    impl SeenKeys {
-        /// False when `id` was seen before.
-        fn insert(&mut self, id: &str) -> bool {
-            match canonical_u64(id) {
-                Some(n) => self.insert_int(n),
-                None => self.others.insert(id.into()),
-            }
-        }
-
-        fn insert_int(&mut self, n: u64) -> bool {
-            let before = self.runs.range(..=n).next_back().map(|(&s, &e)| (s, e));
-            if let Some((_, end)) = before
-                && n <= end
-            {
-                return false;
-            }
-            let joins_before = before.filter(|&(_, end)| end + 1 == n).map(|(s, _)| s);
-            let after = n
-                .checked_add(1)
-                .and_then(|next| self.runs.get(&next).map(|&end| (next, end)));
-            match (joins_before, after) {
-                (Some(start), Some((next, end))) => {
-                    self.runs.remove(&next);
-                    self.runs.insert(start, end);
-                }
-                (Some(start), None) => {
-                    self.runs.insert(start, n);
-                }
-                (None, Some((next, end))) => {
-                    self.runs.remove(&next);
-                    self.runs.insert(n, end);
-                }
-                (None, None) => {
-                    self.runs.insert(n, n);
-                }
-            }
-            true
-        }
-    }
-
-    /// The number an id spells, when the id is exactly that number's
-    /// decimal form (so `7` and `07` stay different ids).
-    fn canonical_u64(id: &str) -> Option<u64> {
-        let b = id.as_bytes();
-        if b.is_empty() || (b.len() > 1 && b[0] == b'0') || !b.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        id.parse().ok()
-    }
-
     /// The sequential half of the partitioner: ordinals, duplicates,
     /// coverage. Mirrors `Assigner` message for message.
     struct FastAssigner<'a> {
@@ -1524,10 +1811,7 @@ pub mod fast_jsonl {
         key: Option<&'a str>,
         source_hash: ContentHash,
         max_unit_bytes: u64,
-        seen: SeenKeys,
-        /// Occurrences of content-derived ids, by the 8 hash bytes the id
-        /// spells.
-        content_ids: HashMap<[u8; 8], u64>,
+        seen: &'a mut dyn SeenIds,
         coverage: Coverage,
         /// Lines in the chunks taken so far.
         line_base: u64,
@@ -1542,7 +1826,7 @@ pub mod fast_jsonl {
         ) -> Result<(), PartitionError> {
             for p in parsed.items {
                 let raw = &data[p.at..p.at + p.bytes.len() as usize];
-                emit(self.element(p, raw));
+                emit(self.element(p, raw)?);
             }
             if let Some(mut e) = parsed.error {
                 if let PartitionError::Malformed { line, .. }
@@ -1556,7 +1840,11 @@ pub mod fast_jsonl {
             Ok(())
         }
 
-        fn element<'r, T>(&mut self, p: Parsed<T>, raw: &'r [u8]) -> FastElement<'r, T> {
+        fn element<'r, T>(
+            &mut self,
+            p: Parsed<T>,
+            raw: &'r [u8],
+        ) -> Result<FastElement<'r, T>, PartitionError> {
             let ordinal = self.coverage.elements;
             self.coverage.elements += 1;
             let bytes = p.bytes;
@@ -1578,7 +1866,7 @@ pub mod fast_jsonl {
                         bytes.len(),
                         self.max_unit_bytes
                     );
-                    return reject("too_large", detail);
+                    return Ok(reject("too_large", detail));
                 }
                 Candidate::MissingKey => {
                     let key = self.key.unwrap_or_default();
@@ -1586,35 +1874,31 @@ pub mod fast_jsonl {
                         "element {ordinal} at byte {} has no scalar `{key}` field",
                         bytes.start
                     );
-                    return reject("missing_key", detail);
+                    return Ok(reject("missing_key", detail));
                 }
                 Candidate::Ready { id, extra } => (id, extra),
             };
             let id = match self.key {
                 Some(key) => {
-                    if !self.seen.insert(&id) {
+                    if !self.seen.first(&id, ordinal)? {
+                        self.coverage.rejected += 1;
                         let detail = format!(
                             "element {ordinal} at byte {} repeats {key} = {id}; the first occurrence is kept",
                             bytes.start
                         );
-                        return reject("duplicate_key", detail);
+                        return Ok(FastElement::Rejected(Rejection {
+                            ordinal,
+                            bytes,
+                            reason: "duplicate_key".to_owned(),
+                            detail,
+                        }));
                     }
                     id
                 }
-                None => {
-                    let mut spelled = [0u8; 8];
-                    spelled.copy_from_slice(&p.hash.0[..8]);
-                    let count = self.content_ids.entry(spelled).or_insert(0);
-                    *count += 1;
-                    if *count == 1 {
-                        id
-                    } else {
-                        format!("{id}-{count}")
-                    }
-                }
+                None => super::content_id(&mut *self.seen, id, ordinal)?,
             };
             self.coverage.units += 1;
-            FastElement::Unit {
+            Ok(FastElement::Unit {
                 unit: Unit {
                     unit_id: UnitId(id),
                     unit_kind: self.kind.to_owned(),
@@ -1627,7 +1911,7 @@ pub mod fast_jsonl {
                 },
                 raw,
                 extra,
-            }
+            })
         }
     }
 
@@ -1713,6 +1997,7 @@ pub mod fast_jsonl {
                 ContentHash::of_bytes(SOURCE.as_bytes()),
                 SOURCE.as_bytes(),
                 options,
+                &mut crate::partition::SeenKeys::default(),
                 || {
                     let pf = Prefilter::compile(&rules()).expect("compiles");
                     move |id: &str, r: &Record| pf.decide(id, r.to_val()).expect("decides")
@@ -1756,6 +2041,7 @@ pub mod fast_jsonl {
                 ContentHash::of_bytes(src.as_bytes()),
                 src.as_bytes(),
                 FastOptions::default(),
+                &mut crate::partition::SeenKeys::default(),
                 || |_: &str, _: &Record| (),
                 &mut |el| {
                     if let FastElement::Unit { unit, .. } = el {
@@ -1797,6 +2083,7 @@ pub mod fast_jsonl {
                         ContentHash::of_bytes(src),
                         src,
                         options,
+                        &mut crate::partition::SeenKeys::default(),
                         || |_: &str, _: &Record| (),
                         &mut |_| {},
                     )
@@ -1852,7 +2139,7 @@ pub mod fast_jsonl {
 
         #[test]
         fn integer_runs_detect_repeats_exactly() {
-            let mut seen = SeenKeys::default();
+            let mut seen = crate::partition::SeenKeys::default();
             for n in ["5", "7", "6", "4", "8", "10", "0", "18446744073709551615"] {
                 assert!(seen.insert(n), "{n}");
             }

@@ -39,6 +39,8 @@ impl Outcome {
 pub enum PrefilterError {
     #[error("prefilter rule `{rule}`: {source}")]
     Jq { rule: String, source: JqError },
+    #[error("compiling the prefilter on a worker thread: {0}")]
+    Thread(String),
     #[error("prefilter rule `{rule}`: action `route` needs `stage`")]
     MissingStage { rule: String },
     #[error("prefilter rule `{rule}` on unit {unit}: {source}")]
@@ -84,7 +86,20 @@ impl Prefilter {
     /// unit without labels) is an error naming the rule and the unit, not a
     /// silent exclusion.
     pub fn decide(&self, unit_id: &str, value: jaq_json::Val) -> Result<Outcome, PrefilterError> {
-        for c in &self.rules {
+        Ok(match self.first_match(unit_id, value)? {
+            Some(i) => self.outcome_of(Some(i)),
+            None => Outcome::Keep { rule: None },
+        })
+    }
+
+    /// The index of the rule that decides the unit; `None` when no rule
+    /// matches (the unit is kept for the first stage).
+    pub fn first_match(
+        &self,
+        unit_id: &str,
+        value: jaq_json::Val,
+    ) -> Result<Option<usize>, PrefilterError> {
+        for (i, c) in self.rules.iter().enumerate() {
             let hit = c
                 .program
                 .test(value.clone())
@@ -93,23 +108,19 @@ impl Prefilter {
                     unit: unit_id.to_owned(),
                     source,
                 })?;
-            if !hit {
-                continue;
+            if hit {
+                return Ok(Some(i));
             }
-            let rule = c.rule.name.clone();
-            return Ok(match c.rule.action {
-                PrefilterAction::Keep => Outcome::Keep { rule: Some(rule) },
-                PrefilterAction::Exclude => Outcome::Exclude {
-                    reason: c.rule.reason.clone().unwrap_or_else(|| rule.clone()),
-                    rule,
-                },
-                PrefilterAction::Route => Outcome::Route {
-                    stage: c.rule.stage.clone().unwrap_or_default(),
-                    rule,
-                },
-            });
         }
-        Ok(Outcome::Keep { rule: None })
+        Ok(None)
+    }
+
+    /// The outcome of the rule at `index` (`None`: no rule matched).
+    pub fn outcome_of(&self, index: Option<usize>) -> Outcome {
+        match index.and_then(|i| self.rules.get(i)) {
+            Some(c) => fast::outcome(&c.rule),
+            None => Outcome::Keep { rule: None },
+        }
     }
 }
 
@@ -147,6 +158,27 @@ pub mod fast {
         /// How many rules are evaluated without jq values.
         pub fn direct_rules(&self) -> usize {
             self.direct.iter().filter(|d| d.is_some()).count()
+        }
+
+        /// The compiled rules, for units that are not JSONL records.
+        pub fn prefilter(&self) -> &Prefilter {
+            &self.prefilter
+        }
+
+        /// The index of the deciding rule, as [`Prefilter::first_match`]
+        /// on `record.to_val()`.
+        pub fn first_match_index(
+            &self,
+            unit_id: &str,
+            record: &Record,
+        ) -> Result<Option<usize>, PrefilterError> {
+            let rule = self.first_match(unit_id, record)?;
+            Ok(rule.and_then(|r| {
+                self.prefilter
+                    .rules
+                    .iter()
+                    .position(|c| std::ptr::eq(&c.rule, r))
+            }))
         }
 
         /// Decides one unit, as [`Prefilter::decide`] on `record.to_val()`.
@@ -187,7 +219,7 @@ pub mod fast {
         }
     }
 
-    fn outcome(rule: &PrefilterRule) -> Outcome {
+    pub(crate) fn outcome(rule: &PrefilterRule) -> Outcome {
         let name = rule.name.clone();
         match rule.action {
             PrefilterAction::Keep => Outcome::Keep { rule: Some(name) },

@@ -1,16 +1,18 @@
 //! Independent read-back of an answer against its source artifact.
 //!
-//! The engine re-partitions the stored artifact bytes (not the units it ran
-//! on) and hands them here with the facts; every cited id must exist with the
-//! recorded hash and every evidence quote must sit at its recorded range.
+//! The engine reads each cited unit back from the stored artifact by its
+//! recorded byte range (not from the units it ran on) and hands it here
+//! through [`ReadBack`]: every cited id must exist with the recorded hash,
+//! and every evidence quote must sit at its recorded range in the same
+//! projected view the stage judged it in.
 
 use std::collections::{BTreeSet, HashMap};
 
-use fanfold_core::{FactRecord, StableHash, StableHasher, Status, UnitId};
+use fanfold_core::{ContentHash, FactRecord, StableHash, StableHasher, Status, UnitId};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::map::field_text;
-use crate::partition::PartUnit;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct VerifyReport {
@@ -26,17 +28,23 @@ pub struct VerifyReport {
     pub abstains: Vec<UnitId>,
 }
 
-/// Checks `cited` ids and every fact's evidence against freshly partitioned
-/// `source_units`.
+/// The source, as verify reads it back.
+pub trait ReadBack {
+    /// The content hash of the stored unit `id`, recomputed from its bytes;
+    /// `None` when the source has no such unit.
+    fn unit_hash(&mut self, id: &UnitId) -> Option<ContentHash>;
+    /// The view `fact`'s stage had of its unit, recomputed from the source.
+    fn view(&mut self, fact: &FactRecord) -> Option<Value>;
+}
+
+/// Checks `cited` ids and every fact's evidence against the source.
 pub fn verify(
-    source_units: &[PartUnit],
+    source: &mut dyn ReadBack,
     facts: &[FactRecord],
     cited: &BTreeSet<UnitId>,
     negative_sample: usize,
     seed: u64,
 ) -> VerifyReport {
-    let by_id: HashMap<&UnitId, &PartUnit> =
-        source_units.iter().map(|u| (&u.unit.unit_id, u)).collect();
     let mut report = VerifyReport::default();
     let fact_hash: HashMap<&UnitId, &FactRecord> = facts
         .iter()
@@ -44,11 +52,11 @@ pub fn verify(
         .collect();
     for id in cited {
         report.cited_checked += 1;
-        match by_id.get(id) {
+        match source.unit_hash(id) {
             None => report.cited_missing.push(id.clone()),
-            Some(u) => {
+            Some(hash) => {
                 if let Some(f) = fact_hash.get(id)
-                    && f.source_hashes.first() != Some(&u.unit.unit_hash)
+                    && f.source_hashes.first() != Some(&hash)
                 {
                     report.hash_mismatches.push(id.clone());
                 }
@@ -59,11 +67,15 @@ pub fn verify(
         let Some(id) = f.source_ids.first() else {
             continue;
         };
+        if f.evidence.is_empty() {
+            continue;
+        }
+        let view = source.view(f);
         for ev in &f.evidence {
             report.evidence_checked += 1;
-            let ok = by_id
-                .get(id)
-                .and_then(|u| field_text(&u.value, &ev.field))
+            let ok = view
+                .as_ref()
+                .and_then(|v| field_text(v, &ev.field))
                 .and_then(|t| {
                     t.get(ev.start as usize..ev.end as usize)
                         .map(|s| s == ev.quote)
@@ -77,7 +89,7 @@ pub fn verify(
             }
         }
     }
-    let mut negatives: Vec<(fanfold_core::ContentHash, &UnitId)> = facts
+    let mut negatives: Vec<(ContentHash, &UnitId)> = facts
         .iter()
         .filter(|f| f.status == Status::Negative)
         .filter_map(|f| f.source_ids.first())

@@ -1,7 +1,11 @@
 //! The store: one SQLite file per project directory, readable with `sqlite3`.
 //!
-//! Tables: `artifacts` (immutable source bytes by BLAKE3 hash), `units` and
-//! `rejections` (the partition of each artifact), `facts` (decided stage
+//! Tables: `chunks` (source bytes in content-addressed pieces of at most
+//! [`CHUNK_BYTES`]), `artifacts` and `artifact_chunks` (each source by its
+//! BLAKE3 hash, as the list of its chunks), `partitions` (one per artifact
+//! and partition spec), `units` and `rejections` (each partition's
+//! elements), `prefilters` and `routes` (each prefilter's decision per unit
+//! content hash), `facts` (decided stage
 //! outputs by content key), `fold_nodes` (fold tree nodes by key), `runs`,
 //! `run_units` (each unit's outcome in a run), `run_events`, and `batches`
 //! with `batch_requests` (provider batches and the content keys of the
@@ -24,7 +28,11 @@ use serde::{Deserialize, Serialize};
 
 /// Bumped when the tables change shape; an older file is refused, not
 /// silently misread.
-pub const SCHEMA_VERSION: &str = "fanfold-store-v1";
+pub const SCHEMA_VERSION: &str = "fanfold-store-v2";
+
+/// The size of a stored source chunk: small enough that reading one unit
+/// back costs one chunk, large enough that a gigabyte is a thousand rows.
+pub const CHUNK_BYTES: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -41,6 +49,41 @@ pub enum StoreError {
     Decode { path: String, detail: String },
     #[error("refusing to cache a `{status}` fact: only decided answers are cached")]
     NotCacheable { status: String },
+}
+
+/// One stored piece of a source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkRef {
+    pub hash: ContentHash,
+    pub len: u64,
+    /// Line ends in the chunk, so a byte offset's line number needs no scan
+    /// of the chunks before it.
+    pub newlines: u64,
+}
+
+/// What a finished partition counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartitionCounts {
+    pub elements: u64,
+    pub units: u64,
+    pub rejected: u64,
+}
+
+/// One batch of a streamed partition, written in one transaction.
+pub struct PartitionBatch<'a> {
+    pub partition: i64,
+    pub units: &'a [Unit],
+    pub rejections: &'a [RejectionRow],
+    /// The prefilter whose decisions `routes` holds.
+    pub prefilter: Option<i64>,
+    /// (unit content hash, index of the deciding rule; `None`: no rule
+    /// matched).
+    pub routes: &'a [(ContentHash, Option<u32>)],
+}
+
+fn hash_of(bytes: &[u8]) -> Option<ContentHash> {
+    let array: [u8; 32] = bytes.try_into().ok()?;
+    Some(ContentHash(array))
 }
 
 /// A partition rejection as stored.
@@ -94,18 +137,33 @@ pub fn now_ms() -> u64 {
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS chunks (hash BLOB PRIMARY KEY, bytes BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS artifacts (
     hash TEXT PRIMARY KEY, len INTEGER NOT NULL, origin TEXT NOT NULL,
-    created_ms INTEGER NOT NULL, bytes BLOB NOT NULL);
+    created_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS artifact_chunks (
+    artifact TEXT NOT NULL, seq INTEGER NOT NULL, chunk BLOB NOT NULL,
+    len INTEGER NOT NULL, newlines INTEGER NOT NULL,
+    PRIMARY KEY (artifact, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS partitions (
+    id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, source_hash TEXT NOT NULL,
+    spec TEXT NOT NULL, elements INTEGER, units INTEGER, rejected INTEGER);
 CREATE TABLE IF NOT EXISTS units (
-    source_hash TEXT NOT NULL, unit_id TEXT NOT NULL, ordinal INTEGER NOT NULL,
-    unit_kind TEXT NOT NULL, unit_hash TEXT NOT NULL,
-    byte_start INTEGER NOT NULL, byte_end INTEGER NOT NULL,
-    PRIMARY KEY (source_hash, unit_id));
+    partition INTEGER NOT NULL, unit_id TEXT NOT NULL, ordinal INTEGER NOT NULL,
+    unit_hash BLOB NOT NULL, byte_start INTEGER NOT NULL, byte_end INTEGER NOT NULL,
+    PRIMARY KEY (partition, unit_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS rejections (
-    source_hash TEXT NOT NULL, ordinal INTEGER NOT NULL, reason TEXT NOT NULL,
+    partition INTEGER NOT NULL, ordinal INTEGER NOT NULL, reason TEXT NOT NULL,
     detail TEXT NOT NULL, byte_start INTEGER NOT NULL, byte_end INTEGER NOT NULL,
-    PRIMARY KEY (source_hash, ordinal));
+    PRIMARY KEY (partition, ordinal));
+CREATE TABLE IF NOT EXISTS prefilters (
+    id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, rules TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS routings (
+    partition INTEGER NOT NULL, prefilter INTEGER NOT NULL,
+    PRIMARY KEY (partition, prefilter));
+CREATE TABLE IF NOT EXISTS routes (
+    prefilter INTEGER NOT NULL, unit_hash BLOB NOT NULL, rule INTEGER,
+    PRIMARY KEY (prefilter, unit_hash)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS facts (
     key TEXT PRIMARY KEY, unit_id TEXT NOT NULL, unit_hash TEXT NOT NULL,
     stage TEXT NOT NULL, stage_version INTEGER NOT NULL, status TEXT NOT NULL,
@@ -126,7 +184,7 @@ CREATE TABLE IF NOT EXISTS fold_nodes (
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, spec_name TEXT NOT NULL, spec_hash TEXT NOT NULL,
     source_hash TEXT NOT NULL, started_ms INTEGER NOT NULL, finished_ms INTEGER,
-    stop_reason TEXT, certificate TEXT);
+    partition INTEGER, prefilter INTEGER, stop_reason TEXT, certificate TEXT);
 CREATE TABLE IF NOT EXISTS run_units (
     run_id TEXT NOT NULL, unit_id TEXT NOT NULL, stage TEXT NOT NULL,
     status TEXT NOT NULL, reason TEXT, fact_key TEXT,
@@ -204,59 +262,200 @@ impl Store {
         }
     }
 
-    /// Stores source bytes under their hash; storing the same bytes twice is
-    /// a no-op, and stored bytes are never rewritten.
-    pub fn put_artifact(
-        &self,
-        hash: &ContentHash,
-        bytes: &[u8],
-        origin: &str,
-    ) -> Result<bool, StoreError> {
-        let n = self
-            .conn()
-            .execute(
-                "INSERT OR IGNORE INTO artifacts (hash, len, origin, created_ms, bytes) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![hash.to_hex(), bytes.len() as i64, origin, now_ms() as i64, bytes],
-            )
-            .map_err(|e| self.sql(e))?;
-        Ok(n == 1)
+    /// Stores source chunks by their hash in one transaction; a chunk
+    /// stored before is left as it is.
+    pub fn put_chunks(&self, chunks: &[(ContentHash, &[u8])]) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        {
+            let mut ins = tx
+                .prepare_cached("INSERT OR IGNORE INTO chunks (hash, bytes) VALUES (?1, ?2)")
+                .map_err(|e| self.sql(e))?;
+            for (hash, bytes) in chunks {
+                ins.execute(params![&hash.0[..], bytes])
+                    .map_err(|e| self.sql(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.sql(e))
     }
 
-    pub fn get_artifact(&self, hash: &ContentHash) -> Result<Option<Vec<u8>>, StoreError> {
+    /// Whether a chunk is stored already.
+    pub fn has_chunk(&self, hash: &ContentHash) -> Result<bool, StoreError> {
         self.conn()
             .query_row(
-                "SELECT bytes FROM artifacts WHERE hash = ?1",
-                [hash.to_hex()],
+                "SELECT 1 FROM chunks WHERE hash = ?1",
+                [&hash.0[..]],
+                |_| Ok(()),
+            )
+            .optional()
+            .map(|r| r.is_some())
+            .map_err(|e| self.sql(e))
+    }
+
+    pub fn get_chunk(&self, hash: &ContentHash) -> Result<Option<Vec<u8>>, StoreError> {
+        self.conn()
+            .query_row(
+                "SELECT bytes FROM chunks WHERE hash = ?1",
+                [&hash.0[..]],
                 |r| r.get(0),
             )
             .optional()
             .map_err(|e| self.sql(e))
     }
 
-    /// Records an artifact's partition in one transaction.
-    pub fn put_partition(
+    /// Records a source as the list of its (already stored) chunks, in one
+    /// transaction. Recording the same source twice is a no-op; a recorded
+    /// source is never rewritten. Returns whether it was new.
+    pub fn put_artifact(
         &self,
+        hash: &ContentHash,
+        origin: &str,
+        chunks: &[ChunkRef],
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        let len: u64 = chunks.iter().map(|c| c.len).sum();
+        let n = tx
+            .execute(
+                "INSERT OR IGNORE INTO artifacts (hash, len, origin, created_ms) VALUES (?1, ?2, ?3, ?4)",
+                params![hash.to_hex(), len as i64, origin, now_ms() as i64],
+            )
+            .map_err(|e| self.sql(e))?;
+        if n == 1 {
+            let mut ins = tx
+                .prepare_cached(
+                    "INSERT INTO artifact_chunks (artifact, seq, chunk, len, newlines) VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .map_err(|e| self.sql(e))?;
+            let hex = hash.to_hex();
+            for (seq, c) in chunks.iter().enumerate() {
+                ins.execute(params![
+                    hex,
+                    seq as i64,
+                    &c.hash.0[..],
+                    c.len as i64,
+                    c.newlines as i64
+                ])
+                .map_err(|e| self.sql(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.sql(e))?;
+        Ok(n == 1)
+    }
+
+    /// A stored source's chunks, in order; `None` when it is not stored.
+    pub fn artifact_chunks(&self, hash: &ContentHash) -> Result<Option<Vec<ChunkRef>>, StoreError> {
+        let conn = self.conn();
+        let known = conn
+            .query_row(
+                "SELECT 1 FROM artifacts WHERE hash = ?1",
+                [hash.to_hex()],
+                |_| Ok(()),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))?;
+        if known.is_none() {
+            return Ok(None);
+        }
+        let mut st = conn
+            .prepare_cached(
+                "SELECT chunk, len, newlines FROM artifact_chunks WHERE artifact = ?1 ORDER BY seq",
+            )
+            .map_err(|e| self.sql(e))?;
+        let rows = st
+            .query_map([hash.to_hex()], |r| {
+                Ok((
+                    r.get::<_, Vec<u8>>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })
+            .map_err(|e| self.sql(e))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (h, len, newlines) = row.map_err(|e| self.sql(e))?;
+            out.push(ChunkRef {
+                hash: hash_of(&h).ok_or_else(|| self.decode("chunk hash is not 32 bytes"))?,
+                len: len as u64,
+                newlines: newlines as u64,
+            });
+        }
+        Ok(Some(out))
+    }
+
+    /// The partition of `source` that `key` names (the source and the
+    /// partition's settings), created when new. Returns its id and, when a
+    /// run finished it before, its counts.
+    pub fn open_partition(
+        &self,
+        key: &ContentHash,
         source: &ContentHash,
-        units: &[&Unit],
-        rejections: &[RejectionRow],
-    ) -> Result<(), StoreError> {
+        spec: &str,
+    ) -> Result<(i64, Option<PartitionCounts>), StoreError> {
+        let conn = self.conn();
+        conn.execute(
+            "INSERT OR IGNORE INTO partitions (key, source_hash, spec) VALUES (?1, ?2, ?3)",
+            params![key.to_hex(), source.to_hex(), spec],
+        )
+        .map_err(|e| self.sql(e))?;
+        conn.query_row(
+            "SELECT id, elements, units, rejected FROM partitions WHERE key = ?1",
+            [key.to_hex()],
+            |r| {
+                let counts = match (
+                    r.get::<_, Option<i64>>(1)?,
+                    r.get::<_, Option<i64>>(2)?,
+                    r.get::<_, Option<i64>>(3)?,
+                ) {
+                    (Some(elements), Some(units), Some(rejected)) => Some(PartitionCounts {
+                        elements: elements as u64,
+                        units: units as u64,
+                        rejected: rejected as u64,
+                    }),
+                    _ => None,
+                };
+                Ok((r.get(0)?, counts))
+            },
+        )
+        .map_err(|e| self.sql(e))
+    }
+
+    /// Marks a partition whole: every element is stored as a unit or a
+    /// rejection.
+    pub fn finish_partition(&self, id: i64, counts: PartitionCounts) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "UPDATE partitions SET elements = ?2, units = ?3, rejected = ?4 WHERE id = ?1",
+                params![
+                    id,
+                    counts.elements as i64,
+                    counts.units as i64,
+                    counts.rejected as i64
+                ],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    /// Writes one batch of a partition's units and rejections, and the
+    /// prefilter's decisions for them, in one transaction. Rows stored
+    /// before (a resumed or repeated run) are kept as they are.
+    pub fn put_partition_batch(&self, batch: &PartitionBatch<'_>) -> Result<(), StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(|e| self.sql(e))?;
         {
             let mut ins = tx
                 .prepare_cached(
-                    "INSERT OR REPLACE INTO units (source_hash, unit_id, ordinal, unit_kind, unit_hash, byte_start, byte_end)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    "INSERT OR IGNORE INTO units (partition, unit_id, ordinal, unit_hash, byte_start, byte_end)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 )
                 .map_err(|e| self.sql(e))?;
-            let src = source.to_hex();
-            for u in units {
+            for u in batch.units {
                 ins.execute(params![
-                    src,
+                    batch.partition,
                     u.unit_id.as_str(),
                     u.ordinal as i64,
-                    u.unit_kind,
-                    u.unit_hash.to_hex(),
+                    &u.unit_hash.0[..],
                     u.bytes.start as i64,
                     u.bytes.end as i64
                 ])
@@ -264,13 +463,13 @@ impl Store {
             }
             let mut rej = tx
                 .prepare_cached(
-                    "INSERT OR REPLACE INTO rejections (source_hash, ordinal, reason, detail, byte_start, byte_end)
+                    "INSERT OR IGNORE INTO rejections (partition, ordinal, reason, detail, byte_start, byte_end)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 )
                 .map_err(|e| self.sql(e))?;
-            for r in rejections {
+            for r in batch.rejections {
                 rej.execute(params![
-                    src,
+                    batch.partition,
                     r.ordinal as i64,
                     r.reason,
                     r.detail,
@@ -279,19 +478,124 @@ impl Store {
                 ])
                 .map_err(|e| self.sql(e))?;
             }
+            if let Some(prefilter) = batch.prefilter {
+                let mut route = tx
+                    .prepare_cached(
+                        "INSERT OR IGNORE INTO routes (prefilter, unit_hash, rule) VALUES (?1, ?2, ?3)",
+                    )
+                    .map_err(|e| self.sql(e))?;
+                for (hash, rule) in batch.routes {
+                    route
+                        .execute(params![prefilter, &hash.0[..], rule.map(i64::from)])
+                        .map_err(|e| self.sql(e))?;
+                }
+            }
         }
         tx.commit().map_err(|e| self.sql(e))
     }
 
+    /// Whether an element before `ordinal` in the partition has `unit_id`:
+    /// the exact check behind a fingerprint hit.
+    pub fn unit_id_before(
+        &self,
+        partition: i64,
+        unit_id: &str,
+        ordinal: u64,
+    ) -> Result<bool, StoreError> {
+        self.conn()
+            .query_row(
+                "SELECT 1 FROM units WHERE partition = ?1 AND unit_id = ?2 AND ordinal < ?3",
+                params![partition, unit_id, ordinal as i64],
+                |_| Ok(()),
+            )
+            .optional()
+            .map(|r| r.is_some())
+            .map_err(|e| self.sql(e))
+    }
+
+    /// Where unit `unit_id` of a partition lies in its source.
+    pub fn unit_range(
+        &self,
+        partition: i64,
+        unit_id: &str,
+    ) -> Result<Option<(u64, u64)>, StoreError> {
+        self.conn()
+            .query_row(
+                "SELECT byte_start, byte_end FROM units WHERE partition = ?1 AND unit_id = ?2",
+                params![partition, unit_id],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))
+    }
+
+    /// The id of a prefilter (its rules, by their hash), created when new.
+    pub fn open_prefilter(&self, key: &ContentHash, rules: &str) -> Result<i64, StoreError> {
+        let conn = self.conn();
+        conn.execute(
+            "INSERT OR IGNORE INTO prefilters (key, rules) VALUES (?1, ?2)",
+            params![key.to_hex(), rules],
+        )
+        .map_err(|e| self.sql(e))?;
+        conn.query_row(
+            "SELECT id FROM prefilters WHERE key = ?1",
+            [key.to_hex()],
+            |r| r.get(0),
+        )
+        .map_err(|e| self.sql(e))
+    }
+
+    /// Whether every unit of `partition` has its decision by `prefilter`
+    /// stored.
+    pub fn routing_done(&self, partition: i64, prefilter: i64) -> Result<bool, StoreError> {
+        self.conn()
+            .query_row(
+                "SELECT 1 FROM routings WHERE partition = ?1 AND prefilter = ?2",
+                params![partition, prefilter],
+                |_| Ok(()),
+            )
+            .optional()
+            .map(|r| r.is_some())
+            .map_err(|e| self.sql(e))
+    }
+
+    pub fn finish_routing(&self, partition: i64, prefilter: i64) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "INSERT OR IGNORE INTO routings (partition, prefilter) VALUES (?1, ?2)",
+                params![partition, prefilter],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    /// Units stored for every partition of a source.
     pub fn count_units(&self, source: &ContentHash) -> Result<u64, StoreError> {
         self.conn()
             .query_row(
-                "SELECT COUNT(*) FROM units WHERE source_hash = ?1",
+                "SELECT COUNT(*) FROM units WHERE partition IN
+                   (SELECT id FROM partitions WHERE source_hash = ?1)",
                 [source.to_hex()],
                 |r| r.get::<_, i64>(0),
             )
             .map(|n| n as u64)
             .map_err(|e| self.sql(e))
+    }
+
+    /// Names the partition and prefilter a run read its units through.
+    pub fn set_run_routing(
+        &self,
+        run_id: &str,
+        partition: i64,
+        prefilter: i64,
+    ) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "UPDATE runs SET partition = ?2, prefilter = ?3 WHERE run_id = ?1",
+                params![run_id, partition, prefilter],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
     }
 
     pub fn get_fact(&self, key: &ContentHash) -> Result<Option<FactRecord>, StoreError> {
@@ -678,17 +982,44 @@ mod tests {
     fn artifacts_are_immutable_and_reopen_keeps_everything() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("s.sqlite");
-        let h = ContentHash::of_bytes(b"abc");
+        let h = ContentHash::of_bytes(b"abc\ndef");
+        let (a, b) = (
+            ContentHash::of_bytes(b"abc\n"),
+            ContentHash::of_bytes(b"def"),
+        );
+        let chunks = [
+            ChunkRef {
+                hash: a,
+                len: 4,
+                newlines: 1,
+            },
+            ChunkRef {
+                hash: b,
+                len: 3,
+                newlines: 0,
+            },
+        ];
         {
             let store = Store::open(&path).expect("open");
-            assert!(store.put_artifact(&h, b"abc", "test").expect("put"));
-            assert!(!store.put_artifact(&h, b"abc", "test").expect("put again"));
+            store
+                .put_chunks(&[(a, b"abc\n"), (b, b"def")])
+                .expect("chunks");
+            assert!(store.put_artifact(&h, "test", &chunks).expect("put"));
+            assert!(
+                !store
+                    .put_artifact(&h, "test", &chunks[..1])
+                    .expect("put again")
+            );
             store.begin_run("r1", "spec", &h, &h).expect("run");
         }
         let store = Store::open(&path).expect("reopen");
         assert_eq!(
-            store.get_artifact(&h).expect("get").as_deref(),
-            Some(&b"abc"[..])
+            store.artifact_chunks(&h).expect("get").as_deref(),
+            Some(&chunks[..])
+        );
+        assert_eq!(
+            store.get_chunk(&b).expect("chunk").as_deref(),
+            Some(&b"def"[..])
         );
         assert_eq!(store.unfinished_runs().expect("runs"), ["r1"]);
     }

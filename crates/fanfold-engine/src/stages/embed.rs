@@ -8,17 +8,169 @@
 //! threshold or a new anchor text re-scores without re-embedding a unit.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use fanfold_core::{Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash, Status};
+use fanfold_core::spec::{EmbedStageSpec, Spec};
+use fanfold_core::{ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash, Status};
 use fanfold_embed::{Embedder, EmbedderFiles};
 use fanfold_ops::embed::{EmbedStage, vector_key};
-use fanfold_ops::partition::PartUnit;
+use fanfold_ops::view::{INPUT_BUCKET, Projector};
 use fanfold_store::Store;
 use serde::{Deserialize, Serialize};
 
+use super::map::project_err;
+use super::{BuildContext, CachedCount, Stage, StageContext, StageOutcome};
+use crate::error::RunError;
 use crate::models::{self, MINILM_L6_V2};
-use crate::run::{Projector, RunError};
+use crate::plan::PlanError;
+use crate::run::ledger::Origin;
+use crate::run::route::UnitTable;
+
+pub struct EmbedRunner {
+    pub stage: EmbedStage,
+    spec_dir: PathBuf,
+}
+
+impl EmbedRunner {
+    pub fn build(e: &EmbedStageSpec, ctx: &mut BuildContext<'_>) -> Result<EmbedRunner, PlanError> {
+        let examples = match &e.examples {
+            Some(file) => Some((file.as_str(), ctx.read("examples", file)?)),
+            None => None,
+        };
+        if let Some((file, text)) = &examples {
+            ctx.hashed
+                .insert(format!("examples:{}", e.name), format!("{file}\n{text}"));
+        }
+        let stage = EmbedStage::new(e.clone(), examples.as_ref().map(|(f, t)| (*f, t.as_str())))
+            .map_err(|source| PlanError::Embed {
+                path: ctx.path(),
+                source,
+            })?;
+        Ok(EmbedRunner {
+            stage,
+            spec_dir: ctx.spec_dir.to_owned(),
+        })
+    }
+}
+
+impl Stage for EmbedRunner {
+    fn name(&self) -> &str {
+        self.stage.name()
+    }
+
+    fn kind(&self) -> &'static str {
+        "embed"
+    }
+
+    fn definition_hash(&self) -> ContentHash {
+        self.stage.definition_hash()
+    }
+
+    fn then(&self) -> Option<&str> {
+        self.stage.spec.then.as_deref()
+    }
+
+    fn explain(&self, _spec: &Spec, out: &mut String) {
+        let e = &self.stage;
+        let sp = &e.spec;
+        let sees = match &sp.project {
+            Some(expr) => format!("project=`{expr}`"),
+            None => format!("fields=[{}]", sp.fields.join(", ")),
+        };
+        let positives = e
+            .anchors
+            .iter()
+            .filter(|a| a.polarity == fanfold_ops::embed::Polarity::Positive)
+            .count();
+        let _ = writeln!(
+            out,
+            "  {} embed v{} model={} max_tokens={}\n    sees {sees}",
+            sp.name,
+            sp.version,
+            sp.model.as_deref().unwrap_or("all-MiniLM-L6-v2"),
+            sp.max_tokens
+        );
+        let _ = writeln!(
+            out,
+            "    score = best similarity to {positives} positive texts{}; below {} ends as negative, else {}",
+            if positives < e.anchors.len() {
+                format!(
+                    " minus best to {} negative texts",
+                    e.anchors.len() - positives
+                )
+            } else {
+                String::new()
+            },
+            sp.threshold,
+            sp.then
+                .as_deref()
+                .map(|t| format!("goes on to `{t}`"))
+                .unwrap_or_else(|| "positive".into())
+        );
+    }
+
+    fn count_cached(
+        &self,
+        _spec: &Spec,
+        spec_dir: &Path,
+        store: &Store,
+        table: &UnitTable,
+        units: &[usize],
+    ) -> Result<CachedCount, RunError> {
+        // Cached facts say where a unit goes; the rest are undecided until
+        // embedded, and may still reach the next stage.
+        let (_, model_id) = embedder_identity(&self.stage, spec_dir)?;
+        let mut count = CachedCount::default();
+        for (i, key, _) in fact_keys(&self.stage, table, units, &model_id)? {
+            if let Some(f) = store.get_fact(&key)? {
+                count.cached += 1;
+                if f.status == Status::Positive {
+                    count.passed.push(i);
+                }
+            }
+        }
+        Ok(count)
+    }
+
+    fn run(&self, ctx: &mut StageContext<'_>, units: Vec<usize>) -> Result<StageOutcome, RunError> {
+        let name = self.stage.name();
+        ctx.progress.stage_started(name, units.len() as u64, 0);
+        let outcome = run_stage(
+            &self.stage,
+            &self.spec_dir,
+            ctx.table,
+            &units,
+            ctx.store,
+            ctx.embedders,
+        )?;
+        for (i, fact, origin) in outcome.ended {
+            ctx.progress.unit_finished(name, fact.status);
+            ctx.ledger.record(i, fact, origin);
+        }
+        if let Some(e) = ctx.ledger.take_store_error() {
+            return Err(e.into());
+        }
+        for _ in &outcome.passed {
+            ctx.progress.unit_finished(name, Status::Positive);
+        }
+        ctx.store.event(
+            ctx.run_id,
+            "embedded",
+            &serde_json::json!({"stage": name, "stats": outcome.stats}),
+        )?;
+        ctx.stats.embed.insert(name.to_owned(), outcome.stats);
+        ctx.progress.stage_finished(name);
+        Ok(StageOutcome {
+            passed: outcome.passed,
+            stop: None,
+        })
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
 
 /// What one embed stage did, for the certificate.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -39,12 +191,12 @@ pub struct EmbedStats {
     pub passed: u64,
 }
 
-pub(crate) struct EmbedOutcome {
-    /// Facts of units that end at this stage (index, fact).
-    pub ended: Vec<(usize, FactRecord)>,
+struct EmbedOutcome {
+    /// Facts of units that end at this stage (table position, fact).
+    ended: Vec<(usize, FactRecord, Origin)>,
     /// Units that go on to the stage's `then`.
-    pub passed: Vec<usize>,
-    pub stats: EmbedStats,
+    passed: Vec<usize>,
+    stats: EmbedStats,
 }
 
 /// Where a stage's embedder lives and its identity, without loading it.
@@ -82,7 +234,7 @@ fn embed_err(stage: &EmbedStage, e: impl std::fmt::Display) -> RunError {
 /// Loaded embedders by identity, so stages sharing a model load it once,
 /// and only when some unit needs a vector.
 #[derive(Default)]
-pub(crate) struct Embedders(HashMap<String, Embedder>);
+pub struct Embedders(HashMap<String, Embedder>);
 
 impl Embedders {
     fn get(
@@ -117,27 +269,34 @@ impl Embedders {
 }
 
 /// The fact key of each unit, by the stage's projection.
-pub(crate) fn fact_keys(
+fn fact_keys(
     stage: &EmbedStage,
-    units: &[PartUnit],
+    table: &UnitTable,
     indices: &[usize],
     model_id: &str,
-) -> Result<Vec<(usize, fanfold_core::ContentHash, String)>, RunError> {
-    let projector = Projector::compile(stage.name(), stage.spec.project.as_deref())?;
+) -> Result<Vec<(usize, ContentHash, String)>, RunError> {
+    let projector = Projector::compile(
+        stage.name(),
+        stage.spec.project.as_deref(),
+        &stage.spec.fields,
+    )
+    .map_err(project_err)?;
     indices
         .iter()
         .map(|&i| {
-            let projected = projector.project(stage.name(), &stage.spec.fields, &units[i])?;
-            let key = stage.cache_key(projected.key_in("input-v1"), model_id);
+            let projected = projector
+                .project(table.id(i).as_str(), &table.value(i))
+                .map_err(project_err)?;
+            let key = stage.cache_key(projected.key_in(INPUT_BUCKET), model_id);
             Ok((i, key, stage.text(&projected)))
         })
         .collect()
 }
 
-pub(crate) fn run_stage(
+fn run_stage(
     stage: &EmbedStage,
     spec_dir: &Path,
-    units: &[PartUnit],
+    table: &UnitTable,
     indices: &[usize],
     store: &Store,
     embedders: &mut Embedders,
@@ -152,16 +311,17 @@ pub(crate) fn run_stage(
             ..EmbedStats::default()
         },
     };
-    let keyed = fact_keys(stage, units, indices, &model_id)?;
-    let mut decided: Vec<(usize, FactRecord)> = Vec::new();
+    let keyed = fact_keys(stage, table, indices, &model_id)?;
+    let mut decided: Vec<(usize, FactRecord, Origin)> = Vec::new();
     let mut open = Vec::new();
     for (i, key, text) in keyed {
         match store.get_fact(&key)? {
             Some(mut fact) => {
                 out.stats.cached += 1;
-                fact.source_ids = vec![units[i].unit.unit_id.clone()];
-                fact.source_hashes = vec![units[i].unit.unit_hash];
-                decided.push((i, fact));
+                let u = table.unit(i);
+                fact.source_ids = vec![u.unit_id.clone()];
+                fact.source_hashes = vec![u.unit_hash];
+                decided.push((i, fact, Origin::Cached));
             }
             None => open.push((i, key, text)),
         }
@@ -192,12 +352,12 @@ pub(crate) fn run_stage(
         for ((i, key, _), v) in open.into_iter().zip(unit_vectors) {
             let scored = stage.score(v, anchors);
             let status = stage.decide(&scored);
-            let u = &units[i];
+            let u = table.unit(i);
             let fact = FactRecord {
                 schema: FACT_SCHEMA.into(),
                 key,
-                source_ids: vec![u.unit.unit_id.clone()],
-                source_hashes: vec![u.unit.unit_hash],
+                source_ids: vec![u.unit_id.clone()],
+                source_hashes: vec![u.unit_hash],
                 stage: stage.name().to_owned(),
                 stage_version: stage.spec.version,
                 rubric_hash: stage.definition_hash(),
@@ -224,21 +384,24 @@ pub(crate) fn run_stage(
                 attempts: 0,
                 reducer_path: Vec::new(),
             };
-            store.put_fact(&fact)?;
-            fresh.push((i, fact));
+            fresh.push((i, fact, Origin::Fresh));
         }
         decided.extend(fresh);
     }
-    decided.sort_by_key(|(i, _)| *i);
-    for (i, fact) in decided {
+    decided.sort_by_key(|(i, _, _)| *i);
+    for (i, fact, origin) in decided {
         if fact.status == Status::Positive && stage.spec.then.is_some() {
+            // A passed unit's fact is stored, so a rerun knows where it went.
+            if origin == Origin::Fresh {
+                store.put_fact(&fact)?;
+            }
             out.stats.passed += 1;
             out.passed.push(i);
         } else {
             if fact.status == Status::Negative {
                 out.stats.dropped += 1;
             }
-            out.ended.push((i, fact));
+            out.ended.push((i, fact, origin));
         }
     }
     Ok(out)

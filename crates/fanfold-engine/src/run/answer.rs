@@ -1,0 +1,218 @@
+//! The answer phase: the ids and themes the contract asks for, read off
+//! the fold's root, and whether they are the whole answer.
+
+use std::collections::{BTreeSet, HashMap};
+
+use fanfold_core::spec::{ContractSpec, ReducerKind, Spec};
+use fanfold_core::{FactRecord, Status, StatusCounts, UnitId};
+use fanfold_ops::contract::StopReason;
+use fanfold_ops::fold::{Agg, FoldValue};
+use fanfold_ops::map::field_text;
+use fanfold_ops::partition::Coverage;
+
+use super::route::UnitTable;
+use crate::report::{AnswerItem, Theme};
+
+/// The answer's items, themes and, for a threshold, whether it was reached.
+pub struct Answered {
+    pub items: Vec<AnswerItem>,
+    pub themes: Vec<Theme>,
+    pub reached: Option<bool>,
+}
+
+/// Builds the answer's items from the fold root and the facts (table
+/// position, fact).
+pub fn answer(
+    spec: &Spec,
+    root: &FoldValue,
+    facts: &[(usize, FactRecord)],
+    table: &UnitTable,
+) -> Answered {
+    let plain: Vec<&FactRecord> = facts.iter().map(|(_, f)| f).collect();
+    let (ids, themes, reached) = answer_ids(spec, root, &plain);
+    let at: HashMap<&UnitId, usize> = facts
+        .iter()
+        .filter_map(|(i, f)| f.source_ids.first().map(|id| (id, *i)))
+        .collect();
+    let fact_of: HashMap<&UnitId, &FactRecord> = plain
+        .iter()
+        .filter_map(|f| f.source_ids.first().map(|id| (id, *f)))
+        .collect();
+    let theme_of: HashMap<&UnitId, &str> = themes
+        .iter()
+        .flat_map(|t| t.ids.iter().map(move |id| (id, t.key.as_str())))
+        .collect();
+    let items = ids
+        .iter()
+        .map(|(id, score)| {
+            let value = at.get(id).map(|&i| table.value(i));
+            AnswerItem {
+                unit_id: id.clone(),
+                title: value
+                    .as_ref()
+                    .and_then(|v| spec.output.title.as_deref().and_then(|f| field_text(v, f))),
+                link: value
+                    .as_ref()
+                    .and_then(|v| spec.output.link.as_deref().and_then(|f| field_text(v, f))),
+                theme: theme_of.get(id).map(|s| (*s).to_owned()),
+                score: *score,
+                evidence: fact_of
+                    .get(id)
+                    .map(|f| f.evidence.clone())
+                    .unwrap_or_default(),
+            }
+        })
+        .collect();
+    Answered {
+        items,
+        themes,
+        reached,
+    }
+}
+
+/// Why the answer is not the whole answer the contract asks for; empty
+/// when it is. An exhaustive or top-k answer needs every routed unit
+/// decided; a threshold answer that was reached stands whatever else
+/// failed. Elements rejected as too large or without their key were never
+/// judged; a repeated key's first occurrence was.
+pub fn incomplete(
+    spec: &Spec,
+    statuses: &StatusCounts,
+    stop: &StopReason,
+    coverage: &Coverage,
+    rejected_by_reason: &std::collections::BTreeMap<String, u64>,
+    reached: Option<bool>,
+) -> Vec<String> {
+    if reached == Some(true) {
+        return Vec::new();
+    }
+    let mut why = Vec::new();
+    if let StopReason::BudgetExhausted {
+        budget,
+        limit,
+        used,
+    } = stop
+    {
+        why.push(format!(
+            "budget {budget} exhausted ({used} of {limit}): the units it left are not_run"
+        ));
+    }
+    if statuses.error > 0 {
+        why.push(format!("{} units ended in error", statuses.error));
+    }
+    if statuses.not_run > 0 {
+        why.push(format!("{} units were not run", statuses.not_run));
+    }
+    let contract_cancel = matches!(stop, StopReason::ContractSatisfied { .. })
+        && matches!(
+            spec.contract,
+            ContractSpec::TopK { .. } | ContractSpec::Threshold { .. }
+        );
+    if statuses.cancelled > 0 && !contract_cancel {
+        why.push(format!("{} units were cancelled", statuses.cancelled));
+    }
+    let unjudged: u64 = rejected_by_reason
+        .iter()
+        .filter(|(reason, _)| reason.as_str() != "duplicate_key")
+        .map(|(_, n)| n)
+        .sum();
+    if unjudged > 0 {
+        why.push(format!(
+            "{unjudged} of {} input elements were rejected before any stage (see the certificate's rejections)",
+            coverage.elements
+        ));
+    }
+    if coverage.units == 0 {
+        why.push("the input has no units to judge".into());
+    }
+    why
+}
+
+type Ranked = Vec<(UnitId, Option<f64>)>;
+
+/// The answer's ids and themes, as the contract defines them.
+fn answer_ids(
+    spec: &Spec,
+    root: &FoldValue,
+    facts: &[&FactRecord],
+) -> (Ranked, Vec<Theme>, Option<bool>) {
+    match &spec.contract {
+        ContractSpec::Exhaustive {
+            answer,
+            themes,
+            top_themes,
+        } => {
+            let set_by_value = spec
+                .fold
+                .reducers
+                .iter()
+                .find(|r| &r.name == answer)
+                .map(|r| &r.kind);
+            let ids: BTreeSet<UnitId> = match root.reducers.get(answer) {
+                Some(Agg::Set { items }) => match set_by_value {
+                    Some(ReducerKind::Set { value: None }) => {
+                        items.keys().map(|k| UnitId(k.clone())).collect()
+                    }
+                    _ => items.values().flatten().cloned().collect(),
+                },
+                _ => BTreeSet::new(),
+            };
+            let mut ranked: Ranked = ids.into_iter().map(|i| (i, None)).collect();
+            ranked.sort_by(|a, b| natural(&a.0.0).cmp(&natural(&b.0.0)));
+            let themes = match themes.as_ref().and_then(|t| root.reducers.get(t)) {
+                Some(Agg::CountBy { groups }) => {
+                    let mut list: Vec<Theme> = groups
+                        .iter()
+                        .map(|(k, g)| Theme {
+                            key: k.clone(),
+                            count: g.count,
+                            ids: g.ids.iter().cloned().collect(),
+                        })
+                        .collect();
+                    list.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
+                    list.truncate(*top_themes);
+                    list
+                }
+                _ => Vec::new(),
+            };
+            (ranked, themes, None)
+        }
+        ContractSpec::TopK { k, score, .. } => {
+            let mut scored: Ranked = facts
+                .iter()
+                .filter(|f| f.status == Status::Positive)
+                .filter_map(|f| {
+                    Some((
+                        f.source_ids[0].clone(),
+                        Some(f.facts.pointer(score)?.as_f64()?),
+                    ))
+                })
+                .collect();
+            scored.sort_by(|a, b| {
+                b.1.unwrap_or(0.0)
+                    .total_cmp(&a.1.unwrap_or(0.0))
+                    .then_with(|| a.0.cmp(&b.0))
+            });
+            scored.truncate(*k);
+            (scored, Vec::new(), None)
+        }
+        ContractSpec::Threshold { count } => {
+            let pos: Ranked = facts
+                .iter()
+                .filter(|f| f.status == Status::Positive)
+                .map(|f| (f.source_ids[0].clone(), None))
+                .collect();
+            let reached = pos.len() as u64 >= *count;
+            (pos, Vec::new(), Some(reached))
+        }
+    }
+}
+
+/// Sort key that puts "9" before "10".
+fn natural(s: &str) -> (usize, &str) {
+    if s.bytes().all(|b| b.is_ascii_digit()) {
+        (s.len(), s)
+    } else {
+        (usize::MAX, s)
+    }
+}

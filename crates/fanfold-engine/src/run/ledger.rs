@@ -1,0 +1,131 @@
+//! The ledger of facts: one fact per (unit, stage), built once, persisted
+//! the moment it exists (so a killed run keeps everything decided before
+//! the kill), and the one place the stopping controller learns of it.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, MutexGuard};
+
+use fanfold_core::{Cost, FactRecord};
+use fanfold_ops::contract::Controller;
+use fanfold_store::{Store, StoreError};
+use serde_json::Value;
+
+/// Where a fact came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Computed in this run: stored, and its calls and cost counted.
+    Fresh,
+    /// Read from the store.
+    Cached,
+    /// Another unit of this run with the same input paid for it.
+    Shared,
+}
+
+#[derive(Default)]
+struct State {
+    /// (table position, fact), in the order decided.
+    facts: Vec<(usize, FactRecord)>,
+    seen: HashSet<(usize, String)>,
+    calls: u64,
+    cost: Cost,
+    recomputed: Vec<String>,
+    /// The first failed write; the run fails with it once the stage ends.
+    store_error: Option<StoreError>,
+}
+
+pub struct FactLedger<'a> {
+    store: &'a Store,
+    controller: Mutex<Controller>,
+    /// JSON pointer to the contract's score, for top-k.
+    score_pointer: Option<String>,
+    state: Mutex<State>,
+}
+
+/// What the ledger counted.
+pub struct LedgerTotals {
+    pub calls: u64,
+    pub cost: Cost,
+    pub recomputed: Vec<String>,
+}
+
+impl<'a> FactLedger<'a> {
+    pub fn new(
+        store: &'a Store,
+        controller: Controller,
+        score_pointer: Option<String>,
+    ) -> FactLedger<'a> {
+        FactLedger {
+            store,
+            controller: Mutex::new(controller),
+            score_pointer,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The stopping controller, for a stage's queue to ask before it opens
+    /// a unit. Only the ledger tells it about decided units.
+    pub fn controller(&self) -> &Mutex<Controller> {
+        &self.controller
+    }
+
+    pub fn has(&self, index: usize, stage: &str) -> bool {
+        self.lock().seen.contains(&(index, stage.to_owned()))
+    }
+
+    /// Records the fact of unit `index`; a second fact for the same unit
+    /// and stage is ignored.
+    pub fn record(&self, index: usize, fact: FactRecord, origin: Origin) {
+        let mut state = self.lock();
+        if !state.seen.insert((index, fact.stage.clone())) {
+            return;
+        }
+        if origin == Origin::Fresh {
+            if fact.status.is_cacheable()
+                && let Err(e) = self.store.put_fact(&fact)
+            {
+                tracing::error!(error = %e, unit = ?fact.source_ids.first(), "fact not stored");
+                state.store_error.get_or_insert(e);
+            }
+            state.calls += fact.cost.calls;
+            state.cost.add(&fact.cost);
+            if fact.attempts > 0
+                && let Some(id) = fact.source_ids.first()
+            {
+                state.recomputed.push(id.0.clone());
+            }
+        }
+        let score = self
+            .score_pointer
+            .as_ref()
+            .and_then(|p| fact.facts.pointer(p))
+            .and_then(Value::as_f64);
+        self.controller
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .observe(fact.status, score);
+        state.facts.push((index, fact));
+    }
+
+    /// The first fact write that failed, if any.
+    pub fn take_store_error(&self) -> Option<StoreError> {
+        self.lock().store_error.take()
+    }
+
+    pub fn into_parts(self) -> (Vec<(usize, FactRecord)>, LedgerTotals) {
+        let state = self.state.into_inner().unwrap_or_else(|e| e.into_inner());
+        let mut recomputed = state.recomputed;
+        recomputed.sort();
+        (
+            state.facts,
+            LedgerTotals {
+                calls: state.calls,
+                cost: state.cost,
+                recomputed,
+            },
+        )
+    }
+}

@@ -1,0 +1,457 @@
+//! One run of a plan, as a pipeline of named phases:
+//!
+//! ```text
+//! source -> route (partition + prefilter, streamed) -> stages -> fold
+//!        -> answer -> verify -> outputs
+//! ```
+//!
+//! Each phase is a function in this module's files; this one only passes
+//! their results along and times them. Every decided fact is persisted the
+//! moment it exists, so a killed run resumes where it stopped.
+
+pub mod answer;
+pub mod ingest;
+pub mod ledger;
+pub mod route;
+pub mod verify;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+
+use fanfold_core::spec::{BudgetSpec, ContractSpec};
+use fanfold_core::{ContentHash, FactRecord, UnitId};
+use fanfold_ops::contract::{Controller, StopReason};
+use fanfold_ops::fold::{FoldValue, Leaf, NodeCache, fold_tree};
+use fanfold_store::{RunUnitRow, Store};
+use serde_json::{Value, json};
+
+use crate::Progress;
+use crate::error::RunError;
+use crate::plan::{Plan, Routing};
+use crate::queue::BudgetPool;
+use crate::report::{Answer, Certificate, RunReport, RunSettingsReport, RunStats};
+use crate::source::Source;
+use crate::stages::{Backends, StageContext, embed::Embedders};
+
+use ledger::FactLedger;
+
+/// How a run is carried out; none of these change what a fact means.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Overrides the spec's input.
+    pub source: Option<Source>,
+    pub store_path: PathBuf,
+    /// Where answer.json, answer.md, facts.jsonl and certificate.json go.
+    pub out_dir: Option<PathBuf>,
+    /// Physical slots: most units in flight at once.
+    pub slots: usize,
+    pub max_unit_bytes: u64,
+    /// Threads that parse and prefilter a JSONL source.
+    pub partition_threads: usize,
+    /// Append every model call to this replay cassette.
+    pub record: Option<PathBuf>,
+    /// Overrides the spec's budget.
+    pub budget: Option<BudgetSpec>,
+}
+
+impl RunOptions {
+    pub fn new(store_path: PathBuf) -> RunOptions {
+        RunOptions {
+            source: None,
+            store_path,
+            out_dir: None,
+            slots: 4,
+            max_unit_bytes: fanfold_ops::partition::DEFAULT_MAX_UNIT_BYTES,
+            partition_threads: std::thread::available_parallelism().map_or(1, usize::from),
+            record: None,
+            budget: None,
+        }
+    }
+}
+
+/// Wall time per phase, measured between marks.
+struct Phases {
+    last: std::time::Instant,
+    list: Vec<(String, u64)>,
+}
+
+impl Phases {
+    fn start() -> Phases {
+        Phases {
+            last: std::time::Instant::now(),
+            list: Vec::new(),
+        }
+    }
+
+    fn mark(&mut self, name: &str) {
+        let now = std::time::Instant::now();
+        self.list
+            .push((name.to_owned(), (now - self.last).as_millis() as u64));
+        self.last = now;
+    }
+}
+
+/// Fold nodes cached in the store.
+struct StoreNodes<'a>(&'a Store);
+
+impl NodeCache for StoreNodes<'_> {
+    fn get(&mut self, key: &ContentHash) -> Option<FoldValue> {
+        // A node that fails to load is recomputed, never trusted.
+        self.0
+            .get_fold_node(key)
+            .ok()
+            .flatten()
+            .and_then(|v| serde_json::from_value(v).ok())
+    }
+    fn put(&mut self, key: &ContentHash, level: u32, value: &FoldValue) {
+        if let Ok(v) = serde_json::to_value(value)
+            && let Err(e) = self.0.put_fold_node(key, level, &v)
+        {
+            tracing::warn!(error = %e, "fold node not cached");
+        }
+    }
+}
+
+pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<RunReport, RunError> {
+    let spec = &plan.spec;
+    let source = opts
+        .source
+        .clone()
+        .or_else(|| plan.default_source())
+        .ok_or(RunError::NoInput)?;
+    let store = Store::open(&opts.store_path)?;
+    let mut phases = Phases::start();
+
+    // Source.
+    let artifact = ingest::ingest(&source, &store)?;
+    phases.mark("source");
+
+    // Route: partition and prefilter, streamed from the stored artifact.
+    let run_id = format!("run-{}-{}", fanfold_store::now_ms(), artifact.hash.short(8));
+    store.begin_run(&run_id, &spec.name, &plan.spec_hash, &artifact.hash)?;
+    let options = route::stream_options(opts.max_unit_bytes, opts.partition_threads);
+    let routed = route::route(
+        plan,
+        artifact.hash,
+        &artifact.origin,
+        ingest::ArtifactReader::new(&store, &artifact),
+        Some(&store),
+        options,
+    )?;
+    let partition_id = routed.partition_id.unwrap_or_default();
+    store.set_run_routing(
+        &run_id,
+        partition_id,
+        routed.prefilter_id.unwrap_or_default(),
+    )?;
+    store.event(
+        &run_id,
+        "routed",
+        &json!({
+            "coverage": routed.coverage,
+            "origin": artifact.origin,
+            "excluded": routed.excluded_by_reason,
+        }),
+    )?;
+    phases.mark("route");
+
+    // Stages, in spec order; a stage's passed units join its `then`.
+    let budget_limits = opts.budget.clone().unwrap_or_else(|| spec.budget.clone());
+    let budget = BudgetPool::new(budget_limits.clone());
+    let score_pointer = match &spec.contract {
+        ContractSpec::TopK { score, .. } => Some(score.clone()),
+        _ => None,
+    };
+    let ledger = FactLedger::new(
+        &store,
+        Controller::new(spec.contract.clone()),
+        score_pointer,
+    );
+    let mut stats = RunStats {
+        slots: opts.slots.max(1),
+        ..RunStats::default()
+    };
+    let mut backends = Backends::new(opts.record.clone());
+    let mut embedders = Embedders::default();
+    let mut stop = StopReason::Completed;
+    let mut queued: BTreeMap<String, Vec<usize>> = routed.by_stage.clone();
+    for stage in &plan.stages {
+        let Some(units) = queued.remove(stage.name()) else {
+            continue;
+        };
+        let mut ctx = StageContext {
+            spec,
+            spec_dir: &plan.spec_dir,
+            store: &store,
+            run_id: &run_id,
+            table: &routed.table,
+            slots: opts.slots.max(1),
+            budget: &budget,
+            ledger: &ledger,
+            backends: &mut backends,
+            embedders: &mut embedders,
+            progress,
+            stats: &mut stats,
+        };
+        let outcome = stage.run(&mut ctx, units)?;
+        if let Some(s) = outcome.stop
+            && stop == StopReason::Completed
+        {
+            stop = s;
+        }
+        if let Some(then) = stage.then() {
+            let next = queued.entry(then.to_owned()).or_default();
+            next.extend(outcome.passed);
+            next.sort_unstable();
+        }
+        phases.mark(&format!("{}:{}", stage.kind(), stage.name()));
+    }
+    let (mut facts, totals) = ledger.into_parts();
+    stats.model_calls = totals.calls;
+    stats.cost = totals.cost;
+    stats.recomputed_units = totals.recomputed;
+
+    // Fold, in source order.
+    facts.sort_by(|(a, fa), (b, fb)| {
+        let oa = routed.table.unit(*a).ordinal;
+        let ob = routed.table.unit(*b).ordinal;
+        oa.cmp(&ob).then_with(|| fa.stage.cmp(&fb.stage))
+    });
+    let leaves: Vec<Leaf> = facts.iter().map(|(_, f)| leaf_of(f)).collect();
+    let fold = fold_tree(&spec.fold, &leaves, &mut StoreNodes(&store));
+    stats.fold_depth = fold.depth;
+    stats.fold_nodes_computed = fold.nodes_computed;
+    stats.fold_nodes_reused = fold.nodes_reused;
+    for ((_, f), path) in facts.iter_mut().zip(&fold.paths) {
+        f.reducer_path = path.iter().map(|k| k.short(12)).collect();
+    }
+    drop(leaves);
+    phases.mark("fold");
+
+    // Answer.
+    let answered = answer::answer(spec, &fold.root, &facts, &routed.table);
+    let statuses = fold.root.total_statuses();
+    let incomplete = answer::incomplete(
+        spec,
+        &statuses,
+        &stop,
+        &routed.coverage,
+        &routed.rejected_by_reason,
+        answered.reached,
+    );
+    phases.mark("answer");
+
+    // Verify against the stored artifact, read back by byte range.
+    let cited: BTreeSet<UnitId> = answered
+        .items
+        .iter()
+        .map(|i| i.unit_id.clone())
+        .chain(answered.themes.iter().flat_map(|t| t.ids.iter().cloned()))
+        .collect();
+    let mut facts: Vec<FactRecord> = facts.into_iter().map(|(_, f)| f).collect();
+    facts.sort_by(|a, b| {
+        a.source_ids
+            .cmp(&b.source_ids)
+            .then_with(|| a.stage.cmp(&b.stage))
+    });
+    let decided: Vec<FactRecord> = facts
+        .iter()
+        .filter(|f| f.status.is_cacheable())
+        .cloned()
+        .collect();
+    let report = verify::verify_stored(plan, &store, &artifact, partition_id, &decided, &cited);
+    drop(decided);
+    phases.mark("verify");
+
+    stats.phases_ms = phases.list;
+    stats.peak_rss_kib = crate::report::peak_rss_kib();
+    stats.wall_ms = stats.phases_ms.iter().map(|(_, ms)| ms).sum();
+    let simulated = backends.infos.iter().any(|b| b.simulated);
+    let complete = incomplete.is_empty();
+    let excluded = routed.excluded_by_reason.values().sum();
+    let certificate = Certificate {
+        schema: "fanfold.certificate/v2".into(),
+        run_id: run_id.clone(),
+        spec: spec.name.clone(),
+        spec_hash: plan.spec_hash,
+        question: spec.question.clone(),
+        source_hash: artifact.hash,
+        source_bytes: artifact.len,
+        source_origin: artifact.origin.clone(),
+        settings: RunSettingsReport {
+            slots: opts.slots.max(1),
+            max_unit_bytes: opts.max_unit_bytes,
+            partition_threads: opts.partition_threads,
+        },
+        coverage: routed.coverage,
+        coverage_complete: routed.coverage.is_complete(),
+        complete,
+        incomplete: incomplete.clone(),
+        rejected_by_reason: routed.rejected_by_reason.clone(),
+        rejections: routed.rejections.clone(),
+        excluded_by_reason: routed.excluded_by_reason.clone(),
+        routed_by_stage: routed
+            .by_stage
+            .iter()
+            .map(|(k, v)| (k.clone(), v.len() as u64))
+            .collect(),
+        statuses_by_stage: fold.root.statuses.clone(),
+        statuses,
+        stop: stop.clone(),
+        contract: spec.contract.type_name().into(),
+        budget_limits,
+        stats,
+        fold_root: fold.root_key,
+        verify: report.clone(),
+        backends: backends.infos.clone(),
+        simulated,
+        simulated_figures: if simulated {
+            vec![
+                "answer quality (ids, themes, precision, recall)".into(),
+                "token counts and latency".into(),
+            ]
+        } else {
+            Vec::new()
+        },
+    };
+    let answer = Answer {
+        schema: "fanfold.answer/v2".into(),
+        question: spec.question.clone(),
+        simulated,
+        contract: spec.contract.type_name().into(),
+        complete,
+        incomplete,
+        reached: answered.reached,
+        items: answered.items,
+        themes: answered.themes,
+        statuses,
+        excluded,
+        stop: stop.clone(),
+        verified: report.passed,
+    };
+
+    let rows: Vec<RunUnitRow> = facts
+        .iter()
+        .filter_map(|f| {
+            Some(RunUnitRow {
+                unit_id: f.source_ids.first()?.0.clone(),
+                stage: f.stage.clone(),
+                status: f.status.as_str().into(),
+                reason: f.reason.clone(),
+                fact_key: f.status.is_cacheable().then_some(f.key),
+            })
+        })
+        .collect();
+    store.put_run_units(&run_id, &rows)?;
+    let cert_value = serde_json::to_value(&certificate).unwrap_or(Value::Null);
+    store.finish_run(&run_id, stop.code(), &cert_value)?;
+
+    let report = RunReport {
+        run_id,
+        answer,
+        certificate,
+        facts,
+        fold,
+    };
+    if let Some(dir) = &opts.out_dir {
+        crate::output::write_all(dir, &report)?;
+    }
+    Ok(report)
+}
+
+fn leaf_of(f: &FactRecord) -> Leaf {
+    Leaf {
+        unit_id: f
+            .source_ids
+            .first()
+            .cloned()
+            .unwrap_or(UnitId(String::new())),
+        stage: f.stage.clone(),
+        status: f.status,
+        facts: if f.status.is_cacheable() {
+            f.facts.clone()
+        } else {
+            Value::Null
+        },
+    }
+}
+
+/// Partitions and prefilters `source` without storing anything: the units
+/// a run would route, for `explain` and for tools that drive one stage.
+pub fn route_source(
+    plan: &Plan,
+    source: &Source,
+    max_unit_bytes: u64,
+) -> Result<route::Routed, RunError> {
+    // Units carry their source's hash, so the source is hashed first; a
+    // stream that cannot be read twice is read into memory.
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let options = route::stream_options(max_unit_bytes, threads);
+    let origin = source.origin();
+    match source {
+        Source::File(_) => {
+            let mut hasher = blake3::Hasher::new();
+            let mut reader = source.open()?;
+            std::io::copy(&mut reader, &mut hasher).map_err(|e| reader.read_error(&origin, e))?;
+            reader.finish()?;
+            let hash = ContentHash(*hasher.finalize().as_bytes());
+            let mut reader = source.open()?;
+            let routed = route::route(plan, hash, &origin, &mut reader, None, options)?;
+            reader.finish()?;
+            Ok(routed)
+        }
+        _ => {
+            let bytes = source.read()?;
+            let hash = ContentHash::of_bytes(&bytes);
+            route::route(plan, hash, &origin, bytes.as_slice(), None, options)
+        }
+    }
+}
+
+/// Partition and prefilter without running anything: what `explain` shows.
+/// Reads the input directly (nothing is stored) and counts, from the store
+/// when there is one, the facts each stage would reuse, without loading a
+/// model.
+pub fn explain_routing(
+    plan: &Plan,
+    source: &Source,
+    store: Option<&Store>,
+    max_unit_bytes: u64,
+) -> Result<Routing, RunError> {
+    let routed = route_source(plan, source, max_unit_bytes)?;
+    let mut r = Routing {
+        elements: routed.coverage.elements,
+        units: routed.coverage.units,
+        rejected: routed.coverage.rejected,
+        rejected_by_reason: routed.rejected_by_reason.clone(),
+        excluded_by_reason: routed.excluded_by_reason.clone(),
+        ..Routing::default()
+    };
+    let mut queued: HashMap<String, Vec<usize>> = routed.by_stage.clone().into_iter().collect();
+    for stage in &plan.stages {
+        let name = stage.name();
+        let Some(units) = queued.remove(name) else {
+            continue;
+        };
+        r.routed.insert(name.to_owned(), units.len() as u64);
+        let Some(store) = store else {
+            if let Some(then) = stage.then() {
+                *r.undecided_before.entry(then.to_owned()).or_insert(0) += units.len() as u64;
+            }
+            continue;
+        };
+        let count = stage.count_cached(&plan.spec, &plan.spec_dir, store, &routed.table, &units)?;
+        if let Some(why) = count.unknown {
+            r.unknown.insert(name.to_owned(), why);
+        }
+        r.cached.insert(name.to_owned(), count.cached);
+        if let Some(then) = stage.then() {
+            *r.undecided_before.entry(then.to_owned()).or_insert(0) +=
+                units.len() as u64 - count.cached;
+            let next = queued.entry(then.to_owned()).or_default();
+            next.extend(count.passed);
+            next.sort_unstable();
+        }
+    }
+    Ok(r)
+}

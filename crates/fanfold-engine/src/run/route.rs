@@ -1,0 +1,385 @@
+//! The route phase: partition the stored artifact and run the prefilter in
+//! one streaming pass, writing units, rejections and each unit's deciding
+//! rule to the store in batched transactions. Only the units routed to a
+//! stage stay in memory, as compact JSON text; everything else is counted
+//! and written out as it goes by.
+//!
+//! `explain` runs the same pass over the input without writing anything.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use fanfold_core::spec::PrefilterRule;
+use fanfold_core::{ContentHash, StableHash, Unit, UnitId};
+use fanfold_ops::partition::{
+    CompactSeen, ConfirmRepeat, Coverage, PartitionError, PartitionOptions, SeenIds, SeenKeys,
+    StreamOptions, Streamed, UnitView,
+};
+use fanfold_ops::prefilter::fast::RecordPrefilter;
+use fanfold_ops::prefilter::{Outcome, PrefilterError};
+use fanfold_store::{PartitionBatch, PartitionCounts, RejectionRow, Store};
+use serde_json::Value;
+
+use crate::error::RunError;
+use crate::plan::Plan;
+
+/// Rejections listed in full in a certificate; the counts cover the rest.
+pub const MAX_LISTED_REJECTIONS: usize = 20;
+
+/// Units written per store transaction.
+const UNITS_PER_WRITE: usize = 20_000;
+
+/// The units that reached a stage: one table, indexed by position, with
+/// each unit's value kept as JSON text and parsed when a stage reads it.
+#[derive(Default)]
+pub struct UnitTable {
+    units: Vec<Unit>,
+    json: Vec<Box<[u8]>>,
+}
+
+impl UnitTable {
+    pub fn push(&mut self, unit: Unit, json: &[u8]) -> usize {
+        self.units.push(unit);
+        self.json.push(json.into());
+        self.units.len() - 1
+    }
+
+    pub fn len(&self) -> usize {
+        self.units.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.units.is_empty()
+    }
+
+    pub fn unit(&self, i: usize) -> &Unit {
+        &self.units[i]
+    }
+
+    pub fn id(&self, i: usize) -> &UnitId {
+        &self.units[i].unit_id
+    }
+
+    /// The unit's value. Its text was parsed once already when the source
+    /// was partitioned, so this cannot fail on a unit the table holds.
+    pub fn value(&self, i: usize) -> Value {
+        serde_json::from_slice(&self.json[i]).unwrap_or(Value::Null)
+    }
+
+    /// Table positions by unit id.
+    pub fn index_by_id(&self) -> std::collections::HashMap<&UnitId, usize> {
+        self.units
+            .iter()
+            .enumerate()
+            .map(|(i, u)| (&u.unit_id, i))
+            .collect()
+    }
+}
+
+/// What the route phase found.
+pub struct Routed {
+    pub table: UnitTable,
+    /// Stage name -> table positions of the units the prefilter sent to it,
+    /// in source order.
+    pub by_stage: BTreeMap<String, Vec<usize>>,
+    pub coverage: Coverage,
+    pub rejected_by_reason: BTreeMap<String, u64>,
+    /// The first rejections in full.
+    pub rejections: Vec<String>,
+    pub excluded_by_reason: BTreeMap<String, u64>,
+    /// The store's ids of the partition and prefilter, when written.
+    pub partition_id: Option<i64>,
+    pub prefilter_id: Option<i64>,
+}
+
+/// The key of a partition: the source and every setting that shapes units.
+pub fn partition_key(plan: &Plan, source: &ContentHash, max_unit_bytes: u64) -> ContentHash {
+    let mut h = fanfold_core::StableHasher::new("partition-v1");
+    h.field("source", source);
+    h.field(
+        "spec",
+        &serde_json::to_value(&plan.spec.input.partition).unwrap_or(Value::Null),
+    );
+    h.field("max_unit_bytes", &max_unit_bytes);
+    h.finish()
+}
+
+/// The key of a prefilter: its rules, in order.
+pub fn prefilter_key(rules: &[PrefilterRule]) -> ContentHash {
+    serde_json::to_value(rules)
+        .unwrap_or(Value::Null)
+        .key_in("prefilter-v1")
+}
+
+/// Where the route phase writes, when it writes.
+struct Writer<'a> {
+    store: &'a Store,
+    partition: i64,
+    prefilter: i64,
+    /// False when an earlier run stored this partition whole.
+    write_units: bool,
+    /// False when an earlier run stored every decision of this prefilter.
+    write_routes: bool,
+    units: Vec<Unit>,
+    rejections: Vec<RejectionRow>,
+    routes: Vec<(ContentHash, Option<u32>)>,
+}
+
+impl Writer<'_> {
+    fn flush(&mut self) -> Result<(), RunError> {
+        if self.units.is_empty() && self.rejections.is_empty() && self.routes.is_empty() {
+            return Ok(());
+        }
+        self.store.put_partition_batch(&PartitionBatch {
+            partition: self.partition,
+            units: &self.units,
+            rejections: &self.rejections,
+            prefilter: Some(self.prefilter),
+            routes: &self.routes,
+        })?;
+        self.units.clear();
+        self.rejections.clear();
+        self.routes.clear();
+        Ok(())
+    }
+}
+
+/// The state the streaming callbacks share on the calling thread.
+struct Sink<'a> {
+    writer: Option<Writer<'a>>,
+    plan: &'a Plan,
+    prefilter: RecordPrefilter,
+    routed: Routed,
+    /// The first failure; the source stops being read once it is set.
+    failed: Option<RunError>,
+}
+
+/// Confirms a fingerprint hit against the units stored so far.
+struct StoreRepeat<'s, 'a>(&'s RefCell<Sink<'a>>);
+
+impl ConfirmRepeat for StoreRepeat<'_, '_> {
+    fn earlier(&mut self, id: &str, ordinal: u64) -> Result<bool, PartitionError> {
+        let mut sink = self.0.borrow_mut();
+        let Some(w) = sink.writer.as_mut() else {
+            return Ok(true);
+        };
+        let io = |e: RunError| PartitionError::Io(std::io::Error::other(e.to_string()));
+        // The earlier element may still be waiting in this batch.
+        if w.write_units {
+            w.flush().map_err(io)?;
+        }
+        w.store
+            .unit_id_before(w.partition, id, ordinal)
+            .map_err(|e| io(e.into()))
+    }
+}
+
+/// A reader that ends with an error once the run has failed, so a failure
+/// in a callback stops the read instead of partitioning on.
+struct Stoppable<'f, R> {
+    inner: R,
+    stop: &'f AtomicBool,
+}
+
+impl<R: Read> Read for Stoppable<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.stop.load(Ordering::Relaxed) {
+            return Err(std::io::Error::other("stopped"));
+        }
+        self.inner.read(buf)
+    }
+}
+
+/// Partitions and prefilters `reader` (the source named by `source_hash`),
+/// writing to `store` when given.
+pub fn route(
+    plan: &Plan,
+    source_hash: ContentHash,
+    origin: &str,
+    reader: impl Read + Send,
+    store: Option<&Store>,
+    options: StreamOptions,
+) -> Result<Routed, RunError> {
+    let prefilter = RecordPrefilter::compile(&plan.spec.prefilter)?;
+    let writer = match store {
+        Some(store) => {
+            let key = partition_key(plan, &source_hash, options.partition.max_unit_bytes);
+            let spec = serde_json::to_string(&plan.spec.input.partition).unwrap_or_default();
+            let (partition, done) = store.open_partition(&key, &source_hash, &spec)?;
+            let rules = serde_json::to_string(&plan.spec.prefilter).unwrap_or_default();
+            let prefilter = store.open_prefilter(&prefilter_key(&plan.spec.prefilter), &rules)?;
+            let write_routes = !store.routing_done(partition, prefilter)?;
+            Some(Writer {
+                store,
+                partition,
+                prefilter,
+                write_units: done.is_none(),
+                write_routes,
+                units: Vec::new(),
+                rejections: Vec::new(),
+                routes: Vec::new(),
+            })
+        }
+        None => None,
+    };
+    let ids = writer.as_ref().map(|w| (w.partition, w.prefilter));
+    let sink = RefCell::new(Sink {
+        writer,
+        plan,
+        prefilter,
+        routed: Routed {
+            table: UnitTable::default(),
+            by_stage: BTreeMap::new(),
+            coverage: Coverage::default(),
+            rejected_by_reason: BTreeMap::new(),
+            rejections: Vec::new(),
+            excluded_by_reason: BTreeMap::new(),
+            partition_id: ids.map(|(p, _)| p),
+            prefilter_id: ids.map(|(_, f)| f),
+        },
+        failed: None,
+    });
+    let stop = AtomicBool::new(false);
+    let rules = &plan.spec.prefilter;
+    let result = {
+        let mut compact;
+        let mut in_memory;
+        let seen: &mut dyn SeenIds = if store.is_some() {
+            compact = CompactSeen::new(StoreRepeat(&sink));
+            &mut compact
+        } else {
+            in_memory = SeenKeys::default();
+            &mut in_memory
+        };
+        fanfold_ops::partition::stream(
+            &plan.spec.input.partition,
+            source_hash,
+            Stoppable {
+                inner: reader,
+                stop: &stop,
+            },
+            options,
+            seen,
+            || {
+                // Compiled per worker thread (jq values cannot cross threads);
+                // the plan compiled the same rules already, so this succeeds.
+                let compiled = RecordPrefilter::compile(rules);
+                move |id: &str, view: UnitView<'_>| -> Result<Option<usize>, PrefilterError> {
+                    match (&compiled, view) {
+                        (Ok(p), UnitView::Record(r)) => p.first_match_index(id, r),
+                        (Ok(p), view) => p.prefilter().first_match(id, view.to_val()),
+                        (Err(e), _) => Err(PrefilterError::Thread(e.to_string())),
+                    }
+                }
+            },
+            &mut |el| {
+                let mut sink = sink.borrow_mut();
+                if sink.failed.is_some() {
+                    return;
+                }
+                if let Err(e) = sink.take(el) {
+                    sink.failed = Some(e);
+                    stop.store(true, Ordering::Relaxed);
+                }
+            },
+        )
+    };
+    let mut sink = sink.into_inner();
+    if let Some(e) = sink.failed.take() {
+        return Err(e);
+    }
+    let coverage = result.map_err(|source| RunError::Partition {
+        origin: origin.to_owned(),
+        source,
+    })?;
+    if let Some(w) = sink.writer.as_mut() {
+        w.flush()?;
+        if w.write_units {
+            w.store.finish_partition(
+                w.partition,
+                PartitionCounts {
+                    elements: coverage.elements,
+                    units: coverage.units,
+                    rejected: coverage.rejected,
+                },
+            )?;
+        }
+        if w.write_routes {
+            w.store.finish_routing(w.partition, w.prefilter)?;
+        }
+    }
+    sink.routed.coverage = coverage;
+    Ok(sink.routed)
+}
+
+impl Sink<'_> {
+    fn take(
+        &mut self,
+        el: Streamed<'_, Result<Option<usize>, PrefilterError>>,
+    ) -> Result<(), RunError> {
+        match el {
+            Streamed::Rejected(r) => {
+                tracing::warn!(reason = %r.reason, "{}", r.detail);
+                *self
+                    .routed
+                    .rejected_by_reason
+                    .entry(r.reason.clone())
+                    .or_insert(0) += 1;
+                if self.routed.rejections.len() < MAX_LISTED_REJECTIONS {
+                    self.routed
+                        .rejections
+                        .push(format!("{}: {}", r.reason, r.detail));
+                }
+                if let Some(w) = self.writer.as_mut().filter(|w| w.write_units) {
+                    w.rejections.push(RejectionRow {
+                        ordinal: r.ordinal,
+                        reason: r.reason,
+                        detail: r.detail,
+                        byte_start: r.bytes.start,
+                        byte_end: r.bytes.end,
+                    });
+                }
+            }
+            Streamed::Unit { unit, json, extra } => {
+                let rule = extra?;
+                let outcome = self.prefilter.prefilter().outcome_of(rule);
+                let mut full = false;
+                if let Some(w) = self.writer.as_mut() {
+                    if w.write_routes {
+                        w.routes
+                            .push((unit.unit_hash, rule.and_then(|r| u32::try_from(r).ok())));
+                    }
+                    if w.write_units {
+                        w.units.push(unit.clone());
+                    }
+                    full = w.units.len() >= UNITS_PER_WRITE || w.routes.len() >= UNITS_PER_WRITE;
+                }
+                match outcome {
+                    Outcome::Exclude { reason, .. } => {
+                        *self.routed.excluded_by_reason.entry(reason).or_insert(0) += 1;
+                    }
+                    o => {
+                        let first = self.plan.first_stage();
+                        let stage = o.stage(first).unwrap_or(first).to_owned();
+                        let at = self.routed.table.push(unit, json);
+                        self.routed.by_stage.entry(stage).or_default().push(at);
+                    }
+                }
+                if full && let Some(w) = self.writer.as_mut() {
+                    w.flush()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The options a run partitions with.
+pub fn stream_options(max_unit_bytes: u64, threads: usize) -> StreamOptions {
+    StreamOptions {
+        partition: PartitionOptions { max_unit_bytes },
+        threads,
+    }
+}

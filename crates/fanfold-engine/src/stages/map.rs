@@ -1,0 +1,371 @@
+//! The map stage: one bounded micro-context per unit. Cached facts are
+//! reused by key; units whose projected input equals another's in this run
+//! share its call; the rest go through a [`StageJob`] to the backend.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use fanfold_core::spec::{ContractSpec, Execution, MapStageSpec, Spec};
+use fanfold_core::{ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash};
+use fanfold_model::BackendInfo;
+use fanfold_ops::jq::{JqProgram, to_val};
+use fanfold_ops::map::MapStage;
+use fanfold_ops::view::{INPUT_BUCKET, Projector};
+use fanfold_store::Store;
+use serde_json::Value;
+
+use super::{BuildContext, CachedCount, Stage, StageContext, StageOutcome};
+use crate::batches::StoreLedger;
+use crate::error::RunError;
+use crate::plan::PlanError;
+use crate::queue::{Pending, StageJob, UnitResult};
+use crate::run::ledger::Origin;
+use crate::run::route::UnitTable;
+
+pub struct MapRunner {
+    pub stage: MapStage,
+}
+
+impl MapRunner {
+    pub fn build(s: &MapStageSpec, ctx: &mut BuildContext<'_>) -> Result<MapRunner, PlanError> {
+        let rubric = ctx.read("rubric", &s.rubric)?;
+        let schema_text = ctx.read("output schema", &s.output_schema)?;
+        let schema = serde_json::from_str(&schema_text).map_err(|e| PlanError::Json {
+            path: ctx.path(),
+            file: s.output_schema.clone(),
+            detail: e.to_string(),
+        })?;
+        if !ctx.spec.backends.contains_key(&s.backend) {
+            return Err(ctx.invalid(format!(
+                "stage `{}` uses backend `{}`, which no [backends.{}] table declares",
+                s.name, s.backend, s.backend
+            )));
+        }
+        ctx.hashed
+            .insert(format!("rubric:{}", s.name), rubric.clone());
+        ctx.hashed.insert(format!("schema:{}", s.name), schema_text);
+        let stage = MapStage::new(s.clone(), rubric, schema).map_err(|source| PlanError::Map {
+            path: ctx.path(),
+            source,
+        })?;
+        Ok(MapRunner { stage })
+    }
+
+    fn projector(&self) -> Result<Projector, RunError> {
+        let sp = &self.stage.spec;
+        Projector::compile(sp.name.as_str(), sp.project.as_deref(), &sp.fields).map_err(project_err)
+    }
+}
+
+pub(crate) fn project_err(e: fanfold_ops::view::ProjectError) -> RunError {
+    match e {
+        fanfold_ops::view::ProjectError::Compile { stage, detail } => RunError::Project {
+            stage,
+            unit: "-".into(),
+            detail,
+        },
+        fanfold_ops::view::ProjectError::Eval {
+            stage,
+            unit,
+            detail,
+        } => RunError::Project {
+            stage,
+            unit,
+            detail,
+        },
+    }
+}
+
+/// The decoding parameters a fact of `stage` is keyed by.
+pub fn model_params(info: &BackendInfo, stage: &MapStage) -> ModelParams {
+    ModelParams {
+        backend: info.kind.clone(),
+        model_id: info.model_id.clone(),
+        temperature: stage.spec.temperature,
+        max_output_tokens: stage.spec.max_output_tokens,
+        seed: stage.spec.seed,
+        simulated: info.simulated,
+    }
+}
+
+impl Stage for MapRunner {
+    fn name(&self) -> &str {
+        self.stage.name()
+    }
+
+    fn kind(&self) -> &'static str {
+        "map"
+    }
+
+    fn definition_hash(&self) -> ContentHash {
+        self.stage.definition_hash()
+    }
+
+    fn backend(&self) -> Option<&str> {
+        Some(&self.stage.spec.backend)
+    }
+
+    fn explain(&self, spec: &Spec, out: &mut String) {
+        let sp = &self.stage.spec;
+        let backend = spec
+            .backends
+            .get(&sp.backend)
+            .map(|b| b.type_name())
+            .unwrap_or("?");
+        let simulated = if backend == "scripted" || backend == "replay" {
+            " [SIMULATED]"
+        } else {
+            ""
+        };
+        let sees = match &sp.project {
+            Some(expr) => format!("project=`{expr}`"),
+            None => format!("fields=[{}]", sp.fields.join(", ")),
+        };
+        let execution = match sp.execution {
+            Execution::Online => "",
+            Execution::Batch => " execution=batch",
+        };
+        let _ = writeln!(
+            out,
+            "  {} map v{} backend={}({}){simulated}{execution} attempts={} max_output_tokens={}\n    sees {sees}",
+            sp.name, sp.version, sp.backend, backend, sp.max_attempts, sp.max_output_tokens
+        );
+        let _ = writeln!(
+            out,
+            "    decision {} positive=[{}] negative=[{}] abstain=[{}]",
+            sp.decision.pointer,
+            sp.decision.positive.join(", "),
+            sp.decision.negative.join(", "),
+            sp.decision.abstain.join(", ")
+        );
+        let _ = writeln!(
+            out,
+            "    shared prefix {} bytes (rubric {})",
+            self.stage.prefix().len(),
+            sp.rubric
+        );
+    }
+
+    fn count_cached(
+        &self,
+        spec: &Spec,
+        spec_dir: &Path,
+        store: &Store,
+        table: &UnitTable,
+        units: &[usize],
+    ) -> Result<CachedCount, RunError> {
+        let sp = &self.stage.spec;
+        let Some(bspec) = spec.backends.get(&sp.backend) else {
+            return Ok(CachedCount::default());
+        };
+        // The identity comes from the spec; no weights are loaded.
+        let info = match crate::backends::identity(bspec, spec_dir, sp.execution) {
+            Ok(info) => info,
+            Err(e) => {
+                return Ok(CachedCount {
+                    unknown: Some(e.to_string()),
+                    ..CachedCount::default()
+                });
+            }
+        };
+        let model = model_params(&info, &self.stage);
+        let projector = self.projector()?;
+        let mut count = CachedCount::default();
+        for &i in units {
+            let projected = projector
+                .project(table.id(i).as_str(), &table.value(i))
+                .map_err(project_err)?;
+            let key = self.stage.cache_key(projected.key_in(INPUT_BUCKET), &model);
+            if store.get_fact(&key)?.is_some() {
+                count.cached += 1;
+            }
+        }
+        Ok(count)
+    }
+
+    fn run(&self, ctx: &mut StageContext<'_>, units: Vec<usize>) -> Result<StageOutcome, RunError> {
+        let stage = &self.stage;
+        let execution = stage.spec.execution;
+        let backend = ctx
+            .backends
+            .get(ctx.spec, ctx.spec_dir, &stage.spec.backend, execution)?;
+        let info = backend.info();
+        let model = model_params(&info, stage);
+        let projector = self.projector()?;
+        let bound_program = match &ctx.spec.contract {
+            ContractSpec::TopK { bound, .. } => {
+                Some(JqProgram::compile(bound).map_err(|e| RunError::Bound {
+                    unit: "-".into(),
+                    detail: e.to_string(),
+                })?)
+            }
+            _ => None,
+        };
+        let table = ctx.table;
+
+        // Cache lookups; misses become pending requests, and a miss whose
+        // key another unit of this run already asks for follows that unit.
+        let mut keys: HashMap<usize, ContentHash> = HashMap::new();
+        let mut leader_of_key: HashMap<ContentHash, usize> = HashMap::new();
+        let mut followers: HashMap<usize, Vec<usize>> = HashMap::new();
+        let mut pending = Vec::new();
+        let mut cached = 0u64;
+        for &i in &units {
+            let unit = table.unit(i);
+            let value = table.value(i);
+            let projected = projector
+                .project(unit.unit_id.as_str(), &value)
+                .map_err(project_err)?;
+            let key = stage.cache_key(projected.key_in(INPUT_BUCKET), &model);
+            if let Some(mut fact) = ctx.store.get_fact(&key)? {
+                cached += 1;
+                ctx.stats.cache_hits += 1;
+                fact.source_ids = vec![unit.unit_id.clone()];
+                fact.source_hashes = vec![unit.unit_hash];
+                ctx.ledger.record(i, fact, Origin::Cached);
+                continue;
+            }
+            ctx.stats.cache_misses += 1;
+            if let Some(&leader) = leader_of_key.get(&key) {
+                ctx.stats.deduplicated += 1;
+                followers.entry(leader).or_default().push(i);
+                continue;
+            }
+            leader_of_key.insert(key, i);
+            let bound = match &bound_program {
+                Some(p) => Some(
+                    p.first_json(to_val(&value))
+                        .ok()
+                        .flatten()
+                        .and_then(|v| v.as_f64())
+                        .ok_or_else(|| RunError::Bound {
+                            unit: unit.unit_id.0.clone(),
+                            detail: "the bound expression must yield a number".into(),
+                        })?,
+                ),
+                None => None,
+            };
+            pending.push(Pending {
+                index: i,
+                unit_id: unit.unit_id.0.clone(),
+                suffix: stage.suffix(unit.unit_id.as_str(), &projected),
+                schema: stage.schema_for_unit(&projected),
+                input: projected,
+                attempt: 1,
+                bound,
+            });
+            keys.insert(i, key);
+        }
+        if bound_program.is_some() {
+            // Highest bound first, so the contract can cancel the tail.
+            pending.sort_by(|a, b| {
+                b.bound
+                    .unwrap_or(f64::INFINITY)
+                    .total_cmp(&a.bound.unwrap_or(f64::INFINITY))
+                    .then_with(|| a.unit_id.cmp(&b.unit_id))
+            });
+        }
+        ctx.progress
+            .stage_started(stage.name(), units.len() as u64, cached);
+
+        let make_fact = |i: usize, r: &UnitResult| -> FactRecord {
+            let u = table.unit(i);
+            let key = keys.get(&i).copied().unwrap_or(u.unit_hash);
+            let (decision, facts_v, confidence, evidence) = match &r.interpreted {
+                Some(it) => (
+                    it.decision.clone(),
+                    it.facts.clone(),
+                    it.confidence,
+                    it.evidence.clone(),
+                ),
+                None => (None, Value::Null, None, Vec::new()),
+            };
+            FactRecord {
+                schema: FACT_SCHEMA.into(),
+                key,
+                source_ids: vec![u.unit_id.clone()],
+                source_hashes: vec![u.unit_hash],
+                stage: stage.name().to_owned(),
+                stage_version: stage.spec.version,
+                rubric_hash: stage.rubric_hash,
+                model: model.clone(),
+                status: r.status,
+                decision,
+                facts: facts_v,
+                confidence,
+                reason: r.reason.clone(),
+                evidence,
+                cost: Cost {
+                    prompt_tokens: r.usage.prompt_tokens,
+                    cached_tokens: r.usage.cached_tokens,
+                    completion_tokens: r.usage.completion_tokens,
+                    usd: backend.cost_usd(&r.usage).unwrap_or(0.0),
+                    latency_ms: r.usage.latency_ms,
+                    calls: u64::from(r.attempts),
+                },
+                attempts: r.attempts,
+                reducer_path: Vec::new(),
+            }
+        };
+        let ledger = ctx.ledger;
+        let progress = ctx.progress;
+        let finish = |i: usize, r: &UnitResult| {
+            if ledger.has(i, stage.name()) {
+                return;
+            }
+            let fact = make_fact(i, r);
+            for &f in followers.get(&i).map(Vec::as_slice).unwrap_or_default() {
+                let u = table.unit(f);
+                let mut shared = fact.clone();
+                shared.source_ids = vec![u.unit_id.clone()];
+                shared.source_hashes = vec![u.unit_hash];
+                shared.cost = Cost::default();
+                shared.attempts = 0;
+                ledger.record(f, shared, Origin::Shared);
+                progress.unit_finished(stage.name(), r.status);
+            }
+            ledger.record(i, fact, Origin::Fresh);
+            progress.unit_finished(stage.name(), r.status);
+        };
+        // A batch holds every request of the stage at once; the provider,
+        // not a slot count, decides how many run together.
+        let slots = match execution {
+            Execution::Online => ctx.slots,
+            Execution::Batch => pending.len(),
+        };
+        let batch_ledger = StoreLedger(ctx.store);
+        let mut job = StageJob::new(
+            stage,
+            slots,
+            pending,
+            ctx.budget,
+            ledger.controller(),
+            &finish,
+        );
+        job.set_batch_ledger(&batch_ledger);
+        backend.run(&job).map_err(|source| RunError::Backend {
+            name: stage.spec.backend.clone(),
+            source,
+        })?;
+        let (results, max_in_flight, stop) = job.finish();
+        // Units a backend handed back without finishing never reached the
+        // callback.
+        for (i, r) in &results {
+            finish(*i, r);
+        }
+        if let Some(e) = ledger.take_store_error() {
+            return Err(e.into());
+        }
+        ctx.progress.stage_finished(stage.name());
+        ctx.stats.max_in_flight = ctx.stats.max_in_flight.max(max_in_flight);
+        Ok(StageOutcome {
+            passed: Vec::new(),
+            stop,
+        })
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}

@@ -1,0 +1,188 @@
+//! The operator interface: every stage kind implements [`Stage`], and the
+//! plan holds them in spec order. Adding a kind is a new file here and one
+//! line in [`build`]; `run`, `explain` and the CLI only ever see the trait.
+
+pub mod embed;
+pub mod map;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use fanfold_core::ContentHash;
+use fanfold_core::spec::{Execution, Spec, StageSpec};
+use fanfold_model::{BackendInfo, ModelBackend, RecordingBackend};
+use fanfold_ops::contract::StopReason;
+use fanfold_store::Store;
+
+use crate::Progress;
+use crate::error::RunError;
+use crate::plan::PlanError;
+use crate::queue::BudgetPool;
+use crate::report::RunStats;
+use crate::run::ledger::FactLedger;
+use crate::run::route::UnitTable;
+
+/// What building a stage from its declaration may use.
+pub struct BuildContext<'a> {
+    pub spec: &'a Spec,
+    pub spec_path: &'a Path,
+    pub spec_dir: &'a Path,
+    /// Files the stage reads, by name; all of them go into the spec hash.
+    pub hashed: &'a mut BTreeMap<String, String>,
+}
+
+impl BuildContext<'_> {
+    pub fn path(&self) -> String {
+        self.spec_path.display().to_string()
+    }
+
+    pub fn invalid(&self, detail: String) -> PlanError {
+        PlanError::Invalid {
+            path: self.path(),
+            detail,
+        }
+    }
+
+    /// Reads a file the spec names, relative to the spec's folder.
+    pub fn read(&self, what: &'static str, file: &str) -> Result<String, PlanError> {
+        let full = self.spec_dir.join(file);
+        std::fs::read_to_string(&full).map_err(|source| PlanError::File {
+            path: self.path(),
+            what,
+            file: full.display().to_string(),
+            source,
+        })
+    }
+}
+
+/// The registry of stage kinds: one line per kind.
+pub fn build(decl: &StageSpec, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Stage>, PlanError> {
+    match decl {
+        StageSpec::Map(s) => Ok(Box::new(map::MapRunner::build(s, ctx)?)),
+        StageSpec::Embed(s) => Ok(Box::new(embed::EmbedRunner::build(s, ctx)?)),
+    }
+}
+
+/// What a run hands a stage.
+pub struct StageContext<'a> {
+    pub spec: &'a Spec,
+    pub spec_dir: &'a Path,
+    pub store: &'a Store,
+    pub run_id: &'a str,
+    pub table: &'a UnitTable,
+    pub slots: usize,
+    pub budget: &'a BudgetPool,
+    pub ledger: &'a FactLedger<'a>,
+    pub backends: &'a mut Backends,
+    pub embedders: &'a mut embed::Embedders,
+    pub progress: &'a dyn Progress,
+    pub stats: &'a mut RunStats,
+}
+
+/// How a stage ended.
+#[derive(Default)]
+pub struct StageOutcome {
+    /// Table positions of the units passed on to the stage's `then`.
+    pub passed: Vec<usize>,
+    /// Why the stage stopped early, if it did.
+    pub stop: Option<StopReason>,
+}
+
+/// What `explain` can tell about a stage from the store, without running it.
+#[derive(Default)]
+pub struct CachedCount {
+    /// Units whose fact is stored.
+    pub cached: u64,
+    /// Of those, the ones the stage passes on to its `then`.
+    pub passed: Vec<usize>,
+    /// Why nothing could be counted (the backend's identity is unknown).
+    pub unknown: Option<String>,
+}
+
+/// One operator of the plan.
+pub trait Stage: Send + Sync {
+    fn name(&self) -> &str;
+    /// The kind, as the spec names it (`map`, `embed`).
+    fn kind(&self) -> &'static str;
+    /// The hash of what the stage means; part of every key of its facts.
+    fn definition_hash(&self) -> ContentHash;
+    /// The stage units this one passes on go to, if any.
+    fn then(&self) -> Option<&str> {
+        None
+    }
+    /// The backend this stage calls, if it calls one.
+    fn backend(&self) -> Option<&str> {
+        None
+    }
+    /// Its lines in `fanfold explain`.
+    fn explain(&self, spec: &Spec, out: &mut String);
+    /// Counts the cached facts of `units` without loading a model.
+    fn count_cached(
+        &self,
+        spec: &Spec,
+        spec_dir: &Path,
+        store: &Store,
+        table: &UnitTable,
+        units: &[usize],
+    ) -> Result<CachedCount, RunError>;
+    /// Runs the stage over `units` (table positions, in source order),
+    /// recording every fact that ends a unit here in the ledger.
+    fn run(&self, ctx: &mut StageContext<'_>, units: Vec<usize>) -> Result<StageOutcome, RunError>;
+    /// The concrete stage, for tools that drive one kind directly.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// Backends built for a run, one per (name, execution), and the identity
+/// each reported.
+#[derive(Default)]
+pub struct Backends {
+    built: HashMap<(String, Execution), Box<dyn ModelBackend>>,
+    pub infos: Vec<BackendInfo>,
+    /// Append every call to this replay cassette.
+    pub record: Option<PathBuf>,
+}
+
+impl Backends {
+    pub fn new(record: Option<PathBuf>) -> Backends {
+        Backends {
+            record,
+            ..Backends::default()
+        }
+    }
+
+    pub fn get(
+        &mut self,
+        spec: &Spec,
+        spec_dir: &Path,
+        name: &str,
+        execution: Execution,
+    ) -> Result<&dyn ModelBackend, RunError> {
+        let key = (name.to_owned(), execution);
+        if !self.built.contains_key(&key) {
+            let err = |source| RunError::Backend {
+                name: name.to_owned(),
+                source,
+            };
+            let bspec = spec
+                .backends
+                .get(name)
+                .ok_or_else(|| err(fanfold_model::BackendError::Setup("not declared".into())))?;
+            let mut b = crate::backends::build(bspec, spec_dir, execution).map_err(err)?;
+            if let Some(path) = &self.record {
+                b = Box::new(RecordingBackend::create(b, path).map_err(err)?);
+            }
+            let info = b.info();
+            if !self.infos.contains(&info) {
+                self.infos.push(info);
+            }
+            self.built.insert(key.clone(), b);
+        }
+        self.built
+            .get(&key)
+            .map(|b| b.as_ref())
+            .ok_or_else(|| RunError::Backend {
+                name: name.to_owned(),
+                source: fanfold_model::BackendError::Setup("not built".into()),
+            })
+    }
+}
