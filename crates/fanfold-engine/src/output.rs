@@ -51,7 +51,16 @@ pub fn markdown(report: &RunReport) -> String {
         String::new()
     };
     let mut out = String::new();
-    let _ = writeln!(out, "# {}{sim}\n", a.question);
+    if a.complete {
+        let _ = writeln!(out, "# {}{sim}\n", a.question);
+    } else {
+        let _ = writeln!(out, "# INCOMPLETE: {}{sim}\n", a.question);
+        let _ = writeln!(
+            out,
+            "> **This answer is incomplete.** {}. The items below are only part of the answer; rerun (cached facts are reused) once the cause is fixed.\n",
+            a.incomplete.join("; ")
+        );
+    }
     if a.simulated {
         let _ = writeln!(
             out,

@@ -16,19 +16,27 @@ use serde_json::Value;
 /// The budget whose exhaustion also abandons in-flight units.
 const WALL_BUDGET: &str = "wall_secs";
 
-/// A unit waiting for its turn.
+/// What a unit's request carries besides the shared prefix.
+#[derive(Clone, Debug)]
+pub struct Prompt {
+    pub suffix: String,
+    pub input: Value,
+    /// The stage's schema narrowed to this unit.
+    pub schema: Option<Value>,
+}
+
+/// A unit waiting for its turn. Its prompt is built when it is opened, so a
+/// queue of many thousands of units holds ids, not prompts.
 #[derive(Clone, Debug)]
 pub struct Pending {
     /// The unit's index in the run.
     pub index: usize,
     pub unit_id: String,
-    pub suffix: String,
-    pub input: Value,
     pub attempt: u32,
     /// Upper bound of the unit's score under a top-k contract.
     pub bound: Option<f64>,
-    /// The stage's schema narrowed to this unit.
-    pub schema: Option<Value>,
+    /// Kept for a retry; `None` until the unit is first opened.
+    pub prompt: Option<Prompt>,
 }
 
 /// How one unit ended at this stage.
@@ -137,6 +145,8 @@ pub struct StageJob<'a> {
     controller: &'a Mutex<Controller>,
     /// Called once per finished unit, outside the queue's lock.
     on_finish: &'a (dyn Fn(usize, &UnitResult) + Sync),
+    /// Builds a unit's prompt when it is opened.
+    prepare: &'a (dyn Fn(usize) -> Prompt + Sync),
     /// Where provider batches are recorded, for batch stages.
     ledger: Option<&'a dyn BatchLedger>,
     state: Mutex<State>,
@@ -151,6 +161,7 @@ impl<'a> StageJob<'a> {
         budget: &'a BudgetPool,
         controller: &'a Mutex<Controller>,
         on_finish: &'a (dyn Fn(usize, &UnitResult) + Sync),
+        prepare: &'a (dyn Fn(usize) -> Prompt + Sync),
     ) -> StageJob<'a> {
         let d = &stage.spec.decision;
         let decision = DecisionField {
@@ -170,6 +181,7 @@ impl<'a> StageJob<'a> {
             budget,
             controller,
             on_finish,
+            prepare,
             ledger: None,
             state: Mutex::new(State {
                 queue: pending.into(),
@@ -357,14 +369,19 @@ impl Job for StageJob<'_> {
                     state.stop = Some(StopReason::ContractSatisfied { detail });
                     continue;
                 }
-                let Some(p) = state.queue.pop_front() else {
+                let Some(mut p) = state.queue.pop_front() else {
                     break None;
                 };
                 if state.stop.is_some() && p.attempt == 1 {
                     continue;
                 }
-                let estimate = self.reservation(&p.suffix);
+                let prompt = match p.prompt.take() {
+                    Some(prompt) => prompt,
+                    None => (self.prepare)(p.index),
+                };
+                let estimate = self.reservation(&prompt.suffix);
                 if let Err(stop) = self.budget.try_reserve(estimate) {
+                    p.prompt = Some(prompt);
                     state.queue.push_front(p);
                     let reason = format!("budget_exhausted:{}", stop_budget(&stop));
                     // Retries that cannot be paid for end as errors, not negatives.
@@ -394,11 +411,11 @@ impl Job for StageJob<'_> {
                 break Some(Request {
                     index: p.index,
                     unit_id: p.unit_id,
-                    suffix: p.suffix,
-                    input: p.input,
+                    suffix: prompt.suffix,
+                    input: prompt.input,
                     attempt: p.attempt,
                     max_output_tokens: self.stage.spec.max_output_tokens,
-                    schema: p.schema,
+                    schema: prompt.schema,
                 });
             }
         };
@@ -479,11 +496,13 @@ impl Job for StageJob<'_> {
                     state.queue.push_front(Pending {
                         index: req.index,
                         unit_id: req.unit_id,
-                        suffix: req.suffix,
-                        input: req.input,
                         attempt: req.attempt + 1,
                         bound: None,
-                        schema: req.schema,
+                        prompt: Some(Prompt {
+                            suffix: req.suffix,
+                            input: req.input,
+                            schema: req.schema,
+                        }),
                     });
                     None
                 }

@@ -1025,6 +1025,60 @@ mod tests {
     }
 
     #[test]
+    fn partitions_are_written_in_batches_and_found_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("s.sqlite")).expect("open");
+        let src = ContentHash::of_bytes(b"source");
+        let key = ContentHash::of_bytes(b"partition");
+        let (id, done) = store.open_partition(&key, &src, "{}").expect("open");
+        assert_eq!(done, None);
+        let unit = |id: &str, ordinal: u64| Unit {
+            unit_id: fanfold_core::UnitId(id.into()),
+            unit_kind: "row".into(),
+            ordinal,
+            source_hash: src,
+            unit_hash: ContentHash::of_bytes(id.as_bytes()),
+            bytes: fanfold_core::ByteRange {
+                start: ordinal * 10,
+                end: ordinal * 10 + 5,
+            },
+            neighborhood: Vec::new(),
+            required_relations: Vec::new(),
+        };
+        let units = [unit("a", 0), unit("b", 1)];
+        let prefilter = store
+            .open_prefilter(&ContentHash::of_bytes(b"rules"), "[]")
+            .expect("prefilter");
+        let routes = [(units[0].unit_hash, Some(0)), (units[1].unit_hash, None)];
+        let batch = PartitionBatch {
+            partition: id,
+            units: &units,
+            rejections: &[],
+            prefilter: Some(prefilter),
+            routes: &routes,
+        };
+        store.put_partition_batch(&batch).expect("batch");
+        // A repeated batch (a resumed run) changes nothing.
+        store.put_partition_batch(&batch).expect("batch again");
+        assert!(store.unit_id_before(id, "a", 5).expect("query"));
+        assert!(!store.unit_id_before(id, "a", 0).expect("query"));
+        assert!(!store.unit_id_before(id, "zzz", 9).expect("query"));
+        assert_eq!(store.unit_range(id, "b").expect("range"), Some((10, 15)));
+        assert_eq!(store.count_units(&src).expect("count"), 2);
+        let counts = PartitionCounts {
+            elements: 2,
+            units: 2,
+            rejected: 0,
+        };
+        store.finish_partition(id, counts).expect("finish");
+        assert!(!store.routing_done(id, prefilter).expect("routing"));
+        store.finish_routing(id, prefilter).expect("finish routing");
+        assert!(store.routing_done(id, prefilter).expect("routing"));
+        let (again, done) = store.open_partition(&key, &src, "{}").expect("reopen");
+        assert_eq!((again, done), (id, Some(counts)));
+    }
+
+    #[test]
     fn open_batches_are_found_by_request_key_until_closed() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(&dir.path().join("s.sqlite")).expect("open");

@@ -175,10 +175,14 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     let mut embedders = Embedders::default();
     let mut stop = StopReason::Completed;
     let mut queued: BTreeMap<String, Vec<usize>> = routed.by_stage.clone();
+    // What each stage received: from the prefilter, or passed on by a stage
+    // in front of it.
+    let mut received: BTreeMap<String, u64> = BTreeMap::new();
     for stage in &plan.stages {
         let Some(units) = queued.remove(stage.name()) else {
             continue;
         };
+        received.insert(stage.name().to_owned(), units.len() as u64);
         let mut ctx = StageContext {
             spec,
             spec_dir: &plan.spec_dir,
@@ -290,11 +294,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         rejected_by_reason: routed.rejected_by_reason.clone(),
         rejections: routed.rejections.clone(),
         excluded_by_reason: routed.excluded_by_reason.clone(),
-        routed_by_stage: routed
-            .by_stage
-            .iter()
-            .map(|(k, v)| (k.clone(), v.len() as u64))
-            .collect(),
+        routed_by_stage: received,
         statuses_by_stage: fold.root.statuses.clone(),
         statuses,
         stop: stop.clone(),

@@ -19,7 +19,7 @@ use super::{BuildContext, CachedCount, Stage, StageContext, StageOutcome};
 use crate::batches::StoreLedger;
 use crate::error::RunError;
 use crate::plan::PlanError;
-use crate::queue::{Pending, StageJob, UnitResult};
+use crate::queue::{Pending, Prompt, StageJob, UnitResult};
 use crate::run::ledger::Origin;
 use crate::run::route::UnitTable;
 
@@ -249,11 +249,9 @@ impl Stage for MapRunner {
             pending.push(Pending {
                 index: i,
                 unit_id: unit.unit_id.0.clone(),
-                suffix: stage.suffix(unit.unit_id.as_str(), &projected),
-                schema: stage.schema_for_unit(&projected),
-                input: projected,
                 attempt: 1,
                 bound,
+                prompt: None,
             });
             keys.insert(i, key);
         }
@@ -334,6 +332,19 @@ impl Stage for MapRunner {
             Execution::Online => ctx.slots,
             Execution::Batch => pending.len(),
         };
+        // Prompts are built as units open, from the table: the queue holds
+        // ids. The projection succeeded above, so it succeeds again.
+        let prepare = |i: usize| -> Prompt {
+            let id = table.id(i);
+            let projected = projector
+                .project(id.as_str(), &table.value(i))
+                .unwrap_or(Value::Null);
+            Prompt {
+                suffix: stage.suffix(id.as_str(), &projected),
+                schema: stage.schema_for_unit(&projected),
+                input: projected,
+            }
+        };
         let batch_ledger = StoreLedger(ctx.store);
         let mut job = StageJob::new(
             stage,
@@ -342,6 +353,7 @@ impl Stage for MapRunner {
             ctx.budget,
             ledger.controller(),
             &finish,
+            &prepare,
         );
         job.set_batch_ledger(&batch_ledger);
         backend.run(&job).map_err(|source| RunError::Backend {
