@@ -311,7 +311,7 @@ fn render(rows: &[Row], started: SystemTime, load: &str, jq: &Path) -> Result<St
     line(format!(
         "- jq ({jq_version}) runs `jq -c 'select({PREDICATE})' FILE` on the same file in the same run; every file is read once beforehand so all sides find it in the page cache."
     ));
-    line("- fanfold: wall time from spawn to exit of `fanfold run SPEC --input FILE --store STORE --json`, peak RSS by GNU time (`%M`), phases from the certificate the run writes. `route` is partition, prefilter and their store writes, streamed together from the stored source; `source` is reading the input into the store's content-addressed chunks.".into());
+    line("- fanfold: wall time from spawn to exit of `fanfold run SPEC --input FILE --store STORE --json`, peak RSS by GNU time (`%M`), phases from the certificate the run writes. `route` is partition, prefilter and their store writes, streamed together from the stored source; `source` is reading the input into the store's content-addressed chunks. `fanfold` runs with one glibc malloc arena (it sets `M_ARENA_MAX` to 1 at start), so memory freed on one thread is reused on another.".into());
     line(format!(
         "- Rerun: every {EDIT_EVERY}th record's `msg` edited, the same store; the rerun must call the model for exactly the edited records the prefilter keeps."
     ));

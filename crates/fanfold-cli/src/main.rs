@@ -8,6 +8,7 @@ mod bench_scale;
 mod progress;
 mod selfcheck;
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -228,7 +229,23 @@ enum FixtureCommand {
     },
 }
 
+/// One malloc arena for the whole process. glibc gives each thread that
+/// allocates its own arena, and memory freed in one is not reused by
+/// another: facts built on a backend's slot threads and values parsed on
+/// the partition workers then sit in several half-empty arenas. Measured
+/// with `fanfold bench scale` at 1M records: 65 MiB peak with the default,
+/// 56 MiB with one arena, the same wall time.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes the allocator's tuning; it runs first
+    // thing in main, before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
 fn main() -> ExitCode {
+    limit_malloc_arenas();
     let filter = tracing_subscriber::EnvFilter::try_from_env(env_vars::LOG)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()
@@ -374,12 +391,30 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         }
     }
     if args.json {
-        for (kind, data) in [
-            ("answer", serde_json::to_value(&report.answer)?),
-            ("certificate", serde_json::to_value(&report.certificate)?),
-        ] {
-            println!("{}", serde_json::json!({"type": kind, "data": data}));
+        /// One JSON Lines envelope, written straight from the report.
+        #[derive(serde::Serialize)]
+        struct Envelope<'a, T> {
+            #[serde(rename = "type")]
+            kind: &'a str,
+            data: &'a T,
         }
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer(
+            &mut out,
+            &Envelope {
+                kind: "answer",
+                data: &report.answer,
+            },
+        )?;
+        writeln!(out)?;
+        serde_json::to_writer(
+            &mut out,
+            &Envelope {
+                kind: "certificate",
+                data: &report.certificate,
+            },
+        )?;
+        writeln!(out)?;
     } else {
         print!("{}", fanfold_engine::output::markdown(&report));
         println!(

@@ -497,6 +497,36 @@ fn top_k_cancels_only_what_cannot_enter() {
     assert_eq!(f.answer_ids(), want);
 }
 
+/// A bound that is not an upper bound voids the pruning proof: the run says
+/// so and stops pruning, so a unit that lied about its bound still wins.
+#[test]
+fn top_k_with_a_broken_bound_stops_pruning_and_says_so() {
+    // Unit 5 claims the highest bound (30) and opens first, but scores 99;
+    // unit 7 claims 10 and scores 200. Trusting the bounds would prune
+    // everything after unit 5 and answer 5.
+    let extra = "[contract]\ntype = \"top_k\"\nk = 1\nscore = \"/score\"\nbound = \"if .id == 5 then 30 else 10 end\"\n";
+    let f = Fixture::new(r#"{ type = "jsonl", key = "id", kind = "row" }"#, extra);
+    let mut input = String::new();
+    for i in 0..20 {
+        let score = match i {
+            5 => 99,
+            7 => 200,
+            _ => i % 10,
+        };
+        input.push_str(&format!(
+            "{{\"id\": {i}, \"flag\": true, \"score\": {score}}}\n"
+        ));
+    }
+    f.input(input.as_bytes());
+    let o = f.run(&["--slots", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let c = f.certificate();
+    let notes = c["notes"].to_string();
+    assert!(notes.contains("unit 5 scored 99"), "{notes}");
+    assert_eq!(c["statuses"]["cancelled"].as_u64(), Some(0));
+    assert_eq!(f.answer_ids(), ["7"]);
+}
+
 #[test]
 fn record_then_replay_gives_the_same_answer() {
     let f = Fixture::new(JSON_ARRAY, "");

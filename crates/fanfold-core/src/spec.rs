@@ -571,6 +571,12 @@ pub struct BudgetSpec {
     /// Prompt plus completion tokens.
     pub max_tokens: Option<u64>,
     pub max_wall_secs: Option<u64>,
+    /// US dollars, priced by the backend's price table. A call reserves its
+    /// worst case (prompt plus `max_output_tokens`) before it is sent and
+    /// settles to what the reported usage cost. Backends without prices
+    /// (the embedded model, scripted) spend nothing.
+    #[serde(default)]
+    pub max_usd: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

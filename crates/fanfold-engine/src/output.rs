@@ -27,12 +27,20 @@ pub fn write_all(dir: &Path, report: &RunReport) -> Result<(), RunError> {
     write("answer.json", pretty(&report.answer))?;
     write("certificate.json", pretty(&report.certificate))?;
     write("answer.md", markdown(report))?;
-    let mut jsonl = Vec::new();
+    // Facts are streamed to the file: a run may hold many thousands.
+    let path = dir.join("facts.jsonl");
+    let tmp = dir.join(".facts.jsonl.tmp");
+    let file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+    let mut w = std::io::BufWriter::new(file);
     for f in &report.facts {
-        let line = serde_json::to_string(f).unwrap_or_default();
-        let _ = writeln!(jsonl, "{line}");
+        serde_json::to_writer(&mut w, f)
+            .map_err(std::io::Error::from)
+            .and_then(|()| w.write_all(b"\n"))
+            .map_err(io(&tmp))?;
     }
-    write("facts.jsonl", String::from_utf8_lossy(&jsonl).into_owned())?;
+    w.flush().map_err(io(&tmp))?;
+    drop(w);
+    std::fs::rename(&tmp, &path).map_err(io(&path))?;
     Ok(())
 }
 
@@ -152,6 +160,9 @@ pub fn markdown(report: &RunReport) -> String {
         .map(|(p, ms)| format!("{p} {ms} ms"))
         .collect();
     let _ = writeln!(out, "- wall {} ms: {}", st.wall_ms, phases.join(", "));
+    for note in &c.notes {
+        let _ = writeln!(out, "- note: {note}");
+    }
     let _ = writeln!(
         out,
         "- verify: {} ({} cited ids, {} evidence quotes checked; {} negatives sampled and {} abstains listed for read-back)",

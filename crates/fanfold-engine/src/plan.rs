@@ -181,6 +181,13 @@ impl Plan {
                 )));
             }
         }
+        if spec.prefilter.len() > fanfold_store::MAX_RULES {
+            return Err(invalid(format!(
+                "{} prefilter rules; at most {} are allowed",
+                spec.prefilter.len(),
+                fanfold_store::MAX_RULES
+            )));
+        }
         Prefilter::compile(&spec.prefilter).map_err(|source| PlanError::Prefilter {
             path: p.clone(),
             source: Box::new(source),
@@ -366,6 +373,9 @@ impl Plan {
             fmt(b.max_tokens),
             fmt(b.max_wall_secs)
         );
+        if let Some(usd) = b.max_usd {
+            let _ = writeln!(out, "          usd={usd}");
+        }
         if let Some(r) = routing {
             let _ = writeln!(
                 out,

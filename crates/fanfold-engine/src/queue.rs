@@ -2,7 +2,7 @@
 //! backend drains through [`Job`], with slots, retries, budgets and the
 //! answer contract enforced here, where the backend cannot get around them.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -15,6 +15,9 @@ use serde_json::Value;
 
 /// The budget whose exhaustion also abandons in-flight units.
 const WALL_BUDGET: &str = "wall_secs";
+
+/// What a usage costs in US dollars; `None` when the backend is unpriced.
+pub type PriceFn<'a> = dyn Fn(&Usage) -> Option<f64> + Sync + 'a;
 
 /// What a unit's request carries besides the shared prefix.
 #[derive(Clone, Debug)]
@@ -63,6 +66,15 @@ pub struct BudgetState {
     pub calls: u64,
     pub tokens: u64,
     pub reserved_tokens: u64,
+    pub usd: f64,
+    pub reserved_usd: f64,
+}
+
+/// What one call reserves before it is sent.
+#[derive(Clone, Copy, Debug, Default)]
+struct Reservation {
+    tokens: u64,
+    usd: f64,
 }
 
 impl BudgetPool {
@@ -86,7 +98,8 @@ impl BudgetPool {
         self.started.elapsed().as_millis() as u64
     }
 
-    fn try_reserve(&self, tokens: u64) -> Result<(), StopReason> {
+    fn try_reserve(&self, r: Reservation) -> Result<(), StopReason> {
+        let tokens = r.tokens;
         let mut s = self.lock();
         if let Some(limit) = self.limits.max_model_calls
             && s.calls >= limit
@@ -116,15 +129,28 @@ impl BudgetPool {
                 });
             }
         }
+        if let Some(limit) = self.limits.max_usd
+            && s.usd + s.reserved_usd + r.usd > limit
+        {
+            // Stop reasons count in whole units: money in micro-dollars.
+            return Err(StopReason::BudgetExhausted {
+                budget: "usd_micros".into(),
+                limit: (limit * 1e6) as u64,
+                used: (s.usd * 1e6) as u64,
+            });
+        }
         s.calls += 1;
         s.reserved_tokens += tokens;
+        s.reserved_usd += r.usd;
         Ok(())
     }
 
-    fn settle(&self, reserved: u64, used: u64) {
+    fn settle(&self, reserved: Reservation, used_tokens: u64, used_usd: f64) {
         let mut s = self.lock();
-        s.reserved_tokens = s.reserved_tokens.saturating_sub(reserved);
-        s.tokens += used;
+        s.reserved_tokens = s.reserved_tokens.saturating_sub(reserved.tokens);
+        s.reserved_usd = (s.reserved_usd - reserved.usd).max(0.0);
+        s.tokens += used_tokens;
+        s.usd += used_usd;
     }
 }
 
@@ -132,8 +158,10 @@ struct State {
     queue: VecDeque<Pending>,
     in_flight: usize,
     max_in_flight: usize,
-    usage: Vec<(usize, Usage)>,
-    finished: Vec<(usize, UnitResult)>,
+    /// Usage of units still open, summed over their attempts.
+    usage: HashMap<usize, Usage>,
+    /// Units the backend never finished (it returned early).
+    leftovers: Vec<(usize, UnitResult)>,
     stop: Option<StopReason>,
 }
 
@@ -147,6 +175,8 @@ pub struct StageJob<'a> {
     on_finish: &'a (dyn Fn(usize, &UnitResult) + Sync),
     /// Builds a unit's prompt when it is opened.
     prepare: &'a (dyn Fn(usize) -> Prompt + Sync),
+    /// What a usage costs, for the money budget; `None` when unpriced.
+    price: Option<&'a PriceFn<'a>>,
     /// Where provider batches are recorded, for batch stages.
     ledger: Option<&'a dyn BatchLedger>,
     state: Mutex<State>,
@@ -182,13 +212,14 @@ impl<'a> StageJob<'a> {
             controller,
             on_finish,
             prepare,
+            price: None,
             ledger: None,
             state: Mutex::new(State {
                 queue: pending.into(),
                 in_flight: 0,
                 max_in_flight: 0,
-                usage: Vec::new(),
-                finished: Vec::new(),
+                usage: HashMap::new(),
+                leftovers: Vec::new(),
                 stop: None,
             }),
             slot_free: Condvar::new(),
@@ -199,19 +230,29 @@ impl<'a> StageJob<'a> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Prices calls for the money budget.
+    pub fn set_price(&mut self, price: &'a PriceFn<'a>) {
+        self.price = Some(price);
+    }
+
+    fn cost(&self, usage: &Usage) -> f64 {
+        self.price.and_then(|p| p(usage)).unwrap_or(0.0)
+    }
+
     pub fn set_batch_ledger(&mut self, ledger: &'a dyn BatchLedger) {
         self.ledger = Some(ledger);
     }
 
-    /// The results, the most requests ever in flight at once, and why the
-    /// stage stopped early (if it did).
+    /// The units the backend never finished (every other result went
+    /// through `on_finish`), the most requests ever in flight at once, and
+    /// why the stage stopped early (if it did).
     pub fn finish(self) -> (Vec<(usize, UnitResult)>, usize, Option<StopReason>) {
         let mut state = self.state.into_inner().unwrap_or_else(|e| e.into_inner());
         // Anything still queued (a backend that returned early) never ran.
         let leftovers: Vec<Pending> = state.queue.drain(..).collect();
         for p in leftovers {
-            let usage = usage_of(&state.usage, p.index);
-            state.finished.push((
+            let usage = state.usage.remove(&p.index).unwrap_or_default();
+            state.leftovers.push((
                 p.index,
                 UnitResult {
                     status: Status::NotRun,
@@ -222,15 +263,24 @@ impl<'a> StageJob<'a> {
                 },
             ));
         }
-        (state.finished, state.max_in_flight, state.stop)
+        (state.leftovers, state.max_in_flight, state.stop)
     }
 
-    /// The tokens a call for `suffix` reserves from the budget before it is
-    /// sent: its prompt and the most it may generate.
-    fn reservation(&self, suffix: &str) -> u64 {
-        fanfold_model::approx_tokens(self.stage.prefix())
-            + fanfold_model::approx_tokens(suffix)
-            + u64::from(self.stage.spec.max_output_tokens)
+    /// What a call for `suffix` reserves from the budget before it is
+    /// sent: its prompt and the most it may generate, and their price.
+    fn reservation(&self, suffix: &str) -> Reservation {
+        let prompt = fanfold_model::approx_tokens(self.stage.prefix())
+            + fanfold_model::approx_tokens(suffix);
+        let completion = u64::from(self.stage.spec.max_output_tokens);
+        let worst = Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            ..Usage::default()
+        };
+        Reservation {
+            tokens: prompt + completion,
+            usd: self.cost(&worst),
+        }
     }
 
     /// Ends every queued first attempt with `status`; retries of units
@@ -253,9 +303,8 @@ impl<'a> StageJob<'a> {
                 interpreted: None,
                 reason: Some(reason.to_owned()),
                 attempts: p.attempt - 1,
-                usage: usage_of(&state.usage, p.index),
+                usage: state.usage.remove(&p.index).unwrap_or_default(),
             };
-            state.finished.push((p.index, r.clone()));
             ended.push((p.index, r));
         }
         state.queue = kept;
@@ -270,23 +319,9 @@ impl<'a> StageJob<'a> {
     ) -> (usize, UnitResult) {
         // The controller learns of the result from the fact ledger, through
         // `on_finish`: one place, for cached and computed facts alike.
-        r.usage = usage_of(&state.usage, index);
-        state.finished.push((index, r.clone()));
+        r.usage = state.usage.remove(&index).unwrap_or_default();
         (index, r)
     }
-}
-
-fn usage_of(all: &[(usize, Usage)], index: usize) -> Usage {
-    let mut u = Usage::default();
-    for (i, x) in all {
-        if *i == index {
-            u.prompt_tokens += x.prompt_tokens;
-            u.cached_tokens += x.cached_tokens;
-            u.completion_tokens += x.completion_tokens;
-            u.latency_ms += x.latency_ms;
-        }
-    }
-    u
 }
 
 impl Job for StageJob<'_> {
@@ -431,13 +466,18 @@ impl Job for StageJob<'_> {
             .as_ref()
             .map(|c| c.usage.prompt_tokens + c.usage.completion_tokens)
             .unwrap_or(0);
-        self.budget.settle(reserved, used);
+        let spent = result.as_ref().map(|c| self.cost(&c.usage)).unwrap_or(0.0);
+        self.budget.settle(reserved, used, spent);
         let finished = {
             let mut state = self.lock();
             state.in_flight = state.in_flight.saturating_sub(1);
             self.slot_free.notify_all();
             if let Ok(c) = &result {
-                state.usage.push((req.index, c.usage));
+                let u = state.usage.entry(req.index).or_default();
+                u.prompt_tokens += c.usage.prompt_tokens;
+                u.cached_tokens += c.usage.cached_tokens;
+                u.completion_tokens += c.usage.completion_tokens;
+                u.latency_ms += c.usage.latency_ms;
             }
             // Neither ends in a retry: a cancelled unit's answer cannot
             // matter, and a batch-pending one is on its way (the next run

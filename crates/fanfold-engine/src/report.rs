@@ -121,6 +121,9 @@ pub struct Certificate {
     /// Whether the answer is the whole answer the contract asks for.
     pub complete: bool,
     pub incomplete: Vec<String>,
+    /// What the run noticed about its own assumptions (a top-k bound a
+    /// score broke).
+    pub notes: Vec<String>,
     pub rejected_by_reason: BTreeMap<String, u64>,
     /// The first rejections in full (where, why, what to do).
     pub rejections: Vec<String>,

@@ -328,8 +328,13 @@ answer = "flagged"
     }
 
     fn run(&self) -> RunReport {
+        self.run_with(None)
+    }
+
+    fn run_with(&self, budget: Option<fanfold_core::spec::BudgetSpec>) -> RunReport {
         let plan = Plan::load(&self.path("spec.toml")).expect("plan loads");
         let mut opts = RunOptions::new(self.path("store.sqlite"));
+        opts.budget = budget;
         opts.out_dir = Some(self.path("out"));
         opts.slots = 4;
         // Every call is also written to a replay cassette, which the secret
@@ -612,6 +617,40 @@ fn openai_run_decides_every_unit_and_prices_the_reported_usage() {
     }
 
     assert_key_absent(&fx, &mock, &[&report]);
+}
+
+/// A money budget is reserved before each call at its worst case and
+/// settled to what the reported usage cost: a budget below one call's
+/// worst case sends nothing; a budget for about half the units stops
+/// there, never over the limit, and the answer says it is incomplete.
+#[test]
+fn a_money_budget_is_reserved_before_each_call() {
+    api_key();
+    let mock = Mock::start();
+    let fx = Fixture::new(mock.addr.port());
+    let tiny = fanfold_core::spec::BudgetSpec {
+        max_usd: Some(1e-9),
+        ..Default::default()
+    };
+    let report = fx.run_with(Some(tiny));
+    let c = &report.certificate;
+    assert_eq!(c.stop.code(), "budget_exhausted");
+    assert!(
+        matches!(&c.stop, fanfold_ops::contract::StopReason::BudgetExhausted { budget, .. } if budget == "usd_micros")
+    );
+    assert_eq!(mock.served().len(), 0, "nothing was paid for");
+    assert_eq!(c.statuses.not_run, UNITS as u64);
+    assert!(!report.answer.complete);
+
+    let enough = fanfold_core::spec::BudgetSpec {
+        max_usd: Some(1.0),
+        ..Default::default()
+    };
+    let report = fx.run_with(Some(enough));
+    let c = &report.certificate;
+    assert_eq!(c.stop.code(), "completed");
+    assert!(report.answer.complete);
+    assert!(c.stats.cost.usd > 0.0 && c.stats.cost.usd <= 1.0);
 }
 
 #[test]

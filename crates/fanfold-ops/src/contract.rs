@@ -40,6 +40,9 @@ pub struct Controller {
     positives: u64,
     /// Scores of positives, best first, at most k.
     top: Vec<f64>,
+    /// Units whose score broke their declared bound. One is enough to void
+    /// the top-k pruning proof: the controller cancels nothing after it.
+    violations: Vec<String>,
 }
 
 impl Controller {
@@ -48,11 +51,26 @@ impl Controller {
             contract,
             positives: 0,
             top: Vec::new(),
+            violations: Vec::new(),
         }
     }
 
     pub fn contract(&self) -> &ContractSpec {
         &self.contract
+    }
+
+    /// Records that `unit` scored above the bound its `bound` expression
+    /// promised: the pruning proof no longer holds, so nothing more is
+    /// cancelled.
+    pub fn bound_violated(&mut self, unit: &str, score: f64, bound: f64) {
+        self.violations.push(format!(
+            "unit {unit} scored {score}, above its declared bound {bound}: the top_k bound is not an upper bound, so pruning stopped"
+        ));
+    }
+
+    /// The bound violations seen so far.
+    pub fn violations(&self) -> &[String] {
+        &self.violations
     }
 
     /// Records one finished unit.
@@ -81,6 +99,9 @@ impl Controller {
                 )
             }),
             ContractSpec::TopK { k, .. } => {
+                if !self.violations.is_empty() {
+                    return None;
+                }
                 let bound = best_unopened?;
                 if self.top.len() < *k {
                     return None;
@@ -130,6 +151,20 @@ mod tests {
         );
         assert!(c.may_cancel_rest(Some(0.4)).is_some());
         assert!(c.may_cancel_rest(None).is_none(), "nothing left to cancel");
+    }
+
+    #[test]
+    fn a_broken_bound_stops_pruning() {
+        let mut c = Controller::new(ContractSpec::TopK {
+            k: 1,
+            score: "/s".into(),
+            bound: ".b".into(),
+        });
+        c.observe(Status::Positive, Some(0.9));
+        assert!(c.may_cancel_rest(Some(0.1)).is_some());
+        c.bound_violated("7", 0.95, 0.5);
+        assert_eq!(c.may_cancel_rest(Some(0.1)), None);
+        assert_eq!(c.violations().len(), 1);
     }
 
     #[test]

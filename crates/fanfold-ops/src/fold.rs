@@ -370,13 +370,14 @@ pub fn fold_definition(spec: &FoldSpec) -> ContentHash {
 pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) -> FoldOutcome {
     let fan_in = spec.fan_in.max(2);
     let def = fold_definition(spec);
-    // Level 0: leaf keys and values; leaves are cheap and never cached.
+    // Level 0: leaf keys only; a leaf's value is made when its parent is
+    // computed, so memory holds one level of nodes, not one value a leaf.
     let mut level: Vec<(ContentHash, Option<FoldValue>)> = leaves
         .iter()
         .map(|l| {
             let mut h = StableHasher::new("fold-leaf-v1");
             h.field("def", &def).field("leaf", l);
-            (h.finish(), Some(FoldValue::of_leaf(spec, l)))
+            (h.finish(), None)
         })
         .collect();
     // owner[i] = index of the current-level node that leaf i sits under.
@@ -400,7 +401,7 @@ pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) ->
     while level.len() > 1 || depth == 0 {
         depth += 1;
         let mut next = Vec::with_capacity(level.len().div_ceil(fan_in));
-        for chunk in level.chunks(fan_in) {
+        for (at, chunk) in level.chunks(fan_in).enumerate() {
             let mut h = StableHasher::new("fold-node-v1");
             h.field("def", &def).field("level", &depth);
             let keys: Vec<ContentHash> = chunk.iter().map(|(k, _)| *k).collect();
@@ -413,9 +414,15 @@ pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) ->
                 }
                 None => {
                     let mut acc = FoldValue::empty(spec);
-                    for (_, child) in chunk {
-                        if let Some(c) = child {
-                            acc.merge(c);
+                    for (i, (_, child)) in chunk.iter().enumerate() {
+                        match child {
+                            Some(c) => acc.merge(c),
+                            None => {
+                                if let Some(l) = leaves.get(at * fan_in + i).filter(|_| depth == 1)
+                                {
+                                    acc.merge(&FoldValue::of_leaf(spec, l));
+                                }
+                            }
                         }
                     }
                     cache.put(&key, depth, &acc);

@@ -40,7 +40,7 @@ pub trait ReadBack {
 /// Checks `cited` ids and every fact's evidence against the source.
 pub fn verify(
     source: &mut dyn ReadBack,
-    facts: &[FactRecord],
+    facts: &[&FactRecord],
     cited: &BTreeSet<UnitId>,
     negative_sample: usize,
     seed: u64,
@@ -48,7 +48,7 @@ pub fn verify(
     let mut report = VerifyReport::default();
     let fact_hash: HashMap<&UnitId, &FactRecord> = facts
         .iter()
-        .filter_map(|f| f.source_ids.first().map(|id| (id, f)))
+        .filter_map(|f| f.source_ids.first().map(|id| (id, *f)))
         .collect();
     for id in cited {
         report.cited_checked += 1;
@@ -63,7 +63,7 @@ pub fn verify(
             }
         }
     }
-    for f in facts {
+    for &f in facts {
         let Some(id) = f.source_ids.first() else {
             continue;
         };

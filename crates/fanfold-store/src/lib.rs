@@ -4,8 +4,8 @@
 //! [`CHUNK_BYTES`]), `artifacts` and `artifact_chunks` (each source by its
 //! BLAKE3 hash, as the list of its chunks), `partitions` (one per artifact
 //! and partition spec), `units` and `rejections` (each partition's
-//! elements), `prefilters` and `routes` (each prefilter's decision per unit
-//! content hash), `facts` (decided stage
+//! elements), `prefilters` and `route_chunks` (the rule that decided each
+//! element, one byte per element in ordinal order), `facts` (decided stage
 //! outputs by content key), `fold_nodes` (fold tree nodes by key), `runs`,
 //! `run_units` (each unit's outcome in a run), `run_events`, and `batches`
 //! with `batch_requests` (provider batches and the content keys of the
@@ -74,12 +74,22 @@ pub struct PartitionBatch<'a> {
     pub partition: i64,
     pub units: &'a [Unit],
     pub rejections: &'a [RejectionRow],
-    /// The prefilter whose decisions `routes` holds.
+    /// The prefilter whose decisions `rules` holds.
     pub prefilter: Option<i64>,
-    /// (unit content hash, index of the deciding rule; `None`: no rule
-    /// matched).
-    pub routes: &'a [(ContentHash, Option<u32>)],
+    /// The ordinal of the first element `rules` covers.
+    pub first_ordinal: u64,
+    /// One byte per element from `first_ordinal` on: the index of the rule
+    /// that decided it, [`RULE_NONE`] when no rule matched (kept for the
+    /// first stage), [`RULE_REJECTED`] for an element that is not a unit.
+    pub rules: &'a [u8],
 }
+
+/// In a route chunk: no rule matched.
+pub const RULE_NONE: u8 = 0xFE;
+/// In a route chunk: the element was rejected by the partition.
+pub const RULE_REJECTED: u8 = 0xFF;
+/// Most prefilter rules a route chunk can name.
+pub const MAX_RULES: usize = 0xFE;
 
 fn hash_of(bytes: &[u8]) -> Option<ContentHash> {
     let array: [u8; 32] = bytes.try_into().ok()?;
@@ -161,9 +171,10 @@ CREATE TABLE IF NOT EXISTS prefilters (
 CREATE TABLE IF NOT EXISTS routings (
     partition INTEGER NOT NULL, prefilter INTEGER NOT NULL,
     PRIMARY KEY (partition, prefilter));
-CREATE TABLE IF NOT EXISTS routes (
-    prefilter INTEGER NOT NULL, unit_hash BLOB NOT NULL, rule INTEGER,
-    PRIMARY KEY (prefilter, unit_hash)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS route_chunks (
+    partition INTEGER NOT NULL, prefilter INTEGER NOT NULL,
+    first_ordinal INTEGER NOT NULL, rules BLOB NOT NULL,
+    PRIMARY KEY (partition, prefilter, first_ordinal));
 CREATE TABLE IF NOT EXISTS facts (
     key TEXT PRIMARY KEY, unit_id TEXT NOT NULL, unit_hash TEXT NOT NULL,
     stage TEXT NOT NULL, stage_version INTEGER NOT NULL, status TEXT NOT NULL,
@@ -478,17 +489,21 @@ impl Store {
                 ])
                 .map_err(|e| self.sql(e))?;
             }
-            if let Some(prefilter) = batch.prefilter {
-                let mut route = tx
-                    .prepare_cached(
-                        "INSERT OR IGNORE INTO routes (prefilter, unit_hash, rule) VALUES (?1, ?2, ?3)",
-                    )
-                    .map_err(|e| self.sql(e))?;
-                for (hash, rule) in batch.routes {
-                    route
-                        .execute(params![prefilter, &hash.0[..], rule.map(i64::from)])
-                        .map_err(|e| self.sql(e))?;
-                }
+            if let Some(prefilter) = batch.prefilter
+                && !batch.rules.is_empty()
+            {
+                tx.prepare_cached(
+                    "INSERT OR IGNORE INTO route_chunks (partition, prefilter, first_ordinal, rules)
+                     VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(|e| self.sql(e))?
+                .execute(params![
+                    batch.partition,
+                    prefilter,
+                    batch.first_ordinal as i64,
+                    batch.rules
+                ])
+                .map_err(|e| self.sql(e))?;
             }
         }
         tx.commit().map_err(|e| self.sql(e))
@@ -543,6 +558,31 @@ impl Store {
             |r| r.get(0),
         )
         .map_err(|e| self.sql(e))
+    }
+
+    /// The rule byte (see [`PartitionBatch::rules`]) of element `ordinal`.
+    pub fn route_of(
+        &self,
+        partition: i64,
+        prefilter: i64,
+        ordinal: u64,
+    ) -> Result<Option<u8>, StoreError> {
+        let row: Option<(i64, Vec<u8>)> = self
+            .conn()
+            .query_row(
+                "SELECT first_ordinal, rules FROM route_chunks
+                 WHERE partition = ?1 AND prefilter = ?2 AND first_ordinal <= ?3
+                 ORDER BY first_ordinal DESC LIMIT 1",
+                params![partition, prefilter, ordinal as i64],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))?;
+        Ok(row.and_then(|(first, rules)| {
+            rules
+                .get(usize::try_from(ordinal.checked_sub(first as u64)?).ok()?)
+                .copied()
+        }))
     }
 
     /// Whether every unit of `partition` has its decision by `prefilter`
@@ -884,12 +924,12 @@ impl Store {
         &self,
         run_id: &str,
         stop_reason: &str,
-        certificate: &serde_json::Value,
+        certificate_json: &str,
     ) -> Result<(), StoreError> {
         self.conn()
             .execute(
                 "UPDATE runs SET finished_ms = ?2, stop_reason = ?3, certificate = ?4 WHERE run_id = ?1",
-                params![run_id, now_ms() as i64, stop_reason, certificate.to_string()],
+                params![run_id, now_ms() as i64, stop_reason, certificate_json],
             )
             .map_err(|e| self.sql(e))?;
         Ok(())
@@ -1049,13 +1089,14 @@ mod tests {
         let prefilter = store
             .open_prefilter(&ContentHash::of_bytes(b"rules"), "[]")
             .expect("prefilter");
-        let routes = [(units[0].unit_hash, Some(0)), (units[1].unit_hash, None)];
+        let rules = [0u8, RULE_NONE];
         let batch = PartitionBatch {
             partition: id,
             units: &units,
             rejections: &[],
             prefilter: Some(prefilter),
-            routes: &routes,
+            first_ordinal: 0,
+            rules: &rules,
         };
         store.put_partition_batch(&batch).expect("batch");
         // A repeated batch (a resumed run) changes nothing.
@@ -1064,6 +1105,11 @@ mod tests {
         assert!(!store.unit_id_before(id, "a", 0).expect("query"));
         assert!(!store.unit_id_before(id, "zzz", 9).expect("query"));
         assert_eq!(store.unit_range(id, "b").expect("range"), Some((10, 15)));
+        assert_eq!(
+            store.route_of(id, prefilter, 1).expect("route"),
+            Some(RULE_NONE)
+        );
+        assert_eq!(store.route_of(id, prefilter, 2).expect("route"), None);
         assert_eq!(store.count_units(&src).expect("count"), 2);
         let counts = PartitionCounts {
             elements: 2,

@@ -20,8 +20,8 @@ pub struct Artifact {
     pub chunks: Vec<ChunkRef>,
 }
 
-/// Chunks written per store transaction.
-const CHUNKS_PER_WRITE: usize = 16;
+/// Chunks written per store transaction (and held in memory until then).
+const CHUNKS_PER_WRITE: usize = 4;
 
 /// Reads `source` to its end into the store.
 pub fn ingest(source: &Source, store: &Store) -> Result<Artifact, RunError> {

@@ -2,7 +2,7 @@
 //! the moment it exists (so a killed run keeps everything decided before
 //! the kill), and the one place the stopping controller learns of it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 
 use fanfold_core::{Cost, FactRecord};
@@ -25,7 +25,8 @@ pub enum Origin {
 struct State {
     /// (table position, fact), in the order decided.
     facts: Vec<(usize, FactRecord)>,
-    seen: HashSet<(usize, String)>,
+    /// Table positions with a fact, by stage.
+    seen: HashMap<String, HashSet<usize>>,
     calls: u64,
     cost: Cost,
     recomputed: Vec<String>,
@@ -46,6 +47,8 @@ pub struct LedgerTotals {
     pub calls: u64,
     pub cost: Cost,
     pub recomputed: Vec<String>,
+    /// Top-k bounds the scores broke.
+    pub violations: Vec<String>,
 }
 
 impl<'a> FactLedger<'a> {
@@ -73,14 +76,26 @@ impl<'a> FactLedger<'a> {
     }
 
     pub fn has(&self, index: usize, stage: &str) -> bool {
-        self.lock().seen.contains(&(index, stage.to_owned()))
+        self.lock()
+            .seen
+            .get(stage)
+            .is_some_and(|s| s.contains(&index))
     }
 
     /// Records the fact of unit `index`; a second fact for the same unit
     /// and stage is ignored.
     pub fn record(&self, index: usize, fact: FactRecord, origin: Origin) {
         let mut state = self.lock();
-        if !state.seen.insert((index, fact.stage.clone())) {
+        let first = match state.seen.get_mut(&fact.stage) {
+            Some(s) => s.insert(index),
+            None => {
+                state
+                    .seen
+                    .insert(fact.stage.clone(), HashSet::from([index]));
+                true
+            }
+        };
+        if !first {
             return;
         }
         if origin == Origin::Fresh {
@@ -116,6 +131,12 @@ impl<'a> FactLedger<'a> {
     }
 
     pub fn into_parts(self) -> (Vec<(usize, FactRecord)>, LedgerTotals) {
+        let violations = self
+            .controller
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .violations()
+            .to_vec();
         let state = self.state.into_inner().unwrap_or_else(|e| e.into_inner());
         let mut recomputed = state.recomputed;
         recomputed.sort();
@@ -125,6 +146,7 @@ impl<'a> FactLedger<'a> {
                 calls: state.calls,
                 cost: state.cost,
                 recomputed,
+                violations,
             },
         )
     }

@@ -210,10 +210,10 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         }
         phases.mark(&format!("{}:{}", stage.kind(), stage.name()));
     }
-    let (mut facts, totals) = ledger.into_parts();
+    let (mut facts, mut totals) = ledger.into_parts();
     stats.model_calls = totals.calls;
     stats.cost = totals.cost;
-    stats.recomputed_units = totals.recomputed;
+    stats.recomputed_units = std::mem::take(&mut totals.recomputed);
 
     // Fold, in source order.
     facts.sort_by(|(a, fa), (b, fb)| {
@@ -235,7 +235,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     // Answer.
     let answered = answer::answer(spec, &fold.root, &facts, &routed.table);
     let statuses = fold.root.total_statuses();
-    let incomplete = answer::incomplete(
+    let mut incomplete = answer::incomplete(
         spec,
         &statuses,
         &stop,
@@ -243,6 +243,14 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         &routed.rejected_by_reason,
         answered.reached,
     );
+    // Units pruned before a bound was broken were pruned on a false proof.
+    if !totals.violations.is_empty() && statuses.cancelled > 0 {
+        incomplete.push(format!(
+            "{} units were pruned before a score broke its bound ({})",
+            statuses.cancelled,
+            totals.violations.join("; ")
+        ));
+    }
     phases.mark("answer");
 
     // Verify against the stored artifact, read back by byte range.
@@ -258,11 +266,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
             .cmp(&b.source_ids)
             .then_with(|| a.stage.cmp(&b.stage))
     });
-    let decided: Vec<FactRecord> = facts
-        .iter()
-        .filter(|f| f.status.is_cacheable())
-        .cloned()
-        .collect();
+    let decided: Vec<&FactRecord> = facts.iter().filter(|f| f.status.is_cacheable()).collect();
     let report = verify::verify_stored(plan, &store, &artifact, partition_id, &decided, &cited);
     drop(decided);
     phases.mark("verify");
@@ -291,6 +295,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         coverage_complete: routed.coverage.is_complete(),
         complete,
         incomplete: incomplete.clone(),
+        notes: totals.violations.clone(),
         rejected_by_reason: routed.rejected_by_reason.clone(),
         rejections: routed.rejections.clone(),
         excluded_by_reason: routed.excluded_by_reason.clone(),
@@ -330,21 +335,24 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         verified: report.passed,
     };
 
-    let rows: Vec<RunUnitRow> = facts
-        .iter()
-        .filter_map(|f| {
-            Some(RunUnitRow {
-                unit_id: f.source_ids.first()?.0.clone(),
-                stage: f.stage.clone(),
-                status: f.status.as_str().into(),
-                reason: f.reason.clone(),
-                fact_key: f.status.is_cacheable().then_some(f.key),
+    for chunk in facts.chunks(10_000) {
+        let rows: Vec<RunUnitRow> = chunk
+            .iter()
+            .filter_map(|f| {
+                Some(RunUnitRow {
+                    unit_id: f.source_ids.first()?.0.clone(),
+                    stage: f.stage.clone(),
+                    status: f.status.as_str().into(),
+                    reason: f.reason.clone(),
+                    fact_key: f.status.is_cacheable().then_some(f.key),
+                })
             })
-        })
-        .collect();
-    store.put_run_units(&run_id, &rows)?;
-    let cert_value = serde_json::to_value(&certificate).unwrap_or(Value::Null);
-    store.finish_run(&run_id, stop.code(), &cert_value)?;
+            .collect();
+        store.put_run_units(&run_id, &rows)?;
+    }
+    let cert_json = serde_json::to_string(&certificate).unwrap_or_default();
+    store.finish_run(&run_id, stop.code(), &cert_json)?;
+    drop(cert_json);
 
     let report = RunReport {
         run_id,

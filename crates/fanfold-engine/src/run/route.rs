@@ -19,7 +19,9 @@ use fanfold_ops::partition::{
 };
 use fanfold_ops::prefilter::fast::RecordPrefilter;
 use fanfold_ops::prefilter::{Outcome, PrefilterError};
-use fanfold_store::{PartitionBatch, PartitionCounts, RejectionRow, Store};
+use fanfold_store::{
+    PartitionBatch, PartitionCounts, RULE_NONE, RULE_REJECTED, RejectionRow, Store,
+};
 use serde_json::Value;
 
 use crate::error::RunError;
@@ -124,12 +126,14 @@ struct Writer<'a> {
     write_routes: bool,
     units: Vec<Unit>,
     rejections: Vec<RejectionRow>,
-    routes: Vec<(ContentHash, Option<u32>)>,
+    /// The deciding rule of each element since `first_ordinal`.
+    rules: Vec<u8>,
+    first_ordinal: u64,
 }
 
 impl Writer<'_> {
     fn flush(&mut self) -> Result<(), RunError> {
-        if self.units.is_empty() && self.rejections.is_empty() && self.routes.is_empty() {
+        if self.units.is_empty() && self.rejections.is_empty() && self.rules.is_empty() {
             return Ok(());
         }
         self.store.put_partition_batch(&PartitionBatch {
@@ -137,11 +141,13 @@ impl Writer<'_> {
             units: &self.units,
             rejections: &self.rejections,
             prefilter: Some(self.prefilter),
-            routes: &self.routes,
+            first_ordinal: self.first_ordinal,
+            rules: &self.rules,
         })?;
+        self.first_ordinal += self.rules.len() as u64;
         self.units.clear();
         self.rejections.clear();
-        self.routes.clear();
+        self.rules.clear();
         Ok(())
     }
 }
@@ -219,7 +225,8 @@ pub fn route(
                 write_routes,
                 units: Vec::new(),
                 rejections: Vec::new(),
-                routes: Vec::new(),
+                rules: Vec::new(),
+                first_ordinal: 0,
             })
         }
         None => None,
@@ -332,6 +339,11 @@ impl Sink<'_> {
                         .rejections
                         .push(format!("{}: {}", r.reason, r.detail));
                 }
+                if let Some(w) = self.writer.as_mut()
+                    && w.write_routes
+                {
+                    w.rules.push(RULE_REJECTED);
+                }
                 if let Some(w) = self.writer.as_mut().filter(|w| w.write_units) {
                     w.rejections.push(RejectionRow {
                         ordinal: r.ordinal,
@@ -348,13 +360,15 @@ impl Sink<'_> {
                 let mut full = false;
                 if let Some(w) = self.writer.as_mut() {
                     if w.write_routes {
-                        w.routes
-                            .push((unit.unit_hash, rule.and_then(|r| u32::try_from(r).ok())));
+                        w.rules.push(match rule {
+                            Some(r) => u8::try_from(r).unwrap_or(RULE_NONE),
+                            None => RULE_NONE,
+                        });
                     }
                     if w.write_units {
                         w.units.push(unit.clone());
                     }
-                    full = w.units.len() >= UNITS_PER_WRITE || w.routes.len() >= UNITS_PER_WRITE;
+                    full = w.units.len() >= UNITS_PER_WRITE || w.rules.len() >= UNITS_PER_WRITE;
                 }
                 match outcome {
                     Outcome::Exclude { reason, .. } => {

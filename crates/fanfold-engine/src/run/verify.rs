@@ -23,21 +23,19 @@ struct StoredSource<'a> {
     spec: &'a PartitionSpec,
     header: Option<Vec<u8>>,
     projectors: HashMap<String, Projector>,
-    read: HashMap<UnitId, Option<Value>>,
 }
 
 impl StoredSource<'_> {
+    /// The unit read back; nothing is kept, so read-back of many thousand
+    /// cited units holds one at a time.
     fn value(&mut self, id: &UnitId) -> Option<Value> {
-        if let Some(v) = self.read.get(id) {
-            return v.clone();
+        match self.read_unit(id) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(unit = %id, error = %e, "read-back failed");
+                None
+            }
         }
-        let v = self.read_unit(id);
-        if let Err(e) = &v {
-            tracing::warn!(unit = %id, error = %e, "read-back failed");
-        }
-        let v = v.ok().flatten();
-        self.read.insert(id.clone(), v.clone());
-        v
     }
 
     fn read_unit(&mut self, id: &UnitId) -> Result<Option<Value>, Box<dyn std::error::Error>> {
@@ -81,7 +79,7 @@ pub fn verify_stored(
     store: &Store,
     artifact: &Artifact,
     partition: i64,
-    facts: &[FactRecord],
+    facts: &[&FactRecord],
     cited: &BTreeSet<UnitId>,
 ) -> VerifyReport {
     let mut bytes = ArtifactBytes::new(store, artifact);
@@ -113,7 +111,6 @@ pub fn verify_stored(
         spec,
         header,
         projectors,
-        read: HashMap::new(),
     };
     verify(
         &mut source,

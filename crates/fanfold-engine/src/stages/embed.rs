@@ -74,10 +74,7 @@ impl Stage for EmbedRunner {
     fn explain(&self, _spec: &Spec, out: &mut String) {
         let e = &self.stage;
         let sp = &e.spec;
-        let sees = match &sp.project {
-            Some(expr) => format!("project=`{expr}`"),
-            None => format!("fields=[{}]", sp.fields.join(", ")),
-        };
+        let sees = super::sees(sp.project.as_deref(), &sp.fields);
         let positives = e
             .anchors
             .iter()

@@ -118,10 +118,7 @@ impl Stage for MapRunner {
         } else {
             ""
         };
-        let sees = match &sp.project {
-            Some(expr) => format!("project=`{expr}`"),
-            None => format!("fields=[{}]", sp.fields.join(", ")),
-        };
+        let sees = super::sees(sp.project.as_deref(), &sp.fields);
         let execution = match sp.execution {
             Execution::Online => "",
             Execution::Batch => " execution=batch",
@@ -207,6 +204,7 @@ impl Stage for MapRunner {
         // Cache lookups; misses become pending requests, and a miss whose
         // key another unit of this run already asks for follows that unit.
         let mut keys: HashMap<usize, ContentHash> = HashMap::new();
+        let mut bounds: HashMap<usize, f64> = HashMap::new();
         let mut leader_of_key: HashMap<ContentHash, usize> = HashMap::new();
         let mut followers: HashMap<usize, Vec<usize>> = HashMap::new();
         let mut pending = Vec::new();
@@ -246,6 +244,9 @@ impl Stage for MapRunner {
                 ),
                 None => None,
             };
+            if let Some(b) = bound {
+                bounds.insert(i, b);
+            }
             pending.push(Pending {
                 index: i,
                 unit_id: unit.unit_id.0.clone(),
@@ -308,11 +309,27 @@ impl Stage for MapRunner {
         };
         let ledger = ctx.ledger;
         let progress = ctx.progress;
+        let score_pointer = match &ctx.spec.contract {
+            ContractSpec::TopK { score, .. } => Some(score.as_str()),
+            _ => None,
+        };
         let finish = |i: usize, r: &UnitResult| {
             if ledger.has(i, stage.name()) {
                 return;
             }
             let fact = make_fact(i, r);
+            // A score above the unit's declared bound voids the pruning
+            // proof; the controller stops pruning and the run says so.
+            if let (Some(p), Some(&bound)) = (score_pointer, bounds.get(&i))
+                && let Some(score) = fact.facts.pointer(p).and_then(Value::as_f64)
+                && score > bound
+            {
+                ledger
+                    .controller()
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .bound_violated(table.id(i).as_str(), score, bound);
+            }
             for &f in followers.get(&i).map(Vec::as_slice).unwrap_or_default() {
                 let u = table.unit(f);
                 let mut shared = fact.clone();
@@ -356,6 +373,8 @@ impl Stage for MapRunner {
             &prepare,
         );
         job.set_batch_ledger(&batch_ledger);
+        let price = |u: &fanfold_model::Usage| backend.cost_usd(u);
+        job.set_price(&price);
         backend.run(&job).map_err(|source| RunError::Backend {
             name: stage.spec.backend.clone(),
             source,

@@ -63,6 +63,14 @@ pub fn build(decl: &StageSpec, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Sta
     }
 }
 
+/// What a stage's context shows of a unit, as `explain` prints it.
+pub(crate) fn sees(project: Option<&str>, fields: &[String]) -> String {
+    match project {
+        Some(expr) => format!("project=`{expr}`"),
+        None => format!("fields=[{}]", fields.join(", ")),
+    }
+}
+
 /// What a run hands a stage.
 pub struct StageContext<'a> {
     pub spec: &'a Spec,
