@@ -1,6 +1,9 @@
 //! End-to-end tests of the `fanfold` binary: one integration-test binary,
 //! one helper per feature.
 
+// A failed step should fail the test loudly, right there.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 

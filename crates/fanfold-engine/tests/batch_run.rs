@@ -3,6 +3,9 @@
 //! API (`/files`, `/batches`) and Anthropic's Message Batches, holds batches
 //! pending on request, and fails single requests inside a batch.
 
+// A failed step should fail the test loudly, right there.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

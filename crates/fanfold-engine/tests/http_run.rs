@@ -3,6 +3,9 @@
 //! OpenAI-style server on 127.0.0.1 that answers each record by its content,
 //! reports usage with cached prompt tokens, and injects faults per unit.
 
+// A failed step should fail the test loudly, right there.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -5,6 +5,9 @@
 //! slow the machine is) or check that a hold lasted at least as long as
 //! the provider asked.
 
+// A failed step should fail the test loudly, right there.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::collections::BTreeSet;

@@ -10,6 +10,9 @@
 //!   cargo nextest run -p fanfold-http --test real_server --run-ignored only
 //! ```
 
+// A failed step should fail the test loudly, right there.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use fanfold_http::{EndpointConfig, OpenAiBackend, OpenAiConfig, OutputMode};
