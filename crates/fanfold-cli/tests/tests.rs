@@ -680,6 +680,10 @@ mod embedded {
     use serde_json::{Value, json};
 
     fn model(share_prefix: bool) -> EmbeddedModel {
+        model_with(share_prefix, 768)
+    }
+
+    fn model_with(share_prefix: bool, slot_tokens: u32) -> EmbeddedModel {
         let path = fanfold_engine::models::ensure(
             &fanfold_engine::models::SMOLLM2_135M,
             &fanfold_engine::models::cache_dir(),
@@ -688,7 +692,7 @@ mod embedded {
         .expect("the default model is available (run `fanfold model fetch`)");
         let mut cfg = LlamaConfig::new(path);
         cfg.share_prefix = share_prefix;
-        cfg.slot_tokens = 768;
+        cfg.slot_tokens = slot_tokens;
         EmbeddedModel::load(cfg).expect("loads")
     }
 
@@ -841,6 +845,21 @@ mod embedded {
             state.handed < units.len(),
             "no unit starts after cancellation"
         );
+    }
+
+    /// A unit longer than its slot is cut to fit, and the completion says
+    /// by how many tokens, so the fact can record it; a short one is whole.
+    #[test]
+    fn a_unit_cut_to_fit_its_slot_says_so() {
+        let m = model_with(true, 320);
+        let long = LINES[0].repeat(60);
+        let job = TestJob::new(&[LINES[1], long.as_str()], 1, usize::MAX);
+        m.run(&job).expect("runs");
+        let (done, _) = job.results();
+        assert_eq!(done.len(), 2);
+        let cut: Vec<u64> = done.iter().map(|(_, c)| c.truncated_tokens).collect();
+        assert_eq!(cut.iter().filter(|&&n| n == 0).count(), 1, "{cut:?}");
+        assert!(cut.iter().any(|&n| n > 100), "{cut:?}");
     }
 
     #[test]

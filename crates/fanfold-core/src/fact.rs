@@ -82,4 +82,12 @@ pub struct FactRecord {
     /// The fold nodes this fact was reduced through, leaf first.
     #[serde(default)]
     pub reducer_path: Vec<String>,
+    /// Tokens of the unit's input the backend cut to fit its window: the
+    /// context did not see the whole unit. 0 when it did.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub truncated_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

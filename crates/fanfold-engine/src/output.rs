@@ -160,6 +160,13 @@ pub fn markdown(report: &RunReport) -> String {
         .map(|(p, ms)| format!("{p} {ms} ms"))
         .collect();
     let _ = writeln!(out, "- wall {} ms: {}", st.wall_ms, phases.join(", "));
+    if st.truncated_units > 0 {
+        let _ = writeln!(
+            out,
+            "- {} units were cut to fit the model's window (see `truncated_tokens` in facts.jsonl)",
+            st.truncated_units
+        );
+    }
     for note in &c.notes {
         let _ = writeln!(out, "- note: {note}");
     }

@@ -45,6 +45,8 @@ pub struct Pending {
 /// How one unit ended at this stage.
 #[derive(Clone, Debug)]
 pub struct UnitResult {
+    /// Tokens the backend cut from the unit to fit its window.
+    pub truncated_tokens: u64,
     pub status: Status,
     pub interpreted: Option<Interpreted>,
     pub reason: Option<String>,
@@ -260,6 +262,7 @@ impl<'a> StageJob<'a> {
                     reason: Some("backend_stopped".into()),
                     attempts: p.attempt.saturating_sub(1),
                     usage,
+                    truncated_tokens: 0,
                 },
             ));
         }
@@ -304,6 +307,7 @@ impl<'a> StageJob<'a> {
                 reason: Some(reason.to_owned()),
                 attempts: p.attempt - 1,
                 usage: state.usage.remove(&p.index).unwrap_or_default(),
+                truncated_tokens: 0,
             };
             ended.push((p.index, r));
         }
@@ -434,6 +438,7 @@ impl Job for StageJob<'_> {
                             reason: Some(format!("retry not run: {reason}")),
                             attempts: r.attempt - 1,
                             usage: Usage::default(),
+                            truncated_tokens: 0,
                         };
                         ended.push(self.finish_unit(&mut state, r.index, res));
                     }
@@ -503,12 +508,14 @@ impl Job for StageJob<'_> {
                     reason: Some(reason),
                     attempts: req.attempt,
                     usage: Usage::default(),
+                    truncated_tokens: 0,
                 };
                 let finished = self.finish_unit(&mut state, req.index, r);
                 drop(state);
                 (self.on_finish)(finished.0, &finished.1);
                 return;
             }
+            let truncated_tokens = result.as_ref().map_or(0, |c| c.truncated_tokens);
             let failure = match result {
                 Ok(c) => match self
                     .stage
@@ -529,6 +536,7 @@ impl Job for StageJob<'_> {
                         interpreted: Some(i),
                         attempts: req.attempt,
                         usage: Usage::default(),
+                        truncated_tokens,
                     },
                 )),
                 Err(reason) if req.attempt < self.stage.spec.max_attempts => {
@@ -555,6 +563,7 @@ impl Job for StageJob<'_> {
                         reason: Some(format!("{reason} (after {} attempts)", req.attempt)),
                         attempts: req.attempt,
                         usage: Usage::default(),
+                        truncated_tokens: 0,
                     },
                 )),
             }

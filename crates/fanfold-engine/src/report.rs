@@ -19,6 +19,10 @@ pub struct RunStats {
     pub model_calls: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
+    /// Units a backend cut to fit its window; each such fact says by how
+    /// many tokens (`truncated_tokens`).
+    #[serde(default)]
+    pub truncated_units: u64,
     /// Units whose projected input equalled another unit's in the same
     /// stage of this run: they share that unit's call instead of their own.
     #[serde(default)]

@@ -456,6 +456,7 @@ impl<P: BatchApi> Transport<P> {
                         // A batch answer has no latency of its own.
                         usage: reply.usage,
                         choices: None,
+                        truncated_tokens: 0,
                     })
                 }
                 Some(Err(e)) => {

@@ -667,6 +667,7 @@ impl<P: Protocol> Transport<P> {
                             ..reply.usage
                         },
                         choices: None,
+                        truncated_tokens: 0,
                     });
                 }
                 Err(f) => f,

@@ -282,7 +282,9 @@ impl EmbeddedModel {
                         let answer = req.max_output_tokens as usize;
                         let mut unit = vocab.tokenize(req.suffix.as_bytes(), false, false);
                         let room = budget.saturating_sub(answer + tail.len());
+                        let mut truncated_tokens = 0;
                         if unit.len() > room {
+                            truncated_tokens = (unit.len() - room) as u64;
                             unit.truncate(room);
                             stats.truncated_units += 1;
                         }
@@ -320,6 +322,7 @@ impl EmbeddedModel {
                             sampler,
                             started: Some(Instant::now()),
                             req: Some(req),
+                            truncated_tokens,
                             ..Slot::default()
                         };
                     }
@@ -457,6 +460,7 @@ impl EmbeddedModel {
                             text,
                             usage,
                             choices,
+                            truncated_tokens: slot.truncated_tokens,
                         }),
                     );
                     *slot = Slot::default();
@@ -485,6 +489,8 @@ struct Slot {
     evaluated: u64,
     started: Option<Instant>,
     choices: Option<Vec<(String, f64)>>,
+    /// Tokens of the unit cut to fit the slot's window.
+    truncated_tokens: u64,
 }
 
 /// Reads the probability of each allowed decision from the logits at the

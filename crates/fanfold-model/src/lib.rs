@@ -57,6 +57,10 @@ pub struct Completion {
     /// logits leave it empty.
     #[serde(default)]
     pub choices: Option<Vec<(String, f64)>>,
+    /// Tokens of the unit's prompt the backend cut to fit its window; 0
+    /// when it saw the unit whole.
+    #[serde(default)]
+    pub truncated_tokens: u64,
 }
 
 /// The output field that carries a stage's decision and its allowed values.

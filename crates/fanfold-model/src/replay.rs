@@ -80,6 +80,7 @@ impl Cassette {
                 text: text.clone(),
                 usage: entry.usage,
                 choices: entry.choices.clone(),
+                truncated_tokens: 0,
             }),
             None => Err(CallError::Backend(entry.error.clone().unwrap_or_default())),
         }

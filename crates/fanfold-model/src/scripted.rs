@@ -92,6 +92,7 @@ impl ScriptedBackend {
             },
             text,
             choices: None,
+            truncated_tokens: 0,
         })
     }
 }

@@ -978,6 +978,7 @@ mod tests {
             cost: Cost::default(),
             attempts: 1,
             reducer_path: vec![],
+            truncated_tokens: 0,
         }
     }
 

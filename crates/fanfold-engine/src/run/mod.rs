@@ -214,6 +214,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     stats.model_calls = totals.calls;
     stats.cost = totals.cost;
     stats.recomputed_units = std::mem::take(&mut totals.recomputed);
+    stats.truncated_units = facts.iter().filter(|(_, f)| f.truncated_tokens > 0).count() as u64;
 
     // Fold, in source order.
     facts.sort_by(|(a, fa), (b, fb)| {

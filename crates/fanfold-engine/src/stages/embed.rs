@@ -380,6 +380,8 @@ fn run_stage(
                 cost: Cost::default(),
                 attempts: 0,
                 reducer_path: Vec::new(),
+                // The encoder's own cut is counted in the stage's stats.
+                truncated_tokens: 0,
             };
             fresh.push((i, fact, Origin::Fresh));
         }

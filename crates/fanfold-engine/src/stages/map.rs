@@ -305,6 +305,7 @@ impl Stage for MapRunner {
                 },
                 attempts: r.attempts,
                 reducer_path: Vec::new(),
+                truncated_tokens: r.truncated_tokens,
             }
         };
         let ledger = ctx.ledger;
