@@ -8,9 +8,8 @@ use fanfold_http::{
     OutputMode, PriceTable, TransportConfig,
 };
 use fanfold_llama::{EmbeddedModel, LlamaConfig};
-use fanfold_model::{
-    BackendError, BackendInfo, Job, ModelBackend, ReplayBackend, ScriptedBackend, Usage,
-};
+use fanfold_model::{BackendError, BackendInfo, Job, ModelBackend, Usage};
+use fanfold_sim::{ReplayBackend, ScriptedBackend};
 
 use crate::models;
 

@@ -10,13 +10,11 @@
 //! (one pull per connection) and provider batch APIs (pull all, submit,
 //! poll) alike.
 
-pub mod replay;
-pub mod scripted;
+//!
+//! The simulated backends (scripted, replay) live in `fanfold-sim`, so a
+//! real backend's crate compiles no jq engine.
 
 use serde::{Deserialize, Serialize};
-
-pub use replay::{Cassette, CassetteEntry, RecordingBackend, ReplayBackend};
-pub use scripted::ScriptedBackend;
 
 /// One unit's turn.
 #[derive(Clone, Debug)]

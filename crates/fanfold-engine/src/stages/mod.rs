@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 
 use fanfold_core::ContentHash;
 use fanfold_core::spec::{Execution, Spec, StageSpec};
-use fanfold_model::{BackendInfo, ModelBackend, RecordingBackend};
+use fanfold_model::{BackendInfo, ModelBackend};
 use fanfold_ops::contract::StopReason;
+use fanfold_sim::RecordingBackend;
 use fanfold_store::Store;
 
 use crate::Progress;

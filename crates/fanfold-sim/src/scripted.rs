@@ -11,7 +11,7 @@ use fanfold_core::StableHash;
 use fanfold_core::spec::{FaultKind, FaultSpec};
 use fanfold_ops::jq::{JqProgram, to_val};
 
-use crate::{
+use fanfold_model::{
     BackendError, BackendInfo, CallError, Completion, Job, ModelBackend, Usage, approx_tokens,
 };
 
@@ -58,7 +58,7 @@ impl ScriptedBackend {
         &self,
         program: &JqProgram,
         prefix_tokens: u64,
-        req: &crate::Request,
+        req: &fanfold_model::Request,
     ) -> Result<Completion, CallError> {
         let started = Instant::now();
         if !self.delay.is_zero() {

@@ -12,7 +12,9 @@ use std::sync::Mutex;
 use fanfold_core::{ContentHash, StableHasher};
 use serde::{Deserialize, Serialize};
 
-use crate::{BackendError, BackendInfo, CallError, Completion, Job, ModelBackend, Request, Usage};
+use fanfold_model::{
+    BackendError, BackendInfo, CallError, Completion, Job, ModelBackend, Request, Usage,
+};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CassetteEntry {
@@ -170,10 +172,10 @@ impl Job for RecordingJob<'_> {
     fn output_schema(&self) -> Option<&serde_json::Value> {
         self.inner.output_schema()
     }
-    fn decision(&self) -> Option<&crate::DecisionField> {
+    fn decision(&self) -> Option<&fanfold_model::DecisionField> {
         self.inner.decision()
     }
-    fn batch_ledger(&self) -> Option<&dyn crate::BatchLedger> {
+    fn batch_ledger(&self) -> Option<&dyn fanfold_model::BatchLedger> {
         self.inner.batch_ledger()
     }
     fn complete(&self, request: Request, result: Result<Completion, CallError>) {
@@ -214,7 +216,7 @@ impl<B: ModelBackend> ModelBackend for RecordingBackend<B> {
         r
     }
 
-    fn cost_usd(&self, usage: &crate::Usage) -> Option<f64> {
+    fn cost_usd(&self, usage: &fanfold_model::Usage) -> Option<f64> {
         self.inner.cost_usd(usage)
     }
 }
