@@ -373,11 +373,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         Ok(report) => report,
         Err(e) => {
             eprintln!("error: {e}");
-            return Ok(ExitCode::from(match e.category() {
-                fanfold_engine::ErrorCategory::Input => EXIT_INPUT,
-                fanfold_engine::ErrorCategory::Configuration => EXIT_CONFIGURATION,
-                fanfold_engine::ErrorCategory::Execution => 2,
-            }));
+            return Ok(ExitCode::from(e.category().exit_code()));
         }
     };
     let c = &report.certificate;
@@ -436,13 +432,6 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     }
     Ok(ExitCode::from(code))
 }
-
-/// `fanfold run` exits 5 when the input or the spec's expressions are at
-/// fault, 6 when a backend or model could not be set up, 2 for other
-/// failures; 3 and 4 (an incomplete answer, a failed verification) come
-/// from the engine's report.
-const EXIT_INPUT: u8 = 5;
-const EXIT_CONFIGURATION: u8 = 6;
 
 fn explain(args: ExplainArgs) -> Result<ExitCode> {
     let plan = args.input.plan(&args.spec)?;

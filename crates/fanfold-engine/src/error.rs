@@ -65,6 +65,17 @@ impl RunError {
     }
 }
 
+impl ErrorCategory {
+    /// The exit code `fanfold run` ends with for a failure of this kind.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            ErrorCategory::Input => crate::report::EXIT_INPUT,
+            ErrorCategory::Configuration => crate::report::EXIT_CONFIGURATION,
+            ErrorCategory::Execution => crate::report::EXIT_FAILED,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorCategory {
     /// The input or the spec's expressions are at fault.

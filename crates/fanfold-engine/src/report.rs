@@ -170,6 +170,14 @@ impl RunReport {
     }
 }
 
+/// `fanfold run` exits with this when the input or a jq expression is at
+/// fault.
+pub const EXIT_INPUT: u8 = 5;
+/// `fanfold run` exits with this when a backend or model could not be set
+/// up.
+pub const EXIT_CONFIGURATION: u8 = 6;
+/// `fanfold run` exits with this for any other failure (store, outputs).
+pub const EXIT_FAILED: u8 = 2;
 /// `fanfold run` exits with this when the answer is incomplete.
 pub const EXIT_INCOMPLETE: u8 = 3;
 /// `fanfold run` exits with this when verification failed.

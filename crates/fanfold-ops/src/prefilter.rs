@@ -172,13 +172,25 @@ pub mod fast {
             unit_id: &str,
             record: &Record,
         ) -> Result<Option<usize>, PrefilterError> {
-            let rule = self.first_match(unit_id, record)?;
-            Ok(rule.and_then(|r| {
-                self.prefilter
-                    .rules
-                    .iter()
-                    .position(|c| std::ptr::eq(&c.rule, r))
-            }))
+            let mut value: Option<Val> = None;
+            for (i, (c, direct)) in self.prefilter.rules.iter().zip(&self.direct).enumerate() {
+                let quick = direct.as_ref().and_then(|e| e.eval(record.root()).ok());
+                let hit = match quick {
+                    Some(out) => out.is_true(),
+                    None => {
+                        let v = value.get_or_insert_with(|| record.to_val()).clone();
+                        c.program.test(v).map_err(|source| PrefilterError::Eval {
+                            rule: c.rule.name.clone(),
+                            unit: unit_id.to_owned(),
+                            source,
+                        })?
+                    }
+                };
+                if hit {
+                    return Ok(Some(i));
+                }
+            }
+            Ok(None)
         }
 
         /// Decides one unit, as [`Prefilter::decide`] on `record.to_val()`.
@@ -197,25 +209,10 @@ pub mod fast {
             unit_id: &str,
             record: &Record,
         ) -> Result<Option<&PrefilterRule>, PrefilterError> {
-            let mut value: Option<Val> = None;
-            for (c, direct) in self.prefilter.rules.iter().zip(&self.direct) {
-                let quick = direct.as_ref().and_then(|e| e.eval(record.root()).ok());
-                let hit = match quick {
-                    Some(out) => out.is_true(),
-                    None => {
-                        let v = value.get_or_insert_with(|| record.to_val()).clone();
-                        c.program.test(v).map_err(|source| PrefilterError::Eval {
-                            rule: c.rule.name.clone(),
-                            unit: unit_id.to_owned(),
-                            source,
-                        })?
-                    }
-                };
-                if hit {
-                    return Ok(Some(&c.rule));
-                }
-            }
-            Ok(None)
+            let at = self.first_match_index(unit_id, record)?;
+            Ok(at
+                .and_then(|i| self.prefilter.rules.get(i))
+                .map(|c| &c.rule))
         }
     }
 

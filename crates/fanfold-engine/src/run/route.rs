@@ -155,11 +155,22 @@ impl Writer<'_> {
 /// The state the streaming callbacks share on the calling thread.
 struct Sink<'a> {
     writer: Option<Writer<'a>>,
-    plan: &'a Plan,
-    prefilter: RecordPrefilter,
+    /// What each prefilter rule does, resolved once, so a million units
+    /// cost no per-unit allocation to count.
+    actions: Vec<Action>,
+    /// Where a unit no rule decides goes.
+    first_stage: &'a str,
+    /// Units each rule excluded, by rule index.
+    excluded: Vec<u64>,
     routed: Routed,
     /// The first failure; the source stops being read once it is set.
     failed: Option<RunError>,
+}
+
+/// What a prefilter rule does with a unit it matches.
+enum Action {
+    Exclude(String),
+    Route(String),
 }
 
 /// Confirms a fingerprint hit against the units stored so far.
@@ -209,6 +220,13 @@ pub fn route(
     options: StreamOptions,
 ) -> Result<Routed, RunError> {
     let prefilter = RecordPrefilter::compile(&plan.spec.prefilter)?;
+    let first_stage = plan.first_stage();
+    let actions: Vec<Action> = (0..plan.spec.prefilter.len())
+        .map(|i| match prefilter.prefilter().outcome_of(Some(i)) {
+            Outcome::Exclude { reason, .. } => Action::Exclude(reason),
+            o => Action::Route(o.stage(first_stage).unwrap_or(first_stage).to_owned()),
+        })
+        .collect();
     let writer = match store {
         Some(store) => {
             let key = partition_key(plan, &source_hash, options.partition.max_unit_bytes);
@@ -234,8 +252,9 @@ pub fn route(
     let ids = writer.as_ref().map(|w| (w.partition, w.prefilter));
     let sink = RefCell::new(Sink {
         writer,
-        plan,
-        prefilter,
+        excluded: vec![0; actions.len()],
+        actions,
+        first_stage,
         routed: Routed {
             table: UnitTable::default(),
             by_stage: BTreeMap::new(),
@@ -317,6 +336,17 @@ pub fn route(
             w.store.finish_routing(w.partition, w.prefilter)?;
         }
     }
+    for (action, n) in sink.actions.iter().zip(&sink.excluded) {
+        if let Action::Exclude(reason) = action
+            && *n > 0
+        {
+            *sink
+                .routed
+                .excluded_by_reason
+                .entry(reason.clone())
+                .or_insert(0) += n;
+        }
+    }
     sink.routed.coverage = coverage;
     Ok(sink.routed)
 }
@@ -356,30 +386,51 @@ impl Sink<'_> {
             }
             Streamed::Unit { unit, json, extra } => {
                 let rule = extra?;
-                let outcome = self.prefilter.prefilter().outcome_of(rule);
+                if let Some(w) = self.writer.as_mut()
+                    && w.write_routes
+                {
+                    w.rules.push(match rule {
+                        Some(r) => u8::try_from(r).unwrap_or(RULE_NONE),
+                        None => RULE_NONE,
+                    });
+                }
+                let stage = match rule.and_then(|r| self.actions.get(r)) {
+                    Some(Action::Exclude(_)) => None,
+                    Some(Action::Route(stage)) => Some(stage.as_str()),
+                    None => Some(self.first_stage),
+                };
+                // The unit moves to where it is kept; only a routed unit
+                // that is also written is copied.
+                let stored = match stage {
+                    Some(stage) => {
+                        let copy = self
+                            .writer
+                            .as_ref()
+                            .filter(|w| w.write_units)
+                            .map(|_| unit.clone());
+                        let at = self.routed.table.push(unit, json);
+                        self.routed
+                            .by_stage
+                            .entry(stage.to_owned())
+                            .or_default()
+                            .push(at);
+                        copy
+                    }
+                    None => {
+                        if let Some(n) = rule.and_then(|r| self.excluded.get_mut(r)) {
+                            *n += 1;
+                        }
+                        Some(unit)
+                    }
+                };
                 let mut full = false;
                 if let Some(w) = self.writer.as_mut() {
-                    if w.write_routes {
-                        w.rules.push(match rule {
-                            Some(r) => u8::try_from(r).unwrap_or(RULE_NONE),
-                            None => RULE_NONE,
-                        });
-                    }
-                    if w.write_units {
-                        w.units.push(unit.clone());
+                    if w.write_units
+                        && let Some(u) = stored
+                    {
+                        w.units.push(u);
                     }
                     full = w.units.len() >= UNITS_PER_WRITE || w.rules.len() >= UNITS_PER_WRITE;
-                }
-                match outcome {
-                    Outcome::Exclude { reason, .. } => {
-                        *self.routed.excluded_by_reason.entry(reason).or_insert(0) += 1;
-                    }
-                    o => {
-                        let first = self.plan.first_stage();
-                        let stage = o.stage(first).unwrap_or(first).to_owned();
-                        let at = self.routed.table.push(unit, json);
-                        self.routed.by_stage.entry(stage).or_default().push(at);
-                    }
                 }
                 if full && let Some(w) = self.writer.as_mut() {
                     w.flush()?;
