@@ -157,9 +157,10 @@ struct RunArgs {
     /// Output folder; `.fanfold/runs/<spec name>` when absent.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Physical slots: most units in flight at once.
-    #[arg(long, default_value_t = 4)]
-    slots: usize,
+    /// Physical slots: most units in flight at once (1 to 4096; the
+    /// embedded model holds at most 255).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    slots: u64,
     /// Append every model call to a replay cassette.
     #[arg(long, value_name = "FILE")]
     record: Option<PathBuf>,
@@ -248,9 +249,11 @@ fn main() -> ExitCode {
     limit_malloc_arenas();
     let filter = tracing_subscriber::EnvFilter::try_from_env(env_vars::LOG)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // Colour codes only for a person at a terminal, never in a log file.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match real_main() {
         Ok(code) => code,
@@ -355,7 +358,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     let plan = args.input.plan(&args.spec)?;
     let mut opts = RunOptions::new(args.input.store.clone());
     opts.source = args.input.source();
-    opts.slots = args.slots;
+    opts.slots = args.slots as usize;
     opts.max_unit_bytes = args.input.max_unit_bytes;
     opts.record = args.record.clone();
     let out = args

@@ -220,12 +220,23 @@ fn run_writes_cited_outputs_labelled_simulated() {
             "route",
             "embed:auth_similarity",
             "map:auth_blocker",
+            "audit:second_look",
             "fold",
             "answer",
             "verify"
         ]
     );
+    // The audit sampled every rung it names, and its verdicts stay out of
+    // the facts below.
+    let audit = &lines[1]["data"]["stats"]["audits"]["second_look"]["rungs"];
+    for rung in ["prefilter", "auth_similarity", "auth_blocker"] {
+        assert!(
+            audit[rung]["sampled"].as_u64().is_some_and(|n| n > 0),
+            "{audit}"
+        );
+    }
     let md = std::fs::read_to_string(dir.path().join("out/answer.md")).expect("md");
+    assert!(md.contains("audit `second_look`"), "{md}");
     assert!(md.contains("[SIMULATED]"));
     assert!(md.contains("https://github.com/acme-corp/widget/issues/"));
     let facts = std::fs::read_to_string(dir.path().join("out/facts.jsonl")).expect("facts");
@@ -1255,4 +1266,475 @@ fn slow_run_at_200k_records_stays_under_256_mib() {
         .as_u64()
         .expect("peak RSS measured");
     assert!(peak <= 256 * 1024, "peak RSS {} MiB", peak / 1024);
+}
+
+/// An audit stage over a fixture whose prefilter throws away flagged rows
+/// (ids 0–99 are "noise"; every tenth of them is flagged) and whose judge
+/// misses "subtle" rows an independent judge catches.
+fn audit_fixture(audit: &str) -> Fixture {
+    let f = Fixture::new(
+        JSON_ARRAY,
+        r#"[[prefilter]]
+name = "noise"
+when = '.kind == "noise"'
+action = "exclude"
+"#,
+    );
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    let spec = spec.replace(
+        "[backends.default]",
+        &format!(
+            r#"{audit}
+[stages.judge]
+version = 1
+rubric = "audit.md"
+output_schema = "schema.json"
+backend = "auditor"
+decision = {{ pointer = "/decision", positive = ["yes"], negative = ["no"] }}
+
+[backends.auditor]
+type = "scripted"
+script = "audit.jq"
+
+[backends.default]"#
+        ),
+    );
+    std::fs::write(f.path("spec.toml"), spec).expect("spec");
+    std::fs::write(
+        f.path("audit.md"),
+        "Say yes when the record should have been kept.\n",
+    )
+    .expect("audit rubric");
+    std::fs::write(
+        f.path("audit.jq"),
+        r#"{decision: (if .flag == true or .subtle == true then "yes" else "no" end)}"#,
+    )
+    .expect("audit script");
+    let mut rows = Vec::new();
+    for i in 0..200 {
+        let noise = i < 100;
+        let flag = if noise { i % 10 == 0 } else { i % 4 == 0 };
+        let subtle = !noise && i % 10 == 5;
+        rows.push(serde_json::json!({
+            "id": i,
+            "kind": if noise { "noise" } else { "signal" },
+            "flag": flag,
+            "subtle": subtle,
+        }));
+    }
+    f.input(serde_json::to_string(&rows).expect("rows").as_bytes());
+    f
+}
+
+fn ids_of(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|i| i.as_str().expect("id").parse().expect("number"))
+        .collect()
+}
+
+#[test]
+fn an_audit_measures_each_rung_and_escalates_what_was_missed() {
+    let f = audit_fixture(
+        r#"[[stages]]
+name = "recall"
+type = "audit"
+version = 1
+rungs = ["prefilter", "judge"]
+sample = 30
+seed = 3
+escalate = "judge"
+"#,
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let c = f.certificate();
+    let audit = &c["stats"]["audits"]["recall"];
+    let pre = &audit["rungs"]["prefilter"];
+    assert_eq!(pre["miss"]["population"], 100);
+    assert_eq!(pre["sampled"], 30);
+    assert_eq!(pre["miss"]["judged"], 30);
+    let missed_by_prefilter = ids_of(&pre["disagreeing"]);
+    assert!(
+        missed_by_prefilter.iter().all(|i| *i < 100 && i % 10 == 0),
+        "only flagged noise rows disagree: {missed_by_prefilter:?}"
+    );
+    let (rate, low, high) = (
+        pre["miss"]["rate"].as_f64().unwrap(),
+        pre["miss"]["low"].as_f64().unwrap(),
+        pre["miss"]["high"].as_f64().unwrap(),
+    );
+    assert!((rate - missed_by_prefilter.len() as f64 / 30.0).abs() < 1e-9);
+    assert!(low <= rate && rate <= high && high < 1.0, "{pre}");
+
+    // The judge's own negatives: 75 of the 100 signal rows.
+    let neg = &audit["rungs"]["judge"];
+    assert_eq!(neg["miss"]["population"], 75);
+    let missed_by_judge = ids_of(&neg["disagreeing"]);
+    assert!(
+        missed_by_judge.iter().all(|i| *i >= 100 && i % 10 == 5),
+        "only subtle rows disagree: {missed_by_judge:?}"
+    );
+
+    // The prefilter's misses went to the judge and are in the answer; the
+    // judge's own negatives were not sent back to it.
+    assert_eq!(
+        audit["escalated"].as_u64(),
+        Some(missed_by_prefilter.len() as u64)
+    );
+    let answer: Vec<u64> = f.answer_ids().iter().map(|i| i.parse().unwrap()).collect();
+    for id in &missed_by_prefilter {
+        assert!(
+            answer.contains(id),
+            "escalated {id} is answered: {answer:?}"
+        );
+    }
+    assert_eq!(
+        answer.len(),
+        25 + missed_by_prefilter.len(),
+        "the signal rows' 25 positives plus the recovered ones"
+    );
+    // One fact per escalated unit in the answer's statuses.
+    assert_eq!(
+        c["statuses"]["positive"].as_u64(),
+        Some(answer.len() as u64)
+    );
+    let calls = c["stats"]["model_calls"].as_u64().unwrap();
+    assert_eq!(
+        calls,
+        100 + 30 + 30 + missed_by_prefilter.len() as u64,
+        "judge, two audit samples, escalations"
+    );
+    let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
+    assert!(md.contains("audit `recall`"), "{md}");
+    assert!(md.contains("| prefilter | 100 | 30 |"), "{md}");
+
+    // The sample is seeded: a rerun judges the same units from the cache.
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let again = f.certificate();
+    assert_eq!(again["stats"]["model_calls"], 0);
+    let audit_again = &again["stats"]["audits"]["recall"];
+    assert_eq!(audit_again["rungs"], audit["rungs"]);
+    assert_eq!(audit_again["cached"], 60);
+    assert_eq!(audit_again["calls"], 0);
+}
+
+#[test]
+fn an_unproven_miss_rate_leaves_the_answer_incomplete() {
+    let f = audit_fixture(
+        r#"[[stages]]
+name = "recall"
+type = "audit"
+version = 1
+rungs = ["prefilter"]
+sample = 10
+max_sample = 40
+max_miss_rate = 0.02
+"#,
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let c = f.certificate();
+    let pre = &c["stats"]["audits"]["recall"]["rungs"]["prefilter"];
+    // A 10 % miss rate cannot be shown under 2 %: the sample grew 10 -> 20
+    // -> 40 and stopped at its cap.
+    assert_eq!(pre["sampled"], 40, "{pre}");
+    assert_eq!(pre["proven"], false);
+    assert!(
+        c["incomplete"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r.as_str().unwrap().contains("audit `recall`")),
+        "{}",
+        c["incomplete"]
+    );
+
+    // A prefilter that throws nothing flagged away is shown in one round
+    // once the whole rung is judged.
+    let f = audit_fixture(
+        r#"[[stages]]
+name = "recall"
+type = "audit"
+version = 1
+rungs = ["prefilter"]
+sample = 100
+max_miss_rate = 0.02
+"#,
+    );
+    let rows: Vec<Value> = (0..60)
+        .map(|i| serde_json::json!({"id": i, "kind": if i < 30 { "noise" } else { "signal" }, "flag": i >= 50}))
+        .collect();
+    f.input(serde_json::to_string(&rows).unwrap().as_bytes());
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let pre = &f.certificate()["stats"]["audits"]["recall"]["rungs"]["prefilter"];
+    assert_eq!(pre["miss"]["judged"], 30);
+    assert_eq!(pre["miss"]["high"], 0.0, "the whole rung was judged: exact");
+    assert_eq!(pre["proven"], true);
+}
+
+#[test]
+fn audit_specs_name_their_mistakes() {
+    for (audit, needle) in [
+        ("rungs = [\"nowhere\"]\n", "unknown rung `nowhere`"),
+        (
+            "rungs = [\"prefilter\"]\nescalate = \"recall\"\n",
+            "not a map stage",
+        ),
+        (
+            "rungs = [\"prefilter\"]\nmax_miss_rate = 2.0\n",
+            "between 0 and 1",
+        ),
+    ] {
+        let f = audit_fixture(&format!(
+            "[[stages]]\nname = \"recall\"\ntype = \"audit\"\nversion = 1\n{audit}"
+        ));
+        let o = f.run(&[]);
+        assert_eq!(o.status.code(), Some(2), "{audit}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{audit}: {}", stderr(&o));
+    }
+}
+
+/// A closed port: bound, then released.
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+fn flagged_rows(n: usize) -> Vec<u8> {
+    let rows: Vec<Value> = (0..n)
+        .map(|i| serde_json::json!({"id": i, "flag": i % 3 == 0}))
+        .collect();
+    serde_json::to_vec(&rows).expect("rows")
+}
+
+#[test]
+fn a_dead_endpoint_stops_the_stage_after_three_calls() {
+    let port = closed_port();
+    let f = Fixture::new(
+        JSON_ARRAY,
+        &format!(
+            "[backends.dead]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"http://127.0.0.1:{port}/v1\"\nmax_retries = 0\n"
+        ),
+    );
+    f.input(&flagged_rows(30));
+    let o = f.run(&["--backend", "dead", "--slots", "1"]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let c = f.certificate();
+    assert_eq!(c["stop"]["reason"], "breaker_tripped", "{}", c["stop"]);
+    assert_eq!(c["stop"]["stage"], "judge");
+    assert!(
+        c["stop"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("first 3 calls all failed with connection")),
+        "{}",
+        c["stop"]
+    );
+    assert_eq!(c["stats"]["model_calls"], 3, "no call after the third");
+    assert_eq!(c["statuses"]["error"], 1);
+    assert_eq!(c["statuses"]["not_run"], 29);
+    let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
+    assert!(
+        md.lines()
+            .next()
+            .is_some_and(|l| l.starts_with("# INCOMPLETE")),
+        "{md}"
+    );
+    assert!(md.contains("stopped itself"), "{md}");
+}
+
+/// A judge whose rubric is wrong (the script inverts the decision) trips
+/// its breaker on the canaries within the window; the right one passes
+/// them, and canaries never reach the answer.
+#[test]
+fn canaries_trip_a_wrong_rubric_and_never_reach_the_answer() {
+    let breaker = |f: &Fixture| {
+        let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+        let spec = spec.replacen(
+            "rubric = \"rubric.md\"",
+            "rubric = \"rubric.md\"\ncanaries = \"canaries.jsonl\"\nbreaker = { window = 10, max_canary_failures = 0 }",
+            1,
+        );
+        std::fs::write(f.path("spec.toml"), spec).expect("spec");
+        std::fs::write(
+            f.path("canaries.jsonl"),
+            concat!(
+                r#"{"record": {"flag": true}, "expect": "yes"}"#,
+                "\n",
+                r#"{"record": {"flag": false}, "expect": "no"}"#,
+                "\n",
+                r#"{"id": "c3", "record": {"flag": true}, "expect": "yes"}"#,
+                "\n"
+            ),
+        )
+        .expect("canaries");
+    };
+    let wrong = Fixture::new(JSON_ARRAY, "");
+    breaker(&wrong);
+    std::fs::write(
+        wrong.path("judge.jq"),
+        r#"{decision: (if .flag == true then "no" else "yes" end)}"#,
+    )
+    .expect("script");
+    wrong.input(&flagged_rows(100));
+    let o = wrong.run(&["--slots", "1"]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let c = wrong.certificate();
+    assert!(
+        c["stop"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("canaries judged wrongly")),
+        "{}",
+        c["stop"]
+    );
+    let calls = c["stats"]["model_calls"].as_u64().unwrap();
+    assert!(calls <= 10 + 3, "tripped within the window: {calls} calls");
+    assert!(
+        c["stats"]["canaries"]["judge"]["failed"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty())
+    );
+
+    let right = Fixture::new(JSON_ARRAY, "");
+    breaker(&right);
+    right.input(&flagged_rows(100));
+    let o = right.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let c = right.certificate();
+    assert_eq!(c["stats"]["canaries"]["judge"]["sent"], 3);
+    assert_eq!(
+        c["stats"]["canaries"]["judge"]["failed"],
+        serde_json::json!([])
+    );
+    assert_eq!(c["stats"]["model_calls"], 103, "100 units and 3 canaries");
+    assert_eq!(c["statuses"]["positive"], 34);
+    let facts = std::fs::read_to_string(right.path("out/facts.jsonl")).expect("facts");
+    assert!(!facts.contains("canary-") && !facts.contains("\"c3\""));
+    assert!(right.answer_ids().iter().all(|i| i.parse::<u64>().is_ok()));
+    // Nothing to pay for: no canaries either.
+    let o = right.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(right.certificate()["stats"]["model_calls"], 0);
+}
+
+#[test]
+fn an_unwritable_out_fails_before_any_call() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    f.input(&flagged_rows(10));
+    std::fs::write(f.path("out"), b"a file, not a folder").expect("file");
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("out"), "{}", stderr(&o));
+    assert!(
+        !f.path("store.sqlite").exists() || f.fact_count() == 0,
+        "nothing was paid for"
+    );
+}
+
+#[test]
+fn slots_are_bounded_with_a_clear_error() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    f.input(&flagged_rows(3));
+    for slots in ["0", "200000"] {
+        let o = f.run(&["--slots", slots]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("--slots"), "{}", stderr(&o));
+    }
+}
+
+#[test]
+fn logs_have_no_colour_codes_off_a_terminal() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    // A repeated id is logged as a warning.
+    f.input(br#"[{"id": 1, "flag": true}, {"id": 1, "flag": false}]"#);
+    let o = run(bin()
+        .env("FANFOLD_LOG", "warn")
+        .arg("run")
+        .arg(f.path("spec.toml"))
+        .arg("--store")
+        .arg(f.path("store.sqlite"))
+        .arg("--out")
+        .arg(f.path("out")));
+    let err = stderr(&o);
+    assert!(err.contains("WARN"), "{err}");
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+}
+
+#[test]
+fn spec_mistakes_that_would_answer_wrongly_are_refused() {
+    let cases = [
+        (
+            "positive = [\"yes\"], negative = [\"no\"]",
+            "positive = [\"yes\"], negative = [\"no\", \"yes\"]",
+            "both positive and negative",
+        ),
+        (
+            "rubric = \"rubric.md\"",
+            "rubric = \"rubric.md\"\nmin_confidence = 2.0",
+            "min_confidence 2 must be within [0, 1]",
+        ),
+        (
+            "type = \"set\"",
+            "type = \"set\"\nvalue = \"decision\"",
+            "write `/decision`",
+        ),
+    ];
+    for (from, to, expect) in cases {
+        let f = Fixture::new(JSON_ARRAY, "");
+        f.input(&flagged_rows(3));
+        let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+        assert!(spec.contains(from), "{from}");
+        std::fs::write(f.path("spec.toml"), spec.replacen(from, to, 1)).expect("spec");
+        let o = f.run(&[]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains(expect), "{expect}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn one_bad_record_is_a_rejection_not_the_end_of_the_run() {
+    // `gh` found nothing: an empty, whole answer.
+    let f = Fixture::new(JSON_ARRAY, "");
+    f.input(b"[]\n");
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(f.certificate()["complete"], true);
+    assert!(f.answer_ids().is_empty());
+
+    // A byte order mark is not data, in either JSON format.
+    f.input(b"\xEF\xBB\xBF[{\"id\": 1, \"flag\": true}]");
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(f.answer_ids(), ["1"]);
+    let jsonl = Fixture::new(r#"{ type = "jsonl", key = "id", kind = "row" }"#, "");
+    jsonl.input(b"\xEF\xBB\xBF{\"id\": 1, \"flag\": true}\n{\"id\": 2, \"flag\": false}\n");
+    let o = jsonl.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(jsonl.answer_ids(), ["1"]);
+    assert_eq!(jsonl.certificate()["verify"]["passed"], true);
+
+    // A cut-off last line: that record is rejected, the others judged.
+    jsonl.input(b"{\"id\": 1, \"flag\": true}\n{\"id\": 3, \"flag\": true}\n{\"id\": 2, \"fl");
+    let o = jsonl.run(&[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let c = jsonl.certificate();
+    assert_eq!(c["rejected_by_reason"]["truncated_line"], 1, "{c}");
+    assert_eq!(jsonl.answer_ids(), ["1", "3"]);
+
+    // Valid JSON nested past the parser's limit: that record is rejected.
+    let mut deep = String::from(r#"{"id": 2, "flag": true, "n": "#);
+    deep.push_str(&"[".repeat(200));
+    deep.push_str(&"]".repeat(200));
+    deep.push('}');
+    f.input(
+        format!(r#"[{{"id": 1, "flag": true}}, {deep}, {{"id": 3, "flag": true}}]"#).as_bytes(),
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let c = f.certificate();
+    assert_eq!(c["rejected_by_reason"]["too_deep"], 1, "{c}");
+    assert_eq!(f.answer_ids(), ["1", "3"]);
 }

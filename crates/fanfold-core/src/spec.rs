@@ -136,6 +136,11 @@ pub enum StageSpec {
     /// describe positives and negatives: a cheap semantic filter that drops
     /// the units least like the question before a model stage reads them.
     Embed(EmbedStageSpec),
+    /// An independent check of what the earlier rungs threw away: a seeded
+    /// random sample of each rung's negatives is judged again by its own
+    /// prompt (and, optionally, another backend), and the miss rate of
+    /// every rung is estimated with a 95 % interval.
+    Audit(AuditStageSpec),
 }
 
 impl StageSpec {
@@ -143,6 +148,7 @@ impl StageSpec {
         match self {
             StageSpec::Map(s) => &s.name,
             StageSpec::Embed(s) => &s.name,
+            StageSpec::Audit(s) => &s.name,
         }
     }
 
@@ -150,8 +156,75 @@ impl StageSpec {
         match self {
             StageSpec::Map(_) => "map",
             StageSpec::Embed(_) => "embed",
+            StageSpec::Audit(_) => "audit",
         }
     }
+
+    /// The jq projection of what the stage's contexts see, if it has one.
+    pub fn project(&self) -> Option<&str> {
+        match self {
+            StageSpec::Map(s) => s.project.as_deref(),
+            StageSpec::Embed(s) => s.project.as_deref(),
+            StageSpec::Audit(s) => s.judge.project.as_deref(),
+        }
+    }
+
+    /// Every model turn the stage declares: a map stage's own, an audit's
+    /// judge. Backend overrides and batch checks apply to all of them.
+    pub fn model_turns_mut(&mut self) -> Option<&mut MapStageSpec> {
+        match self {
+            StageSpec::Map(s) => Some(s),
+            StageSpec::Audit(s) => Some(&mut s.judge),
+            StageSpec::Embed(_) => None,
+        }
+    }
+
+    pub fn model_turns(&self) -> Option<&MapStageSpec> {
+        match self {
+            StageSpec::Map(s) => Some(s),
+            StageSpec::Audit(s) => Some(&s.judge),
+            StageSpec::Embed(_) => None,
+        }
+    }
+}
+
+/// The rung name that stands for the prefilter's exclusions in an audit.
+pub const PREFILTER_RUNG: &str = "prefilter";
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AuditStageSpec {
+    pub name: String,
+    /// Bump when the audit's meaning changes without its files changing.
+    pub version: u32,
+    /// The rungs whose negatives are sampled, each on its own:
+    /// `"prefilter"` for the prefilter's exclusions, or the name of an
+    /// earlier `map` or `embed` stage for the units it ended as negative.
+    pub rungs: Vec<String>,
+    /// Units sampled per rung in the first round.
+    #[serde(default = "default_audit_sample")]
+    pub sample: usize,
+    /// With `max_miss_rate`, the sample of a rung grows (doubling) until
+    /// the 95 % interval's upper end is at or under the rate, or it holds
+    /// this many units; the answer is incomplete if the rate is not shown.
+    pub max_sample: Option<usize>,
+    /// The largest miss rate the answer may carry, as a fraction (0.02 is
+    /// 2 %): a recall floor the run must prove, rung by rung.
+    pub max_miss_rate: Option<f64>,
+    /// Seeds the sample: the same seed picks the same units on a rerun.
+    #[serde(default)]
+    pub seed: u64,
+    /// Where a unit the judge disagrees on goes: a `map` stage, which then
+    /// judges it like any unit routed to it.
+    pub escalate: Option<String>,
+    /// The independent judge: a map stage's declaration (rubric, schema,
+    /// backend, decision), without a name. Its positive values mean
+    /// "this unit should not have been thrown away".
+    pub judge: MapStageSpec,
+}
+
+fn default_audit_sample() -> usize {
+    20
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -200,6 +273,8 @@ fn default_embed_tokens() -> usize {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MapStageSpec {
+    /// Required for a map stage; an audit's judge takes the audit's name.
+    #[serde(default)]
     pub name: String,
     /// Bump when the stage's meaning changes without its files changing.
     pub version: u32,
@@ -238,6 +313,41 @@ pub struct MapStageSpec {
     /// within hours. Needs an `openai` or `anthropic` backend.
     #[serde(default)]
     pub execution: Execution,
+    /// JSONL file of records with known decisions, `{"record": {...},
+    /// "expect": "<decision value>"}` a line, mixed into the first units
+    /// the stage sends to its model (at seeded places) whenever it has
+    /// units to pay for. Their verdicts are checked, counted and never
+    /// reported as answers.
+    pub canaries: Option<String>,
+    /// Stops the stage early when its first units show the rubric or the
+    /// backend is wrong, before the budget is spent on the rest.
+    pub breaker: Option<BreakerSpec>,
+}
+
+/// When a stage stops itself. Whatever is declared, a stage whose first
+/// three calls fail with the same backend error (a 401, a refused
+/// connection) stops at once.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerSpec {
+    /// The first units to finish (canaries included) the breaker watches.
+    #[serde(default = "default_breaker_window")]
+    pub window: u32,
+    /// The share of the window that may end in error (invalid output
+    /// after every attempt, or a backend failure); the stage stops as soon
+    /// as more than this share of the window has failed.
+    #[serde(default = "default_breaker_error_rate")]
+    pub max_error_rate: f64,
+    /// Canaries the stage may judge wrongly; one more stops it.
+    #[serde(default)]
+    pub max_canary_failures: u32,
+}
+
+fn default_breaker_window() -> u32 {
+    20
+}
+fn default_breaker_error_rate() -> f64 {
+    0.5
 }
 
 /// How a map stage's requests reach its backend.
@@ -509,6 +619,17 @@ pub enum ReducerKind {
 }
 
 impl ReducerKind {
+    /// The JSON pointers into a fact that the reducer reads.
+    pub fn pointers(&self) -> Vec<&str> {
+        match self {
+            ReducerKind::Count => Vec::new(),
+            ReducerKind::Set { value } => value.iter().map(String::as_str).collect(),
+            ReducerKind::CountBy { key } | ReducerKind::Join { key } => vec![key],
+            ReducerKind::Histogram { value, .. } | ReducerKind::MinMax { value } => vec![value],
+            ReducerKind::TopK { score, .. } => vec![score],
+        }
+    }
+
     pub fn type_name(&self) -> &'static str {
         match self {
             ReducerKind::Count => "count",

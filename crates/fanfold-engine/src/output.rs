@@ -11,6 +11,48 @@ use crate::report::RunReport;
 
 pub const SIMULATED: &str = "[SIMULATED]";
 
+/// Text from the input, escaped so Markdown and HTML show it as written:
+/// on one line, with every character that could start markup escaped.
+pub fn md_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\n' | '\r' | '\t' => out.push(' '),
+            // Mid-line, these are all that can start markup; our text is
+            // never at the start of a line, where `#`, `-`, `+` would.
+            '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '|' | '~' | '&' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Whether a link from the input may be shown as a link: http(s) only,
+/// and nothing that could end the Markdown link early.
+pub fn safe_link(link: &str) -> bool {
+    (link.starts_with("https://") || link.starts_with("http://"))
+        && !link.chars().any(|c| {
+            c.is_whitespace() || c.is_control() || matches!(c, '(' | ')' | '<' | '>' | '"' | '`')
+        })
+}
+
+/// Fails now, before anything is paid for, if the outputs could not be
+/// written to `dir` at the end.
+pub fn check_writable(dir: &Path) -> Result<(), RunError> {
+    let err = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| RunError::Output { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(err(dir))?;
+    let probe = dir.join(".fanfold-write-probe");
+    std::fs::write(&probe, b"").map_err(err(&probe))?;
+    std::fs::remove_file(&probe).map_err(err(&probe))
+}
+
 pub fn write_all(dir: &Path, report: &RunReport) -> Result<(), RunError> {
     let io = |path: &Path| {
         let path = path.display().to_string();
@@ -21,8 +63,13 @@ pub fn write_all(dir: &Path, report: &RunReport) -> Result<(), RunError> {
         let path = dir.join(name);
         // Write beside and rename, so a reader never sees half a file.
         let tmp = dir.join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, text).map_err(io(&tmp))?;
-        std::fs::rename(&tmp, &path).map_err(io(&path))
+        std::fs::write(&tmp, text)
+            .map_err(io(&tmp))
+            .and_then(|()| std::fs::rename(&tmp, &path).map_err(io(&path)))
+            .inspect_err(|_| {
+                // A full disk leaves no half-written file behind.
+                let _ = std::fs::remove_file(&tmp);
+            })
     };
     write("answer.json", pretty(&report.answer))?;
     write("certificate.json", pretty(&report.certificate))?;
@@ -30,16 +77,18 @@ pub fn write_all(dir: &Path, report: &RunReport) -> Result<(), RunError> {
     // Facts are streamed to the file: a run may hold many thousands.
     let path = dir.join("facts.jsonl");
     let tmp = dir.join(".facts.jsonl.tmp");
-    let file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-    let mut w = std::io::BufWriter::new(file);
-    for f in &report.facts {
-        serde_json::to_writer(&mut w, f)
-            .map_err(std::io::Error::from)
-            .and_then(|()| w.write_all(b"\n"))
-            .map_err(io(&tmp))?;
-    }
-    w.flush().map_err(io(&tmp))?;
-    drop(w);
+    let streamed = (|| {
+        let file = std::fs::File::create(&tmp)?;
+        let mut w = std::io::BufWriter::new(file);
+        for f in &report.facts {
+            serde_json::to_writer(&mut w, f)?;
+            w.write_all(b"\n")?;
+        }
+        w.flush()
+    })();
+    streamed.map_err(io(&tmp)).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })?;
     std::fs::rename(&tmp, &path).map_err(io(&path))?;
     Ok(())
 }
@@ -80,15 +129,17 @@ pub fn markdown(report: &RunReport) -> String {
     }
     let _ = writeln!(out, "## Answer: {} units{sim}\n", a.items.len());
     for item in &a.items {
-        let title = item.title.as_deref().unwrap_or("");
-        let id = match &item.link {
-            Some(link) => format!("[#{}]({link})", item.unit_id),
-            None => format!("`{}`", item.unit_id),
+        // Titles, ids and quotes are the input's text: shown as text,
+        // never as Markdown or HTML, and only http(s) links are links.
+        let title = md_text(item.title.as_deref().unwrap_or(""));
+        let id = match item.link.as_deref().filter(|l| safe_link(l)) {
+            Some(link) => format!("[#{}]({link})", md_text(&item.unit_id.0)),
+            None => format!("#{}", md_text(&item.unit_id.0)),
         };
         let theme = item
             .theme
             .as_deref()
-            .map(|t| format!(" — *{t}*"))
+            .map(|t| format!(" — *{}*", md_text(t)))
             .unwrap_or_default();
         let score = item
             .score
@@ -99,8 +150,8 @@ pub fn markdown(report: &RunReport) -> String {
             let _ = writeln!(
                 out,
                 "  > {} ({} bytes {}..{})",
-                ev.quote.replace('\n', " "),
-                ev.field,
+                md_text(&ev.quote),
+                md_text(&ev.field),
                 ev.start,
                 ev.end
             );
@@ -109,14 +160,71 @@ pub fn markdown(report: &RunReport) -> String {
     if !a.themes.is_empty() {
         let _ = writeln!(out, "\n## Recurring causes{sim}\n");
         for (n, t) in a.themes.iter().enumerate() {
-            let ids: Vec<String> = t.ids.iter().map(|i| format!("#{i}")).collect();
+            let ids: Vec<String> = t
+                .ids
+                .iter()
+                .map(|i| format!("#{}", md_text(&i.0)))
+                .collect();
             let _ = writeln!(
                 out,
                 "{}. **{}** — {} units: {}",
                 n + 1,
-                t.key,
+                md_text(&t.key),
                 t.count,
                 ids.join(", ")
+            );
+        }
+    }
+    for (name, audit) in &c.stats.audits {
+        let _ = writeln!(
+            out,
+            "\n## What was thrown away: audit `{name}`{sim}\n\nA seeded sample of each rung's negatives, judged again independently. The miss rate is the share the judge says should have been kept, with its 95 % interval{}.\n",
+            match audit.max_miss_rate {
+                Some(r) => format!("; the answer needs at most {:.1} %", r * 100.0),
+                None => String::new(),
+            }
+        );
+        let _ = writeln!(
+            out,
+            "| rung | thrown away | judged | disagreed | miss rate | 95 % interval | missed at most | shown |\n|---|---:|---:|---:|---:|---|---:|---|"
+        );
+        for (rung, r) in &audit.rungs {
+            let m = &r.miss;
+            let _ = writeln!(
+                out,
+                "| {rung} | {} | {} | {} | {:.1} % | {:.1}–{:.1} % | {} | {} |",
+                m.population,
+                m.judged,
+                m.disagreements,
+                m.rate * 100.0,
+                m.low * 100.0,
+                m.high * 100.0,
+                m.missed_at_most(),
+                match r.proven {
+                    Some(true) => "yes",
+                    Some(false) => "**no**",
+                    None => "-",
+                }
+            );
+        }
+        for (rung, r) in &audit.rungs {
+            if !r.disagreeing.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "\n- `{rung}` disagreements: {}",
+                    r.disagreeing
+                        .iter()
+                        .map(|i| md_text(i))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+        }
+        if let Some(to) = &audit.escalate {
+            let _ = writeln!(
+                out,
+                "- {} disagreements were sent to `{to}` and judged there; {} judge calls",
+                audit.escalated, audit.calls
             );
         }
     }
@@ -184,14 +292,32 @@ pub fn markdown(report: &RunReport) -> String {
             .verify
             .negative_sample
             .iter()
-            .map(|i| i.0.clone())
+            .map(|i| md_text(&i.0))
             .collect();
         let _ = writeln!(out, "  - negatives to read back: {}", ids.join(", "));
     }
     if !c.verify.abstains.is_empty() {
-        let ids: Vec<String> = c.verify.abstains.iter().map(|i| i.0.clone()).collect();
+        let ids: Vec<String> = c.verify.abstains.iter().map(|i| md_text(&i.0)).collect();
         let _ = writeln!(out, "  - abstains to read back: {}", ids.join(", "));
     }
     let _ = writeln!(out, "\nRun `{}`.", report.run_id);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_text_shows_as_written() {
+        let t = md_text("![x](javascript:alert(1)) <img src=x onerror=y> *bold*\n## h");
+        assert!(!t.contains("!["), "{t}");
+        assert!(t.contains("\\<img") && !t.contains(" <img"), "{t}");
+        assert!(t.contains("\\*bold\\*"), "{t}");
+        assert!(!t.contains('\n'), "{t}");
+        assert!(safe_link("https://github.com/o/r/issues/1"));
+        assert!(!safe_link("javascript:alert(1)"));
+        assert!(!safe_link("https://x.test/a) [y](javascript:z"));
+        assert!(!safe_link("data:text/html,hi"));
+    }
 }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use fanfold_core::spec::{BackendSpec, ContractSpec, Execution, ReducerKind, Spec, StageSpec};
+use fanfold_core::spec::{BackendSpec, ContractSpec, Execution, ReducerKind, Spec};
 use fanfold_core::{ContentHash, StableHash};
 use fanfold_ops::embed::EmbedSpecError;
 use fanfold_ops::map::MapSpecError;
@@ -125,11 +125,13 @@ impl Plan {
                     decl.name()
                 )));
             }
-            let project = match decl {
-                StageSpec::Map(s) => &s.project,
-                StageSpec::Embed(s) => &s.project,
-            };
-            if let Some(expr) = project {
+            if decl.name().is_empty() {
+                return Err(invalid(format!(
+                    "a `{}` stage has no name; every stage needs one",
+                    decl.type_name()
+                )));
+            }
+            if let Some(expr) = decl.project() {
                 fanfold_ops::jq::JqProgram::compile(expr)
                     .map_err(|e| invalid(format!("stage `{}` project: {e}", decl.name())))?;
             }
@@ -142,10 +144,24 @@ impl Plan {
             stages.push(crate::stages::build(decl, &mut ctx)?);
         }
         for (at, stage) in stages.iter().enumerate() {
+            if let Some(reads) = stage.reads_negatives() {
+                check_reads(&stages, at, reads).map_err(&invalid)?;
+            }
             let Some(then) = stage.then() else {
                 continue;
             };
             let there = stages.iter().position(|s| s.name() == then);
+            // A stage that reads earlier rungs' negatives passes units back
+            // to a map stage, which may be declared before it.
+            if stage.reads_negatives().is_some() {
+                if there.is_none_or(|t| stages[t].kind() != "map") {
+                    return Err(invalid(format!(
+                        "stage `{}` escalates to `{then}`, which is not a map stage",
+                        stage.name()
+                    )));
+                }
+                continue;
+            }
             if there.is_none_or(|t| t <= at) {
                 return Err(invalid(format!(
                     "stage `{}` passes units on to `{then}`, which is not a stage declared after it",
@@ -201,6 +217,14 @@ impl Plan {
                     "reducer `{}` reads unknown stage `{st}`",
                     r.name
                 )));
+            }
+            for p in r.kind.pointers() {
+                if !p.starts_with('/') {
+                    return Err(invalid(format!(
+                        "reducer `{}` reads `{p}`, which is not a JSON pointer: write `/{p}`",
+                        r.name
+                    )));
+                }
             }
             if reducers.insert(r.name.clone(), &r.kind).is_some() {
                 return Err(invalid(format!("reducer `{}` is declared twice", r.name)));
@@ -288,6 +312,23 @@ impl Plan {
     }
 
     /// The stage a unit no prefilter rule routes goes to.
+    /// (seed, size) of each sample of the prefilter's exclusions that an
+    /// audit reads, one per seed.
+    pub fn exclusion_samples(&self) -> Vec<(u64, usize)> {
+        let mut by_seed: BTreeMap<u64, usize> = BTreeMap::new();
+        for reads in self.stages.iter().filter_map(|s| s.reads_negatives()) {
+            if reads
+                .rungs
+                .iter()
+                .any(|r| r == fanfold_core::spec::PREFILTER_RUNG)
+            {
+                let k = by_seed.entry(reads.seed).or_insert(0);
+                *k = (*k).max(reads.most);
+            }
+        }
+        by_seed.into_iter().collect()
+    }
+
     pub fn first_stage(&self) -> &str {
         self.stages.first().map(|s| s.name()).unwrap_or("")
     }
@@ -460,14 +501,14 @@ fn apply(spec: &mut Spec, o: &Overrides) -> Result<(), String> {
             ));
         }
         for stage in &mut spec.stages {
-            if let StageSpec::Map(s) = stage {
+            if let Some(s) = stage.model_turns_mut() {
                 s.backend = name.clone();
             }
         }
     }
     if let Some(e) = o.execution {
         for stage in &mut spec.stages {
-            if let StageSpec::Map(s) = stage {
+            if let Some(s) = stage.model_turns_mut() {
                 s.execution = e;
             }
         }
@@ -482,10 +523,39 @@ fn apply(spec: &mut Spec, o: &Overrides) -> Result<(), String> {
     Ok(())
 }
 
+/// An audit reads rungs that exist and run before it.
+fn check_reads(
+    stages: &[Box<dyn Stage>],
+    at: usize,
+    reads: &crate::stages::NegativeReads,
+) -> Result<(), String> {
+    let me = stages[at].name();
+    for rung in &reads.rungs {
+        if rung == fanfold_core::spec::PREFILTER_RUNG {
+            continue;
+        }
+        match stages.iter().position(|s| s.name() == rung) {
+            Some(t) if t < at && stages[t].reads_negatives().is_none() => {}
+            Some(_) => {
+                return Err(format!(
+                    "audit `{me}` reads rung `{rung}`, which is not a map or embed stage declared before it"
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "audit `{me}` reads unknown rung `{rung}`; rungs are \"{}\" or earlier stages",
+                    fanfold_core::spec::PREFILTER_RUNG
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Batch stages need a backend with a provider batch API.
 fn check_execution(spec: &Spec) -> Result<(), String> {
     for stage in &spec.stages {
-        let StageSpec::Map(s) = stage else {
+        let Some(s) = stage.model_turns() else {
             continue;
         };
         if s.execution != Execution::Batch {

@@ -7,7 +7,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use fanfold_core::Status;
-use fanfold_core::spec::{BudgetSpec, ContractSpec};
+use fanfold_core::spec::{BreakerSpec, BudgetSpec, ContractSpec};
 use fanfold_model::{BatchLedger, CallError, Completion, DecisionField, Job, Request, Usage};
 use fanfold_ops::contract::{Controller, StopReason};
 use fanfold_ops::map::{Interpreted, MapStage};
@@ -165,6 +165,37 @@ struct State {
     /// Units the backend never finished (it returned early).
     leftovers: Vec<(usize, UnitResult)>,
     stop: Option<StopReason>,
+    guard: Guard,
+}
+
+/// Calls that must fail the same way, before any succeeds, to stop a
+/// stage whatever its breaker says: enough to tell a revoked key or a dead
+/// endpoint from bad luck, few enough that little is paid for it.
+pub const FAIL_FAST_CALLS: usize = 3;
+
+/// What the breaker has seen of a stage's first units.
+#[derive(Default)]
+struct Guard {
+    spec: Option<BreakerSpec>,
+    /// Table index -> the decision a canary must get.
+    canaries: HashMap<usize, String>,
+    /// Units finished inside the window, and how many of them failed.
+    watched: u32,
+    errors: u32,
+    /// Canaries judged wrongly: (unit id, expected, got).
+    canary_failures: Vec<(String, String, String)>,
+    /// The kinds of the first calls, while none has succeeded.
+    first_failures: Vec<String>,
+    succeeded: bool,
+}
+
+/// How a call failed, as the fail-fast rule compares failures: the error's
+/// code, and the status of an HTTP error.
+fn failure_kind(e: &CallError) -> String {
+    match e {
+        CallError::Http { status, .. } => format!("http_status {status}"),
+        e => e.code().to_owned(),
+    }
 }
 
 pub struct StageJob<'a> {
@@ -223,9 +254,112 @@ impl<'a> StageJob<'a> {
                 usage: HashMap::new(),
                 leftovers: Vec::new(),
                 stop: None,
+                guard: Guard::default(),
             }),
             slot_free: Condvar::new(),
         }
+    }
+
+    /// Watches the stage's first units with `breaker`, and checks the
+    /// canaries among them (table index -> expected decision).
+    pub fn set_guard(&mut self, breaker: Option<BreakerSpec>, canaries: HashMap<usize, String>) {
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        state.guard.spec = breaker;
+        state.guard.canaries = canaries;
+    }
+
+    /// Canaries judged wrongly: (unit id, expected, got).
+    pub fn canary_failures(&self) -> Vec<(String, String, String)> {
+        self.lock().guard.canary_failures.clone()
+    }
+
+    /// Records one call's outcome for the fail-fast rule; the reason to
+    /// stop, if this call is the last of the first calls that all failed
+    /// the same way.
+    fn watch_call(&self, state: &mut State, failure: Option<String>) -> Option<String> {
+        let g = &mut state.guard;
+        match failure {
+            None => {
+                g.succeeded = true;
+                None
+            }
+            Some(_) if g.succeeded => None,
+            Some(kind) => {
+                g.first_failures.push(kind);
+                let same = g.first_failures.len() == FAIL_FAST_CALLS
+                    && g.first_failures.windows(2).all(|w| w[0] == w[1]);
+                same.then(|| {
+                    format!(
+                        "its first {FAIL_FAST_CALLS} calls all failed with {}",
+                        g.first_failures[0]
+                    )
+                })
+            }
+        }
+    }
+
+    /// Records one finished unit against the declared breaker; the reason
+    /// to stop, if the window has seen more failures than it allows.
+    fn watch_unit(
+        &self,
+        state: &mut State,
+        index: usize,
+        unit_id: &str,
+        r: &UnitResult,
+    ) -> Option<String> {
+        let g = &mut state.guard;
+        if let Some(expect) = g.canaries.get(&index) {
+            let got = match (&r.interpreted, r.status) {
+                (Some(i), _) if r.status != Status::Error => i.decision.clone().unwrap_or_default(),
+                _ => r.status.as_str().to_owned(),
+            };
+            if &got != expect {
+                g.canary_failures
+                    .push((unit_id.to_owned(), expect.clone(), got));
+            }
+        }
+        let spec = g.spec.as_ref()?;
+        if g.watched >= spec.window {
+            return None;
+        }
+        g.watched += 1;
+        if r.status == Status::Error {
+            g.errors += 1;
+        }
+        if g.canary_failures.len() as u32 > spec.max_canary_failures {
+            let list: Vec<String> = g
+                .canary_failures
+                .iter()
+                .map(|(id, want, got)| format!("{id} expected {want}, got {got}"))
+                .collect();
+            return Some(format!(
+                "{} canaries judged wrongly ({}; at most {} allowed)",
+                g.canary_failures.len(),
+                list.join("; "),
+                spec.max_canary_failures
+            ));
+        }
+        let allowed = (spec.max_error_rate * f64::from(spec.window)).floor() as u32;
+        (g.errors > allowed).then(|| {
+            format!(
+                "{} of its first {} units failed (at most {allowed} of {} allowed)",
+                g.errors, g.watched, spec.window
+            )
+        })
+    }
+
+    /// Stops the stage: every queued unit, retries included, ends not_run.
+    fn trip(&self, state: &mut State, detail: String) -> Vec<(usize, UnitResult)> {
+        if state.stop.is_some() {
+            return Vec::new();
+        }
+        tracing::warn!(stage = %self.stage.name(), %detail, "breaker tripped");
+        let ended = self.drain_unopened(state, Status::NotRun, &format!("breaker: {detail}"));
+        state.stop = Some(StopReason::BreakerTripped {
+            stage: self.stage.name().to_owned(),
+            detail,
+        });
+        ended
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -516,6 +650,11 @@ impl Job for StageJob<'_> {
                 return;
             }
             let truncated_tokens = result.as_ref().map_or(0, |c| c.truncated_tokens);
+            let call_failure = result.as_ref().err().map(failure_kind);
+            let unit_id = req.unit_id.clone();
+            let mut tripped = self
+                .watch_call(&mut state, call_failure)
+                .map(|detail| (detail, Vec::new()));
             let failure = match result {
                 Ok(c) => match self
                     .stage
@@ -526,7 +665,7 @@ impl Job for StageJob<'_> {
                 },
                 Err(e) => Err(format!("{}: {e}", e.code())),
             };
-            match failure {
+            let finished = match failure {
                 Ok(i) => Some(self.finish_unit(
                     &mut state,
                     req.index,
@@ -566,10 +705,27 @@ impl Job for StageJob<'_> {
                         truncated_tokens: 0,
                     },
                 )),
+            };
+            if tripped.is_none()
+                && let Some((i, r)) = &finished
+                && let Some(detail) = self.watch_unit(&mut state, *i, &unit_id, r)
+            {
+                tripped = Some((detail, Vec::new()));
             }
+            if let Some((detail, ended)) = &mut tripped {
+                *ended = self.trip(&mut state, detail.clone());
+            }
+            (
+                finished,
+                tripped.map(|(_, ended)| ended).unwrap_or_default(),
+            )
         };
+        let (finished, ended) = finished;
         if let Some((i, r)) = finished {
             (self.on_finish)(i, &r);
+        }
+        for (i, r) in &ended {
+            (self.on_finish)(*i, r);
         }
     }
 }

@@ -43,6 +43,12 @@ pub struct RunStats {
     /// What each embed stage did.
     #[serde(default)]
     pub embed: BTreeMap<String, EmbedStats>,
+    /// What each audit stage measured of the rungs it checked.
+    #[serde(default)]
+    pub audits: BTreeMap<String, crate::stages::audit::AuditReport>,
+    /// What each map stage's canaries showed, when it sent any.
+    #[serde(default)]
+    pub canaries: BTreeMap<String, crate::stages::map::CanaryReport>,
     /// The process's peak resident memory when the certificate was
     /// written (Linux `VmHWM`), in KiB; absent where the OS does not say.
     #[serde(default)]

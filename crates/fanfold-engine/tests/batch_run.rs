@@ -113,6 +113,7 @@ fn user_message(body: &Value) -> Option<(String, Value)> {
         .find(|m| m["role"] == "user")?["content"]
         .as_str()?;
     let (id, _) = content.strip_prefix("Record ")?.split_once(':')?;
+    let id = id.trim_matches('"');
     let (_, rest) = content.split_once("```json\n")?;
     let (record, _) = rest.rsplit_once("\n```")?;
     Some((id.to_owned(), serde_json::from_str(record).ok()?))

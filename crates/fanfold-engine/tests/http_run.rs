@@ -141,6 +141,7 @@ impl Mock {
 /// (`Record ID:` then the record in a json fence).
 fn parse_user(content: &str) -> Option<(String, Value)> {
     let (id, _) = content.strip_prefix("Record ")?.split_once(':')?;
+    let id = id.trim_matches('"');
     let (_, rest) = content.split_once("```json\n")?;
     let (record, _) = rest.rsplit_once("\n```")?;
     Some((id.to_owned(), serde_json::from_str(record).ok()?))

@@ -34,6 +34,10 @@ const RETRY_TEMPERATURE: f32 = 0.7;
 /// Marks where the unit goes in the templated prompt.
 const UNIT_SENTINEL: &str = "\u{1}FANFOLD_UNIT\u{1}";
 
+/// Most slots one job may use: llama.cpp holds at most 256 sequences, and
+/// one of them is the shared prefix.
+pub const MAX_SLOTS: usize = 255;
+
 #[derive(Clone, Debug)]
 pub struct LlamaConfig {
     pub model_path: PathBuf,
@@ -184,10 +188,18 @@ impl EmbeddedModel {
     }
 
     /// Runs a job and returns what it measured.
+    ///
+    /// Fails before loading anything into a context when the job asks for
+    /// more slots than llama.cpp can hold as sequences.
     pub fn run_job(&self, job: &dyn Job) -> Result<JobStats, BackendError> {
         let setup = |e: String| BackendError::Setup(e);
         let backend = backend().map_err(|e| setup(e.to_string()))?;
         let slots = job.slots().max(1);
+        if slots > MAX_SLOTS {
+            return Err(setup(format!(
+                "{slots} slots: the embedded model holds at most {MAX_SLOTS} (llama.cpp keeps one sequence for the shared prefix and at most 256 in all)"
+            )));
+        }
         let vocab = self.model.vocab();
         let (prefix_text, tail_text) = self.template(job.prefix());
         let prefix = vocab.tokenize(prefix_text.as_bytes(), vocab.should_add_bos(), true);

@@ -22,6 +22,9 @@ pub enum StopReason {
         limit: u64,
         used: u64,
     },
+    /// A stage's breaker stopped it: its first units failed, or judged
+    /// canaries wrongly, past what the stage allows.
+    BreakerTripped { stage: String, detail: String },
 }
 
 impl StopReason {
@@ -30,6 +33,7 @@ impl StopReason {
             StopReason::Completed => "completed",
             StopReason::ContractSatisfied { .. } => "contract_satisfied",
             StopReason::BudgetExhausted { .. } => "budget_exhausted",
+            StopReason::BreakerTripped { .. } => "breaker_tripped",
         }
     }
 }

@@ -5,6 +5,7 @@
 //! They read no files, open no store and call no model; the engine hands them
 //! bytes and values and persists what they return.
 
+pub mod audit;
 pub mod contract;
 pub mod embed;
 pub mod fold;

@@ -48,6 +48,12 @@ impl Coverage {
     }
 }
 
+/// The UTF-8 byte order mark some tools write before the first byte.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// The deepest nesting serde_json parses.
+const MAX_DEPTH: usize = 128;
+
 #[derive(Debug, thiserror::Error)]
 pub enum PartitionError {
     #[error(
@@ -135,6 +141,19 @@ struct Assigner<'a> {
 }
 
 impl<'a> Assigner<'a> {
+    /// An element that cannot become a unit, counted and explained.
+    fn reject(&mut self, bytes: ByteRange, reason: &str, detail: String) -> Element {
+        let ordinal = self.coverage.elements;
+        self.coverage.elements += 1;
+        self.coverage.rejected += 1;
+        Element::Rejected(Rejection {
+            ordinal,
+            bytes,
+            reason: reason.to_owned(),
+            detail: format!("element {ordinal}: {detail}"),
+        })
+    }
+
     fn element(
         &mut self,
         value: Value,
@@ -424,7 +443,9 @@ pub fn partition_reader(
             lines(reader, start.as_ref(), &mut assigner, emit)?
         }
     }
-    if assigner.coverage.elements == 0 {
+    // An empty array is an answer (`gh` found nothing); an input with no
+    // records at all is more likely a mistake.
+    if assigner.coverage.elements == 0 && !matches!(spec, PartitionSpec::JsonArray { .. }) {
         return Err(PartitionError::Empty);
     }
     Ok(assigner.coverage)
@@ -488,7 +509,7 @@ fn json_array(
         }
         i
     };
-    let mut i = skip_ws(0);
+    let mut i = skip_ws(if bytes.starts_with(BOM) { BOM.len() } else { 0 });
     if i == bytes.len() {
         return Err(PartitionError::Empty);
     }
@@ -510,17 +531,29 @@ fn json_array(
         let start = i;
         let end = scan_value(bytes, start).map_err(|(at, why)| malformed(at, why))?;
         let slice = &bytes[start..end];
-        let value: Value =
-            serde_json::from_slice(slice).map_err(|e| malformed_json(bytes, start, &e))?;
-        let canonical = unit_hash(&value);
-        emit(assigner.element(
-            value,
-            ByteRange {
-                start: start as u64,
-                end: end as u64,
-            },
-            canonical,
-        )?);
+        let range = ByteRange {
+            start: start as u64,
+            end: end as u64,
+        };
+        match serde_json::from_slice::<Value>(slice) {
+            Ok(value) => {
+                let canonical = unit_hash(&value);
+                emit(assigner.element(value, range, canonical)?);
+            }
+            // Valid JSON nested past the parser's depth limit: that one
+            // record is rejected, the rest stand.
+            Err(e) if e.to_string().contains("recursion limit") => {
+                emit(assigner.reject(
+                    range,
+                    "too_deep",
+                    format!(
+                        "element at bytes {start}..{end} (line {}) is nested more than {MAX_DEPTH} levels deep",
+                        line_of(bytes, start)
+                    ),
+                ));
+            }
+            Err(e) => return Err(malformed_json(bytes, start, &e)),
+        }
         i = skip_ws(end);
         match bytes.get(i) {
             Some(b',') => i = skip_ws(i + 1),
@@ -1348,7 +1381,14 @@ pub mod fast_jsonl {
     enum Candidate<T> {
         TooLarge,
         MissingKey,
-        Ready { id: String, extra: T },
+        /// The input's last line, without a line end, does not parse.
+        Truncated {
+            detail: String,
+        },
+        Ready {
+            id: String,
+            extra: T,
+        },
     }
 
     struct ParsedChunk<T> {
@@ -1401,21 +1441,43 @@ pub mod fast_jsonl {
                 let at = pos;
                 pos = end;
                 out.lines += 1;
-                let body = trim_line(&data[at..end]);
+                let mut body = trim_line(&data[at..end]);
+                // A UTF-8 byte order mark before the first line is not data.
+                let mut at = at;
+                if base == 0 && at == 0 && body.starts_with(super::BOM) {
+                    body = &body[super::BOM.len()..];
+                    at = super::BOM.len();
+                }
                 if body.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
                 let start = base + at as u64;
+                let bytes = ByteRange {
+                    start,
+                    end: start + body.len() as u64,
+                };
                 match self.line(body, start, out.lines, per_unit) {
                     Ok((hash, candidate)) => out.items.push(Parsed {
                         at,
-                        bytes: ByteRange {
-                            start,
-                            end: start + body.len() as u64,
-                        },
+                        bytes,
                         hash,
                         candidate,
                     }),
+                    // A last line with no line end that does not parse was
+                    // cut off (a killed writer, a full disk): that record
+                    // is rejected, the rest stand.
+                    Err(PartitionError::Malformed { detail, line, .. })
+                        if end == data.len() && data.last() != Some(&b'\n') =>
+                    {
+                        out.items.push(Parsed {
+                            at,
+                            bytes,
+                            hash: ContentHash::of_bytes(body),
+                            candidate: Candidate::Truncated {
+                                detail: format!("line {line}: {detail}"),
+                            },
+                        });
+                    }
                     Err(e) => {
                         out.error = Some(e);
                         break;
@@ -1879,6 +1941,13 @@ pub mod fast_jsonl {
                     );
                     return Ok(reject("missing_key", detail));
                 }
+                Candidate::Truncated { detail } => {
+                    let detail = format!(
+                        "element {ordinal} at bytes {}..{}, the last line, has no line end and does not parse ({detail}); it was cut off",
+                        bytes.start, bytes.end
+                    );
+                    return Ok(reject("truncated_line", detail));
+                }
                 Candidate::Ready { id, extra } => (id, extra),
             };
             let id = match self.key {
@@ -2240,11 +2309,15 @@ mod tests {
 
     #[test]
     fn empty_and_non_utf8_inputs_are_clear_errors() {
-        for src in [&b""[..], b"   \n", b"[]"] {
+        for src in [&b""[..], b"   \n"] {
             let err = partition_all(&json_array_spec(), src, PartitionOptions::default())
                 .expect_err("fails");
             assert!(matches!(err, PartitionError::Empty), "{err}");
         }
+        // An empty array is no records, not a mistake.
+        let empty = partition_all(&json_array_spec(), b"[]", PartitionOptions::default())
+            .expect("an empty array partitions");
+        assert_eq!(empty.2.elements, 0);
         let bad = b"[{\"number\": 1, \"t\": \"caf\xe9\"}]";
         let err =
             partition_all(&json_array_spec(), bad, PartitionOptions::default()).expect_err("fails");

@@ -47,6 +47,10 @@ pub enum StoreError {
     Version { path: String, found: String },
     #[error("store {path}: record does not decode: {detail}")]
     Decode { path: String, detail: String },
+    #[error(
+        "{path} is an SQLite file of another application (it has tables and no fanfold schema); refusing to change it: give --store a new or empty file"
+    )]
+    Foreign { path: String },
     #[error("refusing to cache a `{status}` fact: only decided answers are cached")]
     NotCacheable { status: String },
 }
@@ -138,6 +142,10 @@ pub struct Store {
     path: PathBuf,
 }
 
+/// SQLite's application id of a fanfold store ("fanf"), so `file` and a
+/// later `open` can tell it from another application's database.
+pub const APPLICATION_ID: i64 = 0x6661_6E66;
+
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -219,6 +227,25 @@ impl Store {
             let _ = std::fs::create_dir_all(dir);
         }
         let conn = Connection::open(path).map_err(sql)?;
+        // Another application's database is left exactly as it was: no
+        // WAL switch, no tables. An empty file, or one of ours, goes on.
+        let app: i64 = conn
+            .pragma_query_value(None, "application_id", |r| r.get(0))
+            .map_err(sql)?;
+        if app != APPLICATION_ID {
+            let tables: i64 = conn
+                .query_row("SELECT COUNT(*) FROM sqlite_master", [], |r| r.get(0))
+                .map_err(sql)?;
+            let ours = tables == 0
+                || conn
+                    .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
+                        r.get::<_, String>(0)
+                    })
+                    .is_ok_and(|v| v.starts_with("fanfold-store"));
+            if !ours {
+                return Err(StoreError::Foreign { path: p });
+            }
+        }
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(sql)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
@@ -226,6 +253,10 @@ impl Store {
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .map_err(sql)?;
         conn.execute_batch(SCHEMA).map_err(sql)?;
+        if app != APPLICATION_ID {
+            conn.pragma_update(None, "application_id", APPLICATION_ID)
+                .map_err(sql)?;
+        }
         let found: Option<String> = conn
             .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
                 r.get(0)
@@ -951,6 +982,41 @@ impl Store {
 mod tests {
     use super::*;
     use fanfold_core::{Cost, FACT_SCHEMA, ModelParams, Status, UnitId};
+
+    #[test]
+    fn another_applications_database_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notes.sqlite");
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch("CREATE TABLE meta (key TEXT, value TEXT); CREATE TABLE notes (x);")
+                .unwrap();
+        }
+        let before = std::fs::read(&path).unwrap();
+        let err = Store::open(&path).err().expect("refused");
+        assert!(matches!(err, StoreError::Foreign { .. }), "{err}");
+        assert!(err.to_string().contains("another application"), "{err}");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "not one byte changed"
+        );
+        assert!(
+            !dir.path().join("notes.sqlite-wal").exists(),
+            "no switch to WAL"
+        );
+
+        // An empty file becomes a store, and a store opens again.
+        let empty = dir.path().join("empty.sqlite");
+        std::fs::write(&empty, b"").unwrap();
+        drop(Store::open(&empty).unwrap());
+        drop(Store::open(&empty).unwrap());
+        let c = Connection::open(&empty).unwrap();
+        let id: i64 = c
+            .pragma_query_value(None, "application_id", |r| r.get(0))
+            .unwrap();
+        assert_eq!(id, APPLICATION_ID);
+    }
 
     fn fact(status: Status) -> FactRecord {
         FactRecord {

@@ -97,6 +97,11 @@ pub fn incomplete(
             "budget {budget} exhausted ({used} of {limit}): the units it left are not_run"
         ));
     }
+    if let StopReason::BreakerTripped { stage, detail } = stop {
+        why.push(format!(
+            "stage `{stage}` stopped itself: {detail}; the units it left are not_run"
+        ));
+    }
     if statuses.error > 0 {
         why.push(format!("{} units ended in error", statuses.error));
     }
@@ -122,9 +127,8 @@ pub fn incomplete(
             coverage.elements
         ));
     }
-    if coverage.units == 0 {
-        why.push("the input has no units to judge".into());
-    }
+    // No elements at all (an empty array) is an empty, whole answer;
+    // elements that all failed to become units are counted above.
     why
 }
 

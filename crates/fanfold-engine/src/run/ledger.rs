@@ -2,10 +2,10 @@
 //! the moment it exists (so a killed run keeps everything decided before
 //! the kill), and the one place the stopping controller learns of it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
-use fanfold_core::{Cost, FactRecord};
+use fanfold_core::{Cost, FactRecord, Status};
 use fanfold_ops::contract::Controller;
 use fanfold_store::{Store, StoreError};
 use serde_json::Value;
@@ -25,8 +25,8 @@ pub enum Origin {
 struct State {
     /// (table position, fact), in the order decided.
     facts: Vec<(usize, FactRecord)>,
-    /// Table positions with a fact, by stage.
-    seen: HashMap<String, HashSet<usize>>,
+    /// The status of each table position with a fact, by stage.
+    seen: HashMap<String, HashMap<usize, Status>>,
     calls: u64,
     cost: Cost,
     recomputed: Vec<String>,
@@ -76,10 +76,34 @@ impl<'a> FactLedger<'a> {
     }
 
     pub fn has(&self, index: usize, stage: &str) -> bool {
+        self.status(index, stage).is_some()
+    }
+
+    /// The status of unit `index`'s fact at `stage`, if it has one.
+    pub fn status(&self, index: usize, stage: &str) -> Option<Status> {
         self.lock()
             .seen
             .get(stage)
-            .is_some_and(|s| s.contains(&index))
+            .and_then(|s| s.get(&index))
+            .copied()
+    }
+
+    /// Table positions of the units `stage` ended as negative, in table
+    /// order.
+    pub fn negatives_of(&self, stage: &str) -> Vec<usize> {
+        let mut out: Vec<usize> = self
+            .lock()
+            .seen
+            .get(stage)
+            .map(|s| {
+                s.iter()
+                    .filter(|&(_, &st)| st == Status::Negative)
+                    .map(|(&i, _)| i)
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort_unstable();
+        out
     }
 
     /// Records the fact of unit `index`; a second fact for the same unit
@@ -87,11 +111,11 @@ impl<'a> FactLedger<'a> {
     pub fn record(&self, index: usize, fact: FactRecord, origin: Origin) {
         let mut state = self.lock();
         let first = match state.seen.get_mut(&fact.stage) {
-            Some(s) => s.insert(index),
+            Some(s) => s.insert(index, fact.status).is_none(),
             None => {
                 state
                     .seen
-                    .insert(fact.stage.clone(), HashSet::from([index]));
+                    .insert(fact.stage.clone(), HashMap::from([(index, fact.status)]));
                 true
             }
         };

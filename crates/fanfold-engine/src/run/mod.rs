@@ -15,7 +15,7 @@ pub mod ledger;
 pub mod route;
 pub mod verify;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 
 use fanfold_core::spec::{BudgetSpec, ContractSpec};
@@ -31,7 +31,9 @@ use crate::plan::{Plan, Routing};
 use crate::queue::BudgetPool;
 use crate::report::{Answer, Certificate, RunReport, RunSettingsReport, RunStats};
 use crate::source::Source;
-use crate::stages::{Backends, StageContext, embed::Embedders};
+use crate::stages::{
+    Backends, NegativeReads, Negatives, RungUnits, StageContext, embed::Embedders,
+};
 
 use ledger::FactLedger;
 
@@ -119,6 +121,9 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         .clone()
         .or_else(|| plan.default_source())
         .ok_or(RunError::NoInput)?;
+    if let Some(dir) = &opts.out_dir {
+        crate::output::check_writable(dir)?;
+    }
     let store = Store::open(&opts.store_path)?;
     let mut phases = Phases::start();
 
@@ -127,7 +132,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     phases.mark("source");
 
     // Route: partition and prefilter, streamed from the stored artifact.
-    let run_id = format!("run-{}-{}", fanfold_store::now_ms(), artifact.hash.short(8));
+    let run_id = new_run_id(&artifact.hash);
     store.begin_run(&run_id, &spec.name, &plan.spec_hash, &artifact.hash)?;
     let options = route::stream_options(opts.max_unit_bytes, opts.partition_threads);
     let routed = route::route(
@@ -178,41 +183,77 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     // What each stage received: from the prefilter, or passed on by a stage
     // in front of it.
     let mut received: BTreeMap<String, u64> = BTreeMap::new();
-    for stage in &plan.stages {
-        let Some(units) = queued.remove(stage.name()) else {
-            continue;
-        };
-        received.insert(stage.name().to_owned(), units.len() as u64);
-        let mut ctx = StageContext {
-            spec,
-            spec_dir: &plan.spec_dir,
-            store: &store,
-            run_id: &run_id,
-            table: &routed.table,
-            slots: opts.slots.max(1),
-            budget: &budget,
-            ledger: &ledger,
-            backends: &mut backends,
-            embedders: &mut embedders,
-            progress,
-            stats: &mut stats,
-        };
-        let outcome = stage.run(&mut ctx, units)?;
-        if let Some(s) = outcome.stop
-            && stop == StopReason::Completed
-        {
-            stop = s;
+    // Units an audit sent back, and the stage it sent them to.
+    let mut escalated: HashMap<usize, String> = HashMap::new();
+    // The first pass runs every stage in spec order; an audit runs once,
+    // there. Units it sends back to an earlier stage run in a second pass,
+    // which only moves units forward, so it is the last.
+    for pass in 0..2 {
+        for stage in &plan.stages {
+            let reads = stage.reads_negatives();
+            let units = match reads {
+                Some(_) if pass > 0 => continue,
+                Some(_) => Vec::new(),
+                None => match queued.remove(stage.name()) {
+                    Some(units) if !units.is_empty() => units,
+                    _ => continue,
+                },
+            };
+            if reads.is_none() {
+                *received.entry(stage.name().to_owned()).or_insert(0) += units.len() as u64;
+            }
+            let negatives = match reads {
+                Some(reads) => negatives_for(reads, &ledger, &routed),
+                None => Negatives::default(),
+            };
+            let mut ctx = StageContext {
+                spec,
+                spec_dir: &plan.spec_dir,
+                store: &store,
+                run_id: &run_id,
+                table: &routed.table,
+                slots: opts.slots.max(1),
+                budget: &budget,
+                ledger: &ledger,
+                backends: &mut backends,
+                embedders: &mut embedders,
+                progress,
+                stats: &mut stats,
+                negatives: &negatives,
+            };
+            let outcome = stage.run(&mut ctx, units)?;
+            if let Some(s) = outcome.stop
+                && stop == StopReason::Completed
+            {
+                stop = s;
+            }
+            if let Some(then) = stage.then() {
+                if reads.is_some() {
+                    escalated.extend(outcome.passed.iter().map(|&i| (i, then.to_owned())));
+                }
+                let next = queued.entry(then.to_owned()).or_default();
+                next.extend(outcome.passed);
+                next.sort_unstable();
+            }
+            phases.mark(&format!("{}:{}", stage.kind(), stage.name()));
         }
-        if let Some(then) = stage.then() {
-            let next = queued.entry(then.to_owned()).or_default();
-            next.extend(outcome.passed);
-            next.sort_unstable();
+        if queued.values().all(Vec::is_empty) {
+            break;
         }
-        phases.mark(&format!("{}:{}", stage.kind(), stage.name()));
     }
     let (mut facts, mut totals) = ledger.into_parts();
-    stats.model_calls = totals.calls;
-    stats.cost = totals.cost;
+    // An escalated unit's answer is the stage it was escalated to; the
+    // negative that sent it to the audit is kept in the store, not folded.
+    if !escalated.is_empty() {
+        let answered: HashSet<usize> = facts
+            .iter()
+            .filter(|(i, f)| escalated.get(i) == Some(&f.stage))
+            .map(|(i, _)| *i)
+            .collect();
+        facts.retain(|(i, f)| !answered.contains(i) || escalated.get(i) == Some(&f.stage));
+    }
+    stats.model_calls += totals.calls;
+    stats.cost.add(&totals.cost);
     stats.recomputed_units = std::mem::take(&mut totals.recomputed);
     stats.truncated_units = facts.iter().filter(|(_, f)| f.truncated_tokens > 0).count() as u64;
 
@@ -244,6 +285,9 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         &routed.rejected_by_reason,
         answered.reached,
     );
+    for (name, audit) in &stats.audits {
+        incomplete.extend(audit.shortfalls(name));
+    }
     // Units pruned before a bound was broken were pruned on a false proof.
     if !totals.violations.is_empty() && statuses.cancelled > 0 {
         incomplete.push(format!(
@@ -368,6 +412,48 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     Ok(report)
 }
 
+/// A run id unique across processes sharing a store: the time, the
+/// source, this process and a count within it.
+fn new_run_id(source: &ContentHash) -> String {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!(
+        "run-{}-{}-{}-{n}",
+        fanfold_store::now_ms(),
+        source.short(8),
+        std::process::id()
+    )
+}
+
+/// What the rungs an audit reads threw away, so far in this run.
+fn negatives_for(
+    reads: &NegativeReads,
+    ledger: &FactLedger<'_>,
+    routed: &route::Routed,
+) -> Negatives {
+    let mut out = Negatives::new();
+    for rung in &reads.rungs {
+        let units = if rung == fanfold_core::spec::PREFILTER_RUNG {
+            RungUnits {
+                population: routed.excluded_by_reason.values().sum(),
+                units: routed
+                    .excluded_samples
+                    .get(&reads.seed)
+                    .cloned()
+                    .unwrap_or_default(),
+            }
+        } else {
+            let units = ledger.negatives_of(rung);
+            RungUnits {
+                population: units.len() as u64,
+                units,
+            }
+        };
+        out.insert(rung.clone(), units);
+    }
+    out
+}
+
 fn leaf_of(f: &FactRecord) -> Leaf {
     Leaf {
         unit_id: f
@@ -463,4 +549,19 @@ pub fn explain_routing(
         }
     }
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn run_ids_are_unique_within_a_millisecond() {
+        let h = fanfold_core::ContentHash::of_bytes(b"s");
+        let ids: std::collections::HashSet<String> =
+            (0..1000).map(|_| super::new_run_id(&h)).collect();
+        assert_eq!(ids.len(), 1000);
+        assert!(
+            ids.iter()
+                .all(|i| i.contains(&std::process::id().to_string()))
+        );
+    }
 }

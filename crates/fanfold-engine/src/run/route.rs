@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use fanfold_core::spec::PrefilterRule;
 use fanfold_core::{ContentHash, StableHash, Unit, UnitId};
+use fanfold_ops::audit::{BottomK, sample_rank};
 use fanfold_ops::partition::{
     CompactSeen, ConfirmRepeat, Coverage, PartitionError, PartitionOptions, SeenIds, SeenKeys,
     StreamOptions, Streamed, UnitView,
@@ -91,6 +92,10 @@ pub struct Routed {
     /// The first rejections in full.
     pub rejections: Vec<String>,
     pub excluded_by_reason: BTreeMap<String, u64>,
+    /// Seed -> table positions of the prefilter's exclusions sampled for
+    /// an audit with that seed, in sample order. Held in the table, but
+    /// routed to no stage.
+    pub excluded_samples: BTreeMap<u64, Vec<usize>>,
     /// The store's ids of the partition and prefilter, when written.
     pub partition_id: Option<i64>,
     pub prefilter_id: Option<i64>,
@@ -162,10 +167,15 @@ struct Sink<'a> {
     first_stage: &'a str,
     /// Units each rule excluded, by rule index.
     excluded: Vec<u64>,
+    /// Seeded samples of the excluded units, for audits.
+    samplers: Vec<(u64, BottomK<SampledUnit>)>,
     routed: Routed,
     /// The first failure; the source stops being read once it is set.
     failed: Option<RunError>,
 }
+
+/// An excluded unit kept for an audit's sample, with its JSON text.
+type SampledUnit = (Unit, Box<[u8]>);
 
 /// What a prefilter rule does with a unit it matches.
 enum Action {
@@ -253,6 +263,11 @@ pub fn route(
     let sink = RefCell::new(Sink {
         writer,
         excluded: vec![0; actions.len()],
+        samplers: plan
+            .exclusion_samples()
+            .into_iter()
+            .map(|(seed, k)| (seed, BottomK::new(k)))
+            .collect(),
         actions,
         first_stage,
         routed: Routed {
@@ -262,6 +277,7 @@ pub fn route(
             rejected_by_reason: BTreeMap::new(),
             rejections: Vec::new(),
             excluded_by_reason: BTreeMap::new(),
+            excluded_samples: BTreeMap::new(),
             partition_id: ids.map(|(p, _)| p),
             prefilter_id: ids.map(|(_, f)| f),
         },
@@ -347,6 +363,14 @@ pub fn route(
                 .or_insert(0) += n;
         }
     }
+    for (seed, sampler) in std::mem::take(&mut sink.samplers) {
+        let at: Vec<usize> = sampler
+            .into_sorted()
+            .into_iter()
+            .map(|(unit, json)| sink.routed.table.push(unit, &json))
+            .collect();
+        sink.routed.excluded_samples.insert(seed, at);
+    }
     sink.routed.coverage = coverage;
     Ok(sink.routed)
 }
@@ -419,6 +443,12 @@ impl Sink<'_> {
                     None => {
                         if let Some(n) = rule.and_then(|r| self.excluded.get_mut(r)) {
                             *n += 1;
+                        }
+                        for (seed, sampler) in &mut self.samplers {
+                            let rank = sample_rank(*seed, &unit.unit_hash);
+                            if sampler.would_keep(rank, unit.ordinal) {
+                                sampler.offer(rank, unit.ordinal, (unit.clone(), json.into()));
+                            }
                         }
                         Some(unit)
                     }

@@ -25,6 +25,85 @@ use crate::run::route::UnitTable;
 
 pub struct MapRunner {
     pub stage: MapStage,
+    /// Records with known decisions, mixed into the stage's first paid
+    /// units; never answers.
+    canaries: Vec<Canary>,
+}
+
+/// A record whose decision is known, from the stage's canary file.
+#[derive(Clone, Debug)]
+struct Canary {
+    id: String,
+    record: Value,
+    expect: String,
+}
+
+/// Reads a canary file: one `{"record": {...}, "expect": "..."}` a line,
+/// with an optional `"id"`; `expect` must be a declared decision value.
+fn read_canaries(
+    s: &MapStageSpec,
+    file: &str,
+    text: &str,
+    ctx: &BuildContext<'_>,
+) -> Result<Vec<Canary>, PlanError> {
+    let d = &s.decision;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = |detail: String| {
+            ctx.invalid(format!(
+                "stage `{}` canaries {file} line {}: {detail}",
+                s.name,
+                n + 1
+            ))
+        };
+        let v: Value = serde_json::from_str(line).map_err(|e| at(e.to_string()))?;
+        let expect = v
+            .get("expect")
+            .and_then(Value::as_str)
+            .ok_or_else(|| at("needs a string `expect`".into()))?;
+        if !d
+            .positive
+            .iter()
+            .chain(&d.negative)
+            .chain(&d.abstain)
+            .any(|x| x == expect)
+        {
+            return Err(at(format!(
+                "`expect` {expect:?} is not one of the stage's decision values"
+            )));
+        }
+        let record = v
+            .get("record")
+            .filter(|r| r.is_object())
+            .cloned()
+            .ok_or_else(|| at("needs an object `record`".into()))?;
+        let id = v
+            .get("id")
+            .and_then(|i| {
+                i.as_str()
+                    .map(str::to_owned)
+                    .or_else(|| i.as_u64().map(|n| n.to_string()))
+            })
+            .unwrap_or_else(|| format!("canary-{}", out.len() + 1));
+        out.push(Canary {
+            id,
+            record,
+            expect: expect.to_owned(),
+        });
+    }
+    Ok(out)
+}
+
+/// What a stage's canaries showed, for the certificate.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CanaryReport {
+    /// Canaries sent to the model in this run.
+    pub sent: u64,
+    /// Those judged wrongly: unit id, expected decision, what it got.
+    pub failed: Vec<(String, String, String)>,
 }
 
 impl MapRunner {
@@ -45,11 +124,28 @@ impl MapRunner {
         ctx.hashed
             .insert(format!("rubric:{}", s.name), rubric.clone());
         ctx.hashed.insert(format!("schema:{}", s.name), schema_text);
+        let canaries = match &s.canaries {
+            Some(file) => {
+                let text = ctx.read("canaries", file)?;
+                let canaries = read_canaries(s, file, &text, ctx)?;
+                ctx.hashed.insert(format!("canaries:{}", s.name), text);
+                canaries
+            }
+            None => Vec::new(),
+        };
+        if let Some(b) = &s.breaker
+            && (b.window == 0 || !(0.0..=1.0).contains(&b.max_error_rate))
+        {
+            return Err(ctx.invalid(format!(
+                "stage `{}` breaker: window must be at least 1 and max_error_rate within [0, 1]",
+                s.name
+            )));
+        }
         let stage = MapStage::new(s.clone(), rubric, schema).map_err(|source| PlanError::Map {
             path: ctx.path(),
             source,
         })?;
-        Ok(MapRunner { stage })
+        Ok(MapRunner { stage, canaries })
     }
 
     fn projector(&self) -> Result<Projector, RunError> {
@@ -265,6 +361,37 @@ impl Stage for MapRunner {
                     .then_with(|| a.unit_id.cmp(&b.unit_id))
             });
         }
+        // Canaries go among the first units the stage pays for, at seeded
+        // places, whenever it has any to pay for.
+        let first_canary = table.len();
+        let mut canary_expect: HashMap<usize, String> = HashMap::new();
+        if !pending.is_empty() {
+            let window = stage
+                .spec
+                .breaker
+                .as_ref()
+                .map_or(20, |b| b.window as usize)
+                .min(pending.len());
+            for (k, c) in self.canaries.iter().enumerate() {
+                let rank = fanfold_ops::audit::sample_rank(
+                    stage.spec.seed,
+                    &ContentHash::of_bytes(c.id.as_bytes()),
+                );
+                let at = (rank % (window as u64 + 1)) as usize;
+                pending.insert(
+                    at.min(pending.len()),
+                    Pending {
+                        index: first_canary + k,
+                        unit_id: c.id.clone(),
+                        attempt: 1,
+                        bound: None,
+                        prompt: None,
+                    },
+                );
+                canary_expect.insert(first_canary + k, c.expect.clone());
+            }
+        }
+        let canary_spend: std::sync::Mutex<Cost> = std::sync::Mutex::new(Cost::default());
         ctx.progress
             .stage_started(stage.name(), units.len() as u64, cached);
 
@@ -315,6 +442,20 @@ impl Stage for MapRunner {
             _ => None,
         };
         let finish = |i: usize, r: &UnitResult| {
+            if i >= first_canary {
+                // A canary's verdict is checked by the job; only its cost
+                // is kept.
+                let mut spend = canary_spend.lock().unwrap_or_else(|e| e.into_inner());
+                spend.add(&Cost {
+                    prompt_tokens: r.usage.prompt_tokens,
+                    cached_tokens: r.usage.cached_tokens,
+                    completion_tokens: r.usage.completion_tokens,
+                    usd: backend.cost_usd(&r.usage).unwrap_or(0.0),
+                    latency_ms: r.usage.latency_ms,
+                    calls: u64::from(r.attempts),
+                });
+                return;
+            }
             if ledger.has(i, stage.name()) {
                 return;
             }
@@ -353,12 +494,16 @@ impl Stage for MapRunner {
         // Prompts are built as units open, from the table: the queue holds
         // ids. The projection succeeded above, so it succeeds again.
         let prepare = |i: usize| -> Prompt {
-            let id = table.id(i);
-            let projected = projector
-                .project(id.as_str(), &table.value(i))
-                .unwrap_or(Value::Null);
+            let (id, value) = match i.checked_sub(first_canary) {
+                Some(k) => match self.canaries.get(k) {
+                    Some(c) => (c.id.as_str(), c.record.clone()),
+                    None => ("", Value::Null),
+                },
+                None => (table.id(i).as_str(), table.value(i)),
+            };
+            let projected = projector.project(id, &value).unwrap_or(Value::Null);
             Prompt {
-                suffix: stage.suffix(id.as_str(), &projected),
+                suffix: stage.suffix(id, &projected),
                 schema: stage.schema_for_unit(&projected),
                 input: projected,
             }
@@ -374,12 +519,15 @@ impl Stage for MapRunner {
             &prepare,
         );
         job.set_batch_ledger(&batch_ledger);
+        let canaries_sent = canary_expect.len() as u64;
+        job.set_guard(stage.spec.breaker.clone(), canary_expect);
         let price = |u: &fanfold_model::Usage| backend.cost_usd(u);
         job.set_price(&price);
         backend.run(&job).map_err(|source| RunError::Backend {
             name: stage.spec.backend.clone(),
             source,
         })?;
+        let canary_failures = job.canary_failures();
         let (results, max_in_flight, stop) = job.finish();
         // Units a backend handed back without finishing never reached the
         // callback.
@@ -391,6 +539,18 @@ impl Stage for MapRunner {
         }
         ctx.progress.stage_finished(stage.name());
         ctx.stats.max_in_flight = ctx.stats.max_in_flight.max(max_in_flight);
+        if canaries_sent > 0 {
+            let spend = canary_spend.into_inner().unwrap_or_else(|e| e.into_inner());
+            ctx.stats.model_calls += spend.calls;
+            ctx.stats.cost.add(&spend);
+            let report = ctx
+                .stats
+                .canaries
+                .entry(stage.name().to_owned())
+                .or_default();
+            report.sent += canaries_sent;
+            report.failed.extend(canary_failures);
+        }
         Ok(StageOutcome {
             passed: Vec::new(),
             stop,

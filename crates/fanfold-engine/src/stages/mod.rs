@@ -2,6 +2,7 @@
 //! plan holds them in spec order. Adding a kind is a new file here and one
 //! line in [`build`]; `run`, `explain` and the CLI only ever see the trait.
 
+pub mod audit;
 pub mod embed;
 pub mod map;
 
@@ -61,6 +62,7 @@ pub fn build(decl: &StageSpec, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Sta
     match decl {
         StageSpec::Map(s) => Ok(Box::new(map::MapRunner::build(s, ctx)?)),
         StageSpec::Embed(s) => Ok(Box::new(embed::EmbedRunner::build(s, ctx)?)),
+        StageSpec::Audit(s) => Ok(Box::new(audit::AuditRunner::build(s, ctx)?)),
     }
 }
 
@@ -86,6 +88,33 @@ pub struct StageContext<'a> {
     pub embedders: &'a mut embed::Embedders,
     pub progress: &'a dyn Progress,
     pub stats: &'a mut RunStats,
+    /// What the earlier rungs threw away, for a stage that reads it.
+    pub negatives: &'a Negatives,
+}
+
+/// The negatives of the rungs a stage reads, by rung name.
+pub type Negatives = BTreeMap<String, RungUnits>;
+
+/// What one rung threw away.
+#[derive(Debug, Default)]
+pub struct RungUnits {
+    /// How many units the rung ended as negative.
+    pub population: u64,
+    /// Table positions of those units: all of a stage's; for the
+    /// prefilter, the seeded sample the route phase kept (its exclusions
+    /// are not held in memory).
+    pub units: Vec<usize>,
+}
+
+/// What a stage reads instead of a queue: the negatives of earlier rungs.
+#[derive(Clone, Debug)]
+pub struct NegativeReads {
+    /// `"prefilter"` or names of earlier stages.
+    pub rungs: Vec<String>,
+    /// Seeds the sample order.
+    pub seed: u64,
+    /// The most units sampled from one rung.
+    pub most: usize,
 }
 
 /// How a stage ended.
@@ -111,7 +140,7 @@ pub struct CachedCount {
 /// One operator of the plan.
 pub trait Stage: Send + Sync {
     fn name(&self) -> &str;
-    /// The kind, as the spec names it (`map`, `embed`).
+    /// The kind, as the spec names it (`map`, `embed`, `audit`).
     fn kind(&self) -> &'static str;
     /// The hash of what the stage means; part of every key of its facts.
     fn definition_hash(&self) -> ContentHash;
@@ -121,6 +150,12 @@ pub trait Stage: Send + Sync {
     }
     /// The backend this stage calls, if it calls one.
     fn backend(&self) -> Option<&str> {
+        None
+    }
+    /// The earlier rungs whose negatives this stage reads (an audit), if
+    /// it reads any; such a stage runs once, after every stage before it,
+    /// and may pass units back to an earlier stage.
+    fn reads_negatives(&self) -> Option<&NegativeReads> {
         None
     }
     /// Its lines in `fanfold explain`.
