@@ -164,6 +164,10 @@ struct RunArgs {
     /// Append every model call to a replay cassette.
     #[arg(long, value_name = "FILE")]
     record: Option<PathBuf>,
+    /// Cap the store's file at about this many bytes: a write past it
+    /// stops the run as a full disk would, before more calls are paid for.
+    #[arg(long, value_name = "BYTES")]
+    store_max_bytes: Option<u64>,
     /// Print JSON Lines envelopes (answer, certificate) instead of text.
     #[arg(long)]
     json: bool,
@@ -361,6 +365,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     opts.slots = args.slots as usize;
     opts.max_unit_bytes = args.input.max_unit_bytes;
     opts.record = args.record.clone();
+    opts.store_max_bytes = args.store_max_bytes;
     let out = args
         .out
         .clone()

@@ -1738,3 +1738,45 @@ fn one_bad_record_is_a_rejection_not_the_end_of_the_run() {
     assert_eq!(c["rejected_by_reason"]["too_deep"], 1, "{c}");
     assert_eq!(f.answer_ids(), ["1", "3"]);
 }
+
+/// A store that fills up stops the run at the first fact it cannot keep,
+/// instead of paying for every remaining unit.
+#[test]
+fn a_full_store_stops_the_calls() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    f.input(&flagged_rows(1000));
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let before = f.fact_count();
+    // A new stage version: every fact is new, and the store has room for
+    // only a few of them.
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replacen("version = 1", "version = 2", 1),
+    )
+    .expect("spec");
+    let size = std::fs::metadata(f.path("store.sqlite"))
+        .expect("store")
+        .len();
+    let cap = (size + 32 * 1024).to_string();
+    let o = f.run(&[
+        "--slots",
+        "1",
+        "--store-max-bytes",
+        &cap,
+        "--record",
+        f.path("calls.jsonl").to_str().expect("path"),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("full"), "{}", stderr(&o));
+    let kept = f.fact_count() - before;
+    let calls = std::fs::read_to_string(f.path("calls.jsonl"))
+        .map(|t| t.lines().count() as u64)
+        .unwrap_or(0);
+    assert!(kept < 1000, "the cap bit: {kept} facts kept");
+    assert!(
+        calls <= kept + 2,
+        "{calls} calls for {kept} kept facts: nothing paid for after the failure"
+    );
+}

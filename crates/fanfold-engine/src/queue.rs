@@ -212,6 +212,8 @@ pub struct StageJob<'a> {
     price: Option<&'a PriceFn<'a>>,
     /// Where provider batches are recorded, for batch stages.
     ledger: Option<&'a dyn BatchLedger>,
+    /// Set when the store failed: no unit is opened after it.
+    halt: Option<&'a std::sync::atomic::AtomicBool>,
     state: Mutex<State>,
     slot_free: Condvar,
 }
@@ -247,6 +249,7 @@ impl<'a> StageJob<'a> {
             prepare,
             price: None,
             ledger: None,
+            halt: None,
             state: Mutex::new(State {
                 queue: pending.into(),
                 in_flight: 0,
@@ -373,6 +376,11 @@ impl<'a> StageJob<'a> {
 
     fn cost(&self, usage: &Usage) -> f64 {
         self.price.and_then(|p| p(usage)).unwrap_or(0.0)
+    }
+
+    /// Stops opening units once `flag` is set (the store failed).
+    pub fn set_halt(&mut self, flag: &'a std::sync::atomic::AtomicBool) {
+        self.halt = Some(flag);
     }
 
     pub fn set_batch_ledger(&mut self, ledger: &'a dyn BatchLedger) {
@@ -516,6 +524,22 @@ impl Job for StageJob<'_> {
                     .unwrap_or_else(|e| e.into_inner());
             }
             loop {
+                if state.stop.is_none()
+                    && self
+                        .halt
+                        .is_some_and(|h| h.load(std::sync::atomic::Ordering::Relaxed))
+                {
+                    let detail = "a fact could not be stored".to_owned();
+                    ended.extend(self.drain_unopened(
+                        &mut state,
+                        Status::NotRun,
+                        &format!("store_failed: {detail}"),
+                    ));
+                    state.stop = Some(StopReason::BreakerTripped {
+                        stage: self.stage.name().to_owned(),
+                        detail,
+                    });
+                }
                 if state.stop.is_some() && state.queue.iter().all(|p| p.attempt == 1) {
                     break None;
                 }

@@ -725,6 +725,19 @@ impl Store {
         Ok(())
     }
 
+    /// Caps the store's file at about `bytes`: a write past it fails with
+    /// SQLite's "database or disk is full", as on a full disk. The cap
+    /// never shrinks what is already stored.
+    pub fn set_max_bytes(&self, bytes: u64) -> Result<(), StoreError> {
+        let conn = self.conn();
+        let page: i64 = conn
+            .pragma_query_value(None, "page_size", |r| r.get(0))
+            .map_err(|e| self.sql(e))?;
+        let pages = (bytes / page.max(1) as u64).max(1);
+        conn.pragma_update(None, "max_page_count", pages as i64)
+            .map_err(|e| self.sql(e))
+    }
+
     pub fn count_facts(&self) -> Result<u64, StoreError> {
         self.conn()
             .query_row("SELECT COUNT(*) FROM facts", [], |r| r.get::<_, i64>(0))

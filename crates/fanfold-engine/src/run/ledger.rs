@@ -3,6 +3,7 @@
 //! the kill), and the one place the stopping controller learns of it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use fanfold_core::{Cost, FactRecord, Status};
@@ -40,6 +41,9 @@ pub struct FactLedger<'a> {
     /// JSON pointer to the contract's score, for top-k.
     score_pointer: Option<String>,
     state: Mutex<State>,
+    /// Set by the first failed write: stages stop opening units at once,
+    /// so nothing more is paid for that could not be kept.
+    failed: AtomicBool,
 }
 
 /// What the ledger counted.
@@ -62,6 +66,7 @@ impl<'a> FactLedger<'a> {
             controller: Mutex::new(controller),
             score_pointer,
             state: Mutex::new(State::default()),
+            failed: AtomicBool::new(false),
         }
     }
 
@@ -128,6 +133,7 @@ impl<'a> FactLedger<'a> {
             {
                 tracing::error!(error = %e, unit = ?fact.source_ids.first(), "fact not stored");
                 state.store_error.get_or_insert(e);
+                self.failed.store(true, Ordering::Relaxed);
             }
             state.calls += fact.cost.calls;
             state.cost.add(&fact.cost);
@@ -147,6 +153,11 @@ impl<'a> FactLedger<'a> {
             .unwrap_or_else(|e| e.into_inner())
             .observe(fact.status, score);
         state.facts.push((index, fact));
+    }
+
+    /// Set once a fact could not be stored; a stage's queue stops at it.
+    pub fn failed_flag(&self) -> &AtomicBool {
+        &self.failed
     }
 
     /// The first fact write that failed, if any.

@@ -54,6 +54,8 @@ pub struct RunOptions {
     pub record: Option<PathBuf>,
     /// Overrides the spec's budget.
     pub budget: Option<BudgetSpec>,
+    /// Caps the store's size in bytes; a write past it stops the run.
+    pub store_max_bytes: Option<u64>,
 }
 
 impl RunOptions {
@@ -67,6 +69,7 @@ impl RunOptions {
             partition_threads: std::thread::available_parallelism().map_or(1, usize::from),
             record: None,
             budget: None,
+            store_max_bytes: None,
         }
     }
 }
@@ -125,6 +128,9 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         crate::output::check_writable(dir)?;
     }
     let store = Store::open(&opts.store_path)?;
+    if let Some(bytes) = opts.store_max_bytes {
+        store.set_max_bytes(bytes)?;
+    }
     let mut phases = Phases::start();
 
     // Source.

@@ -519,6 +519,7 @@ impl Stage for MapRunner {
             &prepare,
         );
         job.set_batch_ledger(&batch_ledger);
+        job.set_halt(ledger.failed_flag());
         let canaries_sent = canary_expect.len() as u64;
         job.set_guard(stage.spec.breaker.clone(), canary_expect);
         let price = |u: &fanfold_model::Usage| backend.cost_usd(u);

@@ -31,6 +31,8 @@ pub struct BuildContext<'a> {
     pub spec_dir: &'a Path,
     /// Files the stage reads, by name; all of them go into the spec hash.
     pub hashed: &'a mut BTreeMap<String, String>,
+    /// Every file the spec makes fanfold read, as `explain` lists them.
+    pub files: &'a mut std::collections::BTreeSet<String>,
 }
 
 impl BuildContext<'_> {
@@ -46,8 +48,9 @@ impl BuildContext<'_> {
     }
 
     /// Reads a file the spec names, relative to the spec's folder.
-    pub fn read(&self, what: &'static str, file: &str) -> Result<String, PlanError> {
+    pub fn read(&mut self, what: &'static str, file: &str) -> Result<String, PlanError> {
         let full = self.spec_dir.join(file);
+        self.files.insert(full.display().to_string());
         std::fs::read_to_string(&full).map_err(|source| PlanError::File {
             path: self.path(),
             what,
