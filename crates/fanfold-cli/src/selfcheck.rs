@@ -208,6 +208,83 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
         ),
     });
 
+    // audit_interval: the example's audit measured every rung it names,
+    // each interval holds its rate (exact when the whole rung was judged),
+    // and the seeded sample is the same on the rerun.
+    let audits = &base.certificate.stats.audits;
+    let mut audit_ok = !audits.is_empty();
+    let mut audit_figures = Vec::new();
+    for (name, a) in audits {
+        audit_ok &= !a.rungs.is_empty();
+        for (rung, r) in &a.rungs {
+            let m = &r.miss;
+            let exact = m.judged >= m.population;
+            audit_ok &= m.low <= m.rate
+                && m.rate <= m.high
+                && m.judged <= r.sampled
+                && r.sampled <= m.population
+                && r.disagreeing.len() as u64 == m.disagreements
+                && (!exact || (m.low == m.rate && m.high == m.rate));
+            audit_figures.push(format!(
+                "{name}/{rung}: {} of {} judged disagree, of {} thrown away, 95 % interval {:.1}–{:.1} %",
+                m.disagreements,
+                m.judged,
+                m.population,
+                m.low * 100.0,
+                m.high * 100.0
+            ));
+        }
+    }
+    audit_ok &= again.certificate.stats.audits.len() == audits.len()
+        && again.certificate.stats.audits.iter().all(|(n, a)| {
+            audits
+                .get(n)
+                .is_some_and(|b| b.rungs == a.rungs && a.calls == 0)
+        });
+    checks.push(Check {
+        name: "audit_interval",
+        ok: audit_ok,
+        simulated: true,
+        figure: format!(
+            "{}; the rerun judged the same samples from the cache",
+            audit_figures.join("; ")
+        ),
+    });
+
+    // canary_breaker: canaries whose expected decisions contradict the
+    // judge trip its breaker within the window; the same canaries expected
+    // as the judge decides pass, and never reach the answer.
+    let (tripped, passed) = canary_drill(&mut ctx, &example, &issues, &base)?;
+    let tc = &tripped.certificate;
+    let pc = &passed.certificate;
+    let wrong = tc
+        .stats
+        .canaries
+        .values()
+        .map(|c| c.failed.len())
+        .sum::<usize>();
+    let leaked = passed
+        .facts
+        .iter()
+        .any(|f| f.source_ids[0].0.starts_with("canary-"));
+    checks.push(Check {
+        name: "canary_breaker",
+        ok: tc.stop.code() == "breaker_tripped"
+            && tc.stats.model_calls <= CANARY_WINDOW as u64 + CANARIES as u64
+            && wrong >= 1
+            && pc.stop.code() == "completed"
+            && pc.stats.canaries.values().all(|c| c.failed.is_empty() && c.sent == CANARIES as u64)
+            && !leaked,
+        simulated: false,
+        figure: format!(
+            "wrong expectations: stopped ({}) after {} model calls, window {CANARY_WINDOW} + {CANARIES} canaries; right expectations: {} canaries passed, run completed with {} calls, no canary in the answer's facts",
+            tc.stop.code(),
+            tc.stats.model_calls,
+            pc.stats.canaries.values().map(|c| c.sent).sum::<u64>(),
+            pc.stats.model_calls
+        ),
+    });
+
     // Run 3: one answer issue is downgraded in its body, so its fact and its
     // fold path must change while everything else is reused.
     let target = base
@@ -496,6 +573,89 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
 }
 
 /// The spec with every model stage on the scripted backend.
+/// Canaries in the canary drill, and the breaker's window.
+const CANARIES: usize = 4;
+const CANARY_WINDOW: u32 = 10;
+
+/// Runs the example with canaries drawn from the base run's own decisions:
+/// first expected the other way round (the breaker must trip), then as the
+/// judge decided them (they must pass).
+fn canary_drill(
+    ctx: &mut Ctx,
+    example: &Path,
+    issues: &[Value],
+    base: &RunReport,
+) -> Result<(RunReport, RunReport)> {
+    let decided: Vec<(&str, &str)> = base
+        .facts
+        .iter()
+        .filter(|f| f.stage == "auth_blocker")
+        .filter_map(|f| Some((f.source_ids[0].0.as_str(), f.decision.as_deref()?)))
+        .collect();
+    let pick: Vec<(&str, &str)> = decided
+        .iter()
+        .filter(|(_, d)| *d == "blocker")
+        .take(CANARIES / 2)
+        .chain(
+            decided
+                .iter()
+                .filter(|(_, d)| *d == "not_blocker")
+                .take(CANARIES / 2),
+        )
+        .copied()
+        .collect();
+    if pick.len() != CANARIES {
+        return Err(anyhow!(
+            "the base run decided too few units for the canary drill"
+        ));
+    }
+    let mut out = Vec::new();
+    for flip in [true, false] {
+        let dir = ctx.tmp.path().join(format!("canaries-{flip}"));
+        std::fs::create_dir_all(&dir)?;
+        for entry in std::fs::read_dir(example)? {
+            let entry = entry?;
+            if entry.file_type()?.is_file() {
+                std::fs::copy(entry.path(), dir.join(entry.file_name()))?;
+            }
+        }
+        let mut lines = String::new();
+        for (n, (id, decision)) in pick.iter().enumerate() {
+            let record = issues
+                .iter()
+                .find(|i| i["number"].as_u64().is_some_and(|n| id.parse() == Ok(n)))
+                .ok_or_else(|| anyhow!("issue {id} not in the fixture"))?;
+            let expect = match (flip, *decision) {
+                (true, "blocker") => "not_blocker",
+                (true, _) => "blocker",
+                (false, d) => d,
+            };
+            lines.push_str(&serde_json::to_string(&serde_json::json!({
+                "id": format!("canary-{}", n + 1),
+                "record": record,
+                "expect": expect,
+            }))?);
+            lines.push('\n');
+        }
+        std::fs::write(dir.join("canaries.jsonl"), lines)?;
+        let spec_path = dir.join("spec.toml");
+        let spec = std::fs::read_to_string(&spec_path)?.replacen(
+            "rubric = \"rubric.md\"\n",
+            &format!(
+                "rubric = \"rubric.md\"\ncanaries = \"canaries.jsonl\"\nbreaker = {{ window = {CANARY_WINDOW}, max_canary_failures = 0 }}\n"
+            ),
+            1,
+        );
+        std::fs::write(&spec_path, spec)?;
+        let plan = scripted_plan(&spec_path)?;
+        let store = ctx.store(&format!("canaries-{flip}"));
+        out.push(ctx.run(&plan, &store, None, None)?);
+    }
+    let passed = out.pop().ok_or_else(|| anyhow!("no run"))?;
+    let tripped = out.pop().ok_or_else(|| anyhow!("no run"))?;
+    Ok((tripped, passed))
+}
+
 fn scripted_plan(spec: &Path) -> Result<Plan, fanfold_engine::PlanError> {
     Plan::load_with(
         spec,

@@ -160,6 +160,8 @@ fn selfcheck_json_is_ok() {
             "source_accounting",
             "bounded_concurrency",
             "reuse_unchanged",
+            "audit_interval",
+            "canary_breaker",
             "precise_invalidation",
             "cited_output_vs_oracle",
             "stopping_contract",

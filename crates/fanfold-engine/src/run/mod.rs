@@ -197,8 +197,11 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     for pass in 0..2 {
         for stage in &plan.stages {
             let reads = stage.reads_negatives();
+            let tripped = matches!(stop, StopReason::BreakerTripped { .. });
             let units = match reads {
-                Some(_) if pass > 0 => continue,
+                // An audit of a run a breaker stopped would measure rungs
+                // that never finished: it is not paid for.
+                Some(_) if pass > 0 || tripped => continue,
                 Some(_) => Vec::new(),
                 None => match queued.remove(stage.name()) {
                     Some(units) if !units.is_empty() => units,
