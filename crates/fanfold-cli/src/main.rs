@@ -69,6 +69,14 @@ struct InputArgs {
     /// Split into words by POSIX shell quoting rules, then run without a shell.
     #[arg(long, value_name = "CMD", conflicts_with = "input", value_parser = parse_command_words)]
     input_command: Option<CommandWords>,
+    /// How long the input command may run before it is stopped.
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 600,
+        requires = "input_command"
+    )]
+    input_timeout_secs: u64,
     /// The store file.
     #[arg(long, env = env_vars::STORE, default_value = ".fanfold/store.sqlite")]
     store: PathBuf,
@@ -136,7 +144,10 @@ fn parse_command_words(cmd: &str) -> Result<CommandWords, String> {
 impl InputArgs {
     fn source(&self) -> Option<Source> {
         if let Some(CommandWords(words)) = &self.input_command {
-            return Some(Source::Command(words.clone()));
+            return Some(Source::Command(
+                words.clone(),
+                std::time::Duration::from_secs(self.input_timeout_secs),
+            ));
         }
         self.input.as_ref().map(|p| {
             if p.as_os_str() == "-" {

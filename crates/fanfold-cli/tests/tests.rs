@@ -1782,3 +1782,15 @@ fn a_full_store_stops_the_calls() {
         "{calls} calls for {kept} kept facts: nothing paid for after the failure"
     );
 }
+
+#[test]
+fn a_hung_input_command_is_stopped_at_its_limit() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    let o = f.run(&["--input-command", "sleep 600", "--input-timeout-secs", "1"]);
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("ran past its 1 s limit"),
+        "{}",
+        stderr(&o)
+    );
+}

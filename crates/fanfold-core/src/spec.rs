@@ -45,6 +45,8 @@ pub struct InputSpec {
     /// A command whose standard output is captured once as the source, e.g.
     /// `["gh", "issue", "list", "--json", "number,title"]`.
     pub command: Option<Vec<String>>,
+    /// How long `command` may run before it is stopped (default 600 s).
+    pub command_timeout_secs: Option<u64>,
     pub partition: PartitionSpec,
 }
 

@@ -298,7 +298,11 @@ impl Plan {
     /// The source the spec names, resolved against its folder.
     pub fn default_source(&self) -> Option<Source> {
         if let Some(cmd) = &self.spec.input.command {
-            return Some(Source::Command(cmd.clone()));
+            let timeout = self.spec.input.command_timeout_secs.map_or(
+                crate::source::DEFAULT_COMMAND_TIMEOUT,
+                std::time::Duration::from_secs,
+            );
+            return Some(Source::Command(cmd.clone(), timeout));
         }
         self.spec
             .input

@@ -3,7 +3,15 @@
 
 use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+/// How long an input command may run before it is killed: long enough for
+/// `gh` to page through thousands of issues, short enough that a command
+/// waiting on a prompt or a dead network does not hang a run for ever.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Where the source bytes come from.
 #[derive(Clone, Debug, PartialEq)]
@@ -11,7 +19,9 @@ pub enum Source {
     File(PathBuf),
     Stdin,
     /// A program and its arguments; run once, its standard output captured.
-    Command(Vec<String>),
+    /// A program and its arguments (never run through a shell), and how
+    /// long it may run.
+    Command(Vec<String>, Duration),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +46,10 @@ pub enum SourceError {
     },
     #[error("the input command is empty")]
     EmptyCommand,
+    #[error(
+        "input command `{command}` ran past its {secs} s limit and was stopped; raise --input-timeout-secs if it needs longer"
+    )]
+    TimedOut { command: String, secs: u64 },
 }
 
 impl Source {
@@ -44,7 +58,7 @@ impl Source {
         match self {
             Source::File(p) => p.display().to_string(),
             Source::Stdin => "<stdin>".to_owned(),
-            Source::Command(c) => format!("$ {}", c.join(" ")),
+            Source::Command(c, _) => format!("$ {}", c.join(" ")),
         }
     }
 
@@ -60,7 +74,7 @@ impl Source {
                 Ok(SourceReader::File(file))
             }
             Source::Stdin => Ok(SourceReader::Stdin(std::io::stdin())),
-            Source::Command(argv) => {
+            Source::Command(argv, timeout) => {
                 let (program, args) = argv.split_first().ok_or(SourceError::EmptyCommand)?;
                 let command = argv.join(" ");
                 let mut child = Command::new(program)
@@ -73,8 +87,6 @@ impl Source {
                         command: command.clone(),
                         source,
                     })?;
-                // Drain stderr beside stdout, so a chatty command never
-                // blocks on a full pipe.
                 let stderr = child.stderr.take().map(|mut err| {
                     std::thread::spawn(move || {
                         let mut text = String::new();
@@ -82,10 +94,31 @@ impl Source {
                         text
                     })
                 });
+                let stdout = child.stdout.take();
+                let child = Arc::new(Mutex::new(child));
+                // The watchdog kills the command at its limit; finishing
+                // first releases it.
+                let (done, wait) = mpsc::channel::<()>();
+                let timed_out = Arc::new(AtomicBool::new(false));
+                {
+                    let child = Arc::clone(&child);
+                    let timed_out = Arc::clone(&timed_out);
+                    let timeout = *timeout;
+                    std::thread::spawn(move || {
+                        if let Err(mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(timeout) {
+                            timed_out.store(true, Ordering::Relaxed);
+                            let _ = child.lock().unwrap_or_else(|e| e.into_inner()).kill();
+                        }
+                    });
+                }
                 Ok(SourceReader::Command {
                     child,
+                    stdout,
                     command,
                     stderr,
+                    done,
+                    timed_out,
+                    timeout: *timeout,
                 })
             }
         }
@@ -104,38 +137,35 @@ impl Source {
                     .map_err(SourceError::Stdin)?;
                 Ok(buf)
             }
-            Source::Command(argv) => {
-                let (program, args) = argv.split_first().ok_or(SourceError::EmptyCommand)?;
-                let command = argv.join(" ");
-                let out = Command::new(program)
-                    .args(args)
-                    .stdin(Stdio::null())
-                    .output()
-                    .map_err(|source| SourceError::Spawn {
-                        command: command.clone(),
-                        source,
-                    })?;
-                if !out.status.success() {
-                    return Err(SourceError::Failed {
-                        command,
-                        status: out.status.to_string(),
-                        stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-                    });
-                }
-                Ok(out.stdout)
+            Source::Command(..) => {
+                let mut reader = self.open()?;
+                let mut buf = Vec::new();
+                let read = reader.read_to_end(&mut buf);
+                // A command that failed or timed out says so before a read
+                // error on its closed pipe would.
+                reader.finish()?;
+                read.map_err(|source| SourceError::File {
+                    path: self.origin(),
+                    source,
+                })?;
+                Ok(buf)
             }
         }
     }
 }
 
-/// An open source; see [`Source::open`].
 pub enum SourceReader {
     File(std::fs::File),
     Stdin(std::io::Stdin),
     Command {
-        child: Child,
+        child: Arc<Mutex<Child>>,
+        stdout: Option<ChildStdout>,
         command: String,
         stderr: Option<std::thread::JoinHandle<String>>,
+        /// Tells the watchdog the command finished.
+        done: mpsc::Sender<()>,
+        timed_out: Arc<AtomicBool>,
+        timeout: Duration,
     },
 }
 
@@ -144,7 +174,7 @@ impl Read for SourceReader {
         match self {
             SourceReader::File(f) => f.read(buf),
             SourceReader::Stdin(s) => s.read(buf),
-            SourceReader::Command { child, .. } => match child.stdout.as_mut() {
+            SourceReader::Command { stdout, .. } => match stdout.as_mut() {
                 Some(out) => out.read(buf),
                 None => Ok(0),
             },
@@ -156,19 +186,34 @@ impl SourceReader {
     /// Ends the stream: for a command, waits for it and fails when it did.
     pub fn finish(self) -> Result<(), SourceError> {
         let SourceReader::Command {
-            mut child,
+            child,
+            stdout,
             command,
             stderr,
+            done,
+            timed_out,
+            timeout,
         } = self
         else {
             return Ok(());
         };
-        drop(child.stdout.take());
-        let status = child.wait().map_err(|source| SourceError::Spawn {
-            command: command.clone(),
-            source,
-        })?;
+        drop(stdout);
+        let status = child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .wait()
+            .map_err(|source| SourceError::Spawn {
+                command: command.clone(),
+                source,
+            })?;
+        let _ = done.send(());
         let stderr = stderr.and_then(|h| h.join().ok()).unwrap_or_default();
+        if timed_out.load(Ordering::Relaxed) {
+            return Err(SourceError::TimedOut {
+                command,
+                secs: timeout.as_secs(),
+            });
+        }
         if !status.success() {
             return Err(SourceError::Failed {
                 command,

@@ -406,8 +406,11 @@ fn run_stage(
     Ok(out)
 }
 
-/// Vectors for `texts`, from the store where cached, else computed in one
-/// batch and cached.
+/// Texts embedded, and their vectors stored, at a time.
+const EMBED_BATCH: usize = 32;
+
+/// Vectors for `texts`, from the store where cached, else computed in
+/// batches and cached as each batch is done.
 fn vectors_for(
     stage: &EmbedStage,
     dir: Option<&Path>,
@@ -429,19 +432,23 @@ fn vectors_for(
     stats.vectors_reused += (texts.len() - missing.len()) as u64;
     if !missing.is_empty() {
         let embedder = embedders.get(stage, dir, model_id)?;
-        let batch: Vec<&str> = missing.iter().map(|&i| texts[i]).collect();
-        let (computed, usage) = embedder.embed(&batch).map_err(|e| embed_err(stage, e))?;
-        stats.vectors_computed += computed.len() as u64;
-        stats.tokens += usage.tokens;
-        stats.truncated += usage.truncated;
-        let rows: Vec<_> = missing
-            .iter()
-            .zip(&computed)
-            .map(|(&i, v)| (keys[i], v.as_slice()))
-            .collect();
-        store.put_embeddings(model_id, &rows)?;
-        for (i, v) in missing.into_iter().zip(computed) {
-            vectors[i] = Some(v);
+        // Stored batch by batch, so a killed run keeps every vector it
+        // computed but the last batch's.
+        for part in missing.chunks(EMBED_BATCH) {
+            let batch: Vec<&str> = part.iter().map(|&i| texts[i]).collect();
+            let (computed, usage) = embedder.embed(&batch).map_err(|e| embed_err(stage, e))?;
+            stats.vectors_computed += computed.len() as u64;
+            stats.tokens += usage.tokens;
+            stats.truncated += usage.truncated;
+            let rows: Vec<_> = part
+                .iter()
+                .zip(&computed)
+                .map(|(&i, v)| (keys[i], v.as_slice()))
+                .collect();
+            store.put_embeddings(model_id, &rows)?;
+            for (&i, v) in part.iter().zip(computed) {
+                vectors[i] = Some(v);
+            }
         }
     }
     Ok(vectors.into_iter().map(Option::unwrap_or_default).collect())
