@@ -44,10 +44,12 @@ impl JqProgram {
                 },
             )
             .map_err(|errs| {
-                syntax(format!(
-                    "{:?}",
-                    errs.into_iter().map(|(_, e)| e).collect::<Vec<_>>()
-                ))
+                syntax(
+                    errs.into_iter()
+                        .map(|(_, e)| describe_load_error(source, e))
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                )
             })?;
         let filter = Compiler::default()
             .with_funs(funs)
@@ -95,13 +97,30 @@ impl JqProgram {
     }
 
     /// True when the first output is `true`; jq's `select` semantics.
+    /// The program's first output, if any. Later outputs are never
+    /// computed: a generator such as `repeat(false)` is asked for one value.
+    pub fn first(&self, input: Val) -> Result<Option<Val>, JqError> {
+        let ctx = Ctx::<Data>::new(&self.filter.lut, Vars::new([]));
+        match self.filter.id.run((ctx, input)).next() {
+            None => Ok(None),
+            Some(Ok(v)) => Ok(Some(v)),
+            Some(Err(exn)) => Err(JqError::Runtime {
+                expr: excerpt(&self.source),
+                detail: match exn.get_err() {
+                    Ok(e) => e.to_string(),
+                    Err(_) => "the program halted".to_owned(),
+                },
+            }),
+        }
+    }
+
     pub fn test(&self, input: Val) -> Result<bool, JqError> {
-        Ok(matches!(self.run(input)?.first(), Some(Val::Bool(true))))
+        Ok(matches!(self.first(input)?, Some(Val::Bool(true))))
     }
 
     /// The first output as JSON.
     pub fn first_json(&self, input: Val) -> Result<Option<serde_json::Value>, JqError> {
-        match self.run(input)?.into_iter().next() {
+        match self.first(input)? {
             None => Ok(None),
             Some(v) => {
                 serde_json::from_str(&v.to_string())
@@ -117,6 +136,51 @@ impl JqProgram {
 
 /// A short form of a program for error messages: long scripts are named by
 /// their first line.
+/// Where `at` (a slice of `source`) starts, as a person counts: line and
+/// column, or "the end".
+fn position(source: &str, at: &str) -> String {
+    let offset = (at.as_ptr() as usize).wrapping_sub(source.as_ptr() as usize);
+    if offset >= source.len() {
+        return "the end".to_owned();
+    }
+    let before = &source[..offset];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!("line {line}, column {column}")
+}
+
+/// A jq load error in words, with where it happened.
+fn describe_load_error(source: &str, e: jaq_core::load::Error<&str>) -> String {
+    use jaq_core::load::{Error, lex};
+    let mut out = Vec::new();
+    match e {
+        Error::Io(v) => out.extend(v.into_iter().map(|(path, msg)| format!("{path}: {msg}"))),
+        Error::Lex(v) => {
+            for (expect, at) in v {
+                out.push(match expect {
+                    lex::Expect::Delim(open) => {
+                        format!("`{open}` at {} is never closed", position(source, open))
+                    }
+                    other => format!("expected {} at {}", other.as_str(), position(source, at)),
+                });
+            }
+        }
+        Error::Parse(v) => {
+            for (expect, found) in v {
+                let at = position(source, found);
+                let shown: String = found.chars().take(20).collect();
+                let got = if shown.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    format!("`{shown}`")
+                };
+                out.push(format!("expected {} at {at}, found {got}", expect.as_str()));
+            }
+        }
+    }
+    out.join("; ")
+}
+
 fn excerpt(source: &str) -> String {
     let first = source
         .lines()
@@ -144,6 +208,43 @@ pub fn parse_val(bytes: &[u8]) -> Result<Val, String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn syntax_errors_say_where() {
+        let err = JqProgram::compile(".x == (1 +")
+            .err()
+            .expect("fails")
+            .to_string();
+        assert!(
+            err.contains("`(` at line 1, column 7 is never closed"),
+            "{err}"
+        );
+        let err = JqProgram::compile(".a |\n  if . then 1")
+            .err()
+            .expect("fails")
+            .to_string();
+        assert!(err.contains("expected else or end at the end"), "{err}");
+        let err = JqProgram::compile(".a |\n  .b ]")
+            .err()
+            .expect("fails")
+            .to_string();
+        assert!(err.contains("line 2, column 6"), "{err}");
+        assert!(!err.contains("Parse(") && !err.contains("Lex("), "{err}");
+    }
+
+    #[test]
+    fn only_the_first_output_is_computed() {
+        // Both generate without end; only their first value is asked for.
+        for expr in ["repeat(false)", "limit(1e12; repeat(.))"] {
+            let p = JqProgram::compile(expr).expect("compiles");
+            assert!(!p.test(to_val(&json!(false))).expect("runs"));
+        }
+        let p = JqProgram::compile("range(1e12)").expect("compiles");
+        assert_eq!(
+            p.first_json(to_val(&json!(null))).expect("runs"),
+            Some(json!(0))
+        );
+    }
 
     #[test]
     fn runs_gh_style_expressions() {
