@@ -100,7 +100,8 @@ fn read_canaries(
 /// What a stage's canaries showed, for the certificate.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CanaryReport {
-    /// Canaries sent to the model in this run.
+    /// Canaries the model judged in this run (a stopped stage may leave
+    /// some unsent).
     pub sent: u64,
     /// Those judged wrongly: unit id, expected decision, what it got.
     pub failed: Vec<(String, String, String)>,
@@ -391,7 +392,9 @@ impl Stage for MapRunner {
                 canary_expect.insert(first_canary + k, c.expect.clone());
             }
         }
-        let canary_spend: std::sync::Mutex<Cost> = std::sync::Mutex::new(Cost::default());
+        // What the canaries cost, and how many reached the model.
+        let canary_spend: std::sync::Mutex<(Cost, u64)> =
+            std::sync::Mutex::new((Cost::default(), 0));
         ctx.progress
             .stage_started(stage.name(), units.len() as u64, cached);
 
@@ -446,7 +449,8 @@ impl Stage for MapRunner {
                 // A canary's verdict is checked by the job; only its cost
                 // is kept.
                 let mut spend = canary_spend.lock().unwrap_or_else(|e| e.into_inner());
-                spend.add(&Cost {
+                spend.1 += u64::from(r.attempts > 0);
+                spend.0.add(&Cost {
                     prompt_tokens: r.usage.prompt_tokens,
                     cached_tokens: r.usage.cached_tokens,
                     completion_tokens: r.usage.completion_tokens,
@@ -520,7 +524,7 @@ impl Stage for MapRunner {
         );
         job.set_batch_ledger(&batch_ledger);
         job.set_halt(ledger.failed_flag());
-        let canaries_sent = canary_expect.len() as u64;
+        let canaries_queued = !canary_expect.is_empty();
         job.set_guard(stage.spec.breaker.clone(), canary_expect);
         let price = |u: &fanfold_model::Usage| backend.cost_usd(u);
         job.set_price(&price);
@@ -540,8 +544,8 @@ impl Stage for MapRunner {
         }
         ctx.progress.stage_finished(stage.name());
         ctx.stats.max_in_flight = ctx.stats.max_in_flight.max(max_in_flight);
-        if canaries_sent > 0 {
-            let spend = canary_spend.into_inner().unwrap_or_else(|e| e.into_inner());
+        if canaries_queued {
+            let (spend, sent) = canary_spend.into_inner().unwrap_or_else(|e| e.into_inner());
             ctx.stats.model_calls += spend.calls;
             ctx.stats.cost.add(&spend);
             let report = ctx
@@ -549,7 +553,7 @@ impl Stage for MapRunner {
                 .canaries
                 .entry(stage.name().to_owned())
                 .or_default();
-            report.sent += canaries_sent;
+            report.sent += sent;
             report.failed.extend(canary_failures);
         }
         Ok(StageOutcome {
