@@ -1794,3 +1794,28 @@ fn a_hung_input_command_is_stopped_at_its_limit() {
         stderr(&o)
     );
 }
+
+#[test]
+fn a_reducer_path_that_matches_nothing_is_said() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replacen(
+            "type = \"set\"",
+            "type = \"set\"\n\n[[fold.reducers]]\nname = \"kinds\"\ntype = \"count_by\"\nkey = \"/kind\"",
+            1,
+        ),
+    )
+    .expect("spec");
+    f.input(&flagged_rows(6));
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let notes = f.certificate()["notes"].to_string();
+    assert!(
+        notes.contains("reducer `kinds` read 2 facts and its path `/kind` matched none"),
+        "{notes}"
+    );
+    let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
+    assert!(md.contains("matched none"), "{md}");
+}

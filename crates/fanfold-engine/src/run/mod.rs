@@ -349,7 +349,12 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         coverage_complete: routed.coverage.is_complete(),
         complete,
         incomplete: incomplete.clone(),
-        notes: totals.violations.clone(),
+        notes: totals
+            .violations
+            .iter()
+            .cloned()
+            .chain(unmatched_reducer_paths(spec, &facts))
+            .collect(),
         rejected_by_reason: routed.rejected_by_reason.clone(),
         rejections: routed.rejections.clone(),
         excluded_by_reason: routed.excluded_by_reason.clone(),
@@ -419,6 +424,38 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         crate::output::write_all(dir, &report)?;
     }
     Ok(report)
+}
+
+/// Reducers whose path matched none of the facts they read: a typo in
+/// `key` or `value` gives an empty answer without any error, so it is said.
+fn unmatched_reducer_paths(spec: &fanfold_core::spec::Spec, facts: &[FactRecord]) -> Vec<String> {
+    let mut notes = Vec::new();
+    for r in &spec.fold.reducers {
+        let statuses = r
+            .statuses
+            .clone()
+            .unwrap_or_else(|| vec![fanfold_core::Status::Positive]);
+        let read: Vec<&FactRecord> = facts
+            .iter()
+            .filter(|f| r.stage.as_ref().is_none_or(|s| *s == f.stage))
+            .filter(|f| statuses.contains(&f.status))
+            .collect();
+        if read.is_empty() {
+            continue;
+        }
+        for p in r.kind.pointers() {
+            if !read.iter().any(|f| f.facts.pointer(p).is_some()) {
+                let note = format!(
+                    "reducer `{}` read {} facts and its path `{p}` matched none of them: check the path against the stage's output schema",
+                    r.name,
+                    read.len()
+                );
+                tracing::warn!("{note}");
+                notes.push(note);
+            }
+        }
+    }
+    notes
 }
 
 /// A run id unique across processes sharing a store: the time, the
