@@ -1683,6 +1683,11 @@ fn spec_mistakes_that_would_answer_wrongly_are_refused() {
             "type = \"set\"\nvalue = \"decision\"",
             "write `/decision`",
         ),
+        (
+            "type = \"set\"",
+            "type = \"set\"\nvaleu = \"/decision\"",
+            "reducer `flagged` (type `set`): unknown field `valeu`",
+        ),
     ];
     for (from, to, expect) in cases {
         let f = Fixture::new(JSON_ARRAY, "");

@@ -738,13 +738,74 @@ pub struct OutputSpec {
 pub enum SpecParseError {
     #[error("{0}")]
     Toml(#[from] toml::de::Error),
+    #[error(
+        "reducer `{reducer}` (type `{kind}`): unknown field `{field}`; expected one of {expected}"
+    )]
+    ReducerField {
+        reducer: String,
+        kind: String,
+        field: String,
+        expected: String,
+    },
+}
+
+/// Reducer tables flatten their kind's fields, which serde cannot combine
+/// with refusing unknown fields; a misspelt `key` or `value` would pass
+/// silently and give an empty answer. Checked here instead.
+fn check_reducer_fields(text: &str) -> Result<(), SpecParseError> {
+    let Ok(doc) = text.parse::<toml::Table>() else {
+        return Ok(());
+    };
+    let reducers = doc
+        .get("fold")
+        .and_then(|f| f.get("reducers"))
+        .and_then(toml::Value::as_array);
+    for r in reducers.into_iter().flatten() {
+        let Some(table) = r.as_table() else { continue };
+        let kind = table
+            .get("type")
+            .and_then(toml::Value::as_str)
+            .unwrap_or("");
+        let own: &[&str] = match kind {
+            "count" => &[],
+            "count_by" | "join" => &["key"],
+            "set" => &["value"],
+            "histogram" => &["value", "edges"],
+            "min_max" => &["value"],
+            "top_k" => &["score", "k"],
+            _ => continue,
+        };
+        let common = ["name", "stage", "statuses", "type"];
+        for field in table.keys() {
+            if !common.contains(&field.as_str()) && !own.contains(&field.as_str()) {
+                return Err(SpecParseError::ReducerField {
+                    reducer: table
+                        .get("name")
+                        .and_then(toml::Value::as_str)
+                        .unwrap_or("?")
+                        .to_owned(),
+                    kind: kind.to_owned(),
+                    field: field.clone(),
+                    expected: common
+                        .iter()
+                        .chain(own)
+                        .map(|f| format!("`{f}`"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Spec {
     /// Parses spec text. Cross-references (stages, backends, files, jq) are
     /// checked when the spec is planned, where files can be read.
     pub fn from_toml(text: &str) -> Result<Spec, SpecParseError> {
-        Ok(toml::from_str(text)?)
+        let spec: Spec = toml::from_str(text)?;
+        check_reducer_fields(text)?;
+        Ok(spec)
     }
 
     /// The JSON Schema of the spec file format.
