@@ -1824,3 +1824,29 @@ fn a_reducer_path_that_matches_nothing_is_said() {
     let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
     assert!(md.contains("matched none"), "{md}");
 }
+
+#[test]
+fn an_empty_rung_missed_nothing() {
+    let f = audit_fixture(
+        r#"[[stages]]
+name = "recall"
+type = "audit"
+version = 1
+rungs = ["judge"]
+sample = 10
+max_miss_rate = 0.02
+"#,
+    );
+    // Every record the judge sees is flagged: it ends none as negative.
+    let rows: Vec<Value> = (0..20)
+        .map(|i| serde_json::json!({"id": i, "kind": "signal", "flag": true}))
+        .collect();
+    f.input(serde_json::to_string(&rows).unwrap().as_bytes());
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let c = f.certificate();
+    let rung = &c["stats"]["audits"]["recall"]["rungs"]["judge"];
+    assert_eq!(rung["miss"]["population"], 0);
+    assert_eq!(rung["proven"], true, "{rung}");
+    assert_eq!(c["stats"]["audits"]["recall"]["calls"], 0);
+}

@@ -129,6 +129,17 @@ pub struct MissRate {
 
 impl MissRate {
     pub fn measure(population: u64, judged: u64, disagreements: u64) -> MissRate {
+        if population == 0 {
+            // A rung that threw nothing away missed nothing.
+            return MissRate {
+                population,
+                judged,
+                disagreements,
+                rate: 0.0,
+                low: 0.0,
+                high: 0.0,
+            };
+        }
         if judged == 0 {
             return MissRate {
                 population,
@@ -217,6 +228,8 @@ mod tests {
         assert_eq!(m.missed_at_most(), 3);
         let m = MissRate::measure(100, 0, 0);
         assert_eq!(m.high, 1.0, "nothing judged proves nothing");
+        let m = MissRate::measure(0, 0, 0);
+        assert_eq!((m.rate, m.high), (0.0, 0.0), "an empty rung missed nothing");
     }
 
     #[test]

@@ -271,6 +271,18 @@ impl Stage for AuditRunner {
             for size in sizes {
                 let round: Vec<usize> = order[judged_to..size].to_vec();
                 judged_to = size;
+                if round.is_empty() {
+                    // Nothing (more) to judge: the rung is empty or whole.
+                    audit = Some(rung_audit(
+                        &verdicts,
+                        name,
+                        &order[..size],
+                        negatives.population,
+                        ctx.table,
+                        a.max_miss_rate,
+                    ));
+                    break;
+                }
                 let mut inner = StageContext {
                     spec: &judge_spec,
                     spec_dir: ctx.spec_dir,
