@@ -129,32 +129,20 @@ pub struct MissRate {
 
 impl MissRate {
     pub fn measure(population: u64, judged: u64, disagreements: u64) -> MissRate {
-        if population == 0 {
+        let (rate, low, high) = if population == 0 {
             // A rung that threw nothing away missed nothing.
-            return MissRate {
-                population,
-                judged,
-                disagreements,
-                rate: 0.0,
-                low: 0.0,
-                high: 0.0,
-            };
-        }
-        if judged == 0 {
-            return MissRate {
-                population,
-                judged,
-                disagreements,
-                rate: 0.0,
-                low: 0.0,
-                high: 1.0,
-            };
-        }
-        let rate = disagreements as f64 / judged as f64;
-        let (low, high) = if judged >= population {
-            (rate, rate)
+            (0.0, 0.0, 0.0)
+        } else if judged == 0 {
+            // Nothing judged proves nothing.
+            (0.0, 0.0, 1.0)
         } else {
-            wilson(disagreements, judged)
+            let rate = disagreements as f64 / judged as f64;
+            let (low, high) = if judged >= population {
+                (rate, rate)
+            } else {
+                wilson(disagreements, judged)
+            };
+            (rate, low, high)
         };
         MissRate {
             population,

@@ -271,36 +271,29 @@ impl Stage for AuditRunner {
             for size in sizes {
                 let round: Vec<usize> = order[judged_to..size].to_vec();
                 judged_to = size;
-                if round.is_empty() {
-                    // Nothing (more) to judge: the rung is empty or whole.
-                    audit = Some(rung_audit(
-                        &verdicts,
-                        name,
-                        &order[..size],
-                        negatives.population,
-                        ctx.table,
-                        a.max_miss_rate,
-                    ));
-                    break;
-                }
-                let mut inner = StageContext {
-                    spec: &judge_spec,
-                    spec_dir: ctx.spec_dir,
-                    store: ctx.store,
-                    run_id: ctx.run_id,
-                    table: ctx.table,
-                    slots: ctx.slots,
-                    budget: ctx.budget,
-                    ledger: &verdicts,
-                    backends: &mut *ctx.backends,
-                    embedders: &mut *ctx.embedders,
-                    progress: ctx.progress,
-                    stats: &mut *ctx.stats,
-                    negatives: ctx.negatives,
-                };
-                let outcome = self.judge.run(&mut inner, round)?;
-                if outcome.stop.is_some() {
-                    stop = outcome.stop;
+                // An empty round (the rung is empty or already whole) loads
+                // no judge.
+                let ran = !round.is_empty();
+                if ran {
+                    let mut inner = StageContext {
+                        spec: &judge_spec,
+                        spec_dir: ctx.spec_dir,
+                        store: ctx.store,
+                        run_id: ctx.run_id,
+                        table: ctx.table,
+                        slots: ctx.slots,
+                        budget: ctx.budget,
+                        ledger: &verdicts,
+                        backends: &mut *ctx.backends,
+                        embedders: &mut *ctx.embedders,
+                        progress: ctx.progress,
+                        stats: &mut *ctx.stats,
+                        negatives: ctx.negatives,
+                    };
+                    let outcome = self.judge.run(&mut inner, round)?;
+                    if outcome.stop.is_some() {
+                        stop = outcome.stop;
+                    }
                 }
                 let r = rung_audit(
                     &verdicts,
@@ -310,7 +303,7 @@ impl Stage for AuditRunner {
                     ctx.table,
                     a.max_miss_rate,
                 );
-                let done = r.proven != Some(false) || stop.is_some();
+                let done = !ran || r.proven != Some(false) || stop.is_some();
                 audit = Some(r);
                 if done {
                     break;

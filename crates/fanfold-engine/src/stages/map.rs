@@ -398,6 +398,15 @@ impl Stage for MapRunner {
         ctx.progress
             .stage_started(stage.name(), units.len() as u64, cached);
 
+        // What a unit's calls cost, priced by the backend.
+        let cost_of = |r: &UnitResult| Cost {
+            prompt_tokens: r.usage.prompt_tokens,
+            cached_tokens: r.usage.cached_tokens,
+            completion_tokens: r.usage.completion_tokens,
+            usd: backend.cost_usd(&r.usage).unwrap_or(0.0),
+            latency_ms: r.usage.latency_ms,
+            calls: u64::from(r.attempts),
+        };
         let make_fact = |i: usize, r: &UnitResult| -> FactRecord {
             let u = table.unit(i);
             let key = keys.get(&i).copied().unwrap_or(u.unit_hash);
@@ -425,14 +434,7 @@ impl Stage for MapRunner {
                 confidence,
                 reason: r.reason.clone(),
                 evidence,
-                cost: Cost {
-                    prompt_tokens: r.usage.prompt_tokens,
-                    cached_tokens: r.usage.cached_tokens,
-                    completion_tokens: r.usage.completion_tokens,
-                    usd: backend.cost_usd(&r.usage).unwrap_or(0.0),
-                    latency_ms: r.usage.latency_ms,
-                    calls: u64::from(r.attempts),
-                },
+                cost: cost_of(r),
                 attempts: r.attempts,
                 reducer_path: Vec::new(),
                 truncated_tokens: r.truncated_tokens,
@@ -450,14 +452,7 @@ impl Stage for MapRunner {
                 // is kept.
                 let mut spend = canary_spend.lock().unwrap_or_else(|e| e.into_inner());
                 spend.1 += u64::from(r.attempts > 0);
-                spend.0.add(&Cost {
-                    prompt_tokens: r.usage.prompt_tokens,
-                    cached_tokens: r.usage.cached_tokens,
-                    completion_tokens: r.usage.completion_tokens,
-                    usd: backend.cost_usd(&r.usage).unwrap_or(0.0),
-                    latency_ms: r.usage.latency_ms,
-                    calls: u64::from(r.attempts),
-                });
+                spend.0.add(&cost_of(r));
                 return;
             }
             if ledger.has(i, stage.name()) {
