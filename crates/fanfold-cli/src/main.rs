@@ -44,6 +44,10 @@ enum Command {
     /// List the provider batches recorded in a store: open ones are
     /// collected by the next run instead of being sent again.
     Batches(BatchesArgs),
+    /// Remove from a store what no answer refers to: failed and abandoned
+    /// runs, and the sources only they read. Facts stay (they are the
+    /// cache). Refused while a run is live on the store.
+    Gc(BatchesArgs),
     /// Prove the spine's claims on the issue-triage fixture.
     Selfcheck(SelfcheckArgs),
     /// Print the JSON Schema of the spec file format.
@@ -94,6 +98,12 @@ struct InputArgs {
     /// Batches). Overrides each stage's `execution`.
     #[arg(long, value_enum)]
     execution: Option<ExecutionArg>,
+    /// How long one jq evaluation (a prefilter rule, a `project`, a
+    /// `bound`) may run on one unit. jq cannot be interrupted, so a program
+    /// that runs past this ends the process with an error naming the
+    /// program and the unit. Never longer than the spec's `max_wall_secs`.
+    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    jq_timeout_secs: u64,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -125,7 +135,16 @@ impl InputArgs {
             }),
             model,
         };
-        Ok(Plan::load_with(spec, &overrides)?)
+        let plan = Plan::load_with(spec, &overrides)?;
+        let limit = plan
+            .spec
+            .budget
+            .max_wall_secs
+            .map_or(self.jq_timeout_secs, |wall| {
+                wall.clamp(1, self.jq_timeout_secs)
+            });
+        fanfold_ops::jq::set_time_limit(std::time::Duration::from_secs(limit));
+        Ok(plan)
     }
 }
 
@@ -299,6 +318,7 @@ fn real_main() -> Result<ExitCode> {
         Command::Run(args) => run(args),
         Command::Explain(args) => explain(args),
         Command::Batches(args) => batches(args).map(|()| ExitCode::SUCCESS),
+        Command::Gc(args) => gc(args).map(|()| ExitCode::SUCCESS),
         Command::Selfcheck(args) => selfcheck::main(args.example, args.json),
         Command::Bench(cmd) => bench::main(cmd),
         Command::Model(cmd) => {
@@ -477,6 +497,23 @@ fn explain(args: ExplainArgs) -> Result<ExitCode> {
     };
     print!("{}", plan.explain(routing.as_ref()));
     Ok(ExitCode::SUCCESS)
+}
+
+fn gc(args: BatchesArgs) -> Result<()> {
+    if !args.store.is_file() {
+        bail!("no store at {}", args.store.display());
+    }
+    let store = fanfold_store::Store::open(&args.store)?;
+    let r = store.collect_garbage()?;
+    if args.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "removed {} runs without an answer, {} sources no run read ({} chunks); {} -> {} bytes",
+            r.runs, r.sources, r.chunks, r.bytes_before, r.bytes_after
+        );
+    }
+    Ok(())
 }
 
 fn batches(args: BatchesArgs) -> Result<()> {

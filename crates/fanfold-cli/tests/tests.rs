@@ -1850,3 +1850,180 @@ max_miss_rate = 0.02
     assert_eq!(rung["proven"], true, "{rung}");
     assert_eq!(c["stats"]["audits"]["recall"]["calls"], 0);
 }
+
+/// Runs `cmd`, killing it (and failing) if it has not ended in `limit`:
+/// for tests of things that used to hang.
+fn run_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fanfold starts");
+    let started = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            panic!("still running after {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// jq cannot be interrupted, so a program that never answers ends the run
+/// with an error naming the program, where it runs and the unit, at the
+/// time limit (or the spec's wall budget, when that is shorter).
+#[test]
+fn a_runaway_jq_program_ends_the_run_naming_it() {
+    let cases = [
+        (
+            "[[prefilter]]\nname = \"spin\"\nwhen = 'def f: f; f'\naction = \"exclude\"\nreason = \"x\"\n",
+            "prefilter rule `spin`",
+            vec!["--jq-timeout-secs", "1"],
+        ),
+        (
+            "[budget]\nmax_wall_secs = 1\n",
+            "the `project` of stage `judge`",
+            vec![],
+        ),
+    ];
+    for (extra, site, flags) in cases {
+        let f = Fixture::new(JSON_ARRAY, extra);
+        if site.contains("project") {
+            let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+            std::fs::write(
+                f.path("spec.toml"),
+                spec.replacen(
+                    "version = 1",
+                    "version = 1\nproject = 'repeat(.) | select(false)'",
+                    1,
+                ),
+            )
+            .expect("spec");
+        }
+        f.input(&flagged_rows(5));
+        let o = run_within(
+            bin()
+                .arg("run")
+                .arg(f.path("spec.toml"))
+                .arg("--store")
+                .arg(f.path("store.sqlite"))
+                .arg("--out")
+                .arg(f.path("out"))
+                .args(&flags),
+            std::time::Duration::from_secs(60),
+        );
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains(site), "{site}: {err}");
+        assert!(err.contains(") on unit "), "{err}");
+        assert!(err.contains("cannot be interrupted"), "{err}");
+        // The store is left as a kill leaves it: consistent.
+        let store = fanfold_store::Store::open(&f.path("store.sqlite")).expect("store");
+        assert!(store.count_facts().is_ok());
+    }
+}
+
+/// Two processes on one store pay for each unit once: a unit is called by
+/// the run that claimed it, and the other takes its fact from the store.
+#[test]
+fn two_processes_on_one_store_pay_for_each_unit_once() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replacen(
+            "script = \"judge.jq\"",
+            "script = \"judge.jq\"\ndelay_ms = 40",
+            1,
+        ),
+    )
+    .expect("spec");
+    let units = 60;
+    f.input(&flagged_rows(units));
+    let start = |n: usize| {
+        bin()
+            .arg("run")
+            .arg(f.path("spec.toml"))
+            .arg("--store")
+            .arg(f.path("store.sqlite"))
+            .arg("--out")
+            .arg(f.path(&format!("out{n}")))
+            .arg("--json")
+            .args(["--slots", "2", "--record"])
+            .arg(f.path(&format!("calls{n}.jsonl")))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starts")
+    };
+    let runs: Vec<_> = (0..2).map(start).collect();
+    let mut calls = 0;
+    for (n, child) in runs.into_iter().enumerate() {
+        let o = child.wait_with_output().expect("ends");
+        assert_eq!(o.status.code(), Some(0), "run {n}: {}", stderr(&o));
+        calls += std::fs::read_to_string(f.path(&format!("calls{n}.jsonl")))
+            .map(|t| t.lines().count())
+            .unwrap_or(0);
+        let answer =
+            std::fs::read_to_string(f.path(&format!("out{n}/answer.json"))).expect("answer");
+        let v: Value = serde_json::from_str(&answer).expect("json");
+        assert_eq!(
+            v["items"].as_array().map(Vec::len),
+            Some(units.div_ceil(3)),
+            "run {n}"
+        );
+    }
+    assert_eq!(calls, units, "{calls} calls for {units} units");
+    assert_eq!(f.fact_count(), units as u64);
+}
+
+/// An input that does not parse leaves nothing in the store, and `gc`
+/// removes failed runs and the sources only they read, keeping answers.
+#[test]
+fn refused_inputs_and_failed_runs_do_not_stay_in_the_store() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    let sources = || {
+        fanfold_store::Store::open(&f.path("store.sqlite"))
+            .expect("store")
+            .count_sources()
+            .expect("count")
+    };
+    f.input(&flagged_rows(6));
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(sources(), 1);
+    f.input(br#"{"not": "an array"}"#);
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    assert_eq!(sources(), 1, "the refused file is not kept");
+
+    // A run that fails after parsing keeps its source until gc.
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    let good = spec.clone();
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replacen("version = 1", "version = 1\nproject = 'error(\"boom\")'", 1),
+    )
+    .expect("spec");
+    f.input(&flagged_rows(9));
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    assert_eq!(sources(), 2);
+    let gc = run(bin()
+        .arg("gc")
+        .arg("--store")
+        .arg(f.path("store.sqlite"))
+        .arg("--json"));
+    assert_eq!(gc.status.code(), Some(0), "{}", stderr(&gc));
+    let r: Value = serde_json::from_str(stdout(&gc).trim()).expect("json");
+    assert_eq!(r["runs"], 1, "{r}");
+    assert_eq!(r["sources"], 1, "{r}");
+    assert_eq!(sources(), 1);
+    // The answered run still answers from the cache: no call paid.
+    std::fs::write(f.path("spec.toml"), good).expect("spec");
+    f.input(&flagged_rows(6));
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(f.certificate()["stats"]["model_calls"], 0);
+}

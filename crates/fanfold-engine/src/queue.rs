@@ -40,6 +40,24 @@ pub struct Pending {
     pub bound: Option<f64>,
     /// Kept for a retry; `None` until the unit is first opened.
     pub prompt: Option<Prompt>,
+    /// Another run holds the unit's key: not opened before this.
+    pub not_before: Option<std::time::Instant>,
+}
+
+/// Whose turn it is to pay for a unit, when several runs share a store.
+pub enum Turn {
+    /// This run claimed it: call the model.
+    Mine,
+    /// Its fact is in the store already (another run paid for it), and
+    /// has been recorded: nothing to call.
+    Done,
+    /// Another live run holds it: ask again after this long.
+    Wait(std::time::Duration),
+}
+
+/// Claims a unit before its first call is paid for.
+pub trait Claims: Sync {
+    fn claim(&self, index: usize) -> Turn;
 }
 
 /// How one unit ended at this stage.
@@ -214,6 +232,8 @@ pub struct StageJob<'a> {
     ledger: Option<&'a dyn BatchLedger>,
     /// Set when the store failed: no unit is opened after it.
     halt: Option<&'a std::sync::atomic::AtomicBool>,
+    /// Leases on units shared with other runs of the same store.
+    claims: Option<&'a dyn Claims>,
     state: Mutex<State>,
     slot_free: Condvar,
 }
@@ -250,6 +270,7 @@ impl<'a> StageJob<'a> {
             price: None,
             ledger: None,
             halt: None,
+            claims: None,
             state: Mutex::new(State {
                 queue: pending.into(),
                 in_flight: 0,
@@ -381,6 +402,12 @@ impl<'a> StageJob<'a> {
     /// Stops opening units once `flag` is set (the store failed).
     pub fn set_halt(&mut self, flag: &'a std::sync::atomic::AtomicBool) {
         self.halt = Some(flag);
+    }
+
+    /// Claims each unit before its first call, so runs sharing a store
+    /// pay for it once.
+    pub fn set_claims(&mut self, claims: &'a dyn Claims) {
+        self.claims = Some(claims);
     }
 
     pub fn set_batch_ledger(&mut self, ledger: &'a dyn BatchLedger) {
@@ -566,11 +593,39 @@ impl Job for StageJob<'_> {
                     state.stop = Some(StopReason::ContractSatisfied { detail });
                     continue;
                 }
-                let Some(mut p) = state.queue.pop_front() else {
-                    break None;
+                // The first unit no other run holds; when every queued unit
+                // is held, wait for the earliest to come free.
+                let now = std::time::Instant::now();
+                let ready = state
+                    .queue
+                    .iter()
+                    .position(|p| p.not_before.is_none_or(|t| t <= now));
+                let Some(mut p) = ready.and_then(|at| state.queue.remove(at)) else {
+                    let Some(wake) = state.queue.iter().filter_map(|p| p.not_before).min() else {
+                        break None;
+                    };
+                    state = self
+                        .slot_free
+                        .wait_timeout(state, wake.saturating_duration_since(now))
+                        .map(|(s, _)| s)
+                        .unwrap_or_else(|e| e.into_inner().0);
+                    continue;
                 };
                 if state.stop.is_some() && p.attempt == 1 {
                     continue;
+                }
+                if p.attempt == 1
+                    && let Some(claims) = self.claims
+                {
+                    match claims.claim(p.index) {
+                        Turn::Mine => {}
+                        Turn::Done => continue,
+                        Turn::Wait(after) => {
+                            p.not_before = Some(now + after);
+                            state.queue.push_back(p);
+                            continue;
+                        }
+                    }
                 }
                 let prompt = match p.prompt.take() {
                     Some(prompt) => prompt,
@@ -714,6 +769,7 @@ impl Job for StageJob<'_> {
                             input: req.input,
                             schema: req.schema,
                         }),
+                        not_before: None,
                     });
                     None
                 }

@@ -1,4 +1,17 @@
 //! jq expressions (through jaq), as users of `gh --jq` write them.
+//!
+//! A jq program can run forever (`def f: f; f`, `repeat(false) | select(.)`)
+//! and jaq has no point at which an evaluation can be interrupted. Every
+//! evaluation is therefore watched: it marks its thread's slot with the time
+//! it started and where it runs (which rule, which unit), and one watchdog
+//! thread reports any evaluation older than the time limit to the runaway
+//! handler. The stuck thread cannot be stopped, so the handler's job is to
+//! end the process with an error that names the program and the unit; facts
+//! already computed are in the store, as after any kill.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 use jaq_core::load::{Arena, File, Loader};
 use jaq_core::{Compiler, Ctx, Vars, data};
@@ -10,6 +23,8 @@ type Data = data::JustLut<Val>;
 /// each thread compiles its own copy.
 pub struct JqProgram {
     source: String,
+    /// The program as error messages name it, shared with the watchdog.
+    shown: Arc<str>,
     filter: jaq_core::compile::Filter<jaq_core::Native<Data>>,
 }
 
@@ -66,6 +81,7 @@ impl JqProgram {
             })?;
         Ok(JqProgram {
             source: source.to_owned(),
+            shown: Arc::from(excerpt(source)),
             filter,
         })
     }
@@ -75,7 +91,8 @@ impl JqProgram {
     }
 
     /// Every output of the program on `input`.
-    pub fn run(&self, input: Val) -> Result<Vec<Val>, JqError> {
+    pub fn run(&self, input: Val, at: Site<'_>) -> Result<Vec<Val>, JqError> {
+        let _watch = Watch::start(&self.shown, at);
         let ctx = Ctx::<Data>::new(&self.filter.lut, Vars::new([]));
         let mut out = Vec::new();
         for item in self.filter.id.run((ctx, input)) {
@@ -96,10 +113,10 @@ impl JqProgram {
         Ok(out)
     }
 
-    /// True when the first output is `true`; jq's `select` semantics.
     /// The program's first output, if any. Later outputs are never
     /// computed: a generator such as `repeat(false)` is asked for one value.
-    pub fn first(&self, input: Val) -> Result<Option<Val>, JqError> {
+    pub fn first(&self, input: Val, at: Site<'_>) -> Result<Option<Val>, JqError> {
+        let _watch = Watch::start(&self.shown, at);
         let ctx = Ctx::<Data>::new(&self.filter.lut, Vars::new([]));
         match self.filter.id.run((ctx, input)).next() {
             None => Ok(None),
@@ -114,13 +131,18 @@ impl JqProgram {
         }
     }
 
-    pub fn test(&self, input: Val) -> Result<bool, JqError> {
-        Ok(matches!(self.first(input)?, Some(Val::Bool(true))))
+    /// True when the first output is `true`; jq's `select` semantics.
+    pub fn test(&self, input: Val, at: Site<'_>) -> Result<bool, JqError> {
+        Ok(matches!(self.first(input, at)?, Some(Val::Bool(true))))
     }
 
     /// The first output as JSON.
-    pub fn first_json(&self, input: Val) -> Result<Option<serde_json::Value>, JqError> {
-        match self.first(input)? {
+    pub fn first_json(
+        &self,
+        input: Val,
+        at: Site<'_>,
+    ) -> Result<Option<serde_json::Value>, JqError> {
+        match self.first(input, at)? {
             None => Ok(None),
             Some(v) => {
                 serde_json::from_str(&v.to_string())
@@ -134,8 +156,176 @@ impl JqProgram {
     }
 }
 
-/// A short form of a program for error messages: long scripts are named by
-/// their first line.
+/// Where an evaluation runs, for the error that names a runaway program:
+/// `what` is the rule or expression (`prefilter rule \`bots\``), `unit` the
+/// unit id.
+#[derive(Debug, Clone, Copy)]
+pub struct Site<'a> {
+    pub what: &'a str,
+    pub unit: &'a str,
+}
+
+impl<'a> Site<'a> {
+    pub fn new(what: &'a str, unit: &'a str) -> Site<'a> {
+        Site { what, unit }
+    }
+}
+
+/// An evaluation that ran past the time limit.
+#[derive(Debug, Clone)]
+pub struct Runaway {
+    pub program: String,
+    pub what: String,
+    pub unit: String,
+    pub elapsed: Duration,
+}
+
+impl std::fmt::Display for Runaway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "jq program `{}` ({}) on unit {} has run for {:.1} s without an answer and \
+             cannot be interrupted; the run stops here. Facts already computed are \
+             in the store; fix the program and run again to resume",
+            self.program,
+            self.what,
+            self.unit,
+            self.elapsed.as_secs_f64()
+        )
+    }
+}
+
+type Handler = Box<dyn Fn(&Runaway) + Send + Sync>;
+
+static LIMIT_MS: AtomicU64 = AtomicU64::new(10_000);
+static HANDLER: OnceLock<Handler> = OnceLock::new();
+static SLOTS: Mutex<Vec<Weak<Slot>>> = Mutex::new(Vec::new());
+static WATCHDOG: OnceLock<()> = OnceLock::new();
+
+/// How long one evaluation may run before it is a runaway (default 10 s).
+/// Process-wide: the limit belongs to the run, not to one program.
+pub fn set_time_limit(limit: Duration) {
+    let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX).max(1);
+    LIMIT_MS.store(ms, Ordering::Relaxed);
+}
+
+pub fn time_limit() -> Duration {
+    Duration::from_millis(LIMIT_MS.load(Ordering::Relaxed))
+}
+
+/// Installs what happens to a runaway (once per process; later calls are
+/// ignored). Without a handler the error is printed and the process exits
+/// with status 2.
+pub fn on_runaway(handler: impl Fn(&Runaway) + Send + Sync + 'static) {
+    let _ = HANDLER.set(Box::new(handler));
+}
+
+/// One thread's evaluation in progress: when it started (0: idle), and
+/// where. Written by its thread, read by the watchdog.
+#[derive(Default)]
+struct Slot {
+    started_ms: AtomicU64,
+    place: Mutex<Place>,
+}
+
+#[derive(Default)]
+struct Place {
+    program: Option<Arc<str>>,
+    what: String,
+    unit: String,
+}
+
+thread_local! {
+    static SLOT: Arc<Slot> = register();
+}
+
+fn register() -> Arc<Slot> {
+    let slot = Arc::new(Slot::default());
+    if let Ok(mut slots) = SLOTS.lock() {
+        slots.retain(|w| w.strong_count() > 0);
+        slots.push(Arc::downgrade(&slot));
+    }
+    WATCHDOG.get_or_init(|| {
+        // Without the watchdog a runaway hangs the run, which is what it
+        // exists to prevent; a failed spawn is left to show as that hang.
+        let _ = std::thread::Builder::new()
+            .name("jq-watchdog".into())
+            .spawn(watch_loop);
+    });
+    slot
+}
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ms() -> u64 {
+    // +1 keeps 0 free to mean "idle".
+    u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1
+}
+
+/// Marks the calling thread busy for as long as it lives.
+struct Watch;
+
+impl Watch {
+    fn start(program: &Arc<str>, at: Site<'_>) -> Watch {
+        SLOT.with(|slot| {
+            if let Ok(mut place) = slot.place.lock() {
+                place.program = Some(Arc::clone(program));
+                place.what.clear();
+                place.what.push_str(at.what);
+                place.unit.clear();
+                place.unit.push_str(at.unit);
+            }
+            slot.started_ms.store(now_ms(), Ordering::Release);
+        });
+        Watch
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = SLOT.try_with(|slot| slot.started_ms.store(0, Ordering::Release));
+    }
+}
+
+fn watch_loop() {
+    loop {
+        let limit = LIMIT_MS.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis((limit / 4).clamp(10, 250)));
+        let slots: Vec<Arc<Slot>> = match SLOTS.lock() {
+            Ok(s) => s.iter().filter_map(Weak::upgrade).collect(),
+            Err(_) => continue,
+        };
+        let now = now_ms();
+        for slot in slots {
+            let started = slot.started_ms.load(Ordering::Acquire);
+            if started == 0 || now.saturating_sub(started) <= limit {
+                continue;
+            }
+            let runaway = match slot.place.lock() {
+                Ok(place) => Runaway {
+                    program: place.program.as_deref().unwrap_or("").to_owned(),
+                    what: place.what.clone(),
+                    unit: place.unit.clone(),
+                    elapsed: Duration::from_millis(now.saturating_sub(started)),
+                },
+                Err(_) => continue,
+            };
+            // Reported once: the slot stays busy while its thread is stuck.
+            slot.started_ms.store(0, Ordering::Release);
+            match HANDLER.get() {
+                Some(handler) => handler(&runaway),
+                None => {
+                    eprintln!("error: {runaway}");
+                    std::process::exit(2);
+                }
+            }
+        }
+    }
+}
+
 /// Where `at` (a slice of `source`) starts, as a person counts: line and
 /// column, or "the end".
 fn position(source: &str, at: &str) -> String {
@@ -181,6 +371,8 @@ fn describe_load_error(source: &str, e: jaq_core::load::Error<&str>) -> String {
     out.join("; ")
 }
 
+/// A short form of a program for error messages: long scripts are named by
+/// their first line.
 fn excerpt(source: &str) -> String {
     let first = source
         .lines()
@@ -208,6 +400,11 @@ pub fn parse_val(bytes: &[u8]) -> Result<Val, String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    const AT: Site<'static> = Site {
+        what: "a test",
+        unit: "u1",
+    };
 
     #[test]
     fn syntax_errors_say_where() {
@@ -237,11 +434,11 @@ mod tests {
         // Both generate without end; only their first value is asked for.
         for expr in ["repeat(false)", "limit(1e12; repeat(.))"] {
             let p = JqProgram::compile(expr).expect("compiles");
-            assert!(!p.test(to_val(&json!(false))).expect("runs"));
+            assert!(!p.test(to_val(&json!(false)), AT).expect("runs"));
         }
         let p = JqProgram::compile("range(1e12)").expect("compiles");
         assert_eq!(
-            p.first_json(to_val(&json!(null))).expect("runs"),
+            p.first_json(to_val(&json!(null)), AT).expect("runs"),
             Some(json!(0))
         );
     }
@@ -251,16 +448,16 @@ mod tests {
         let p = JqProgram::compile(r#".state == "OPEN" and any(.labels[]; .name == "bug")"#)
             .expect("compiles");
         let issue = json!({"state": "OPEN", "labels": [{"name": "bug"}]});
-        assert!(p.test(to_val(&issue)).expect("runs"));
+        assert!(p.test(to_val(&issue), AT).expect("runs"));
         let closed = json!({"state": "CLOSED", "labels": []});
-        assert!(!p.test(to_val(&closed)).expect("runs"));
+        assert!(!p.test(to_val(&closed), AT).expect("runs"));
     }
 
     #[test]
     fn regex_functions_are_available() {
         let p = JqProgram::compile(r#".body | test("refresh token"; "i")"#).expect("compiles");
         assert!(
-            p.test(to_val(&json!({"body": "The Refresh Token rotates"})))
+            p.test(to_val(&json!({"body": "The Refresh Token rotates"})), AT)
                 .expect("runs")
         );
     }
@@ -277,7 +474,47 @@ mod tests {
     fn first_json_round_trips() {
         let p = JqProgram::compile(r#"{decision: (if .n > 2 then "yes" else "no" end), n}"#)
             .expect("compiles");
-        let out = p.first_json(to_val(&json!({"n": 3}))).expect("runs");
+        let out = p.first_json(to_val(&json!({"n": 3})), AT).expect("runs");
         assert_eq!(out, Some(json!({"decision": "yes", "n": 3})));
+    }
+
+    #[test]
+    fn a_runaway_program_is_reported_with_its_place() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tx = Mutex::new(tx);
+        on_runaway(move |r| {
+            if let Ok(tx) = tx.lock() {
+                let _ = tx.send(r.clone());
+            }
+        });
+        set_time_limit(Duration::from_millis(200));
+        // A quick program under the watch is never reported.
+        let quick = JqProgram::compile(".a").expect("compiles");
+        assert!(
+            quick
+                .first(to_val(&json!({"a": 1})), Site::new("quick", "u0"))
+                .is_ok()
+        );
+        std::thread::spawn(|| {
+            let p = JqProgram::compile("def f: f; f").expect("compiles");
+            let _ = p.first(
+                to_val(&json!(null)),
+                Site::new("prefilter rule `loop`", "u7"),
+            );
+        });
+        let r = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the watchdog reports the runaway");
+        assert_eq!(r.program, "def f: f; f");
+        assert_eq!(r.what, "prefilter rule `loop`");
+        assert_eq!(r.unit, "u7");
+        assert!(r.elapsed >= Duration::from_millis(200));
+        let shown = r.to_string();
+        assert!(
+            shown.contains("u7") && shown.contains("def f: f; f"),
+            "{shown}"
+        );
+        // Reported once, not on every watchdog tick.
+        assert!(rx.recv_timeout(Duration::from_millis(600)).is_err());
     }
 }

@@ -4,7 +4,7 @@
 use fanfold_core::spec::{PrefilterAction, PrefilterRule};
 use serde::{Deserialize, Serialize};
 
-use crate::jq::{JqError, JqProgram};
+use crate::jq::{JqError, JqProgram, Site};
 
 /// What the prefilter decided for one unit.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,6 +54,8 @@ pub enum PrefilterError {
 struct CompiledRule {
     rule: PrefilterRule,
     program: JqProgram,
+    /// How a runaway evaluation names the rule.
+    site: String,
 }
 
 /// The compiled rule list. Compile once per thread (jq values are not Send).
@@ -75,6 +77,7 @@ impl Prefilter {
                 source,
             })?;
             compiled.push(CompiledRule {
+                site: format!("prefilter rule `{}`", rule.name),
                 rule: rule.clone(),
                 program,
             });
@@ -102,7 +105,7 @@ impl Prefilter {
         for (i, c) in self.rules.iter().enumerate() {
             let hit = c
                 .program
-                .test(value.clone())
+                .test(value.clone(), Site::new(&c.site, unit_id))
                 .map_err(|source| PrefilterError::Eval {
                     rule: c.rule.name.clone(),
                     unit: unit_id.to_owned(),
@@ -139,6 +142,7 @@ pub mod fast {
     use jaq_json::Val;
 
     use super::{Outcome, Prefilter, PrefilterError};
+    use crate::jq::Site;
     use crate::partition::fast_jsonl::{Record, Shape, ValueRef};
 
     /// Compile once per thread, like [`Prefilter`].
@@ -179,11 +183,13 @@ pub mod fast {
                     Some(out) => out.is_true(),
                     None => {
                         let v = value.get_or_insert_with(|| record.to_val()).clone();
-                        c.program.test(v).map_err(|source| PrefilterError::Eval {
-                            rule: c.rule.name.clone(),
-                            unit: unit_id.to_owned(),
-                            source,
-                        })?
+                        c.program
+                            .test(v, Site::new(&c.site, unit_id))
+                            .map_err(|source| PrefilterError::Eval {
+                                rule: c.rule.name.clone(),
+                                unit: unit_id.to_owned(),
+                                source,
+                            })?
                     }
                 };
                 if hit {

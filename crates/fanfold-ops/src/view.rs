@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::jq::{JqProgram, to_val};
+use crate::jq::{JqProgram, Site, to_val};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProjectError {
@@ -54,7 +54,8 @@ impl Projector {
             unit: unit_id.to_owned(),
             detail,
         };
-        match p.first_json(to_val(value)) {
+        let site = format!("the `project` of stage `{}`", self.stage);
+        match p.first_json(to_val(value), Site::new(&site, unit_id)) {
             Ok(Some(v)) => Ok(v),
             Ok(None) => Err(err("the project expression yielded nothing".into())),
             Err(e) => Err(err(e.to_string())),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use fanfold_core::StableHash;
 use fanfold_core::spec::{FaultKind, FaultSpec};
-use fanfold_ops::jq::{JqProgram, to_val};
+use fanfold_ops::jq::{JqProgram, Site, to_val};
 
 use fanfold_model::{
     BackendError, BackendInfo, CallError, Completion, Job, ModelBackend, Usage, approx_tokens,
@@ -72,7 +72,10 @@ impl ScriptedBackend {
             Some(FaultKind::SchemaViolation) => "{\"decision\": 42}".to_owned(),
             Some(FaultKind::FalseQuote) | None => {
                 let mut out = program
-                    .first_json(to_val(&req.input))
+                    .first_json(
+                        to_val(&req.input),
+                        Site::new("the scripted judge", &req.unit_id),
+                    )
                     .map_err(|e| CallError::Backend(e.to_string()))?
                     .unwrap_or(serde_json::Value::Null);
                 if fault == Some(FaultKind::FalseQuote)

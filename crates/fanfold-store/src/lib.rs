@@ -7,7 +7,9 @@
 //! elements), `prefilters` and `route_chunks` (the rule that decided each
 //! element, one byte per element in ordinal order), `facts` (decided stage
 //! outputs by content key), `fold_nodes` (fold tree nodes by key), `runs`,
-//! `run_units` (each unit's outcome in a run), `run_events`, and `batches`
+//! `run_units` (each unit's outcome in a run), `run_events`, `claims` (which
+//! live run is paying for which fact key, with a lease that lapses when its
+//! holder stops renewing it), and `batches`
 //! with `batch_requests` (provider batches and the content keys of the
 //! requests in them, so a run stopped while a batch is pending collects it
 //! when run again).
@@ -28,7 +30,11 @@ use serde::{Deserialize, Serialize};
 
 /// Bumped when the tables change shape; an older file is refused, not
 /// silently misread.
-pub const SCHEMA_VERSION: &str = "fanfold-store-v2";
+pub const SCHEMA_VERSION: &str = "fanfold-store-v3";
+
+/// The previous schema, which [`Store::open`] upgrades in place: v3 adds
+/// the `claims` table and the `pid` and `heartbeat_ms` of a run.
+const SCHEMA_V2: &str = "fanfold-store-v2";
 
 /// The size of a stored source chunk: small enough that reading one unit
 /// back costs one chunk, large enough that a gigabyte is a thousand rows.
@@ -53,7 +59,151 @@ pub enum StoreError {
     Foreign { path: String },
     #[error("refusing to cache a `{status}` fact: only decided answers are cached")]
     NotCacheable { status: String },
+    #[error("store {path} stayed locked by another writer for {secs} s{holders}")]
+    Busy {
+        path: String,
+        secs: u64,
+        /// The live runs that may hold it, in words (empty when none is
+        /// known).
+        holders: String,
+    },
 }
+
+impl StoreError {
+    /// For a store that stayed locked, names the live runs that may hold
+    /// it (other than `own_run`), read through a fresh read-only
+    /// connection: WAL readers are never blocked by the writer.
+    pub fn name_holders(self, own_run: Option<&str>) -> StoreError {
+        let StoreError::Busy { path, secs, .. } = self else {
+            return self;
+        };
+        let others: Vec<String> = live_runs_at(Path::new(&path), LIVE_MS)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| Some(r.run_id.as_str()) != own_run)
+            .map(|r| r.to_string())
+            .collect();
+        let holders = if others.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; another fanfold is using it: {}. Wait for it to finish, or give this run another --store",
+                others.join(", ")
+            )
+        };
+        StoreError::Busy {
+            path,
+            secs,
+            holders,
+        }
+    }
+}
+
+/// A run whose heartbeat is younger than this is alive. Runs beat every
+/// [`HEARTBEAT_MS`].
+pub const LIVE_MS: u64 = 60_000;
+/// How often a running run renews its leases and heartbeat.
+pub const HEARTBEAT_MS: u64 = 10_000;
+
+/// The live runs of the store at `path`, read without opening it for
+/// writing.
+pub fn live_runs_at(path: &Path, stale_ms: u64) -> Result<Vec<RunInfo>, rusqlite::Error> {
+    let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    let since = now_ms() as i64 - stale_ms as i64;
+    let mut st = conn.prepare(
+        "SELECT run_id, spec_name, pid, started_ms, heartbeat_ms FROM runs
+         WHERE finished_ms IS NULL AND COALESCE(heartbeat_ms, started_ms) >= ?1
+         ORDER BY started_ms",
+    )?;
+    let rows = st.query_map([since], run_info)?;
+    rows.collect()
+}
+
+fn run_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunInfo> {
+    Ok(RunInfo {
+        run_id: r.get(0)?,
+        spec_name: r.get(1)?,
+        pid: r
+            .get::<_, Option<i64>>(2)?
+            .and_then(|p| u32::try_from(p).ok()),
+        started_ms: r.get::<_, i64>(3)?.max(0) as u64,
+        heartbeat_ms: r.get::<_, Option<i64>>(4)?.map(|h| h.max(0) as u64),
+    })
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+/// What [`Store::collect_garbage`] removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct GcReport {
+    pub runs: u64,
+    pub sources: u64,
+    pub chunks: u64,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+}
+
+/// Deletes a source and everything derived from its bytes alone: its
+/// chunk list, partitions, units, rejections and routes (not its chunks,
+/// which other sources may share).
+fn drop_source(tx: &rusqlite::Transaction<'_>, hash: &str) -> rusqlite::Result<()> {
+    let parts = "SELECT id FROM partitions WHERE source_hash = ?1";
+    for table in ["route_chunks", "routings", "units", "rejections"] {
+        tx.execute(
+            &format!("DELETE FROM {table} WHERE partition IN ({parts})"),
+            [hash],
+        )?;
+    }
+    tx.execute("DELETE FROM partitions WHERE source_hash = ?1", [hash])?;
+    tx.execute("DELETE FROM artifact_chunks WHERE artifact = ?1", [hash])?;
+    tx.execute("DELETE FROM artifacts WHERE hash = ?1", [hash])?;
+    Ok(())
+}
+
+/// Deletes chunks no source lists; how many.
+fn delete_orphan_chunks(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<usize> {
+    tx.execute(
+        "DELETE FROM chunks WHERE hash NOT IN (SELECT chunk FROM artifact_chunks)",
+        [],
+    )
+}
+
+/// Whether a fact key is this run's to pay for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Claimed (or already held) by this run.
+    Mine,
+    /// Another live run holds it until `expires_ms`, unless it renews.
+    Held { run_id: String, expires_ms: u64 },
+}
+
+/// A run as the `runs` table knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunInfo {
+    pub run_id: String,
+    pub spec_name: String,
+    pub pid: Option<u32>,
+    pub started_ms: u64,
+    pub heartbeat_ms: Option<u64>,
+}
+
+impl std::fmt::Display for RunInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "run {} of spec `{}`", self.run_id, self.spec_name)?;
+        if let Some(pid) = self.pid {
+            write!(f, " (pid {pid})")?;
+        }
+        Ok(())
+    }
+}
+
+/// How long a store write waits for another writer before it fails.
+const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// One stored piece of a source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,7 +353,11 @@ CREATE TABLE IF NOT EXISTS fold_nodes (
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, spec_name TEXT NOT NULL, spec_hash TEXT NOT NULL,
     source_hash TEXT NOT NULL, started_ms INTEGER NOT NULL, finished_ms INTEGER,
-    partition INTEGER, prefilter INTEGER, stop_reason TEXT, certificate TEXT);
+    partition INTEGER, prefilter INTEGER, stop_reason TEXT, certificate TEXT,
+    pid INTEGER, heartbeat_ms INTEGER);
+CREATE TABLE IF NOT EXISTS claims (
+    key TEXT PRIMARY KEY, run_id TEXT NOT NULL, expires_ms INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS claims_by_run ON claims (run_id);
 CREATE TABLE IF NOT EXISTS run_units (
     run_id TEXT NOT NULL, unit_id TEXT NOT NULL, stage TEXT NOT NULL,
     status TEXT NOT NULL, reason TEXT, fact_key TEXT,
@@ -216,9 +370,18 @@ CREATE TABLE IF NOT EXISTS run_events (
 impl Store {
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         let p = path.display().to_string();
-        let sql = |source| StoreError::Sqlite {
-            path: p.clone(),
-            source,
+        let sql = |source: rusqlite::Error| {
+            if is_busy(&source) {
+                return StoreError::Busy {
+                    path: p.clone(),
+                    secs: BUSY_TIMEOUT.as_secs(),
+                    holders: String::new(),
+                };
+            }
+            StoreError::Sqlite {
+                path: p.clone(),
+                source,
+            }
         };
         if let Some(dir) = path.parent()
             && !dir.as_os_str().is_empty()
@@ -227,6 +390,9 @@ impl Store {
             let _ = std::fs::create_dir_all(dir);
         }
         let conn = Connection::open(path).map_err(sql)?;
+        // First: every statement below may meet another process opening
+        // the same file, and must wait for it rather than fail.
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(sql)?;
         // Another application's database is left exactly as it was: no
         // WAL switch, no tables. An empty file, or one of ours, goes on.
         let app: i64 = conn
@@ -250,8 +416,6 @@ impl Store {
             .map_err(sql)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(sql)?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(sql)?;
         conn.execute_batch(SCHEMA).map_err(sql)?;
         if app != APPLICATION_ID {
             conn.pragma_update(None, "application_id", APPLICATION_ID)
@@ -272,6 +436,16 @@ impl Store {
                 .map_err(sql)?;
             }
             Some(v) if v == SCHEMA_VERSION => {}
+            Some(v) if v == SCHEMA_V2 => {
+                conn.execute_batch(
+                    "BEGIN IMMEDIATE;
+                     ALTER TABLE runs ADD COLUMN pid INTEGER;
+                     ALTER TABLE runs ADD COLUMN heartbeat_ms INTEGER;
+                     UPDATE meta SET value = 'fanfold-store-v3' WHERE key = 'schema';
+                     COMMIT;",
+                )
+                .map_err(sql)?;
+            }
             Some(v) => return Err(StoreError::Version { path: p, found: v }),
         }
         Ok(Store {
@@ -291,6 +465,15 @@ impl Store {
     }
 
     fn sql(&self, source: rusqlite::Error) -> StoreError {
+        if is_busy(&source) {
+            // The holder is named by the caller, who can read the store
+            // without the lock this connection may be holding.
+            return StoreError::Busy {
+                path: self.path.display().to_string(),
+                secs: BUSY_TIMEOUT.as_secs(),
+                holders: String::new(),
+            };
+        }
         StoreError::Sqlite {
             path: self.path.display().to_string(),
             source,
@@ -738,6 +921,14 @@ impl Store {
             .map_err(|e| self.sql(e))
     }
 
+    /// How many sources the store holds.
+    pub fn count_sources(&self) -> Result<u64, StoreError> {
+        self.conn()
+            .query_row("SELECT COUNT(*) FROM artifacts", [], |r| r.get::<_, i64>(0))
+            .map(|n| n.max(0) as u64)
+            .map_err(|e| self.sql(e))
+    }
+
     pub fn count_facts(&self) -> Result<u64, StoreError> {
         self.conn()
             .query_row("SELECT COUNT(*) FROM facts", [], |r| r.get::<_, i64>(0))
@@ -913,13 +1104,112 @@ impl Store {
         spec_hash: &ContentHash,
         source: &ContentHash,
     ) -> Result<(), StoreError> {
+        let now = now_ms() as i64;
         self.conn()
             .execute(
-                "INSERT INTO runs (run_id, spec_name, spec_hash, source_hash, started_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![run_id, spec_name, spec_hash.to_hex(), source.to_hex(), now_ms() as i64],
+                "INSERT INTO runs (run_id, spec_name, spec_hash, source_hash, started_ms, pid, heartbeat_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?5)",
+                params![run_id, spec_name, spec_hash.to_hex(), source.to_hex(), now, std::process::id()],
             )
             .map_err(|e| self.sql(e))?;
         Ok(())
+    }
+
+    /// Claims `key` for `run_id` for `lease_ms`, unless another run holds a
+    /// lease on it that has not lapsed. One statement: two processes
+    /// claiming at once cannot both win.
+    pub fn claim(
+        &self,
+        key: &ContentHash,
+        run_id: &str,
+        lease_ms: u64,
+    ) -> Result<Claim, StoreError> {
+        let now = now_ms() as i64;
+        let conn = self.conn();
+        let won = conn
+            .execute(
+                "INSERT INTO claims (key, run_id, expires_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (key) DO UPDATE SET run_id = excluded.run_id, expires_ms = excluded.expires_ms
+                 WHERE claims.run_id = excluded.run_id OR claims.expires_ms < ?4",
+                params![key.to_hex(), run_id, now + lease_ms as i64, now],
+            )
+            .map_err(|e| self.sql(e))?;
+        if won == 1 {
+            return Ok(Claim::Mine);
+        }
+        let held = conn
+            .query_row(
+                "SELECT run_id, expires_ms FROM claims WHERE key = ?1",
+                [key.to_hex()],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))?;
+        Ok(match held {
+            Some((holder, expires)) if holder != run_id => Claim::Held {
+                run_id: holder,
+                expires_ms: expires.max(0) as u64,
+            },
+            _ => Claim::Mine,
+        })
+    }
+
+    /// Gives up `run_id`'s lease on `key` (its unit ended without a fact
+    /// to share: another run may try it).
+    pub fn release_claim(&self, key: &ContentHash, run_id: &str) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "DELETE FROM claims WHERE key = ?1 AND run_id = ?2",
+                params![key.to_hex(), run_id],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    /// Renews every lease `run_id` holds and marks the run alive.
+    pub fn heartbeat(&self, run_id: &str, lease_ms: u64) -> Result<(), StoreError> {
+        let now = now_ms() as i64;
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        tx.execute(
+            "UPDATE claims SET expires_ms = ?2 WHERE run_id = ?1",
+            params![run_id, now + lease_ms as i64],
+        )
+        .map_err(|e| self.sql(e))?;
+        tx.execute(
+            "UPDATE runs SET heartbeat_ms = ?2 WHERE run_id = ?1",
+            params![run_id, now],
+        )
+        .map_err(|e| self.sql(e))?;
+        tx.commit().map_err(|e| self.sql(e))
+    }
+
+    /// Runs that never finished and whose last heartbeat is older than
+    /// `stale_ms` (their process was killed) are marked `abandoned`, and
+    /// their leases dropped. Returns how many.
+    pub fn close_abandoned_runs(&self, stale_ms: u64) -> Result<usize, StoreError> {
+        let now = now_ms() as i64;
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        let n = tx
+            .execute(
+                "UPDATE runs SET finished_ms = ?1, stop_reason = 'abandoned'
+                 WHERE finished_ms IS NULL AND COALESCE(heartbeat_ms, started_ms) < ?2",
+                params![now, now - stale_ms as i64],
+            )
+            .map_err(|e| self.sql(e))?;
+        tx.execute(
+            "DELETE FROM claims WHERE run_id IN (SELECT run_id FROM runs WHERE stop_reason = 'abandoned')",
+            [],
+        )
+        .map_err(|e| self.sql(e))?;
+        tx.commit().map_err(|e| self.sql(e))?;
+        Ok(n)
+    }
+
+    /// Unfinished runs whose heartbeat is at most `stale_ms` old.
+    pub fn live_runs(&self, stale_ms: u64) -> Result<Vec<RunInfo>, StoreError> {
+        live_runs_at(&self.path, stale_ms).map_err(|e| self.sql(e))
     }
 
     /// Records the outcome of many units in one transaction.
@@ -964,19 +1254,129 @@ impl Store {
         Ok(())
     }
 
+    /// Records the run's end and drops its leases.
     pub fn finish_run(
         &self,
         run_id: &str,
         stop_reason: &str,
         certificate_json: &str,
     ) -> Result<(), StoreError> {
-        self.conn()
-            .execute(
-                "UPDATE runs SET finished_ms = ?2, stop_reason = ?3, certificate = ?4 WHERE run_id = ?1",
-                params![run_id, now_ms() as i64, stop_reason, certificate_json],
-            )
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        tx.execute(
+            "UPDATE runs SET finished_ms = ?2, stop_reason = ?3, certificate = ?4 WHERE run_id = ?1",
+            params![run_id, now_ms() as i64, stop_reason, certificate_json],
+        )
+        .map_err(|e| self.sql(e))?;
+        tx.execute("DELETE FROM claims WHERE run_id = ?1", [run_id])
             .map_err(|e| self.sql(e))?;
-        Ok(())
+        tx.commit().map_err(|e| self.sql(e))
+    }
+
+    /// Ends a run that failed: `failed`, with its leases dropped. When
+    /// `forget_source` is set (its input did not parse) and no other run
+    /// read the same source, the source goes too: a file that was refused
+    /// does not stay in the store.
+    pub fn fail_run(&self, run_id: &str, forget_source: bool) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        tx.execute(
+            "UPDATE runs SET finished_ms = ?2, stop_reason = 'failed' WHERE run_id = ?1",
+            params![run_id, now_ms() as i64],
+        )
+        .map_err(|e| self.sql(e))?;
+        tx.execute("DELETE FROM claims WHERE run_id = ?1", [run_id])
+            .map_err(|e| self.sql(e))?;
+        if forget_source {
+            let source: Option<String> = tx
+                .query_row(
+                    "SELECT source_hash FROM runs WHERE run_id = ?1
+                     AND NOT EXISTS (SELECT 1 FROM runs o WHERE o.source_hash = runs.source_hash
+                                     AND o.run_id != ?1)",
+                    [run_id],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(|e| self.sql(e))?;
+            if let Some(source) = source {
+                drop_source(&tx, &source).map_err(|e| self.sql(e))?;
+                tx.execute("DELETE FROM run_units WHERE run_id = ?1", [run_id])
+                    .map_err(|e| self.sql(e))?;
+                tx.execute("DELETE FROM run_events WHERE run_id = ?1", [run_id])
+                    .map_err(|e| self.sql(e))?;
+                tx.execute("DELETE FROM runs WHERE run_id = ?1", [run_id])
+                    .map_err(|e| self.sql(e))?;
+                delete_orphan_chunks(&tx).map_err(|e| self.sql(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.sql(e))
+    }
+
+    /// Removes what no answer refers to: runs that never finished with a
+    /// certificate (failed, abandoned), and sources (with their partitions
+    /// and routes) that no remaining run read. Facts, vectors and fold
+    /// nodes are the cache and stay. Refused while another run is live.
+    pub fn collect_garbage(&self) -> Result<GcReport, StoreError> {
+        self.close_abandoned_runs(LIVE_MS)?;
+        let live = self.live_runs(LIVE_MS)?;
+        if !live.is_empty() {
+            let names: Vec<String> = live.iter().map(ToString::to_string).collect();
+            return Err(StoreError::Busy {
+                path: self.path.display().to_string(),
+                secs: 0,
+                holders: format!("; runs are live on it: {}", names.join(", ")),
+            });
+        }
+        let before = self.file_bytes();
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        let mut report = GcReport::default();
+        let dead = "SELECT run_id FROM runs WHERE certificate IS NULL";
+        tx.execute(
+            &format!("DELETE FROM run_units WHERE run_id IN ({dead})"),
+            [],
+        )
+        .map_err(|e| self.sql(e))?;
+        tx.execute(
+            &format!("DELETE FROM run_events WHERE run_id IN ({dead})"),
+            [],
+        )
+        .map_err(|e| self.sql(e))?;
+        report.runs = tx
+            .execute("DELETE FROM runs WHERE certificate IS NULL", [])
+            .map_err(|e| self.sql(e))? as u64;
+        let unread: Vec<String> = {
+            let mut st = tx
+                .prepare(
+                    "SELECT hash FROM artifacts
+                     WHERE hash NOT IN (SELECT source_hash FROM runs)",
+                )
+                .map_err(|e| self.sql(e))?;
+            let rows = st.query_map([], |r| r.get(0)).map_err(|e| self.sql(e))?;
+            rows.collect::<Result<_, _>>().map_err(|e| self.sql(e))?
+        };
+        for hash in &unread {
+            drop_source(&tx, hash).map_err(|e| self.sql(e))?;
+        }
+        report.sources = unread.len() as u64;
+        report.chunks = delete_orphan_chunks(&tx).map_err(|e| self.sql(e))? as u64;
+        tx.commit().map_err(|e| self.sql(e))?;
+        // Give the freed pages back to the file system.
+        conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE); VACUUM;")
+            .map_err(|e| self.sql(e))?;
+        drop(conn);
+        report.bytes_before = before;
+        report.bytes_after = self.file_bytes();
+        Ok(report)
+    }
+
+    fn file_bytes(&self) -> u64 {
+        let wal = PathBuf::from(format!("{}-wal", self.path.display()));
+        [&self.path, &wal]
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum()
     }
 
     /// Runs that began and never finished (killed processes).
@@ -1262,5 +1662,155 @@ mod tests {
             Store::open(&path),
             Err(StoreError::Version { .. })
         ));
+    }
+
+    #[test]
+    fn a_key_is_claimed_by_one_run_until_its_lease_lapses() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.sqlite");
+        let a = Store::open(&path).expect("open");
+        let b = Store::open(&path).expect("open");
+        let key = ContentHash::of_bytes(b"unit 1");
+        let h = ContentHash::of_bytes(b"x");
+        a.begin_run("run-a", "spec", &h, &h).expect("run");
+        b.begin_run("run-b", "spec", &h, &h).expect("run");
+        assert_eq!(a.claim(&key, "run-a", 60_000).expect("claim"), Claim::Mine);
+        // Claiming again is renewing, for the holder.
+        assert_eq!(a.claim(&key, "run-a", 60_000).expect("claim"), Claim::Mine);
+        match b.claim(&key, "run-b", 60_000).expect("claim") {
+            Claim::Held { run_id, expires_ms } => {
+                assert_eq!(run_id, "run-a");
+                assert!(expires_ms > now_ms());
+            }
+            Claim::Mine => panic!("two runs hold one key"),
+        }
+        // A holder that stops renewing loses the key once the lease lapses.
+        let other = ContentHash::of_bytes(b"unit 2");
+        assert_eq!(a.claim(&other, "run-a", 0).expect("claim"), Claim::Mine);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert_eq!(
+            b.claim(&other, "run-b", 60_000).expect("claim"),
+            Claim::Mine
+        );
+        // A heartbeat renews every lease the run holds.
+        a.heartbeat("run-a", 120_000).expect("beat");
+        assert!(matches!(
+            b.claim(&key, "run-b", 60_000).expect("claim"),
+            Claim::Held { .. }
+        ));
+        // Finishing drops the run's leases.
+        a.finish_run("run-a", "completed", "{}").expect("finish");
+        assert_eq!(b.claim(&key, "run-b", 60_000).expect("claim"), Claim::Mine);
+        let live: Vec<String> = b
+            .live_runs(LIVE_MS)
+            .expect("live")
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect();
+        assert_eq!(live, ["run-b"]);
+    }
+
+    #[test]
+    fn killed_runs_end_abandoned_and_drop_their_leases() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("s.sqlite")).expect("open");
+        let h = ContentHash::of_bytes(b"x");
+        store.begin_run("dead", "spec", &h, &h).expect("run");
+        store.begin_run("alive", "spec", &h, &h).expect("run");
+        let key = ContentHash::of_bytes(b"unit");
+        assert_eq!(
+            store.claim(&key, "dead", 600_000).expect("claim"),
+            Claim::Mine
+        );
+        // The dead run's last sign of life was long ago.
+        store
+            .conn()
+            .execute("UPDATE runs SET heartbeat_ms = 1 WHERE run_id = 'dead'", [])
+            .expect("age");
+        assert_eq!(store.close_abandoned_runs(LIVE_MS).expect("close"), 1);
+        assert_eq!(store.unfinished_runs().expect("runs"), ["alive"]);
+        let reason: String = store
+            .conn()
+            .query_row(
+                "SELECT stop_reason FROM runs WHERE run_id = 'dead'",
+                [],
+                |r| r.get(0),
+            )
+            .expect("row");
+        assert_eq!(reason, "abandoned");
+        assert_eq!(
+            store.claim(&key, "alive", 60_000).expect("claim"),
+            Claim::Mine
+        );
+    }
+
+    #[test]
+    fn a_locked_store_names_the_run_holding_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.sqlite");
+        let holder = Store::open(&path).expect("open");
+        let h = ContentHash::of_bytes(b"x");
+        holder
+            .begin_run("run-holder", "triage", &h, &h)
+            .expect("run");
+        let err = StoreError::Busy {
+            path: path.display().to_string(),
+            secs: 10,
+            holders: String::new(),
+        }
+        .name_holders(Some("run-me"));
+        let text = err.to_string();
+        assert!(text.contains("run run-holder of spec `triage`"), "{text}");
+        assert!(
+            text.contains(&format!("pid {}", std::process::id())),
+            "{text}"
+        );
+        assert!(text.contains("another --store"), "{text}");
+        // SQLite's own busy error becomes this error.
+        let c = Connection::open(&path).expect("conn");
+        c.execute_batch("BEGIN IMMEDIATE").expect("lock");
+        holder
+            .conn()
+            .busy_timeout(std::time::Duration::from_millis(50))
+            .expect("timeout");
+        let busy = holder
+            .put_fold_node(&h, 0, &serde_json::json!(1))
+            .expect_err("locked");
+        assert!(matches!(busy, StoreError::Busy { .. }), "{busy}");
+    }
+
+    #[test]
+    fn a_v2_store_is_upgraded_in_place() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.sqlite");
+        {
+            let c = Connection::open(&path).expect("conn");
+            let v2 = SCHEMA
+                .replace(",\n    pid INTEGER, heartbeat_ms INTEGER", "")
+                .replace(
+                    "    partition INTEGER, prefilter INTEGER, stop_reason TEXT, certificate TEXT,\n    pid INTEGER, heartbeat_ms INTEGER);",
+                    "    partition INTEGER, prefilter INTEGER, stop_reason TEXT, certificate TEXT);",
+                );
+            assert!(!v2.contains("heartbeat_ms"), "the old runs table");
+            c.execute_batch(&v2).expect("v2 tables");
+            c.execute(
+                "INSERT INTO meta (key, value) VALUES ('schema', 'fanfold-store-v2')",
+                [],
+            )
+            .expect("meta");
+            c.pragma_update(None, "application_id", APPLICATION_ID)
+                .expect("app id");
+            c.execute(
+                "INSERT INTO runs (run_id, spec_name, spec_hash, source_hash, started_ms) VALUES ('old', 's', 'h', 'h', 1)",
+                [],
+            )
+            .expect("old run");
+        }
+        let store = Store::open(&path).expect("upgraded");
+        let h = ContentHash::of_bytes(b"x");
+        store.begin_run("new", "s", &h, &h).expect("run");
+        assert_eq!(store.unfinished_runs().expect("runs"), ["old", "new"]);
+        drop(store);
+        drop(Store::open(&path).expect("opens as v3"));
     }
 }

@@ -127,36 +127,93 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     if let Some(dir) = &opts.out_dir {
         crate::output::check_writable(dir)?;
     }
-    let store = Store::open(&opts.store_path)?;
+    let store = Store::open(&opts.store_path).map_err(|e| e.name_holders(None))?;
     if let Some(bytes) = opts.store_max_bytes {
         store.set_max_bytes(bytes)?;
     }
+    // Runs killed earlier never said so: they end `abandoned`, and their
+    // leases lapse with them.
+    store
+        .close_abandoned_runs(fanfold_store::LIVE_MS)
+        .map_err(|e| e.name_holders(None))?;
     let mut phases = Phases::start();
 
     // Source.
-    let artifact = ingest::ingest(&source, &store)?;
+    let artifact = ingest::ingest(&source, &store).map_err(|e| match e {
+        RunError::Store(s) => RunError::Store(s.name_holders(None)),
+        e => e,
+    })?;
     phases.mark("source");
 
-    // Route: partition and prefilter, streamed from the stored artifact.
     let run_id = new_run_id(&artifact.hash);
-    store.begin_run(&run_id, &spec.name, &plan.spec_hash, &artifact.hash)?;
+    store
+        .begin_run(&run_id, &spec.name, &plan.spec_hash, &artifact.hash)
+        .map_err(|e| e.name_holders(None))?;
+    // While the run lives it renews its leases, so other runs on the store
+    // wait for the units it holds instead of paying for them again.
+    let (stop_beat, beat) = std::sync::mpsc::channel::<()>();
+    let result = std::thread::scope(|scope| {
+        let (store, run_id) = (&store, run_id.as_str());
+        scope.spawn(move || heartbeat(store, run_id, &beat));
+        let result = run_begun(plan, opts, progress, store, run_id, &artifact, phases);
+        drop(stop_beat);
+        result
+    });
+    result.map_err(|e| {
+        // A failed run holds nothing any more, and an input that did not
+        // parse is not kept.
+        let unparsed = matches!(e, RunError::Partition { .. });
+        if let Err(f) = store.fail_run(&run_id, unparsed) {
+            tracing::warn!(error = %f, "the failed run not recorded");
+        }
+        match e {
+            RunError::Store(s) => RunError::Store(s.name_holders(Some(&run_id))),
+            e => e,
+        }
+    })
+}
+
+/// Renews the run's leases every [`fanfold_store::HEARTBEAT_MS`] until
+/// `stop` closes.
+fn heartbeat(store: &Store, run_id: &str, stop: &std::sync::mpsc::Receiver<()>) {
+    let every = std::time::Duration::from_millis(fanfold_store::HEARTBEAT_MS);
+    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
+        if let Err(e) = store.heartbeat(run_id, fanfold_store::LIVE_MS) {
+            tracing::warn!(error = %e, "leases not renewed");
+        }
+    }
+}
+
+/// The run after its row exists: route, stages, fold, answer, verify,
+/// outputs.
+fn run_begun(
+    plan: &Plan,
+    opts: &RunOptions,
+    progress: &dyn Progress,
+    store: &Store,
+    run_id: &str,
+    artifact: &ingest::Artifact,
+    mut phases: Phases,
+) -> Result<RunReport, RunError> {
+    let spec = &plan.spec;
+    // Route: partition and prefilter, streamed from the stored artifact.
     let options = route::stream_options(opts.max_unit_bytes, opts.partition_threads);
     let routed = route::route(
         plan,
         artifact.hash,
         &artifact.origin,
-        ingest::ArtifactReader::new(&store, &artifact),
-        Some(&store),
+        ingest::ArtifactReader::new(store, artifact),
+        Some(store),
         options,
     )?;
     let partition_id = routed.partition_id.unwrap_or_default();
     store.set_run_routing(
-        &run_id,
+        run_id,
         partition_id,
         routed.prefilter_id.unwrap_or_default(),
     )?;
     store.event(
-        &run_id,
+        run_id,
         "routed",
         &json!({
             "coverage": routed.coverage,
@@ -173,11 +230,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         ContractSpec::TopK { score, .. } => Some(score.clone()),
         _ => None,
     };
-    let ledger = FactLedger::new(
-        &store,
-        Controller::new(spec.contract.clone()),
-        score_pointer,
-    );
+    let ledger = FactLedger::new(store, Controller::new(spec.contract.clone()), score_pointer);
     let mut stats = RunStats {
         slots: opts.slots.max(1),
         ..RunStats::default()
@@ -218,8 +271,8 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
             let mut ctx = StageContext {
                 spec,
                 spec_dir: &plan.spec_dir,
-                store: &store,
-                run_id: &run_id,
+                store,
+                run_id,
                 table: &routed.table,
                 slots: opts.slots.max(1),
                 budget: &budget,
@@ -273,7 +326,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         oa.cmp(&ob).then_with(|| fa.stage.cmp(&fb.stage))
     });
     let leaves: Vec<Leaf> = facts.iter().map(|(_, f)| leaf_of(f)).collect();
-    let fold = fold_tree(&spec.fold, &leaves, &mut StoreNodes(&store));
+    let fold = fold_tree(&spec.fold, &leaves, &mut StoreNodes(store));
     stats.fold_depth = fold.depth;
     stats.fold_nodes_computed = fold.nodes_computed;
     stats.fold_nodes_reused = fold.nodes_reused;
@@ -321,7 +374,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
             .then_with(|| a.stage.cmp(&b.stage))
     });
     let decided: Vec<&FactRecord> = facts.iter().filter(|f| f.status.is_cacheable()).collect();
-    let report = verify::verify_stored(plan, &store, &artifact, partition_id, &decided, &cited);
+    let report = verify::verify_stored(plan, store, artifact, partition_id, &decided, &cited);
     drop(decided);
     phases.mark("verify");
 
@@ -333,7 +386,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     let excluded = routed.excluded_by_reason.values().sum();
     let certificate = Certificate {
         schema: "fanfold.certificate/v2".into(),
-        run_id: run_id.clone(),
+        run_id: run_id.to_owned(),
         spec: spec.name.clone(),
         spec_hash: plan.spec_hash,
         question: spec.question.clone(),
@@ -407,14 +460,14 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
                 })
             })
             .collect();
-        store.put_run_units(&run_id, &rows)?;
+        store.put_run_units(run_id, &rows)?;
     }
     let cert_json = serde_json::to_string(&certificate).unwrap_or_default();
-    store.finish_run(&run_id, stop.code(), &cert_json)?;
+    store.finish_run(run_id, stop.code(), &cert_json)?;
     drop(cert_json);
 
     let report = RunReport {
-        run_id,
+        run_id: run_id.to_owned(),
         answer,
         certificate,
         facts,

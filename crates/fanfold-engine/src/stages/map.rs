@@ -9,7 +9,7 @@ use std::path::Path;
 use fanfold_core::spec::{ContractSpec, Execution, MapStageSpec, Spec};
 use fanfold_core::{ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash};
 use fanfold_model::BackendInfo;
-use fanfold_ops::jq::{JqProgram, to_val};
+use fanfold_ops::jq::{JqProgram, Site, to_val};
 use fanfold_ops::map::MapStage;
 use fanfold_ops::view::{INPUT_BUCKET, Projector};
 use fanfold_store::Store;
@@ -296,6 +296,7 @@ impl Stage for MapRunner {
             }
             _ => None,
         };
+        let bound_site = "the contract's `bound`";
         let table = ctx.table;
 
         // Cache lookups; misses become pending requests, and a miss whose
@@ -330,7 +331,7 @@ impl Stage for MapRunner {
             leader_of_key.insert(key, i);
             let bound = match &bound_program {
                 Some(p) => Some(
-                    p.first_json(to_val(&value))
+                    p.first_json(to_val(&value), Site::new(bound_site, &unit.unit_id.0))
                         .ok()
                         .flatten()
                         .and_then(|v| v.as_f64())
@@ -350,6 +351,7 @@ impl Stage for MapRunner {
                 attempt: 1,
                 bound,
                 prompt: None,
+                not_before: None,
             });
             keys.insert(i, key);
         }
@@ -387,6 +389,7 @@ impl Stage for MapRunner {
                         attempt: 1,
                         bound: None,
                         prompt: None,
+                        not_before: None,
                     },
                 );
                 canary_expect.insert(first_canary + k, c.expect.clone());
@@ -442,6 +445,7 @@ impl Stage for MapRunner {
         };
         let ledger = ctx.ledger;
         let progress = ctx.progress;
+        let (store, run_id) = (ctx.store, ctx.run_id);
         let score_pointer = match &ctx.spec.contract {
             ContractSpec::TopK { score, .. } => Some(score.as_str()),
             _ => None,
@@ -481,8 +485,17 @@ impl Stage for MapRunner {
                 ledger.record(f, shared, Origin::Shared);
                 progress.unit_finished(stage.name(), r.status);
             }
+            let status = fact.status;
             ledger.record(i, fact, Origin::Fresh);
-            progress.unit_finished(stage.name(), r.status);
+            progress.unit_finished(stage.name(), status);
+            // A unit that ended without a fact to share is left to whichever
+            // run on the store tries it next.
+            if !status.is_cacheable()
+                && let Some(key) = keys.get(&i)
+                && let Err(e) = store.release_claim(key, run_id)
+            {
+                tracing::warn!(error = %e, "lease not released");
+            }
         };
         // A batch holds every request of the stage at once; the provider,
         // not a slot count, decides how many run together.
@@ -507,6 +520,31 @@ impl Stage for MapRunner {
                 input: projected,
             }
         };
+        // A unit's fact written meanwhile by another run on this store is
+        // taken as it is: the units that run paid for are not paid again.
+        let adopted = std::sync::atomic::AtomicU64::new(0);
+        let adopt = |i: usize, fact: FactRecord| {
+            let record = |at: usize, fact: FactRecord| {
+                let u = table.unit(at);
+                let mut fact = fact;
+                fact.source_ids = vec![u.unit_id.clone()];
+                fact.source_hashes = vec![u.unit_hash];
+                let status = fact.status;
+                ledger.record(at, fact, Origin::Cached);
+                progress.unit_finished(stage.name(), status);
+                adopted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            };
+            for &f in followers.get(&i).map(Vec::as_slice).unwrap_or_default() {
+                record(f, fact.clone());
+            }
+            record(i, fact);
+        };
+        let claims = KeyClaims {
+            store: ctx.store,
+            run_id: ctx.run_id,
+            keys: &keys,
+            adopt: &adopt,
+        };
         let batch_ledger = StoreLedger(ctx.store);
         let mut job = StageJob::new(
             stage,
@@ -519,6 +557,7 @@ impl Stage for MapRunner {
         );
         job.set_batch_ledger(&batch_ledger);
         job.set_halt(ledger.failed_flag());
+        job.set_claims(&claims);
         let canaries_queued = !canary_expect.is_empty();
         job.set_guard(stage.spec.breaker.clone(), canary_expect);
         let price = |u: &fanfold_model::Usage| backend.cost_usd(u);
@@ -538,6 +577,9 @@ impl Stage for MapRunner {
             return Err(e.into());
         }
         ctx.progress.stage_finished(stage.name());
+        let adopted = adopted.into_inner();
+        ctx.stats.cache_hits += adopted;
+        ctx.stats.cache_misses = ctx.stats.cache_misses.saturating_sub(adopted);
         ctx.stats.max_in_flight = ctx.stats.max_in_flight.max(max_in_flight);
         if canaries_queued {
             let (spend, sent) = canary_spend.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -559,5 +601,47 @@ impl Stage for MapRunner {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+/// Leases on fact keys in the store, so runs sharing it pay for each unit
+/// once: a unit is called only by the run that claimed its key; a unit
+/// another live run holds waits, and is taken from the store once that run
+/// wrote its fact (or claimed again once its lease lapsed).
+struct KeyClaims<'a> {
+    store: &'a fanfold_store::Store,
+    run_id: &'a str,
+    keys: &'a HashMap<usize, ContentHash>,
+    adopt: &'a (dyn Fn(usize, FactRecord) + Sync),
+}
+
+impl crate::queue::Claims for KeyClaims<'_> {
+    fn claim(&self, index: usize) -> crate::queue::Turn {
+        use crate::queue::Turn;
+        // Canaries have no key: they are this run's own.
+        let Some(key) = self.keys.get(&index) else {
+            return Turn::Mine;
+        };
+        let claim = self.store.claim(key, self.run_id, fanfold_store::LIVE_MS);
+        // Whoever holds the key, its fact may be written already (a run
+        // keeps its leases until it ends): then it is taken as it is.
+        if let Ok(Some(fact)) = self.store.get_fact(key) {
+            (self.adopt)(index, fact);
+            return Turn::Done;
+        }
+        match claim {
+            Ok(fanfold_store::Claim::Mine) => Turn::Mine,
+            Ok(fanfold_store::Claim::Held { run_id, expires_ms }) => {
+                tracing::debug!(%run_id, "unit held by another run");
+                let lapse = expires_ms.saturating_sub(fanfold_store::now_ms());
+                Turn::Wait(std::time::Duration::from_millis(lapse.clamp(100, 1000)))
+            }
+            // The call is made: paying twice beats not answering, and a
+            // store that fails for good stops the run at the fact write.
+            Err(e) => {
+                tracing::warn!(error = %e, "unit not claimed");
+                Turn::Mine
+            }
+        }
     }
 }
