@@ -905,13 +905,22 @@ pub fn reread(
 }
 
 /// The CSV header row's bytes at the start of a source (through its line
-/// end), for [`reread`].
+/// end: `\n`, `\r\n` or a lone `\r`, as the CSV reader takes them), for
+/// [`reread`].
 pub fn csv_header(source_start: &[u8]) -> Option<&[u8]> {
     let mut in_quotes = false;
     for (i, b) in source_start.iter().enumerate() {
         match b {
             b'"' => in_quotes = !in_quotes,
             b'\n' if !in_quotes => return source_start.get(..=i),
+            b'\r' if !in_quotes => {
+                let end = if source_start.get(i + 1) == Some(&b'\n') {
+                    i + 1
+                } else {
+                    i
+                };
+                return source_start.get(..=end);
+            }
             _ => {}
         }
     }
@@ -1381,8 +1390,10 @@ pub mod fast_jsonl {
     enum Candidate<T> {
         TooLarge,
         MissingKey,
-        /// The input's last line, without a line end, does not parse.
+        /// The input's last line, without a line end, does not parse;
+        /// `line` counts from the chunk's start.
         Truncated {
+            line: u64,
             detail: String,
         },
         Ready {
@@ -1473,9 +1484,7 @@ pub mod fast_jsonl {
                             at,
                             bytes,
                             hash: ContentHash::of_bytes(body),
-                            candidate: Candidate::Truncated {
-                                detail: format!("line {line}: {detail}"),
-                            },
+                            candidate: Candidate::Truncated { line, detail },
                         });
                     }
                     Err(e) => {
@@ -1941,10 +1950,12 @@ pub mod fast_jsonl {
                     );
                     return Ok(reject("missing_key", detail));
                 }
-                Candidate::Truncated { detail } => {
+                Candidate::Truncated { line, detail } => {
                     let detail = format!(
-                        "element {ordinal} at bytes {}..{}, the last line, has no line end and does not parse ({detail}); it was cut off",
-                        bytes.start, bytes.end
+                        "element {ordinal} at bytes {}..{}, the last line, has no line end and does not parse (line {}: {detail}); it was cut off",
+                        bytes.start,
+                        bytes.end,
+                        self.line_base + line
                     );
                     return Ok(reject("truncated_line", detail));
                 }
