@@ -429,6 +429,13 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
         ..BudgetSpec::default()
     };
     let limited_e = ctx.run(&plan_e, &ctx.store("budget-e"), None, Some(budget_e))?;
+    let limited_md = std::fs::read_to_string(
+        ctx.tmp
+            .path()
+            .join(format!("out-{}", ctx.runs))
+            .join("answer.md"),
+    )
+    .unwrap_or_default();
     let les = limited_e.answer.statuses;
     let budget_ok = limited_e.certificate.stop.code() == "budget_exhausted"
         && limited_e.certificate.stats.model_calls == 20
@@ -526,6 +533,65 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
             fs.not_run,
             transient_status.map(|t| t.1).unwrap_or(0),
             healed.certificate.stats.model_calls
+        ),
+    });
+
+    // incomplete_exit_code: an answer cut short by a budget or by errors
+    // says so on its first line and in the exit code; a whole one exits 0.
+    let first_line = limited_md.lines().next().unwrap_or_default();
+    let codes = [base.exit_code(), limited_e.exit_code(), faulty.exit_code()];
+    checks.push(Check {
+        name: "incomplete_exit_code",
+        ok: codes == [0, fanfold_engine::EXIT_INCOMPLETE, fanfold_engine::EXIT_INCOMPLETE]
+            && first_line.starts_with("# INCOMPLETE"),
+        simulated: false,
+        figure: format!(
+            "exit codes: whole answer {}, 20-call budget {}, injected faults {}; the budget-cut answer.md opens with \"{}\"",
+            codes[0], codes[1], codes[2], first_line
+        ),
+    });
+
+    // shared_store_claims: two runs at once on one fresh store pay for each
+    // unit once between them, and give the same answer.
+    let mut plan_s = ctx.plan()?;
+    set_backend(&mut plan_s, Vec::new(), 30);
+    let store_s = ctx.store("shared");
+    let out_s = ctx.tmp.path().join("out-shared");
+    let shared: Vec<Result<RunReport>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|n| {
+                let (plan_s, store_s, out) = (&plan_s, &store_s, out_s.join(n.to_string()));
+                scope.spawn(move || {
+                    let mut opts = RunOptions::new(store_s.clone());
+                    opts.slots = SLOTS;
+                    opts.out_dir = Some(out);
+                    Ok(fanfold_engine::run(plan_s, &opts, &NoProgress)?)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a shared-store run panicked")))
+            })
+            .collect()
+    });
+    let shared: Vec<RunReport> = shared.into_iter().collect::<Result<_>>()?;
+    let shared_calls: Vec<u64> = shared
+        .iter()
+        .map(|r| r.certificate.stats.model_calls)
+        .collect();
+    checks.push(Check {
+        name: "shared_store_claims",
+        ok: shared_calls.iter().sum::<u64>() == base.certificate.stats.model_calls
+            && shared.iter().all(|r| r.answer.items == base.answer.items),
+        simulated: false,
+        figure: format!(
+            "two runs at once on one store: {} + {} model calls, as many as one run alone ({}); both answers equal the base run's",
+            shared_calls.first().copied().unwrap_or(0),
+            shared_calls.get(1).copied().unwrap_or(0),
+            base.certificate.stats.model_calls
         ),
     });
 

@@ -165,7 +165,9 @@ fn selfcheck_json_is_ok() {
             "precise_invalidation",
             "cited_output_vs_oracle",
             "stopping_contract",
-            "statuses_distinct"
+            "statuses_distinct",
+            "incomplete_exit_code",
+            "shared_store_claims"
         ]
     );
 }
@@ -1744,6 +1746,21 @@ fn one_bad_record_is_a_rejection_not_the_end_of_the_run() {
     let c = f.certificate();
     assert_eq!(c["rejected_by_reason"]["too_deep"], 1, "{c}");
     assert_eq!(f.answer_ids(), ["1", "3"]);
+    // The same record as a JSON line.
+    jsonl.input(
+        format!("{{\"id\": 1, \"flag\": true}}\n{deep}\n{{\"id\": 3, \"flag\": true}}\n")
+            .as_bytes(),
+    );
+    let o = jsonl.run(&[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let c = jsonl.certificate();
+    assert_eq!(c["rejected_by_reason"]["too_deep"], 1, "{c}");
+    assert!(
+        c.to_string()
+            .contains("(line 2) is nested more than 128 levels deep"),
+        "{c}"
+    );
+    assert_eq!(jsonl.answer_ids(), ["1", "3"]);
 }
 
 /// A store that fills up stops the run at the first fact it cannot keep,
@@ -2026,4 +2043,78 @@ fn refused_inputs_and_failed_runs_do_not_stay_in_the_store() {
     let o = f.run(&[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(f.certificate()["stats"]["model_calls"], 0);
+}
+
+/// A kill during the embed stage keeps every batch of vectors written
+/// before it, and the rerun computes only the rest.
+#[test]
+fn slow_a_killed_embed_stage_keeps_its_finished_batches() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let example = dir.path().join("example");
+    std::fs::create_dir_all(&example).expect("dir");
+    for entry in std::fs::read_dir(repo().join("examples/issue-triage")).expect("example") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), example.join(entry.file_name())).expect("copy");
+    }
+    let total = 200u64;
+    let issues: Vec<Value> = (0..total)
+        .map(|i| {
+            serde_json::json!({
+                "number": i,
+                "title": format!("Release blocker {i}: login token refresh fails on auth/v2"),
+                "body": format!("Case {i}: users are logged out after the refresh token rotates."),
+                "state": "OPEN",
+                "labels": [{"name": "bug"}],
+            })
+        })
+        .collect();
+    let input = dir.path().join("issues.json");
+    std::fs::write(&input, serde_json::to_vec(&issues).expect("json")).expect("input");
+    let store = dir.path().join("s.sqlite");
+    let start = |out: &str| {
+        let mut cmd = bin();
+        cmd.arg("run")
+            .arg(example.join("spec.toml"))
+            .args(["--backend", "scripted", "--json", "--input"])
+            .arg(&input)
+            .arg("--store")
+            .arg(&store)
+            .arg("--out")
+            .arg(dir.path().join(out));
+        cmd
+    };
+    let vectors = || {
+        fanfold_store::Store::open(&store)
+            .and_then(|s| s.count_embeddings())
+            .unwrap_or(0)
+    };
+    let mut child = start("a")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while std::time::Instant::now() < deadline && (!store.exists() || vectors() < 32) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.kill().expect("kill");
+    child.wait().expect("reaped");
+    let kept = vectors();
+    assert!(
+        (32..total).contains(&kept),
+        "{kept} vectors kept of {total}"
+    );
+    let o = run(&mut start("b"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("jsonl"))
+        .collect();
+    let e = &lines[1]["data"]["stats"]["embed"]["auth_similarity"];
+    // Every vector stored before the kill is reused; only the rest (the
+    // units' texts and the stage's descriptions) are computed.
+    assert_eq!(e["vectors_reused"].as_u64(), Some(kept), "{e}");
+    let computed = e["vectors_computed"].as_u64().unwrap_or(0);
+    assert_eq!(kept + computed, vectors(), "{e}");
+    assert!(vectors() > total, "{e}");
 }

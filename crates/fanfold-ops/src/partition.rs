@@ -904,27 +904,29 @@ pub fn reread(
     }
 }
 
-/// The CSV header row's bytes at the start of a source (through its line
-/// end: `\n`, `\r\n` or a lone `\r`, as the CSV reader takes them), for
-/// [`reread`].
-pub fn csv_header(source_start: &[u8]) -> Option<&[u8]> {
-    let mut in_quotes = false;
-    for (i, b) in source_start.iter().enumerate() {
-        match b {
-            b'"' => in_quotes = !in_quotes,
-            b'\n' if !in_quotes => return source_start.get(..=i),
-            b'\r' if !in_quotes => {
-                let end = if source_start.get(i + 1) == Some(&b'\n') {
-                    i + 1
-                } else {
-                    i
-                };
-                return source_start.get(..=end);
-            }
-            _ => {}
-        }
+/// The CSV header row's bytes at the start of a source, through its line
+/// end, for [`reread`]. The CSV reader itself finds the end, so quoting,
+/// `\r\n` and lone `\r` line ends are read as the partition read them.
+pub fn csv_header<'a>(source_start: &'a [u8], delimiter: Option<&str>) -> Option<&'a [u8]> {
+    let delimiter = delimiter
+        .and_then(|d| d.as_bytes().first().copied())
+        .unwrap_or(b',');
+    let mut rdr = csv::ReaderBuilder::new()
+        .delimiter(delimiter)
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(source_start);
+    let mut record = csv::ByteRecord::new();
+    if !rdr.read_byte_record(&mut record).ok()? {
+        return None;
     }
-    None
+    let mut end = usize::try_from(rdr.position().byte()).ok()?;
+    // The reader stops between the `\r` and `\n` of a `\r\n`.
+    if end > 0 && source_start.get(end - 1) == Some(&b'\r') && source_start.get(end) == Some(&b'\n')
+    {
+        end += 1;
+    }
+    source_start.get(..end)
 }
 
 /// Collects all elements into memory: convenient for the engine and tests.
@@ -1396,6 +1398,11 @@ pub mod fast_jsonl {
             line: u64,
             detail: String,
         },
+        /// Valid JSON nested past the parser's depth limit; `line` counts
+        /// from the chunk's start.
+        TooDeep {
+            line: u64,
+        },
         Ready {
             id: String,
             extra: T,
@@ -1507,6 +1514,14 @@ pub mod fast_jsonl {
                 // A line that parses is valid UTF-8, so the UTF-8 check, whose
                 // error takes precedence, is only needed on failure.
                 check_utf8(body, start, line_no)?;
+                // Nested past the parser's limit: that one record is
+                // rejected, as in a JSON array, and the rest stand.
+                if e.to_string().contains("recursion limit") {
+                    return Ok((
+                        ContentHash::of_bytes(body),
+                        Candidate::TooDeep { line: line_no },
+                    ));
+                }
                 return Err(PartitionError::Malformed {
                     format: "JSON line",
                     offset: start + e.column().saturating_sub(1) as u64,
@@ -1958,6 +1973,16 @@ pub mod fast_jsonl {
                         self.line_base + line
                     );
                     return Ok(reject("truncated_line", detail));
+                }
+                Candidate::TooDeep { line } => {
+                    let detail = format!(
+                        "element {ordinal} at bytes {}..{} (line {}) is nested more than {} levels deep",
+                        bytes.start,
+                        bytes.end,
+                        self.line_base + line,
+                        super::MAX_DEPTH
+                    );
+                    return Ok(reject("too_deep", detail));
                 }
                 Candidate::Ready { id, extra } => (id, extra),
             };

@@ -389,7 +389,7 @@ impl Store {
             // A missing folder surfaces as SQLite's "unable to open" below.
             let _ = std::fs::create_dir_all(dir);
         }
-        let conn = Connection::open(path).map_err(sql)?;
+        let mut conn = Connection::open(path).map_err(sql)?;
         // First: every statement below may meet another process opening
         // the same file, and must wait for it rather than fail.
         conn.busy_timeout(BUSY_TIMEOUT).map_err(sql)?;
@@ -416,12 +416,17 @@ impl Store {
             .map_err(sql)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(sql)?;
-        conn.execute_batch(SCHEMA).map_err(sql)?;
+        // Tables, application id and schema row in one transaction: another
+        // process opening the same new file sees none of them or all.
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql)?;
+        tx.execute_batch(SCHEMA).map_err(sql)?;
         if app != APPLICATION_ID {
-            conn.pragma_update(None, "application_id", APPLICATION_ID)
+            tx.pragma_update(None, "application_id", APPLICATION_ID)
                 .map_err(sql)?;
         }
-        let found: Option<String> = conn
+        let found: Option<String> = tx
             .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
                 r.get(0)
             })
@@ -429,7 +434,7 @@ impl Store {
             .map_err(sql)?;
         match found {
             None => {
-                conn.execute(
+                tx.execute(
                     "INSERT INTO meta (key, value) VALUES ('schema', ?1)",
                     [SCHEMA_VERSION],
                 )
@@ -437,17 +442,16 @@ impl Store {
             }
             Some(v) if v == SCHEMA_VERSION => {}
             Some(v) if v == SCHEMA_V2 => {
-                conn.execute_batch(
-                    "BEGIN IMMEDIATE;
-                     ALTER TABLE runs ADD COLUMN pid INTEGER;
+                tx.execute_batch(
+                    "ALTER TABLE runs ADD COLUMN pid INTEGER;
                      ALTER TABLE runs ADD COLUMN heartbeat_ms INTEGER;
-                     UPDATE meta SET value = 'fanfold-store-v3' WHERE key = 'schema';
-                     COMMIT;",
+                     UPDATE meta SET value = 'fanfold-store-v3' WHERE key = 'schema';",
                 )
                 .map_err(sql)?;
             }
             Some(v) => return Err(StoreError::Version { path: p, found: v }),
         }
+        tx.commit().map_err(sql)?;
         Ok(Store {
             conn: Mutex::new(conn),
             path: path.to_owned(),
@@ -918,6 +922,16 @@ impl Store {
             .map_err(|e| self.sql(e))?;
         let pages = (bytes / page.max(1) as u64).max(1);
         conn.pragma_update(None, "max_page_count", pages as i64)
+            .map_err(|e| self.sql(e))
+    }
+
+    /// How many embedding vectors the store holds.
+    pub fn count_embeddings(&self) -> Result<u64, StoreError> {
+        self.conn()
+            .query_row("SELECT COUNT(*) FROM embeddings", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|n| n.max(0) as u64)
             .map_err(|e| self.sql(e))
     }
 

@@ -85,13 +85,13 @@ pub fn verify_stored(
     let mut bytes = ArtifactBytes::new(store, artifact);
     let spec = &plan.spec.input.partition;
     let header = match spec {
-        PartitionSpec::Csv { .. } => {
+        PartitionSpec::Csv { delimiter, .. } => {
             let start = bytes
                 .range(0, artifact.len.min(1 << 16))
                 .ok()
                 .flatten()
                 .unwrap_or_default();
-            csv_header(&start).map(<[u8]>::to_vec)
+            csv_header(&start, delimiter.as_deref()).map(<[u8]>::to_vec)
         }
         _ => None,
     };
