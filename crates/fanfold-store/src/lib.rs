@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 pub const SCHEMA_VERSION: &str = "fanfold-store-v3";
 
 /// The previous schema, which [`Store::open`] upgrades in place: v3 adds
-/// the `claims` table and the `pid` and `heartbeat_ms` of a run.
+/// the `claims` table and the `pid`, `host` and `heartbeat_ms` of a run.
 const SCHEMA_V2: &str = "fanfold-store-v2";
 
 /// The size of a stored source chunk: small enough that reading one unit
@@ -117,6 +117,24 @@ pub fn live_runs_at(path: &Path, stale_ms: u64) -> Result<Vec<RunInfo>, rusqlite
     )?;
     let rows = st.query_map([since], run_info)?;
     rows.collect()
+}
+
+/// This machine's name, as runs record it: a run's process can be looked
+/// up only on the host that started it.
+fn this_host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// Whether process `pid` exists on this host. Where `/proc` is missing it
+/// is taken to exist, and only the heartbeat can tell.
+fn process_exists(pid: i64) -> bool {
+    if !Path::new("/proc/self").exists() {
+        return true;
+    }
+    pid == i64::from(std::process::id()) || Path::new(&format!("/proc/{pid}")).exists()
 }
 
 fn run_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunInfo> {
@@ -354,7 +372,7 @@ CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, spec_name TEXT NOT NULL, spec_hash TEXT NOT NULL,
     source_hash TEXT NOT NULL, started_ms INTEGER NOT NULL, finished_ms INTEGER,
     partition INTEGER, prefilter INTEGER, stop_reason TEXT, certificate TEXT,
-    pid INTEGER, heartbeat_ms INTEGER);
+    pid INTEGER, host TEXT, heartbeat_ms INTEGER);
 CREATE TABLE IF NOT EXISTS claims (
     key TEXT PRIMARY KEY, run_id TEXT NOT NULL, expires_ms INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS claims_by_run ON claims (run_id);
@@ -444,6 +462,7 @@ impl Store {
             Some(v) if v == SCHEMA_V2 => {
                 tx.execute_batch(
                     "ALTER TABLE runs ADD COLUMN pid INTEGER;
+                     ALTER TABLE runs ADD COLUMN host TEXT;
                      ALTER TABLE runs ADD COLUMN heartbeat_ms INTEGER;
                      UPDATE meta SET value = 'fanfold-store-v3' WHERE key = 'schema';",
                 )
@@ -1121,9 +1140,9 @@ impl Store {
         let now = now_ms() as i64;
         self.conn()
             .execute(
-                "INSERT INTO runs (run_id, spec_name, spec_hash, source_hash, started_ms, pid, heartbeat_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?5)",
-                params![run_id, spec_name, spec_hash.to_hex(), source.to_hex(), now, std::process::id()],
+                "INSERT INTO runs (run_id, spec_name, spec_hash, source_hash, started_ms, pid, host, heartbeat_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?5)",
+                params![run_id, spec_name, spec_hash.to_hex(), source.to_hex(), now, std::process::id(), this_host()],
             )
             .map_err(|e| self.sql(e))?;
         Ok(())
@@ -1198,14 +1217,43 @@ impl Store {
         tx.commit().map_err(|e| self.sql(e))
     }
 
-    /// Runs that never finished and whose last heartbeat is older than
-    /// `stale_ms` (their process was killed) are marked `abandoned`, and
-    /// their leases dropped. Returns how many.
+    /// Runs that never finished and whose process is gone are marked
+    /// `abandoned`, and their leases dropped: a run of this host whose
+    /// process no longer exists, or any run whose last heartbeat is older
+    /// than `stale_ms`. Returns how many.
     pub fn close_abandoned_runs(&self, stale_ms: u64) -> Result<usize, StoreError> {
         let now = now_ms() as i64;
+        let host = this_host();
         let mut conn = self.conn();
-        let tx = conn.transaction().map_err(|e| self.sql(e))?;
-        let n = tx
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(|e| self.sql(e))?;
+        let gone: Vec<String> = {
+            let mut st = tx
+                .prepare("SELECT run_id, pid FROM runs WHERE finished_ms IS NULL AND host = ?1")
+                .map_err(|e| self.sql(e))?;
+            let rows = st
+                .query_map([&host], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
+                })
+                .map_err(|e| self.sql(e))?;
+            let rows: Vec<(String, Option<i64>)> =
+                rows.collect::<Result<_, _>>().map_err(|e| self.sql(e))?;
+            rows.into_iter()
+                .filter(|(_, pid)| pid.is_some_and(|p| !process_exists(p)))
+                .map(|(run_id, _)| run_id)
+                .collect()
+        };
+        let mut n = 0;
+        for run_id in &gone {
+            n += tx
+                .execute(
+                    "UPDATE runs SET finished_ms = ?1, stop_reason = 'abandoned' WHERE run_id = ?2",
+                    params![now, run_id],
+                )
+                .map_err(|e| self.sql(e))?;
+        }
+        n += tx
             .execute(
                 "UPDATE runs SET finished_ms = ?1, stop_reason = 'abandoned'
                  WHERE finished_ms IS NULL AND COALESCE(heartbeat_ms, started_ms) < ?2",
@@ -1756,6 +1804,21 @@ mod tests {
             store.claim(&key, "alive", 60_000).expect("claim"),
             Claim::Mine
         );
+        // A run of this host whose process has exited is abandoned at
+        // once, whatever its heartbeat says; a live process's run is not.
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let exited = child.id();
+        child.wait().expect("wait");
+        store.begin_run("exited", "spec", &h, &h).expect("run");
+        store
+            .conn()
+            .execute(
+                "UPDATE runs SET pid = ?1 WHERE run_id = 'exited'",
+                [i64::from(exited)],
+            )
+            .expect("pid");
+        assert_eq!(store.close_abandoned_runs(LIVE_MS).expect("close"), 1);
+        assert_eq!(store.unfinished_runs().expect("runs"), ["alive"]);
     }
 
     #[test]
@@ -1800,9 +1863,8 @@ mod tests {
         {
             let c = Connection::open(&path).expect("conn");
             let v2 = SCHEMA
-                .replace(",\n    pid INTEGER, heartbeat_ms INTEGER", "")
                 .replace(
-                    "    partition INTEGER, prefilter INTEGER, stop_reason TEXT, certificate TEXT,\n    pid INTEGER, heartbeat_ms INTEGER);",
+                    "    partition INTEGER, prefilter INTEGER, stop_reason TEXT, certificate TEXT,\n    pid INTEGER, host TEXT, heartbeat_ms INTEGER);",
                     "    partition INTEGER, prefilter INTEGER, stop_reason TEXT, certificate TEXT);",
                 );
             assert!(!v2.contains("heartbeat_ms"), "the old runs table");
