@@ -499,11 +499,16 @@ fn explain(args: ExplainArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn gc(args: BatchesArgs) -> Result<()> {
+/// The store a maintenance command reads: it must exist already.
+fn existing_store(args: &BatchesArgs) -> Result<fanfold_store::Store> {
     if !args.store.is_file() {
         bail!("no store at {}", args.store.display());
     }
-    let store = fanfold_store::Store::open(&args.store)?;
+    Ok(fanfold_store::Store::open(&args.store)?)
+}
+
+fn gc(args: BatchesArgs) -> Result<()> {
+    let store = existing_store(&args)?;
     let r = store.collect_garbage()?;
     if args.json {
         println!("{}", serde_json::to_string(&r)?);
@@ -517,10 +522,7 @@ fn gc(args: BatchesArgs) -> Result<()> {
 }
 
 fn batches(args: BatchesArgs) -> Result<()> {
-    if !args.store.is_file() {
-        bail!("no store at {}", args.store.display());
-    }
-    let store = fanfold_store::Store::open(&args.store)?;
+    let store = existing_store(&args)?;
     let rows = store.batches()?;
     if args.json {
         for row in &rows {

@@ -23,6 +23,8 @@ pub struct Projector {
     stage: String,
     fields: Vec<String>,
     program: Option<JqProgram>,
+    /// How a runaway evaluation names the expression.
+    site: String,
 }
 
 impl Projector {
@@ -42,6 +44,7 @@ impl Projector {
             stage: stage.to_owned(),
             fields: fields.to_vec(),
             program,
+            site: format!("the `project` of stage `{stage}`"),
         })
     }
 
@@ -54,8 +57,7 @@ impl Projector {
             unit: unit_id.to_owned(),
             detail,
         };
-        let site = format!("the `project` of stage `{}`", self.stage);
-        match p.first_json(to_val(value), Site::new(&site, unit_id)) {
+        match p.first_json(to_val(value), Site::new(&self.site, unit_id)) {
             Ok(Some(v)) => Ok(v),
             Ok(None) => Err(err("the project expression yielded nothing".into())),
             Err(e) => Err(err(e.to_string())),
