@@ -6,7 +6,7 @@
 //! byte offset and line; nothing is dropped silently.
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 
 use fanfold_core::spec::PartitionSpec;
 use fanfold_core::{ByteRange, ContentHash, StableHash, Unit, UnitId};
@@ -366,12 +366,12 @@ pub fn partition(
 }
 
 /// The streaming form: reads `reader` once and holds one element at a time
-/// (a JSON array is the exception: it is read whole). JSONL goes through
+/// (plus a read-ahead window of about a megabyte). JSONL goes through
 /// [`fast_jsonl`] on the calling thread, the one JSONL parser there is.
 pub fn partition_reader(
     spec: &PartitionSpec,
     source_hash: ContentHash,
-    mut reader: impl BufRead + Send,
+    reader: impl BufRead + Send,
     options: PartitionOptions,
     seen: &mut dyn SeenIds,
     emit: &mut dyn FnMut(Element),
@@ -429,11 +429,7 @@ pub fn partition_reader(
         coverage: Coverage::default(),
     };
     match spec {
-        PartitionSpec::JsonArray { .. } => {
-            let mut bytes = Vec::new();
-            reader.read_to_end(&mut bytes)?;
-            json_array(&bytes, &mut assigner, emit)?
-        }
+        PartitionSpec::JsonArray { .. } => json_array(reader, &mut assigner, emit)?,
         PartitionSpec::Jsonl { .. } => {}
         PartitionSpec::Csv { delimiter, .. } => {
             csv_rows(reader, delimiter.as_deref(), &mut assigner, emit)?
@@ -466,74 +462,167 @@ fn check_utf8(bytes: &[u8], base: u64, line_base: u64) -> Result<(), PartitionEr
     Ok(())
 }
 
-fn malformed_json(whole: &[u8], base: usize, e: &serde_json::Error) -> PartitionError {
-    // serde_json reports line/column inside the slice it parsed; turn that
-    // into an absolute byte offset so editors can jump to it.
-    let slice = &whole[base..];
-    let mut offset = base;
+/// Where serde_json's error in the value starting at `start` lies, as an
+/// index into `bytes`: it reports a line and column inside the slice it
+/// parsed, and editors want an absolute byte offset.
+fn json_error_at(bytes: &[u8], start: usize, e: &serde_json::Error) -> usize {
     let mut line = 1;
-    for (i, b) in slice.iter().enumerate() {
+    for (i, b) in bytes[start..].iter().enumerate() {
         if line == e.line() {
-            offset = base + i + e.column().saturating_sub(1);
-            break;
+            return start + i + e.column().saturating_sub(1);
         }
         if *b == b'\n' {
             line += 1;
         }
     }
-    PartitionError::Malformed {
-        format: "JSON",
-        offset: offset as u64,
-        line: line_of(whole, offset),
-        detail: e.to_string(),
+    start
+}
+
+/// A read-ahead window over a source that is never held whole: the JSON
+/// array scanner's view. Indices are relative to `buf`; `base` is the
+/// source offset of `buf[0]`.
+struct Window<R> {
+    reader: R,
+    buf: Vec<u8>,
+    base: u64,
+    /// Newlines in the source before `buf[0]`.
+    lines_before: u64,
+    /// `buf[..validated]` is known to be UTF-8.
+    validated: usize,
+    eof: bool,
+}
+
+impl<R: BufRead> Window<R> {
+    const CHUNK: usize = 1 << 20;
+
+    fn new(reader: R) -> Window<R> {
+        Window {
+            reader,
+            buf: Vec::new(),
+            base: 0,
+            lines_before: 0,
+            validated: 0,
+            eof: false,
+        }
+    }
+
+    /// Reads at least a chunk, and at least as much as is buffered, so an
+    /// element of n bytes is rescanned O(log n) times. False at the end.
+    fn fill(&mut self) -> Result<bool, PartitionError> {
+        if self.eof {
+            return Ok(false);
+        }
+        let want = Self::CHUNK.max(self.buf.len());
+        let n = (&mut self.reader)
+            .take(want as u64)
+            .read_to_end(&mut self.buf)?;
+        self.eof = n == 0;
+        self.validate()?;
+        Ok(n > 0)
+    }
+
+    /// The first byte that is not UTF-8 is an error at its source offset;
+    /// a character cut by the chunk's end waits for the next read.
+    fn validate(&mut self) -> Result<(), PartitionError> {
+        match std::str::from_utf8(&self.buf[self.validated..]) {
+            Ok(_) => self.validated = self.buf.len(),
+            Err(e) if e.error_len().is_none() && !self.eof => self.validated += e.valid_up_to(),
+            Err(e) => {
+                let at = self.validated + e.valid_up_to();
+                return Err(PartitionError::NotUtf8 {
+                    offset: self.base + at as u64,
+                    line: self.line_at(at),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets the bytes before `at`, once they are most of the buffer.
+    /// Returns the index `at` now has.
+    fn release(&mut self, at: usize) -> usize {
+        if at < Self::CHUNK || at * 2 < self.buf.len() {
+            return at;
+        }
+        self.lines_before += memchr::memchr_iter(b'\n', &self.buf[..at]).count() as u64;
+        self.buf.drain(..at);
+        self.base += at as u64;
+        self.validated -= at;
+        0
+    }
+
+    fn skip_ws(&mut self, mut i: usize) -> Result<usize, PartitionError> {
+        loop {
+            while i < self.buf.len() && self.buf[i].is_ascii_whitespace() {
+                i += 1;
+            }
+            if i < self.buf.len() || !self.fill()? {
+                return Ok(i);
+            }
+        }
+    }
+
+    /// The 1-based source line of `buf[at]`.
+    fn line_at(&self, at: usize) -> u64 {
+        self.lines_before + line_of(&self.buf, at)
+    }
+
+    fn malformed(&self, at: usize, detail: &str) -> PartitionError {
+        PartitionError::Malformed {
+            format: "JSON",
+            offset: self.base + at as u64,
+            line: self.line_at(at),
+            detail: detail.to_owned(),
+        }
     }
 }
 
 /// Splits a JSON array into element byte ranges with a small scanner, then
 /// parses each element on its own, so every unit knows where it came from.
+/// The source streams through a window: memory is bounded by the largest
+/// element, not the array.
 fn json_array(
-    bytes: &[u8],
+    reader: impl BufRead,
     assigner: &mut Assigner,
     emit: &mut dyn FnMut(Element),
 ) -> Result<(), PartitionError> {
-    check_utf8(bytes, 0, 1)?;
-    let malformed = |offset: usize, detail: &str| PartitionError::Malformed {
-        format: "JSON",
-        offset: offset as u64,
-        line: line_of(bytes, offset),
-        detail: detail.to_owned(),
-    };
-    let skip_ws = |mut i: usize| {
-        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
-            i += 1;
-        }
-        i
-    };
-    let mut i = skip_ws(if bytes.starts_with(BOM) { BOM.len() } else { 0 });
-    if i == bytes.len() {
+    let mut w = Window::new(reader);
+    while w.buf.len() < BOM.len() && w.fill()? {}
+    let mut i = w.skip_ws(if w.buf.starts_with(BOM) { BOM.len() } else { 0 })?;
+    if i == w.buf.len() {
         return Err(PartitionError::Empty);
     }
-    if bytes[i] != b'[' {
-        return Err(malformed(
+    if w.buf[i] != b'[' {
+        return Err(w.malformed(
             i,
             "expected a JSON array (`[`), the shape `gh ... --json` writes; for one object a line use `type = \"jsonl\"`",
         ));
     }
-    i = skip_ws(i + 1);
-    if i < bytes.len() && bytes[i] == b']' {
-        let rest = skip_ws(i + 1);
-        if rest != bytes.len() {
-            return Err(malformed(rest, "trailing characters after the array"));
+    i = w.skip_ws(i + 1)?;
+    if w.buf.get(i) == Some(&b']') {
+        let rest = w.skip_ws(i + 1)?;
+        if rest != w.buf.len() {
+            return Err(w.malformed(rest, "trailing characters after the array"));
         }
         return Ok(());
     }
     loop {
-        let start = i;
-        let end = scan_value(bytes, start).map_err(|(at, why)| malformed(at, why))?;
-        let slice = &bytes[start..end];
+        let start = w.release(i);
+        // A value running into the window's end may go on: read more and
+        // scan it again.
+        let end = loop {
+            match scan_value(&w.buf, start) {
+                Ok(end) if end < w.buf.len() || w.eof => break end,
+                Err((at, why)) if w.eof => return Err(w.malformed(at, why)),
+                _ => {
+                    w.fill()?;
+                }
+            }
+        };
+        let slice = &w.buf[start..end];
         let range = ByteRange {
-            start: start as u64,
-            end: end as u64,
+            start: w.base + start as u64,
+            end: w.base + end as u64,
         };
         match serde_json::from_slice::<Value>(slice) {
             Ok(value) => {
@@ -543,29 +632,31 @@ fn json_array(
             // Valid JSON nested past the parser's depth limit: that one
             // record is rejected, the rest stand.
             Err(e) if e.to_string().contains("recursion limit") => {
-                emit(assigner.reject(
-                    range,
-                    "too_deep",
-                    format!(
-                        "element at bytes {start}..{end} (line {}) is nested more than {MAX_DEPTH} levels deep",
-                        line_of(bytes, start)
-                    ),
-                ));
+                let detail = format!(
+                    "element at bytes {}..{} (line {}) is nested more than {MAX_DEPTH} levels deep",
+                    range.start,
+                    range.end,
+                    w.line_at(start)
+                );
+                emit(assigner.reject(range, "too_deep", detail));
             }
-            Err(e) => return Err(malformed_json(bytes, start, &e)),
+            Err(e) => {
+                let at = json_error_at(&w.buf, start, &e);
+                return Err(w.malformed(at, &e.to_string()));
+            }
         }
-        i = skip_ws(end);
-        match bytes.get(i) {
-            Some(b',') => i = skip_ws(i + 1),
+        i = w.skip_ws(end)?;
+        match w.buf.get(i) {
+            Some(b',') => i = w.skip_ws(i + 1)?,
             Some(b']') => {
-                let rest = skip_ws(i + 1);
-                if rest != bytes.len() {
-                    return Err(malformed(rest, "trailing characters after the array"));
+                let rest = w.skip_ws(i + 1)?;
+                if rest != w.buf.len() {
+                    return Err(w.malformed(rest, "trailing characters after the array"));
                 }
                 return Ok(());
             }
-            Some(_) => return Err(malformed(i, "expected `,` or `]` after an array element")),
-            None => return Err(malformed(i, "the array is not closed (truncated input?)")),
+            Some(_) => return Err(w.malformed(i, "expected `,` or `]` after an array element")),
+            None => return Err(w.malformed(i, "the array is not closed (truncated input?)")),
         }
     }
 }
@@ -2273,6 +2364,129 @@ mod tests {
             key: Some("number".into()),
             kind: "issue".into(),
         }
+    }
+
+    /// A JSON array written on the fly, counting the bytes handed out.
+    struct LazyArray {
+        next: usize,
+        count: usize,
+        pending: Vec<u8>,
+        read: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    }
+
+    impl std::io::Read for LazyArray {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            if self.pending.is_empty() && self.next <= self.count {
+                self.pending = match self.next {
+                    0 => b"[\n".to_vec(),
+                    n if n == self.count => b"]\n".to_vec(),
+                    n => format!(
+                        "{}{{\"number\": {n}, \"body\": \"{}\"}}\n",
+                        if n > 1 { "," } else { "" },
+                        "é".repeat(400)
+                    )
+                    .into_bytes(),
+                };
+                self.next += 1;
+            }
+            let n = out.len().min(self.pending.len());
+            out[..n].copy_from_slice(&self.pending[..n]);
+            self.pending.drain(..n);
+            self.read
+                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            Ok(n)
+        }
+    }
+
+    /// A JSON array streams: what is read ahead of the element being
+    /// emitted stays within a few chunks of the window, however long the
+    /// array; offsets and lines stay absolute across the window's moves.
+    #[test]
+    fn a_json_array_is_read_through_a_bounded_window() {
+        let read = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let bytes_read = || read.load(std::sync::atomic::Ordering::Relaxed);
+        let count = 40_000;
+        let source = LazyArray {
+            next: 0,
+            count,
+            pending: Vec::new(),
+            read: read.clone(),
+        };
+        let mut ahead = 0u64;
+        let mut units = 0;
+        let mut last = None;
+        let coverage = partition_reader(
+            &json_array_spec(),
+            ContentHash::of_bytes(b"lazy"),
+            std::io::BufReader::new(source),
+            PartitionOptions::default(),
+            &mut SeenKeys::default(),
+            &mut |el| {
+                if let Element::Unit(u) = el {
+                    ahead = ahead.max(bytes_read() - u.unit.bytes.end);
+                    units += 1;
+                    last = Some(u);
+                }
+            },
+        )
+        .expect("partitions");
+        assert_eq!(coverage.elements, count as u64 - 1);
+        assert_eq!(units, count - 1);
+        let total = bytes_read();
+        assert!(total > 30_000_000, "{total}");
+        assert!(ahead <= 4 << 20, "read {ahead} bytes ahead of {total}");
+        // The last element starts on its own line, after the opening line.
+        let last = last.expect("a unit");
+        assert_eq!(last.unit.unit_id.as_str(), format!("{}", count - 1));
+        let element = format!(
+            "{{\"number\": {}, \"body\": \"{}\"}}",
+            count - 1,
+            "é".repeat(400)
+        );
+        assert_eq!(last.unit.bytes.end, total - 3);
+        assert_eq!(
+            last.unit.bytes.end - last.unit.bytes.start,
+            element.len() as u64
+        );
+    }
+
+    /// Errors past the first window name absolute offsets and lines.
+    #[test]
+    fn errors_deep_in_a_json_array_name_absolute_places() {
+        let mut src = String::from("[\n");
+        for n in 0..5000 {
+            src.push_str(&format!(
+                "{{\"number\": {n}, \"body\": \"{}\"}},\n",
+                "x".repeat(400)
+            ));
+        }
+        let at = src.len();
+        src.push_str("{\"number\": 5000, \"body\": tru}\n]");
+        let err = partition_all(
+            &json_array_spec(),
+            src.as_bytes(),
+            PartitionOptions::default(),
+        )
+        .expect_err("fails");
+        match err {
+            PartitionError::Malformed { offset, line, .. } => {
+                assert_eq!(line, 5002);
+                assert!(
+                    (at as u64..src.len() as u64).contains(&offset),
+                    "{offset} vs {at}"
+                );
+            }
+            other => panic!("unexpected {other}"),
+        }
+        let mut bad = src.replace("tru}", "true}").into_bytes();
+        bad.truncate(at);
+        bad.extend_from_slice(b"{\"number\": 5000, \"t\": \"caf\xe9\"}]");
+        let err = partition_all(&json_array_spec(), &bad, PartitionOptions::default())
+            .expect_err("fails");
+        assert!(
+            matches!(err, PartitionError::NotUtf8 { offset, line: 5002 } if offset == at as u64 + 26),
+            "{err}"
+        );
     }
 
     #[test]
