@@ -68,6 +68,10 @@ pub struct FabricCliArgs {
     /// Where the SVG plots go.
     #[arg(long, value_name = "DIR", default_value = "docs")]
     plots: PathBuf,
+    /// Measure the side-by-side configurations only, not the prefix and
+    /// slot sweeps.
+    #[arg(long)]
+    no_sweeps: bool,
 }
 
 const DEFAULT_PREDICATE: &str = r#".level == "ERROR" and .latency_ms > 500"#;
@@ -132,6 +136,7 @@ pub fn main(cmd: BenchCommand) -> Result<ExitCode> {
                 slots: a.slots,
                 report: a.report,
                 plot_dir: a.plots,
+                no_sweeps: a.no_sweeps,
             })?;
             Ok(ExitCode::SUCCESS)
         }

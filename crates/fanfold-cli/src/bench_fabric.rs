@@ -24,6 +24,8 @@ pub struct FabricArgs {
     pub slots: usize,
     pub report: PathBuf,
     pub plot_dir: PathBuf,
+    /// Skip the prefix and slot sweeps.
+    pub no_sweeps: bool,
 }
 
 /// One measured configuration.
@@ -38,6 +40,12 @@ struct Measured {
     generated: u64,
     wall_s: f64,
     errors: usize,
+    decode_calls: u64,
+    drafted: u64,
+    accepted: u64,
+    by_batch: [fanfold_llama::BatchCost; fanfold_llama::BATCH_BUCKETS.len()],
+    /// Each unit's answer, by request index.
+    texts: Vec<(usize, String)>,
 }
 
 impl Measured {
@@ -54,7 +62,7 @@ struct BenchJob {
     schema: Value,
     slots: usize,
     queue: Mutex<Vec<Request>>,
-    done: Mutex<Vec<Result<Completion, CallError>>>,
+    done: Mutex<Vec<(usize, Result<Completion, CallError>)>>,
 }
 
 impl Job for BenchJob {
@@ -67,9 +75,9 @@ impl Job for BenchJob {
     fn next(&self) -> Option<Request> {
         self.queue.lock().ok()?.pop()
     }
-    fn complete(&self, _request: Request, result: Result<Completion, CallError>) {
+    fn complete(&self, request: Request, result: Result<Completion, CallError>) {
         if let Ok(mut d) = self.done.lock() {
-            d.push(result);
+            d.push((request.index, result));
         }
     }
     fn is_cancelled(&self) -> bool {
@@ -147,17 +155,31 @@ fn few_shots(stage: &MapStage, pool: &[Request], k: usize) -> String {
     format!("{}\n## Examples\n{text}", stage.prefix())
 }
 
+/// How one configuration runs the model.
+#[derive(Clone, Copy)]
+struct Setup {
+    slots: usize,
+    /// Fork a shared prefix (otherwise every unit evaluates its whole prompt).
+    share: bool,
+    draft_tokens: usize,
+}
+
 fn run_config(
     model_path: &Path,
     label: &str,
     prefix: &str,
     schema: &Value,
     reqs: &[Request],
-    slots: usize,
-    share: bool,
+    setup: Setup,
 ) -> Result<Measured> {
+    let Setup {
+        slots,
+        share,
+        draft_tokens,
+    } = setup;
     let mut cfg = LlamaConfig::new(model_path.to_owned());
     cfg.share_prefix = share;
+    cfg.draft_tokens = draft_tokens;
     cfg.slot_tokens = 1024;
     let model = EmbeddedModel::load(cfg)?;
     let job = BenchJob {
@@ -177,21 +199,33 @@ fn run_config(
         slots,
         prefix_tokens: stats.prefix_tokens,
         wall_s,
+        decode_calls: stats.decode_calls,
+        drafted: stats.drafted,
+        accepted: stats.accepted,
+        by_batch: stats.by_batch,
         ..Measured::default()
     };
-    for r in &done {
+    for (index, r) in &done {
         match r {
             Ok(c) => {
                 m.prompt_evaluated += c.usage.prompt_tokens;
                 m.prompt_reused += c.usage.cached_tokens;
                 m.generated += c.usage.completion_tokens;
+                m.texts.push((*index, c.text.clone()));
             }
             Err(_) => m.errors += 1,
         }
     }
+    m.texts.sort();
     eprintln!(
-        "  {label}: {:.1}s, {} prompt tokens evaluated, {} reused, {} generated",
-        m.wall_s, m.prompt_evaluated, m.prompt_reused, m.generated
+        "  {label}: {:.1}s, {} prompt tokens evaluated, {} reused, {} generated, {} decode calls, {} drafted, {} accepted",
+        m.wall_s,
+        m.prompt_evaluated,
+        m.prompt_reused,
+        m.generated,
+        m.decode_calls,
+        m.drafted,
+        m.accepted
     );
     Ok(m)
 }
@@ -290,6 +324,9 @@ pub fn main(args: FabricArgs) -> Result<()> {
         limit.prompt_tps, args.slots, limit.generation_tps
     );
 
+    // Drafting is measured against the default (off) at this length.
+    const DRAFT: usize = 8;
+    let draft = LlamaConfig::new(PathBuf::new()).draft_tokens;
     eprintln!("side by side on {} units:", measured.len());
     let shared = run_config(
         &model_path,
@@ -297,8 +334,23 @@ pub fn main(args: FabricArgs) -> Result<()> {
         prefix,
         schema,
         measured,
-        args.slots,
-        true,
+        Setup {
+            slots: args.slots,
+            share: true,
+            draft_tokens: draft,
+        },
+    )?;
+    let drafted = run_config(
+        &model_path,
+        &format!("shared prefix, drafting {DRAFT} tokens"),
+        prefix,
+        schema,
+        measured,
+        Setup {
+            slots: args.slots,
+            share: true,
+            draft_tokens: DRAFT,
+        },
     )?;
     let naive = run_config(
         &model_path,
@@ -306,8 +358,11 @@ pub fn main(args: FabricArgs) -> Result<()> {
         prefix,
         schema,
         measured,
-        args.slots,
-        false,
+        Setup {
+            slots: args.slots,
+            share: false,
+            draft_tokens: draft,
+        },
     )?;
     let single = run_config(
         &model_path,
@@ -315,13 +370,22 @@ pub fn main(args: FabricArgs) -> Result<()> {
         prefix,
         schema,
         measured,
-        1,
-        true,
+        Setup {
+            slots: 1,
+            share: true,
+            draft_tokens: draft,
+        },
     )?;
 
+    let sweeps: &[usize] = if args.no_sweeps { &[] } else { &[0, 4, 16] };
+    let slot_counts: &[usize] = if args.no_sweeps {
+        &[]
+    } else {
+        &[1, 2, 4, 8, 16]
+    };
     eprintln!("prefix sweep (few-shot examples):");
     let mut prefix_sweep = Vec::new();
-    for k in [0usize, 4, 16] {
+    for &k in sweeps {
         let p = if k == 0 {
             prefix.to_owned()
         } else {
@@ -333,23 +397,29 @@ pub fn main(args: FabricArgs) -> Result<()> {
             &p,
             schema,
             measured,
-            args.slots,
-            true,
+            Setup {
+                slots: args.slots,
+                share: true,
+                draft_tokens: draft,
+            },
         )?;
         m.label = format!("{k}");
         prefix_sweep.push(m);
     }
     eprintln!("slot sweep:");
     let mut slot_sweep = Vec::new();
-    for s in [1usize, 2, 4, 8, 16] {
+    for &s in slot_counts {
         slot_sweep.push(run_config(
             &model_path,
             &format!("{s} slots"),
             prefix,
             schema,
             measured,
-            s,
-            true,
+            Setup {
+                slots: s,
+                share: true,
+                draft_tokens: draft,
+            },
         )?);
     }
 
@@ -420,12 +490,52 @@ pub fn main(args: FabricArgs) -> Result<()> {
             m.tokens_per_s()
         )
     };
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     let header = "| configuration | slots | prefix tokens | prompt tokens evaluated | prompt tokens reused | generated | wall s | units/s | tokens/s |\n|---|---|---|---|---|---|---|---|---|";
     let _ = writeln!(md, "{header}");
-    for m in [&shared, &naive, &single] {
+    for m in [&shared, &drafted, &naive, &single] {
         let _ = writeln!(md, "{}", row(m));
     }
-    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    let same = drafted
+        .texts
+        .iter()
+        .filter(|t| shared.texts.contains(t))
+        .count();
+    let _ = writeln!(
+        md,
+        "\nWhere the shared run's model time went, by decode batch size (tokens evaluated in one call):\n\n| batch tokens | calls | tokens | decode s | ms per token |\n|---|---:|---:|---:|---:|"
+    );
+    let mut low = 1;
+    for (bound, cost) in fanfold_llama::BATCH_BUCKETS.iter().zip(&shared.by_batch) {
+        let label = match *bound {
+            usize::MAX => format!("{low}+"),
+            b if b == low => format!("{b}"),
+            b => format!("{low}-{b}"),
+        };
+        low = bound.saturating_add(1);
+        if cost.calls == 0 {
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "| {label} | {} | {} | {:.1} | {:.1} |",
+            cost.calls,
+            cost.tokens,
+            cost.micros as f64 / 1e6,
+            cost.ms_per_token()
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nDrafting (up to {DRAFT} tokens a step, looked up in the unit and the job's last answer, kept only where greedy decoding agrees; the default is {draft}, off): {} tokens drafted, {} accepted ({:.0}%); {} decode calls against {} without drafting, **{:.2}x** the wall time of the undrafted run. Answers byte-identical to the undrafted run: **{same} of {}**.",
+        drafted.drafted,
+        drafted.accepted,
+        100.0 * ratio(drafted.accepted as f64, drafted.drafted as f64),
+        drafted.decode_calls,
+        shared.decode_calls,
+        ratio(drafted.wall_s, shared.wall_s),
+        shared.texts.len()
+    );
     // The fastest this work could go here: every prompt token at the
     // prompt limit, every generated token at the batched-generation limit.
     let ideal_s = shared.prompt_evaluated as f64 / limit.prompt_tps.max(1e-9)
@@ -461,7 +571,7 @@ pub fn main(args: FabricArgs) -> Result<()> {
     for m in &slot_sweep {
         let _ = writeln!(md, "{}", row(m));
     }
-    let errors: usize = [&shared, &naive, &single]
+    let errors: usize = [&shared, &drafted, &naive, &single]
         .iter()
         .map(|m| m.errors)
         .sum::<usize>()

@@ -747,7 +747,7 @@ mod embedded {
             let prefix = format!(
                 "Decide whether the log line reports a hardware failure. Answer with JSON matching this schema:\n{schema}\n"
             );
-            let queue = units
+            let queue: Vec<Request> = units
                 .iter()
                 .enumerate()
                 .rev()
@@ -761,15 +761,29 @@ mod embedded {
                     schema: None,
                 })
                 .collect();
+            let decision = fanfold_model::DecisionField {
+                key: "decision".into(),
+                choices: vec!["yes".into(), "no".into()],
+            };
+            let mut job = TestJob::with_requests(prefix, schema, decision, queue, slots);
+            job.limit = limit;
+            job
+        }
+
+        /// A job over `queue`, handed out from the back.
+        fn with_requests(
+            prefix: String,
+            schema: Value,
+            decision: fanfold_model::DecisionField,
+            queue: Vec<Request>,
+            slots: usize,
+        ) -> TestJob {
             TestJob {
                 prefix,
                 schema,
-                decision: fanfold_model::DecisionField {
-                    key: "decision".into(),
-                    choices: vec!["yes".into(), "no".into()],
-                },
+                decision,
                 slots,
-                limit,
+                limit: usize::MAX,
                 cancel_after: usize::MAX,
                 state: Mutex::new(State {
                     queue,
@@ -946,6 +960,87 @@ mod embedded {
         // Naive evaluates the prefix for every unit; shared evaluates it once.
         assert_eq!(prompt(&b), prompt(&a) + 2 * prefix_len);
         assert!(b.iter().all(|(_, c)| c.usage.cached_tokens == 0));
+    }
+
+    /// Drafting changes how many decode steps an answer takes, not the
+    /// choices: on the example's own units, with each quote narrowed to the
+    /// unit's sentences, the drafted and undrafted runs write the same bytes.
+    /// (Batch shapes round differently, so on other units a near tie may
+    /// fall the other way; `bench fabric` counts how often.)
+    #[test]
+    fn drafted_answers_are_the_greedy_answers() {
+        let plan =
+            fanfold_engine::Plan::load(&super::repo().join("examples/issue-triage/spec.toml"))
+                .expect("the example loads");
+        let stage = plan
+            .stages
+            .iter()
+            .find_map(|s| plan.map_stage(s.name()))
+            .expect("a map stage");
+        let source = plan.default_source().expect("an input");
+        let routed = fanfold_engine::run::route_source(
+            &plan,
+            &source,
+            fanfold_ops::partition::DEFAULT_MAX_UNIT_BYTES,
+        )
+        .expect("routes");
+        let projector = fanfold_ops::view::Projector::compile(
+            stage.name(),
+            stage.spec.project.as_deref(),
+            &stage.spec.fields,
+        )
+        .expect("projects");
+        let requests: Vec<Request> = routed.by_stage[plan.first_stage()]
+            .iter()
+            .take(6)
+            .enumerate()
+            .map(|(index, &i)| {
+                let id = routed.table.id(i);
+                let projected = projector
+                    .project(id.as_str(), &routed.table.value(i))
+                    .expect("projects");
+                Request {
+                    index,
+                    unit_id: format!("u{index}"),
+                    suffix: stage.suffix(id.as_str(), &projected),
+                    schema: stage.schema_for_unit(&projected),
+                    input: projected,
+                    attempt: 1,
+                    max_output_tokens: stage.spec.max_output_tokens,
+                }
+            })
+            .rev()
+            .collect();
+        assert_eq!(requests.len(), 6);
+        let decision = fanfold_model::DecisionField {
+            key: "decision".into(),
+            choices: vec!["blocker".into(), "not_blocker".into(), "unsure".into()],
+        };
+        let answer = |draft_tokens: usize| {
+            let mut m = model(true);
+            m.set_draft_tokens(draft_tokens);
+            let job = TestJob::with_requests(
+                stage.prefix().to_owned(),
+                stage.schema.clone(),
+                decision.clone(),
+                requests.clone(),
+                2,
+            );
+            let stats = m.run_job(&job).expect("runs");
+            let (done, _) = job.results();
+            let texts: Vec<(String, String)> =
+                done.into_iter().map(|(id, c)| (id, c.text)).collect();
+            (texts, stats)
+        };
+        let (plain, plain_stats) = answer(0);
+        let (drafted, stats) = answer(8);
+        assert_eq!(plain_stats.drafted, 0);
+        assert!(stats.accepted > 0, "{stats:?}");
+        assert!(
+            stats.decode_calls < plain_stats.decode_calls,
+            "{stats:?} vs {plain_stats:?}"
+        );
+        assert_eq!(drafted, plain);
     }
 
     #[test]

@@ -415,6 +415,14 @@ pub enum BackendSpec {
         /// truncated, and the truncation is counted.
         #[serde(default = "default_slot_tokens")]
         slot_tokens: u32,
+        /// Most tokens a slot drafts ahead per decode step, from its unit
+        /// and the job's last answer (0, the default: off). A draft is kept
+        /// only where greedy decoding agrees, so like the slot count it is
+        /// an execution setting, not part of the cache key; a near tie may
+        /// round the other way in a batch of another shape. `fanfold bench
+        /// fabric` measures whether it pays on a machine.
+        #[serde(default = "default_draft_tokens")]
+        draft_tokens: usize,
     },
     /// An OpenAI-compatible `/v1/chat/completions` endpoint: vLLM,
     /// llama.cpp's `llama-server`, Ollama, OpenAI.
@@ -532,6 +540,10 @@ pub enum HttpOutput {
 
 fn default_n_batch() -> u32 {
     512
+}
+
+fn default_draft_tokens() -> usize {
+    0
 }
 
 fn default_slot_tokens() -> u32 {

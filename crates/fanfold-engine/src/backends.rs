@@ -50,6 +50,7 @@ pub fn build(
             threads,
             n_batch,
             slot_tokens,
+            draft_tokens,
         } => {
             let identity = identity(spec, spec_dir, execution)?;
             let path = match model {
@@ -63,6 +64,7 @@ pub fn build(
             cfg.threads = *threads;
             cfg.n_batch = *n_batch;
             cfg.slot_tokens = *slot_tokens;
+            cfg.draft_tokens = *draft_tokens;
             cfg.model_id = Some(identity.model_id);
             let model = EmbeddedModel::load(cfg).map_err(|e| BackendError::Setup(e.to_string()))?;
             Ok(Box::new(model))

@@ -28,6 +28,8 @@ use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 
+mod draft;
+
 /// Temperature of retries; first attempts are greedy.
 const RETRY_TEMPERATURE: f32 = 0.7;
 
@@ -55,6 +57,13 @@ pub struct LlamaConfig {
     /// The model's identity, when the caller knows it already (a pinned
     /// hash); otherwise the weights file is hashed on load.
     pub model_id: Option<String>,
+    /// Most tokens drafted ahead of a slot per decode step (0: off). Drafts
+    /// come from the unit and the job's last answer and are kept only where
+    /// greedy decoding agrees; like the slot count, they change answers
+    /// only through the batch shape's rounding. Off by default: on a CPU a
+    /// drafted token costs about half a decode step to check, about what
+    /// the drafts save at the acceptance seen here.
+    pub draft_tokens: usize,
 }
 
 impl LlamaConfig {
@@ -66,6 +75,7 @@ impl LlamaConfig {
             slot_tokens: 2048,
             share_prefix: true,
             model_id: None,
+            draft_tokens: 0,
         }
     }
 }
@@ -129,6 +139,30 @@ pub struct JobStats {
     pub truncated_units: u64,
     /// Units abandoned mid-decode because the job was cancelled.
     pub cancelled_in_flight: u64,
+    /// Tokens drafted ahead of the model, and of them the ones greedy
+    /// decoding chose too (each saved one decode step of its slot).
+    pub drafted: u64,
+    pub accepted: u64,
+    /// Decode time by batch size: where the model's time goes.
+    pub by_batch: [BatchCost; BATCH_BUCKETS.len()],
+}
+
+/// Upper bounds of the batch-size buckets of [`JobStats::by_batch`].
+pub const BATCH_BUCKETS: [usize; 6] = [1, 4, 16, 64, 256, usize::MAX];
+
+/// Decode calls of one batch-size bucket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchCost {
+    pub calls: u64,
+    pub tokens: u64,
+    pub micros: u64,
+}
+
+impl BatchCost {
+    /// Milliseconds per token evaluated.
+    pub fn ms_per_token(&self) -> f64 {
+        self.micros as f64 / 1000.0 / self.tokens.max(1) as f64
+    }
 }
 
 impl EmbeddedModel {
@@ -150,6 +184,11 @@ impl EmbeddedModel {
             model_id,
             cfg,
         })
+    }
+
+    /// Sets how far slots draft ahead (0: off).
+    pub fn set_draft_tokens(&mut self, n: usize) {
+        self.cfg.draft_tokens = n;
     }
 
     pub fn path(&self) -> &Path {
@@ -255,6 +294,9 @@ impl EmbeddedModel {
 
         let mut state: Vec<Slot> = (0..slots).map(|_| Slot::default()).collect();
         let mut prefix_billed = false;
+        // The job's last finished answer: where the JSON between values is
+        // drafted from.
+        let mut last_answer: Vec<LlamaToken> = Vec::new();
         let mut batch = LlamaBatch::new(n_batch as usize, slots as i32 + 1);
         loop {
             // A cancelled job abandons its in-flight units between decode
@@ -300,6 +342,7 @@ impl EmbeddedModel {
                             unit.truncate(room);
                             stats.truncated_units += 1;
                         }
+                        let unit_tokens = unit.clone();
                         unit.extend_from_slice(&tail);
                         let (pending, pos, prefix_pending) = if share {
                             (unit, prefix.len() as i32, 0)
@@ -335,6 +378,7 @@ impl EmbeddedModel {
                             started: Some(Instant::now()),
                             req: Some(req),
                             truncated_tokens,
+                            unit: unit_tokens,
                             ..Slot::default()
                         };
                     }
@@ -344,54 +388,93 @@ impl EmbeddedModel {
                 break;
             }
 
-            // One batch: every generating slot's last token first, then
-            // prompt chunks shared fairly, never more than n_batch tokens.
+            // One batch of at most n_batch tokens: every generating slot's
+            // next input with its drafts, and prompt chunks sharing the rest
+            // fairly. It is laid out in sequence order: llama.cpp cuts a
+            // batch over per-sequence KV streams into ubatches of consecutive
+            // sequence ids, so tokens out of order cost extra ubatches, each
+            // one more pass over the weights.
             batch.clear();
-            let mut room = n_batch as usize;
-            for (s, slot) in state.iter_mut().enumerate() {
-                slot.logits_at = None;
-                if slot.req.is_some()
-                    && slot.pending.is_empty()
-                    && let Some(t) = slot.next_input
-                {
-                    let _ = batch.add(t, slot.pos, &[s as i32 + 1], true);
-                    slot.logits_at = Some(batch.n_tokens() - 1);
-                    slot.pos += 1;
-                    room = room.saturating_sub(1);
-                }
-            }
+            let generating: Vec<bool> = state
+                .iter()
+                .map(|s| s.req.is_some() && s.pending.is_empty() && s.next_input.is_some())
+                .collect();
+            let mut room =
+                (n_batch as usize).saturating_sub(generating.iter().filter(|g| **g).count());
             let prompting: Vec<usize> = (0..slots)
                 .filter(|s| state[*s].req.is_some() && !state[*s].pending.is_empty())
                 .collect();
+            let mut takes = vec![0usize; slots];
             if !prompting.is_empty() {
                 let fair = (room / prompting.len()).max(1);
-                for s in prompting {
-                    if room == 0 {
-                        break;
-                    }
-                    let slot = &mut state[s];
+                for &s in &prompting {
+                    let slot = &state[s];
                     let mut take = fair.min(room).min(slot.pending.len());
                     if slot.prefix_pending > 0 {
                         take = take.min(slot.prefix_pending);
-                        slot.prefix_pending -= take;
                     }
-                    let chunk: Vec<LlamaToken> = slot.pending.drain(..take).collect();
-                    for (i, t) in chunk.iter().enumerate() {
-                        let last = slot.pending.is_empty() && i + 1 == chunk.len();
-                        let _ = batch.add(*t, slot.pos, &[s as i32 + 1], last);
-                        slot.pos += 1;
-                        if last {
-                            slot.logits_at = Some(batch.n_tokens() - 1);
-                        }
-                    }
-                    slot.evaluated += take as u64;
+                    takes[s] = take;
                     room -= take;
+                }
+            }
+            for (s, slot) in state.iter_mut().enumerate() {
+                slot.logits_at = None;
+                slot.draft.clear();
+                let seq = s as i32 + 1;
+                if generating[s]
+                    && let Some(t) = slot.next_input
+                {
+                    let _ = batch.add(t, slot.pos, &[seq], true);
+                    slot.logits_at = Some(batch.n_tokens() - 1);
+                    slot.pos += 1;
+                    let max = self.draft_room(slot).min(room);
+                    room -= add_draft(slot, &mut batch, seq, max, &last_answer);
+                    continue;
+                }
+                let take = takes[s];
+                if take == 0 {
+                    continue;
+                }
+                slot.prefix_pending = slot.prefix_pending.saturating_sub(take);
+                let chunk: Vec<LlamaToken> = slot.pending.drain(..take).collect();
+                for (i, t) in chunk.iter().enumerate() {
+                    let last = slot.pending.is_empty() && i + 1 == chunk.len();
+                    let _ = batch.add(*t, slot.pos, &[seq], last);
+                    slot.pos += 1;
+                    if last {
+                        slot.logits_at = Some(batch.n_tokens() - 1);
+                    }
+                }
+                slot.evaluated += take as u64;
+                if slot.pending.is_empty() {
+                    // The prompt ends here: draft the answer's opening.
+                    let max = self.draft_room(slot).min(room);
+                    room -= add_draft(slot, &mut batch, seq, max, &last_answer);
                 }
             }
             stats.largest_batch = stats.largest_batch.max(batch.n_tokens() as u64);
             let t0 = Instant::now();
             let decoded = ctx.decode(&mut batch);
-            stats.decode_ms += t0.elapsed().as_millis() as u64;
+            let elapsed = t0.elapsed();
+            stats.decode_ms += elapsed.as_millis() as u64;
+            let size = batch.n_tokens().max(0) as usize;
+            if let Some(bucket) = BATCH_BUCKETS
+                .iter()
+                .position(|b| size <= *b)
+                .and_then(|i| stats.by_batch.get_mut(i))
+            {
+                bucket.calls += 1;
+                bucket.tokens += size as u64;
+                bucket.micros += elapsed.as_micros() as u64;
+            }
+            tracing::trace!(
+                tokens = batch.n_tokens(),
+                generating = generating.iter().filter(|g| **g).count(),
+                drafted = state.iter().map(|s| s.draft.len()).sum::<usize>(),
+                prompt = takes.iter().sum::<usize>(),
+                us = elapsed.as_micros() as u64,
+                "decode"
+            );
             if let Err(e) = decoded {
                 // The batch is lost for every slot in it: fail them all, so
                 // the engine retries, and keep serving the queue.
@@ -405,82 +488,159 @@ impl EmbeddedModel {
             }
             stats.decode_calls += 1;
 
-            // Sample for every slot whose logits were computed.
-            for slot in state.iter_mut() {
+            // Sample for every slot whose logits were computed: its last
+            // input, then each draft greedy decoding agrees with.
+            for (s, slot) in state.iter_mut().enumerate() {
                 let Some(at) = slot.logits_at else { continue };
-                if let Some(scorer) = &scorer
-                    && slot.choices.is_none()
-                    && scorer.at_value_start(&slot.out)
-                {
-                    slot.choices = Some(scorer.score(ctx.get_logits_ith(at)));
+                let drafted = std::mem::take(&mut slot.draft);
+                let mut accepted = 0;
+                let mut finished = None;
+                for j in 0..=drafted.len() {
+                    let at = at + j as i32;
+                    if let Some(scorer) = &scorer
+                        && slot.choices.is_none()
+                        && scorer.at_value_start(&slot.out)
+                    {
+                        slot.choices = Some(scorer.score(ctx.get_logits_ith(at)));
+                    }
+                    let t0 = Instant::now();
+                    let retry_seed = slot
+                        .req
+                        .as_ref()
+                        .filter(|r| r.attempt > 1)
+                        .map(|r| r.attempt * 7919 + slot.generated);
+                    let (token, full) = sample(&ctx, at, slot.sampler.as_mut(), retry_seed);
+                    stats.sample_ms += t0.elapsed().as_millis() as u64;
+                    stats.samples += 1;
+                    stats.full_vocab_samples += u64::from(full);
+                    let max_output = slot.req.as_ref().map_or(0, |r| r.max_output_tokens);
+                    match token {
+                        None => {
+                            finished = Some(Err(CallError::Backend(
+                                "the grammar allows no token here".into(),
+                            )));
+                            break;
+                        }
+                        Some(t) if vocab.is_eog(t) => {
+                            finished = Some(Ok(()));
+                            break;
+                        }
+                        Some(t) => {
+                            if let Some(s) = slot.sampler.as_mut() {
+                                s.accept(t);
+                            }
+                            slot.out.extend(vocab.token_to_piece(t, false, None));
+                            slot.tokens.push(t);
+                            slot.generated += 1;
+                            if slot.generated >= max_output {
+                                finished = Some(Ok(()));
+                                break;
+                            }
+                            if drafted.get(j) == Some(&t) {
+                                // Already evaluated in this batch: its logits
+                                // are the next position's.
+                                accepted += 1;
+                                continue;
+                            }
+                            slot.next_input = Some(t);
+                            break;
+                        }
+                    }
                 }
-                let t0 = Instant::now();
-                let retry_seed = slot
-                    .req
-                    .as_ref()
-                    .filter(|r| r.attempt > 1)
-                    .map(|r| r.attempt * 7919 + slot.generated);
-                let (token, full) = sample(&ctx, at, slot.sampler.as_mut(), retry_seed);
-                stats.sample_ms += t0.elapsed().as_millis() as u64;
-                stats.samples += 1;
-                stats.full_vocab_samples += u64::from(full);
-                let Some(req) = slot.req.as_ref() else {
+                stats.drafted += drafted.len() as u64;
+                stats.accepted += accepted as u64;
+                let Some(result) = finished else {
+                    // Drafts past the first disagreement were evaluated into
+                    // the slot's KV; drop them so the next input follows the
+                    // last accepted token.
+                    let rejected = (drafted.len() - accepted) as i32;
+                    if rejected > 0 {
+                        slot.pos -= rejected;
+                        let seq = s as u32 + 1;
+                        if let Err(e) =
+                            ctx.clear_kv_cache_seq(Some(seq), Some(slot.pos as u32), None)
+                            && let Some(req) = slot.req.take()
+                        {
+                            job.complete(
+                                req,
+                                Err(CallError::Backend(format!("dropping rejected drafts: {e}"))),
+                            );
+                            *slot = Slot::default();
+                        }
+                    }
                     continue;
                 };
-                let done = match token {
-                    None => Some(Err(CallError::Backend(
-                        "the grammar allows no token here".into(),
-                    ))),
-                    Some(t) if vocab.is_eog(t) => Some(Ok(())),
-                    Some(t) => {
-                        if let Some(s) = slot.sampler.as_mut() {
-                            s.accept(t);
-                        }
-                        slot.out.extend(vocab.token_to_piece(t, false, None));
-                        slot.generated += 1;
-                        slot.next_input = Some(t);
-                        if slot.generated >= req.max_output_tokens {
-                            Some(Ok(()))
-                        } else {
-                            None
-                        }
-                    }
+                let Some(req) = slot.req.take() else { continue };
+                let mut usage = Usage {
+                    prompt_tokens: slot.evaluated,
+                    cached_tokens: if share { prefix.len() as u64 } else { 0 },
+                    completion_tokens: u64::from(slot.generated),
+                    latency_ms: slot
+                        .started
+                        .map(|t| t.elapsed().as_millis() as u64)
+                        .unwrap_or(0),
                 };
-                if let Some(result) = done {
-                    let Some(req) = slot.req.take() else { continue };
-                    let mut usage = Usage {
-                        prompt_tokens: slot.evaluated,
-                        cached_tokens: if share { prefix.len() as u64 } else { 0 },
-                        completion_tokens: u64::from(slot.generated),
-                        latency_ms: slot
-                            .started
-                            .map(|t| t.elapsed().as_millis() as u64)
-                            .unwrap_or(0),
-                    };
-                    // The prefix was evaluated once; bill it to the first unit
-                    // that finishes, so sums over units are exact.
-                    if share && !prefix_billed {
-                        usage.prompt_tokens += prefix.len() as u64;
-                        usage.cached_tokens = 0;
-                        prefix_billed = true;
-                    }
-                    let text = String::from_utf8_lossy(&slot.out).into_owned();
-                    let choices = slot.choices.take();
-                    job.complete(
-                        req,
-                        result.map(|()| Completion {
-                            text,
-                            usage,
-                            choices,
-                            truncated_tokens: slot.truncated_tokens,
-                        }),
-                    );
-                    *slot = Slot::default();
+                // The prefix was evaluated once; bill it to the first unit
+                // that finishes, so sums over units are exact.
+                if share && !prefix_billed {
+                    usage.prompt_tokens += prefix.len() as u64;
+                    usage.cached_tokens = 0;
+                    prefix_billed = true;
                 }
+                if result.is_ok() {
+                    last_answer = std::mem::take(&mut slot.tokens);
+                }
+                let text = String::from_utf8_lossy(&slot.out).into_owned();
+                let choices = slot.choices.take();
+                job.complete(
+                    req,
+                    result.map(|()| Completion {
+                        text,
+                        usage,
+                        choices,
+                        truncated_tokens: slot.truncated_tokens,
+                    }),
+                );
+                *slot = Slot::default();
             }
         }
         Ok(stats)
     }
+
+    /// Most tokens a slot may draft now: none on a retry (it samples, and a
+    /// sample is not checked against a draft), and never past the answer's
+    /// token budget.
+    fn draft_room(&self, slot: &Slot) -> usize {
+        match &slot.req {
+            Some(req) if req.attempt <= 1 => self
+                .cfg
+                .draft_tokens
+                .min((req.max_output_tokens.saturating_sub(slot.generated + 1)) as usize),
+            _ => 0,
+        }
+    }
+}
+
+/// Drafts up to `max` tokens for `slot` and appends them to the batch right
+/// after its last input, each with logits. Returns how many.
+fn add_draft(
+    slot: &mut Slot,
+    batch: &mut LlamaBatch,
+    seq: i32,
+    max: usize,
+    last_answer: &[LlamaToken],
+) -> usize {
+    slot.draft = draft::draft(&slot.tokens, &[&slot.unit, last_answer], last_answer, max);
+    let mut added = 0;
+    for t in &slot.draft {
+        if batch.add(*t, slot.pos, &[seq], true).is_err() {
+            break;
+        }
+        slot.pos += 1;
+        added += 1;
+    }
+    slot.draft.truncate(added);
+    added
 }
 
 #[derive(Default)]
@@ -503,6 +663,12 @@ struct Slot {
     choices: Option<Vec<(String, f64)>>,
     /// Tokens of the unit cut to fit the slot's window.
     truncated_tokens: u64,
+    /// The unit's tokens: quotes are drafted from them.
+    unit: Vec<LlamaToken>,
+    /// Tokens generated so far.
+    tokens: Vec<LlamaToken>,
+    /// Tokens drafted after the slot's last input in the current batch.
+    draft: Vec<LlamaToken>,
 }
 
 /// Reads the probability of each allowed decision from the logits at the
@@ -644,6 +810,8 @@ impl ModelBackend for EmbeddedModel {
             decode_calls = stats.decode_calls,
             largest_batch = stats.largest_batch,
             truncated_units = stats.truncated_units,
+            drafted = stats.drafted,
+            accepted = stats.accepted,
             "llama job finished"
         );
         Ok(())
