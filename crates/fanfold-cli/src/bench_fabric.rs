@@ -327,54 +327,36 @@ pub fn main(args: FabricArgs) -> Result<()> {
     // Drafting is measured against the default (off) at this length.
     const DRAFT: usize = 8;
     let draft = LlamaConfig::new(PathBuf::new()).draft_tokens;
+    let base = Setup {
+        slots: args.slots,
+        share: true,
+        draft_tokens: draft,
+    };
+    let run = |label: &str, prefix: &str, setup: Setup| {
+        run_config(&model_path, label, prefix, schema, measured, setup)
+    };
     eprintln!("side by side on {} units:", measured.len());
-    let shared = run_config(
-        &model_path,
-        "shared prefix",
-        prefix,
-        schema,
-        measured,
-        Setup {
-            slots: args.slots,
-            share: true,
-            draft_tokens: draft,
-        },
-    )?;
-    let drafted = run_config(
-        &model_path,
+    let shared = run("shared prefix", prefix, base)?;
+    let drafted = run(
         &format!("shared prefix, drafting {DRAFT} tokens"),
         prefix,
-        schema,
-        measured,
         Setup {
-            slots: args.slots,
-            share: true,
             draft_tokens: DRAFT,
+            ..base
         },
     )?;
-    let naive = run_config(
-        &model_path,
+    let naive = run(
         "naive (full prompt per unit)",
         prefix,
-        schema,
-        measured,
         Setup {
-            slots: args.slots,
             share: false,
-            draft_tokens: draft,
+            ..base
         },
     )?;
-    let single = run_config(
-        &model_path,
+    let single = run(
         "shared prefix, one slot",
         prefix,
-        schema,
-        measured,
-        Setup {
-            slots: 1,
-            share: true,
-            draft_tokens: draft,
-        },
+        Setup { slots: 1, ..base },
     )?;
 
     let sweeps: &[usize] = if args.no_sweeps { &[] } else { &[0, 4, 16] };
@@ -391,35 +373,17 @@ pub fn main(args: FabricArgs) -> Result<()> {
         } else {
             few_shots(stage, pool, k)
         };
-        let mut m = run_config(
-            &model_path,
-            &format!("{k} few-shot"),
-            &p,
-            schema,
-            measured,
-            Setup {
-                slots: args.slots,
-                share: true,
-                draft_tokens: draft,
-            },
-        )?;
+        let mut m = run(&format!("{k} few-shot"), &p, base)?;
         m.label = format!("{k}");
         prefix_sweep.push(m);
     }
     eprintln!("slot sweep:");
     let mut slot_sweep = Vec::new();
     for &s in slot_counts {
-        slot_sweep.push(run_config(
-            &model_path,
+        slot_sweep.push(run(
             &format!("{s} slots"),
             prefix,
-            schema,
-            measured,
-            Setup {
-                slots: s,
-                share: true,
-                draft_tokens: draft,
-            },
+            Setup { slots: s, ..base },
         )?);
     }
 

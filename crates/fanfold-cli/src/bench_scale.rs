@@ -78,6 +78,13 @@ struct Row {
 const DENSE_RULE: &str = ".latency_ms > 24000";
 const SPARSE_RULE: &str = ".latency_ms > 29950";
 
+/// Deletes a store and its WAL files, so a run starts from nothing.
+fn remove_store(store: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", store.display()));
+    }
+}
+
 /// A copy of the spec's folder in `work` with the sparse prefilter.
 fn sparse_spec(spec: &Path, work: &Path) -> Result<PathBuf> {
     let dir = spec.parent().unwrap_or(Path::new("."));
@@ -122,9 +129,7 @@ pub fn main(args: &ScaleArgs) -> Result<()> {
         let edited = args.work_dir.join(format!("records-{n}-edited.jsonl"));
         let edited_routed = write_edited(&input, &edited)?;
         let store = args.work_dir.join(format!("store-{n}.sqlite"));
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", store.display()));
-        }
+        remove_store(&store);
         eprintln!("scale: {n} records ({bytes} bytes)");
         warm(&input)?;
         let (jq_s, jq_matched) = run_jq(&args.jq, &input)?;
@@ -133,9 +138,7 @@ pub fn main(args: &ScaleArgs) -> Result<()> {
         warm(&edited)?;
         let rerun = run_fanfold(&exe, &args.spec, &edited, &store, &args.work_dir)?;
         let sparse_store = args.work_dir.join(format!("store-{n}-sparse.sqlite"));
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", sparse_store.display()));
-        }
+        remove_store(&sparse_store);
         warm(&input)?;
         let sparse = run_fanfold(&exe, &sparse_spec, &input, &sparse_store, &args.work_dir)?;
         rows.push(Row {
