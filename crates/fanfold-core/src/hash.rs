@@ -97,15 +97,88 @@ impl schemars::JsonSchema for ContentHash {
     }
 }
 
+/// Every namespace a key or content id is hashed in. The bucket's name,
+/// with its format version (`facts-v1`), is hashed first: keys of two
+/// buckets can never collide, and bumping one version is the only blanket
+/// invalidation of what that bucket covers. The names are stored in facts
+/// and fold nodes and must never change for a version already released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Bucket {
+    /// A unit's identity: its canonical record.
+    Unit,
+    /// What one stage sees of a unit (its projection).
+    Input,
+    /// A map stage's rubric text.
+    Rubric,
+    /// A stage's definition (map or embed): what its facts mean.
+    StageDef,
+    /// A map fact: stage definition, input and model.
+    Facts,
+    /// An embed fact: stage definition, input and encoder.
+    EmbedFacts,
+    /// A stored embedding vector: encoder, token limit and text.
+    Embedding,
+    /// An audit stage's definition.
+    AuditStage,
+    /// A fold's reducers.
+    FoldDef,
+    /// One unit's outcome as a fold leaf.
+    FoldLeaf,
+    /// A fold node: its children's keys.
+    FoldNode,
+    /// The partition settings a source is cut with.
+    Partition,
+    /// A prefilter's rules.
+    Prefilter,
+    /// A whole spec, after overrides.
+    Spec,
+    /// Verify's seeded choice of negatives to read back.
+    NegativeSample,
+    /// A scripted backend's jq program.
+    Script,
+    /// A replay cassette's request key.
+    Cassette,
+}
+
+impl Bucket {
+    /// The name hashed at the start of every key in the bucket.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Bucket::Unit => "unit-v1",
+            Bucket::Input => "input-v1",
+            Bucket::Rubric => "rubric-v1",
+            Bucket::StageDef => "stage-def-v1",
+            Bucket::Facts => "facts-v1",
+            Bucket::EmbedFacts => "embed-facts-v1",
+            Bucket::Embedding => "embedding-v1",
+            Bucket::AuditStage => "audit-stage-v1",
+            Bucket::FoldDef => "fold-def-v1",
+            Bucket::FoldLeaf => "fold-leaf-v1",
+            Bucket::FoldNode => "fold-node-v1",
+            Bucket::Partition => "partition-v1",
+            Bucket::Prefilter => "prefilter-v1",
+            Bucket::Spec => "spec-v1",
+            Bucket::NegativeSample => "negative-sample-v1",
+            Bucket::Script => "script-v1",
+            Bucket::Cassette => "cassette-v1",
+        }
+    }
+}
+
+impl fmt::Display for Bucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A hasher that only accepts explicitly tagged, length-prefixed input.
 pub struct StableHasher(blake3::Hasher);
 
 impl StableHasher {
-    /// A hasher for one cache bucket. The bucket name carries the format
-    /// version (`facts-v1`); bumping it is the only blanket invalidation.
-    pub fn new(bucket: &str) -> Self {
+    /// A hasher for one bucket: its name goes in first.
+    pub fn new(bucket: Bucket) -> Self {
         let mut h = StableHasher(blake3::Hasher::new());
-        h.write_str(bucket);
+        h.write_str(bucket.name());
         h
     }
 
@@ -144,7 +217,7 @@ pub trait StableHash {
     fn stable_hash(&self, h: &mut StableHasher);
 
     /// The key of this value in `bucket`.
-    fn key_in(&self, bucket: &str) -> ContentHash {
+    fn key_in(&self, bucket: Bucket) -> ContentHash {
         let mut h = StableHasher::new(bucket);
         self.stable_hash(&mut h);
         h.finish()
@@ -312,16 +385,19 @@ mod tests {
         let a = json!({"a": 1, "b": [1, 2]});
         let b = json!({"b": [1, 2], "a": 1});
         let c = json!({"b": [2, 1], "a": 1});
-        assert_eq!(a.key_in("t"), b.key_in("t"));
-        assert_ne!(a.key_in("t"), c.key_in("t"));
-        assert_ne!(a.key_in("t"), a.key_in("t2"));
+        assert_eq!(a.key_in(Bucket::Input), b.key_in(Bucket::Input));
+        assert_ne!(a.key_in(Bucket::Input), c.key_in(Bucket::Input));
+        assert_ne!(a.key_in(Bucket::Input), a.key_in(Bucket::Rubric));
     }
 
     #[test]
     fn length_prefix_prevents_concatenation_collisions() {
         let ab = vec!["ab".to_owned(), "c".to_owned()];
         let a_bc = vec!["a".to_owned(), "bc".to_owned()];
-        assert_ne!(ab.key_in("t"), a_bc.key_in("t"));
-        assert_ne!(Some(0u64).key_in("t"), None::<u64>.key_in("t"));
+        assert_ne!(ab.key_in(Bucket::Input), a_bc.key_in(Bucket::Input));
+        assert_ne!(
+            Some(0u64).key_in(Bucket::Input),
+            None::<u64>.key_in(Bucket::Input)
+        );
     }
 }

@@ -12,6 +12,6 @@ pub mod status;
 pub mod unit;
 
 pub use fact::{Cost, Evidence, FACT_SCHEMA, FactRecord, ModelParams};
-pub use hash::{ContentHash, StableHash, StableHasher};
-pub use status::{Status, StatusCounts};
+pub use hash::{Bucket, ContentHash, StableHash, StableHasher};
+pub use status::{BatchState, Status, StatusCounts};
 pub use unit::{ByteRange, Unit, UnitId};

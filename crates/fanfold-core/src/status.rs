@@ -113,3 +113,38 @@ impl StatusCounts {
         Status::ALL.iter().map(|s| self.get(*s)).sum()
     }
 }
+
+/// Where a provider batch stands in the store's ledger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchState {
+    /// Submitted; its requests are found by a rerun and collected.
+    Open,
+    /// Every result was handed back; never matched again.
+    Consumed,
+    /// Failed or expired as a whole; it can yield nothing.
+    Failed,
+}
+
+impl BatchState {
+    pub const ALL: [BatchState; 3] = [BatchState::Open, BatchState::Consumed, BatchState::Failed];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BatchState::Open => "open",
+            BatchState::Consumed => "consumed",
+            BatchState::Failed => "failed",
+        }
+    }
+
+    /// The state a stored name stands for.
+    pub fn parse(name: &str) -> Option<BatchState> {
+        BatchState::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+}
+
+impl fmt::Display for BatchState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

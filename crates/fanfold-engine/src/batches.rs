@@ -1,6 +1,7 @@
 //! The store as the ledger of provider batches.
 
-use fanfold_model::{BatchLedger, BatchSlot, SubmittedBatch};
+use fanfold_core::BatchState;
+use fanfold_model::{BatchLedger, BatchSlot, LedgerError, SubmittedBatch};
 use fanfold_store::{BatchRow, Store, now_ms};
 
 /// Provider batches recorded in the run's store, so that a run stopped
@@ -8,7 +9,7 @@ use fanfold_store::{BatchRow, Store, now_ms};
 pub struct StoreLedger<'a>(pub &'a Store);
 
 impl BatchLedger for StoreLedger<'_> {
-    fn find(&self, request_key: &str) -> Result<Option<BatchSlot>, String> {
+    fn find(&self, request_key: &str) -> Result<Option<BatchSlot>, LedgerError> {
         self.0
             .find_open_batch(request_key)
             .map(|found| {
@@ -17,27 +18,27 @@ impl BatchLedger for StoreLedger<'_> {
                     custom_id,
                 })
             })
-            .map_err(|e| e.to_string())
+            .map_err(LedgerError::from)
     }
 
-    fn submitted(&self, batch: &SubmittedBatch) -> Result<(), String> {
+    fn submitted(&self, batch: &SubmittedBatch) -> Result<(), LedgerError> {
         let row = BatchRow {
             batch_id: batch.batch_id.clone(),
             provider: batch.provider.clone(),
             endpoint: batch.endpoint.clone(),
-            state: "open".into(),
+            state: BatchState::Open,
             requests: batch.requests.len() as u64,
             submitted_ms: now_ms(),
             closed_ms: None,
         };
         self.0
             .put_batch(&row, &batch.requests)
-            .map_err(|e| e.to_string())
+            .map_err(LedgerError::from)
     }
 
-    fn close(&self, batch_id: &str, state: &str) -> Result<(), String> {
+    fn close(&self, batch_id: &str, state: BatchState) -> Result<(), LedgerError> {
         self.0
             .close_batch(batch_id, state)
-            .map_err(|e| e.to_string())
+            .map_err(LedgerError::from)
     }
 }

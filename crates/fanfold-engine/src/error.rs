@@ -33,8 +33,11 @@ pub enum RunError {
         unit: String,
         detail: String,
     },
-    #[error("stage `{stage}`: {detail}")]
-    Embed { stage: String, detail: String },
+    #[error("stage `{stage}`: {source}")]
+    Embed {
+        stage: String,
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
     #[error("contract bound on unit {unit}: {detail}")]
     Bound { unit: String, detail: String },
     #[error("the stored source {hash} is missing chunk {seq}; the store is damaged")]

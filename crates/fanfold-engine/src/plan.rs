@@ -284,7 +284,7 @@ impl Plan {
         if let Some(input) = &spec.input.path {
             files.insert(spec_dir.join(input).display().to_string());
         }
-        let spec_hash = hashed.key_in("spec-v1");
+        let spec_hash = hashed.key_in(fanfold_core::Bucket::Spec);
         Ok(Plan {
             spec,
             spec_path: spec_path.to_owned(),

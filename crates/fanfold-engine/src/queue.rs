@@ -9,12 +9,9 @@ use std::time::Instant;
 use fanfold_core::Status;
 use fanfold_core::spec::{BreakerSpec, BudgetSpec, ContractSpec};
 use fanfold_model::{BatchLedger, CallError, Completion, DecisionField, Job, Request, Usage};
-use fanfold_ops::contract::{Controller, StopReason};
+use fanfold_ops::contract::{Budget, Controller, StopReason};
 use fanfold_ops::map::{Interpreted, MapStage};
 use serde_json::Value;
-
-/// The budget whose exhaustion also abandons in-flight units.
-const WALL_BUDGET: &str = "wall_secs";
 
 /// What a usage costs in US dollars; `None` when the backend is unpriced.
 pub type PriceFn<'a> = dyn Fn(&Usage) -> Option<f64> + Sync + 'a;
@@ -125,7 +122,7 @@ impl BudgetPool {
             && s.calls >= limit
         {
             return Err(StopReason::BudgetExhausted {
-                budget: "model_calls".into(),
+                budget: Budget::ModelCalls,
                 limit,
                 used: s.calls,
             });
@@ -134,7 +131,7 @@ impl BudgetPool {
             && s.tokens + s.reserved_tokens + tokens > limit
         {
             return Err(StopReason::BudgetExhausted {
-                budget: "tokens".into(),
+                budget: Budget::Tokens,
                 limit,
                 used: s.tokens,
             });
@@ -143,7 +140,7 @@ impl BudgetPool {
             let secs = self.started.elapsed().as_secs();
             if secs >= limit {
                 return Err(StopReason::BudgetExhausted {
-                    budget: WALL_BUDGET.into(),
+                    budget: Budget::WallSecs,
                     limit,
                     used: secs,
                 });
@@ -154,7 +151,7 @@ impl BudgetPool {
         {
             // Stop reasons count in whole units: money in micro-dollars.
             return Err(StopReason::BudgetExhausted {
-                budget: "usd_micros".into(),
+                budget: Budget::UsdMicros,
                 limit: (limit * 1e6) as u64,
                 used: (s.usd * 1e6) as u64,
             });
@@ -520,7 +517,7 @@ impl Job for StageJob<'_> {
                     .contract(),
                 ContractSpec::TopK { .. }
             ),
-            Some(StopReason::BudgetExhausted { budget, .. }) => budget == WALL_BUDGET,
+            Some(StopReason::BudgetExhausted { budget, .. }) => *budget == Budget::WallSecs,
             _ => false,
         }
     }
@@ -810,9 +807,9 @@ impl Job for StageJob<'_> {
     }
 }
 
-fn stop_budget(stop: &StopReason) -> String {
+fn stop_budget(stop: &StopReason) -> &'static str {
     match stop {
-        StopReason::BudgetExhausted { budget, .. } => budget.clone(),
-        other => other.code().to_owned(),
+        StopReason::BudgetExhausted { budget, .. } => budget.name(),
+        other => other.code(),
     }
 }

@@ -23,8 +23,7 @@ use fanfold_engine::{NoProgress, Plan, RunOptions, RunReport};
 use fanfold_http::{ModelPrice, PriceTable};
 use serde_json::{Value, json};
 
-mod support;
-use support::Server;
+use fanfold_testkit::Server;
 
 /// The environment variable the spec names for the API key.
 const KEY_VAR: &str = "FANFOLD_TEST_HTTP_KEY";
@@ -104,7 +103,8 @@ struct Mock {
 impl Mock {
     fn start() -> Mock {
         let state = Arc::new(MockState::default());
-        let server = Server::start(Router::new().fallback(handle).with_state(state.clone()));
+        let server = Server::start(Router::new().fallback(handle).with_state(state.clone()))
+            .expect("mock server");
         Mock {
             addr: server.addr,
             state,
@@ -639,9 +639,13 @@ fn a_money_budget_is_reserved_before_each_call() {
     let report = fx.run_with(Some(tiny));
     let c = &report.certificate;
     assert_eq!(c.stop.code(), "budget_exhausted");
-    assert!(
-        matches!(&c.stop, fanfold_ops::contract::StopReason::BudgetExhausted { budget, .. } if budget == "usd_micros")
-    );
+    assert!(matches!(
+        &c.stop,
+        fanfold_ops::contract::StopReason::BudgetExhausted {
+            budget: fanfold_ops::contract::Budget::UsdMicros,
+            ..
+        }
+    ));
     assert_eq!(mock.served().len(), 0, "nothing was paid for");
     assert_eq!(c.statuses.not_run, UNITS as u64);
     assert!(!report.answer.complete);

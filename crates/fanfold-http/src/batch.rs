@@ -18,7 +18,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use fanfold_model::{
-    BackendError, BatchLedger, BatchSlot, CallError, Completion, Job, Request, SubmittedBatch,
+    BackendError, BatchLedger, BatchSlot, BatchState, CallError, Completion, Job, Request,
+    SubmittedBatch,
 };
 use reqwest::header::{CONTENT_TYPE, HeaderMap};
 use serde::{Deserialize, Serialize};
@@ -385,14 +386,14 @@ impl<P: BatchApi> Transport<P> {
                 if let Some(failure) = &status.failure {
                     let err = CallError::Backend(format!("batch {id} failed: {failure}"));
                     self.fail_all(job, requests, &err);
-                    self.close(ledger, &id, "failed");
+                    self.close(ledger, &id, BatchState::Failed);
                     continue;
                 }
                 self.count_request();
                 match self.protocol.results(http, &status).await {
                     Ok(lines) => {
                         self.deliver(job, &id, &status.state, lines, requests);
-                        self.close(ledger, &id, "consumed");
+                        self.close(ledger, &id, BatchState::Consumed);
                     }
                     Err(fault) => {
                         // The results stay at the provider; the batch stays
@@ -499,7 +500,7 @@ impl<P: BatchApi> Transport<P> {
         }
     }
 
-    fn close(&self, ledger: Option<&dyn BatchLedger>, id: &str, state: &str) {
+    fn close(&self, ledger: Option<&dyn BatchLedger>, id: &str, state: BatchState) {
         if let Some(l) = ledger
             && let Err(e) = l.close(id, state)
         {

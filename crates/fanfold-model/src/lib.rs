@@ -14,6 +14,7 @@
 //! The simulated backends (scripted, replay) live in `fanfold-sim`, so a
 //! real backend's crate compiles no jq engine.
 
+pub use fanfold_core::BatchState;
 use serde::{Deserialize, Serialize};
 
 /// One unit's turn.
@@ -203,13 +204,18 @@ pub struct SubmittedBatch {
 /// the endpoint, the attempt and the exact request body.
 pub trait BatchLedger: Sync {
     /// The open batch holding the request with this key, if any.
-    fn find(&self, request_key: &str) -> Result<Option<BatchSlot>, String>;
+    fn find(&self, request_key: &str) -> Result<Option<BatchSlot>, LedgerError>;
     /// Records a batch the provider accepted, with all its requests.
-    fn submitted(&self, batch: &SubmittedBatch) -> Result<(), String>;
-    /// Marks a batch whose results were all handed back (`consumed`) or
-    /// that can never yield any; its requests are no longer found.
-    fn close(&self, batch_id: &str, state: &str) -> Result<(), String>;
+    fn submitted(&self, batch: &SubmittedBatch) -> Result<(), LedgerError>;
+    /// Marks a batch whose results were all handed back (`Consumed`) or
+    /// that can never yield any (`Failed`); its requests are no longer
+    /// found.
+    fn close(&self, batch_id: &str, state: BatchState) -> Result<(), LedgerError>;
 }
+
+/// A ledger's failure, with its source kept: the ledger is the engine's
+/// store, which this crate does not know.
+pub type LedgerError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {

@@ -18,13 +18,41 @@ pub enum StopReason {
     ContractSatisfied { detail: String },
     /// A declared budget ran out.
     BudgetExhausted {
-        budget: String,
+        budget: Budget,
         limit: u64,
         used: u64,
     },
     /// A stage's breaker stopped it: its first units failed, or judged
     /// canaries wrongly, past what the stage allows.
     BreakerTripped { stage: String, detail: String },
+}
+
+/// The budgets a spec may declare, named as the certificate names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Budget {
+    ModelCalls,
+    Tokens,
+    WallSecs,
+    /// Money, counted in whole micro-dollars like every other limit.
+    UsdMicros,
+}
+
+impl Budget {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Budget::ModelCalls => "model_calls",
+            Budget::Tokens => "tokens",
+            Budget::WallSecs => "wall_secs",
+            Budget::UsdMicros => "usd_micros",
+        }
+    }
+}
+
+impl std::fmt::Display for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl StopReason {

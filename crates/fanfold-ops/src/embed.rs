@@ -5,7 +5,7 @@
 //! module is pure, so scoring and keys are tested without a model.
 
 use fanfold_core::spec::EmbedStageSpec;
-use fanfold_core::{ContentHash, StableHasher, Status};
+use fanfold_core::{Bucket, ContentHash, StableHasher, Status};
 use serde_json::Value;
 
 use crate::map::{field_text, project_fields};
@@ -91,7 +91,7 @@ impl EmbedStage {
                 detail: "threshold must be a finite number".into(),
             });
         }
-        let mut h = StableHasher::new("stage-def-v1");
+        let mut h = StableHasher::new(Bucket::StageDef);
         h.field("name", &spec.name)
             .field("type", "embed")
             .field("version", &spec.version)
@@ -156,7 +156,7 @@ impl EmbedStage {
 
     /// The key of this stage's fact for one unit.
     pub fn cache_key(&self, input_hash: ContentHash, model_id: &str) -> ContentHash {
-        let mut h = StableHasher::new("embed-facts-v1");
+        let mut h = StableHasher::new(Bucket::EmbedFacts);
         h.field("input", &input_hash)
             .field("stage", &self.definition)
             .field("model", model_id);
@@ -222,7 +222,7 @@ impl EmbedStage {
 /// Shared by every stage, so two stages (or two thresholds) embedding the
 /// same text compute it once.
 pub fn vector_key(model_id: &str, max_tokens: usize, text: &str) -> ContentHash {
-    let mut h = StableHasher::new("embedding-v1");
+    let mut h = StableHasher::new(Bucket::Embedding);
     h.field("model", model_id)
         .field("max_tokens", &max_tokens)
         .field("text", text);
@@ -332,7 +332,7 @@ mod tests {
     fn keys_move_with_meaning_only() {
         let a = EmbedStage::new(spec(&[], 0.5), None).expect("stage");
         let b = EmbedStage::new(spec(&[], 0.6), None).expect("stage");
-        let input = "x".key_in("input-v1");
+        let input = "x".key_in(Bucket::Input);
         assert_ne!(a.cache_key(input, "m"), b.cache_key(input, "m"));
         assert_eq!(a.cache_key(input, "m"), a.cache_key(input, "m"));
         assert_ne!(a.cache_key(input, "m"), a.cache_key(input, "n"));

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use fanfold_core::spec::{FoldSpec, ReducerKind, ReducerSpec};
-use fanfold_core::{ContentHash, StableHash, StableHasher, Status, StatusCounts, UnitId};
+use fanfold_core::{Bucket, ContentHash, StableHash, StableHasher, Status, StatusCounts, UnitId};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -358,7 +358,7 @@ pub struct FoldOutcome {
 
 /// The definition hash a fold's node keys start from.
 pub fn fold_definition(spec: &FoldSpec) -> ContentHash {
-    let mut h = StableHasher::new("fold-def-v1");
+    let mut h = StableHasher::new(Bucket::FoldDef);
     h.field("fan_in", &spec.fan_in);
     let reducers = serde_json::to_value(&spec.reducers).unwrap_or(Value::Null);
     h.field("reducers", &reducers);
@@ -375,7 +375,7 @@ pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) ->
     let mut level: Vec<(ContentHash, Option<FoldValue>)> = leaves
         .iter()
         .map(|l| {
-            let mut h = StableHasher::new("fold-leaf-v1");
+            let mut h = StableHasher::new(Bucket::FoldLeaf);
             h.field("def", &def).field("leaf", l);
             (h.finish(), None)
         })
@@ -387,7 +387,7 @@ pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) ->
     let (mut computed, mut reused) = (0u64, 0u64);
     if level.is_empty() {
         let root = FoldValue::empty(spec);
-        let mut h = StableHasher::new("fold-node-v1");
+        let mut h = StableHasher::new(Bucket::FoldNode);
         h.field("def", &def).field("level", &0u32);
         return FoldOutcome {
             root,
@@ -402,7 +402,7 @@ pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) ->
         depth += 1;
         let mut next = Vec::with_capacity(level.len().div_ceil(fan_in));
         for (at, chunk) in level.chunks(fan_in).enumerate() {
-            let mut h = StableHasher::new("fold-node-v1");
+            let mut h = StableHasher::new(Bucket::FoldNode);
             h.field("def", &def).field("level", &depth);
             let keys: Vec<ContentHash> = chunk.iter().map(|(k, _)| *k).collect();
             h.field("children", &keys);

@@ -3,7 +3,7 @@
 //! raw output becomes a typed, schema-checked, evidence-checked fact.
 
 use fanfold_core::spec::MapStageSpec;
-use fanfold_core::{ContentHash, Evidence, ModelParams, StableHash, StableHasher, Status};
+use fanfold_core::{Bucket, ContentHash, Evidence, ModelParams, StableHash, StableHasher, Status};
 use serde_json::Value;
 
 /// Version of the prompt layout below; part of every map cache key.
@@ -122,13 +122,13 @@ impl MapStage {
         if spec.max_attempts == 0 {
             return Err(invalid("max_attempts must be at least 1".into()));
         }
-        let rubric_hash = rubric.key_in("rubric-v1");
+        let rubric_hash = rubric.key_in(Bucket::Rubric);
         let schema_text = serde_json::to_string_pretty(&schema).unwrap_or_default();
         let prefix = format!(
             "{rubric}\n\n## Output\n\nAnswer with one JSON object and nothing else. It must validate against this JSON Schema:\n\n```json\n{schema_text}\n```\n\nEvery evidence quote must be copied verbatim from the named field of the record.\n",
             rubric = rubric.trim_end()
         );
-        let mut h = StableHasher::new("stage-def-v1");
+        let mut h = StableHasher::new(Bucket::StageDef);
         h.field("name", &spec.name)
             .field("type", "map")
             .field("version", &spec.version)
@@ -240,7 +240,7 @@ impl MapStage {
     /// hash of the projected fields, so a change to a field the stage does
     /// not see keeps the fact.
     pub fn cache_key(&self, input_hash: ContentHash, model: &ModelParams) -> ContentHash {
-        let mut h = StableHasher::new("facts-v1");
+        let mut h = StableHasher::new(Bucket::Facts);
         h.field("input", &input_hash)
             .field("stage", &self.definition)
             .field("rubric", &self.rubric_hash)

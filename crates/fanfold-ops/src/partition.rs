@@ -332,7 +332,7 @@ impl<C: ConfirmRepeat> SeenIds for CompactSeen<C> {
 
 /// The canonical hash of a unit's content.
 pub fn unit_hash(value: &Value) -> ContentHash {
-    value.key_in("unit-v1")
+    value.key_in(fanfold_core::Bucket::Unit)
 }
 
 /// The content hash a unit of `spec`'s format has, from its value: the
@@ -1069,7 +1069,7 @@ pub mod fast_jsonl {
     };
 
     /// The hash bucket of [`super::unit_hash`].
-    const UNIT_BUCKET: &str = "unit-v1";
+    const UNIT_BUCKET: &str = fanfold_core::Bucket::Unit.name();
 
     /// Runtime knobs of the fast path; none of them changes the result.
     #[derive(Clone, Copy, Debug)]
@@ -1692,7 +1692,7 @@ pub mod fast_jsonl {
             }
         }
 
-        /// Writes the byte stream `StableHasher::new("unit-v1")` followed by
+        /// Writes the byte stream `StableHasher::new(Bucket::Unit)` followed by
         /// `serde_json::Value::stable_hash` would feed BLAKE3, then hashes it
         /// in one call: one pass over a few hundred contiguous bytes instead
         /// of dozens of tiny hasher updates.

@@ -94,7 +94,7 @@ pub fn verify(
         .filter(|f| f.status == Status::Negative)
         .filter_map(|f| f.source_ids.first())
         .map(|id| {
-            let mut h = StableHasher::new("negative-sample-v1");
+            let mut h = StableHasher::new(fanfold_core::Bucket::NegativeSample);
             h.field("seed", &seed);
             id.stable_hash(&mut h);
             (h.finish(), id)

@@ -67,4 +67,4 @@ impl Projector {
 
 /// The hash bucket of a projected view: what a stage's fact key covers of
 /// its unit.
-pub const INPUT_BUCKET: &str = "input-v1";
+pub const INPUT_BUCKET: fanfold_core::Bucket = fanfold_core::Bucket::Input;

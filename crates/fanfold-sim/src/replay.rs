@@ -32,7 +32,7 @@ pub struct CassetteEntry {
 
 /// The key of one request in a cassette.
 pub fn request_key(prefix: &str, suffix: &str) -> ContentHash {
-    let mut h = StableHasher::new("cassette-v1");
+    let mut h = StableHasher::new(fanfold_core::Bucket::Cassette);
     h.field("prefix", prefix).field("suffix", suffix);
     h.finish()
 }

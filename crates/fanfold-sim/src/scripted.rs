@@ -104,7 +104,10 @@ impl ModelBackend for ScriptedBackend {
     fn info(&self) -> BackendInfo {
         BackendInfo {
             kind: "scripted".into(),
-            model_id: format!("scripted:{}", self.script.key_in("script-v1").short(16)),
+            model_id: format!(
+                "scripted:{}",
+                self.script.key_in(fanfold_core::Bucket::Script).short(16)
+            ),
             simulated: true,
         }
     }

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use fanfold_core::{ContentHash, FactRecord, Unit};
+use fanfold_core::{BatchState, ContentHash, FactRecord, Unit};
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
@@ -297,9 +297,7 @@ pub struct BatchRow {
     pub provider: String,
     /// The API root (never a credential).
     pub endpoint: String,
-    /// `open` until its results were handed back (`consumed`) or it
-    /// failed as a whole (`failed`).
-    pub state: String,
+    pub state: BatchState,
     pub requests: u64,
     pub submitted_ms: u64,
     pub closed_ms: Option<u64>,
@@ -1036,7 +1034,7 @@ impl Store {
                 batch.batch_id,
                 batch.provider,
                 batch.endpoint,
-                batch.state,
+                batch.state.as_str(),
                 requests.len() as i64,
                 batch.submitted_ms as i64
             ],
@@ -1074,11 +1072,11 @@ impl Store {
 
     /// Closes a batch (`consumed`, `failed`): its requests are no longer
     /// found, so a rerun asks again for any unit that did not decide.
-    pub fn close_batch(&self, batch_id: &str, state: &str) -> Result<(), StoreError> {
+    pub fn close_batch(&self, batch_id: &str, state: BatchState) -> Result<(), StoreError> {
         self.conn()
             .execute(
                 "UPDATE batches SET state = ?2, closed_ms = ?3 WHERE batch_id = ?1",
-                params![batch_id, state, now_ms() as i64],
+                params![batch_id, state.as_str(), now_ms() as i64],
             )
             .map_err(|e| self.sql(e))?;
         Ok(())
@@ -1094,18 +1092,31 @@ impl Store {
             .map_err(|e| self.sql(e))?;
         let rows = stmt
             .query_map([], |r| {
-                Ok(BatchRow {
-                    batch_id: r.get(0)?,
-                    provider: r.get(1)?,
-                    endpoint: r.get(2)?,
-                    state: r.get(3)?,
-                    requests: r.get::<_, i64>(4)? as u64,
-                    submitted_ms: r.get::<_, i64>(5)? as u64,
-                    closed_ms: r.get::<_, Option<i64>>(6)?.map(|v| v as u64),
-                })
+                let state: String = r.get(3)?;
+                Ok((
+                    state,
+                    BatchRow {
+                        batch_id: r.get(0)?,
+                        provider: r.get(1)?,
+                        endpoint: r.get(2)?,
+                        state: BatchState::Open,
+                        requests: r.get::<_, i64>(4)? as u64,
+                        submitted_ms: r.get::<_, i64>(5)? as u64,
+                        closed_ms: r.get::<_, Option<i64>>(6)?.map(|v| v as u64),
+                    },
+                ))
             })
             .map_err(|e| self.sql(e))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.sql(e))
+        let mut out = Vec::new();
+        for row in rows {
+            let (state, mut batch) = row.map_err(|e| self.sql(e))?;
+            batch.state = BatchState::parse(&state).ok_or_else(|| StoreError::Decode {
+                path: self.path.display().to_string(),
+                detail: format!("batch {} has unknown state {state:?}", batch.batch_id),
+            })?;
+            out.push(batch);
+        }
+        Ok(out)
     }
 
     pub fn get_fold_node(
@@ -1674,7 +1685,7 @@ mod tests {
             batch_id: id.into(),
             provider: "openai".into(),
             endpoint: "https://api.example/v1".into(),
-            state: "open".into(),
+            state: BatchState::Open,
             requests: 0,
             submitted_ms: at,
             closed_ms: None,
@@ -1693,9 +1704,11 @@ mod tests {
         // The newest open batch wins when a request is in two.
         assert_eq!(found("k2"), Some(("b2".into(), "r0".into())));
         assert_eq!(found("k3"), None);
-        store.close_batch("b2", "consumed").expect("close");
+        store
+            .close_batch("b2", BatchState::Consumed)
+            .expect("close");
         assert_eq!(found("k2"), Some(("b1".into(), "r1".into())));
-        store.close_batch("b1", "failed").expect("close");
+        store.close_batch("b1", BatchState::Failed).expect("close");
         assert_eq!((found("k1"), found("k2")), (None, None));
         let listed = store.batches().expect("list");
         assert_eq!(

@@ -103,7 +103,7 @@ pub struct Routed {
 
 /// The key of a partition: the source and every setting that shapes units.
 pub fn partition_key(plan: &Plan, source: &ContentHash, max_unit_bytes: u64) -> ContentHash {
-    let mut h = fanfold_core::StableHasher::new("partition-v1");
+    let mut h = fanfold_core::StableHasher::new(fanfold_core::Bucket::Partition);
     h.field("source", source);
     h.field(
         "spec",
@@ -117,7 +117,7 @@ pub fn partition_key(plan: &Plan, source: &ContentHash, max_unit_bytes: u64) -> 
 pub fn prefilter_key(rules: &[PrefilterRule]) -> ContentHash {
     serde_json::to_value(rules)
         .unwrap_or(Value::Null)
-        .key_in("prefilter-v1")
+        .key_in(fanfold_core::Bucket::Prefilter)
 }
 
 /// Where the route phase writes, when it writes.

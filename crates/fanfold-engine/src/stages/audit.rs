@@ -141,7 +141,7 @@ impl Stage for AuditRunner {
     }
 
     fn definition_hash(&self) -> ContentHash {
-        let mut h = fanfold_core::StableHasher::new("audit-stage-v1");
+        let mut h = fanfold_core::StableHasher::new(fanfold_core::Bucket::AuditStage);
         h.field("judge", &self.judge.definition_hash());
         h.field("version", &self.spec.version);
         h.field("rungs", &self.spec.rungs);

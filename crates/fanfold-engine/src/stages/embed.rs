@@ -221,10 +221,13 @@ pub fn embedder_identity(
     }
 }
 
-fn embed_err(stage: &EmbedStage, e: impl std::fmt::Display) -> RunError {
+fn embed_err(
+    stage: &EmbedStage,
+    e: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+) -> RunError {
     RunError::Embed {
         stage: stage.name().to_owned(),
-        detail: e.to_string(),
+        source: e.into(),
     }
 }
 
