@@ -9,10 +9,10 @@ use std::fs::File;
 use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use anyhow::{Context, Result, bail, ensure};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, ValueEnum};
 use fanfold_core::ContentHash;
 use fanfold_core::spec::{PartitionSpec, PrefilterAction, PrefilterRule};
 use fanfold_ops::jq::to_val;
@@ -22,57 +22,7 @@ use fanfold_ops::prefilter::fast::RecordPrefilter;
 use fanfold_ops::prefilter::{Outcome, Prefilter};
 use serde::{Deserialize, Serialize};
 
-#[derive(Subcommand)]
-pub enum BenchCommand {
-    /// Partition + prefilter throughput and peak memory on a large JSONL
-    /// file, side by side with `jq -c 'select(...)'`.
-    Deterministic(DeterministicArgs),
-    /// The execution fabric on the embedded model: shared prefix + N slots
-    /// vs naive vs one slot, prefix and slot sweeps, and the llama.cpp
-    /// throughput limit, side by side in one run.
-    Fabric(FabricCliArgs),
-    /// The example's embed stage against the fixture's oracle: encoder
-    /// throughput and where the threshold falls among each kind of issue.
-    Embed(EmbedCliArgs),
-    /// The HTTP backend's scheduler against an in-process mock endpoint
-    /// with a fixed latency: wall time against the ideal schedule.
-    Http(crate::bench_http::HttpArgs),
-    /// `fanfold run` at 10k, 100k and 1M records: wall per phase, peak
-    /// memory, store size, jq on the same file, and a rerun after 1 % of
-    /// the records change.
-    Scale(crate::bench_scale::ScaleArgs),
-}
-
-#[derive(Args)]
-pub struct EmbedCliArgs {
-    /// The issue-triage example folder.
-    #[arg(long, default_value = "examples/issue-triage")]
-    example: PathBuf,
-    #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
-    report: PathBuf,
-}
-
-#[derive(Args)]
-pub struct FabricCliArgs {
-    /// The issue-triage example folder.
-    #[arg(long, default_value = "examples/issue-triage")]
-    example: PathBuf,
-    /// Units measured (the first the example's prefilter routes).
-    #[arg(long, default_value_t = 16)]
-    units: usize,
-    /// Slots of the shared and naive configurations.
-    #[arg(long, default_value_t = 4)]
-    slots: usize,
-    #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
-    report: PathBuf,
-    /// Where the SVG plots go.
-    #[arg(long, value_name = "DIR", default_value = "docs")]
-    plots: PathBuf,
-    /// Measure the side-by-side configurations only, not the prefix and
-    /// slot sweeps.
-    #[arg(long)]
-    no_sweeps: bool,
-}
+use crate::report::{cpu_model, kernel, load_average, utc_date, write_marked_section};
 
 const DEFAULT_PREDICATE: &str = r#".level == "ERROR" and .latency_ms > 500"#;
 const SEED: u64 = 7;
@@ -107,7 +57,7 @@ pub struct DeterministicArgs {
     /// Internal: do one fanfold side's work on FILE and print its
     /// measurements as JSON.
     #[arg(long, value_name = "FILE", hide = true)]
-    worker: Option<PathBuf>,
+    pub(crate) worker: Option<PathBuf>,
     /// Internal: which fanfold path the worker runs.
     #[arg(long, value_enum, default_value_t = PathKind::Fast, hide = true)]
     path: PathKind,
@@ -121,41 +71,6 @@ enum PathKind {
     Serde,
     /// `fast_jsonl::partition_jsonl` with the prefilter on its workers.
     Fast,
-}
-
-pub fn main(cmd: BenchCommand) -> Result<ExitCode> {
-    match cmd {
-        BenchCommand::Deterministic(args) => match &args.worker {
-            Some(file) => worker(file, &args),
-            None => deterministic(&args),
-        },
-        BenchCommand::Fabric(a) => {
-            crate::bench_fabric::main(crate::bench_fabric::FabricArgs {
-                example: a.example,
-                units: a.units,
-                slots: a.slots,
-                report: a.report,
-                plot_dir: a.plots,
-                no_sweeps: a.no_sweeps,
-            })?;
-            Ok(ExitCode::SUCCESS)
-        }
-        BenchCommand::Embed(a) => {
-            crate::bench_embed::main(crate::bench_embed::EmbedArgs {
-                example: a.example,
-                report: a.report,
-            })?;
-            Ok(ExitCode::SUCCESS)
-        }
-        BenchCommand::Http(a) => {
-            crate::bench_http::main(&a)?;
-            Ok(ExitCode::SUCCESS)
-        }
-        BenchCommand::Scale(a) => {
-            crate::bench_scale::main(&a)?;
-            Ok(ExitCode::SUCCESS)
-        }
-    }
 }
 
 /// The prefilter of both fanfold paths: it keeps exactly the records the
@@ -296,7 +211,7 @@ struct WorkerReport {
     vm_hwm_kib: u64,
 }
 
-fn worker(file: &Path, args: &DeterministicArgs) -> Result<ExitCode> {
+pub(crate) fn worker(file: &Path, args: &DeterministicArgs) -> Result<ExitCode> {
     let threads = args.threads.unwrap_or_else(default_threads);
     let started = Instant::now();
     let source_hash = hash_file(file, threads)?;
@@ -693,7 +608,7 @@ fn tool_version(program: &Path, arg: &str) -> Result<String> {
     Ok(text.lines().next().unwrap_or("").trim().to_owned())
 }
 
-fn deterministic(args: &DeterministicArgs) -> Result<ExitCode> {
+pub(crate) fn deterministic(args: &DeterministicArgs) -> Result<ExitCode> {
     ensure!(args.records > 0, "--records must be at least 1");
     ensure!(args.repeat > 0, "--repeat must be at least 1");
     let threads = args.threads.unwrap_or_else(default_threads);
@@ -829,7 +744,7 @@ fn render(
         cpu_model(),
         kernel(),
         load,
-        nice()
+        crate::report::nice()
     ));
     line(format!(
         "- Input: {} records, {} bytes ({:.1} MB), written by `fanfold_fixtures::jsonl::write_records` with seed {SEED}; read from the page cache.",
@@ -915,125 +830,6 @@ fn render(
     s
 }
 
-/// Replaces the text between `<!-- bench:NAME:start -->` and its end marker
-/// in the report, or appends the section when both are absent; other
-/// sections are left as they are.
-pub(crate) fn write_marked_section(report: &Path, name: &str, body: &str) -> Result<()> {
-    let old = match std::fs::read_to_string(report) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "# Benchmarks\n\nMeasurements of fanfold written by `fanfold bench`. Each section is regenerated by the command it names and states the machine and date it was measured on; figures are never edited by hand.\n".to_owned(),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", report.display())),
-    };
-    let new = splice_marked(&old, name, body)?;
-    if let Some(dir) = report.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    std::fs::write(report, new).with_context(|| format!("writing {}", report.display()))
-}
-
-pub(crate) fn splice_marked(old: &str, name: &str, body: &str) -> Result<String> {
-    let start = format!("<!-- bench:{name}:start -->");
-    let end = format!("<!-- bench:{name}:end -->");
-    let section = format!("{start}\n{body}{end}");
-    match (old.find(&start), old.find(&end)) {
-        (Some(a), Some(b)) if a < b => {
-            Ok(format!("{}{section}{}", &old[..a], &old[b + end.len()..]))
-        }
-        (None, None) => {
-            let sep = if old.is_empty() || old.ends_with("\n\n") {
-                ""
-            } else if old.ends_with('\n') {
-                "\n"
-            } else {
-                "\n\n"
-            };
-            Ok(format!("{old}{sep}{section}\n"))
-        }
-        _ => bail!("the report's `{start}` / `{end}` markers are unbalanced; fix them by hand"),
-    }
-}
-
-pub(crate) fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".to_owned())
-}
-
-/// The 1-, 5- and 15-minute load averages, as `/proc/loadavg` gives them.
-pub(crate) fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .map(|t| t.split_whitespace().take(3).collect::<Vec<_>>().join(" / "))
-        .filter(|t| !t.is_empty())
-        .unwrap_or_else(|| "unknown".to_owned())
-}
-
-/// This process's nice value, which the sides inherit.
-fn nice() -> String {
-    // Field 19 of /proc/self/stat; the command name (field 2) may contain
-    // spaces, so count from the closing parenthesis.
-    std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| {
-            let rest = &s[s.rfind(')')? + 1..];
-            rest.split_whitespace().nth(16).map(str::to_owned)
-        })
-        .unwrap_or_else(|| "unknown".to_owned())
-}
-
-pub(crate) fn kernel() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "(unknown kernel)".to_owned())
-}
-
-/// `YYYY-MM-DD` of a moment, in UTC.
-pub(crate) fn utc_date(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_secs();
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-    format!("{y:04}-{m:02}-{d:02}")
-}
-
-/// `YYYY-MM-DD HH:MM:SS` in UTC.
-pub(crate) fn utc_datetime(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_secs();
-    let day = secs % 86_400;
-    format!(
-        "{} {:02}:{:02}:{:02}",
-        utc_date(t),
-        day / 3600,
-        day / 60 % 60,
-        day % 60
-    )
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian date (H. Hinnant's
-/// algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1098,26 +894,6 @@ mod tests {
     }
 
     #[test]
-    fn report_sections_are_replaced_in_place() -> Result<()> {
-        let dir = tempfile::tempdir()?;
-        let report = dir.path().join("b.md");
-        write_marked_section(&report, "d", "one\n")?;
-        let first = std::fs::read_to_string(&report)?;
-        assert!(first.starts_with("# Benchmarks"));
-        let text = format!("{first}\n## Other\n\nkept\n");
-        let second = splice_marked(&text, "d", "two\n")?;
-        assert!(second.contains("two") && !second.contains("one\n"));
-        assert!(second.ends_with("\n## Other\n\nkept\n"));
-        let appended = splice_marked("# Title\n", "d", "S\n")?;
-        assert_eq!(
-            appended,
-            "# Title\n\n<!-- bench:d:start -->\nS\n<!-- bench:d:end -->\n"
-        );
-        assert!(splice_marked("<!-- bench:d:end --><!-- bench:d:start -->", "d", "S").is_err());
-        Ok(())
-    }
-
-    #[test]
     fn file_hash_in_pieces_is_the_plain_hash() -> Result<()> {
         let dir = tempfile::tempdir()?;
         for len in [0usize, 1, 1024, 1025, 70_001, 300_000] {
@@ -1133,13 +909,5 @@ mod tests {
             }
         }
         Ok(())
-    }
-
-    #[test]
-    fn dates_are_civil() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(20_089), (2025, 1, 1));
-        assert_eq!(civil_from_days(-1), (1969, 12, 31));
-        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
     }
 }

@@ -42,7 +42,7 @@ pub fn main(args: EmbedArgs) -> Result<()> {
         .iter()
         .find_map(|s| plan.embed_stage(s.name()))
         .ok_or_else(|| anyhow!("the example has no embed stage"))?;
-    let routed = crate::bench_fabric::example_units(&plan)?;
+    let routed = crate::fabric::example_units(&plan)?;
     let kept = routed
         .by_stage
         .get(stage.name())
@@ -118,7 +118,7 @@ pub fn main(args: EmbedArgs) -> Result<()> {
         kept.len(),
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         anchors.len(),
-        crate::bench::utc_date(std::time::SystemTime::now())
+        crate::report::utc_date(std::time::SystemTime::now())
     );
     let _ = writeln!(
         body,
@@ -160,7 +160,7 @@ pub fn main(args: EmbedArgs) -> Result<()> {
     }
     let _ = writeln!(body);
     eprint!("{body}");
-    crate::bench::write_marked_section(&args.report, "embed", &body)?;
+    crate::report::write_marked_section(&args.report, "embed", &body)?;
     eprintln!("wrote {}", args.report.display());
     Ok(())
 }

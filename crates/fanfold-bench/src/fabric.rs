@@ -6,16 +6,16 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::Instant;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, ensure};
 use fanfold_engine::Plan;
 use fanfold_engine::run::route::Routed;
 use fanfold_llama::{EmbeddedModel, LlamaConfig};
-use fanfold_model::{CallError, Completion, Job, Request};
+use fanfold_model::Request;
 use fanfold_ops::map::MapStage;
 use fanfold_ops::view::Projector;
+use fanfold_testkit::QueueJob;
 use serde_json::Value;
 
 pub struct FabricArgs {
@@ -54,37 +54,6 @@ impl Measured {
     }
     fn tokens_per_s(&self) -> f64 {
         (self.prompt_evaluated + self.generated) as f64 / self.wall_s.max(1e-9)
-    }
-}
-
-struct BenchJob {
-    prefix: String,
-    schema: Value,
-    slots: usize,
-    queue: Mutex<Vec<Request>>,
-    done: Mutex<Vec<(usize, Result<Completion, CallError>)>>,
-}
-
-impl Job for BenchJob {
-    fn prefix(&self) -> &str {
-        &self.prefix
-    }
-    fn slots(&self) -> usize {
-        self.slots
-    }
-    fn next(&self) -> Option<Request> {
-        self.queue.lock().ok()?.pop()
-    }
-    fn complete(&self, request: Request, result: Result<Completion, CallError>) {
-        if let Ok(mut d) = self.done.lock() {
-            d.push((request.index, result));
-        }
-    }
-    fn is_cancelled(&self) -> bool {
-        false
-    }
-    fn output_schema(&self) -> Option<&Value> {
-        Some(&self.schema)
     }
 }
 
@@ -133,8 +102,6 @@ fn requests(plan: &Plan, stage: &MapStage, n: usize) -> Result<Vec<Request>> {
             break;
         }
     }
-    // Popped from the back: keep source order.
-    out.reverse();
     Ok(out)
 }
 
@@ -182,17 +149,16 @@ fn run_config(
     cfg.draft_tokens = draft_tokens;
     cfg.slot_tokens = 1024;
     let model = EmbeddedModel::load(cfg)?;
-    let job = BenchJob {
-        prefix: prefix.to_owned(),
-        schema: schema.clone(),
-        slots,
-        queue: Mutex::new(reqs.to_vec()),
-        done: Mutex::new(Vec::new()),
-    };
+    let job = QueueJob::new(prefix, reqs.to_vec(), slots).with_schema(schema.clone());
     let started = Instant::now();
     let stats = model.run_job(&job).map_err(|e| anyhow!("{e}"))?;
     let wall_s = started.elapsed().as_secs_f64();
-    let done = job.done.into_inner().map_err(|_| anyhow!("poisoned"))?;
+    let breaches = job.contract_breaches();
+    ensure!(
+        breaches.is_empty(),
+        "the embedded model broke the job's contract: {}",
+        breaches.join("; ")
+    );
     let mut m = Measured {
         label: label.to_owned(),
         units: reqs.len(),
@@ -205,13 +171,13 @@ fn run_config(
         by_batch: stats.by_batch,
         ..Measured::default()
     };
-    for (index, r) in &done {
-        match r {
+    for f in job.finished() {
+        match &f.result {
             Ok(c) => {
                 m.prompt_evaluated += c.usage.prompt_tokens;
                 m.prompt_reused += c.usage.cached_tokens;
                 m.generated += c.usage.completion_tokens;
-                m.texts.push((*index, c.text.clone()));
+                m.texts.push((f.request.index, c.text.clone()));
             }
             Err(_) => m.errors += 1,
         }
@@ -545,7 +511,7 @@ pub fn main(args: FabricArgs) -> Result<()> {
             .map(|m| m.errors)
             .sum::<usize>();
     let _ = writeln!(md, "\nBackend errors across all configurations: {errors}.");
-    crate::bench::write_marked_section(&args.report, "fabric", &md)?;
+    crate::report::write_marked_section(&args.report, "fabric", &md)?;
     eprintln!(
         "wrote {} and {}",
         args.report.display(),

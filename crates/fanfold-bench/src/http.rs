@@ -11,11 +11,11 @@
 //! concurrency achieved on both sides of the socket, and CPU time per
 //! request, split by thread between fanfold and the mock server.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, anyhow, ensure};
@@ -25,10 +25,10 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::serve::ListenerExt;
 use clap::Args;
 use fanfold_http::{EndpointConfig, OpenAiBackend, OpenAiConfig};
-use fanfold_model::{CallError, Completion, Job, ModelBackend, Request};
+use fanfold_model::{ModelBackend, Request};
+use fanfold_testkit::{Finished, QueueJob, Server};
 use serde_json::{Value, json};
 
 const NAME: &str = "http";
@@ -38,7 +38,7 @@ const SMALL_CONCURRENCY: usize = 64;
 /// The most connections the backend accepts for one endpoint.
 const MAX_CONCURRENCY: usize = 4096;
 /// Thread names, as `/proc/self/task/*/comm` shows them (at most 15 bytes).
-const MOCK_THREAD: &str = "ff-bench-mock";
+const MOCK_THREAD: &str = fanfold_testkit::THREAD_NAME;
 const BACKEND_THREAD: &str = "fanfold-http";
 /// The answer every request gets: valid against [`schema`].
 const ANSWER: &str = r#"{"decision":"no"}"#;
@@ -73,7 +73,7 @@ pub fn main(args: &HttpArgs) -> Result<()> {
     );
     ensure!(args.latency_ms >= 1, "--latency-ms must be at least 1");
     let latency = Duration::from_millis(args.latency_ms);
-    let load = crate::bench::load_average();
+    let load = crate::report::load_average();
     let configs = [
         (args.requests, args.concurrency),
         (SMALL_REQUESTS, SMALL_CONCURRENCY),
@@ -99,7 +99,7 @@ pub fn main(args: &HttpArgs) -> Result<()> {
         results.push(m);
     }
     let section = render(args.latency_ms, &load, &results);
-    crate::bench::write_marked_section(&args.report, NAME, &section)?;
+    crate::report::write_marked_section(&args.report, NAME, &section)?;
     eprintln!("wrote {}", args.report.display());
     Ok(())
 }
@@ -168,7 +168,7 @@ fn run_config(n: usize, c: usize, latency: Duration) -> Result<Measured> {
     let config = OpenAiConfig::new("bench-mock", vec![endpoint]);
     let warm_up = config.transport.warm_up;
     let backend = OpenAiBackend::new(config).context("building the OpenAI backend")?;
-    let job = BenchJob::new(n, c);
+    let job = bench_job(n, c);
 
     let caller = caller_tid();
     let before = CpuSnapshot::take();
@@ -183,11 +183,17 @@ fn run_config(n: usize, c: usize, latency: Duration) -> Result<Measured> {
     drop(backend);
     let server = mock.counts();
     let server_max_in_flight = mock.state.max_in_flight.load(Ordering::Relaxed);
-    mock.stop().context("stopping the mock server")?;
+    drop(mock);
 
-    let state = job.into_state();
+    let breaches = job.contract_breaches();
     ensure!(
-        state.succeeded + state.failed == n && state.queue.is_empty() && state.in_flight == 0,
+        breaches.is_empty(),
+        "the backend broke the job's contract: {}",
+        breaches.join("; ")
+    );
+    let state = client_side(&job.finished());
+    ensure!(
+        state.succeeded + state.failed == n,
         "the backend returned after {} of {n} requests completed",
         state.succeeded + state.failed
     );
@@ -200,7 +206,7 @@ fn run_config(n: usize, c: usize, latency: Duration) -> Result<Measured> {
         failed: state.failed,
         first_error: state.first_error,
         client_held: state.held,
-        client_max_in_flight: state.max_in_flight,
+        client_max_in_flight: job.max_in_flight(),
         server,
         server_max_in_flight,
         http_requests: stats.requests,
@@ -212,25 +218,6 @@ fn run_config(n: usize, c: usize, latency: Duration) -> Result<Measured> {
 
 // The job.
 
-struct JobState {
-    queue: VecDeque<Request>,
-    /// When each request was handed out, by index.
-    started: Vec<Option<Instant>>,
-    in_flight: usize,
-    max_in_flight: usize,
-    succeeded: usize,
-    failed: usize,
-    first_error: Option<String>,
-    held: Duration,
-}
-
-struct BenchJob {
-    prefix: String,
-    schema: Value,
-    slots: usize,
-    state: Mutex<JobState>,
-}
-
 fn schema() -> Value {
     json!({
         "type": "object",
@@ -240,90 +227,58 @@ fn schema() -> Value {
     })
 }
 
-impl BenchJob {
-    fn new(n: usize, slots: usize) -> BenchJob {
-        let queue = (0..n)
-            .map(|i| Request {
-                index: i,
-                unit_id: format!("u{i}"),
-                suffix: format!("Record u{i}: level=INFO latency_ms={}", i % 997),
-                input: Value::Null,
-                attempt: 1,
-                max_output_tokens: 16,
-                schema: None,
-            })
-            .collect();
-        BenchJob {
-            prefix: "Decide whether the record below reports a failure. Answer with JSON: \
-                     {\"decision\": \"yes\" | \"no\"}."
-                .to_owned(),
-            schema: schema(),
-            slots,
-            state: Mutex::new(JobState {
-                queue,
-                started: vec![None; n],
-                in_flight: 0,
-                max_in_flight: 0,
-                succeeded: 0,
-                failed: 0,
-                first_error: None,
-                held: Duration::ZERO,
-            }),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, JobState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn into_state(self) -> JobState {
-        self.state.into_inner().unwrap_or_else(|e| e.into_inner())
-    }
+fn bench_job(n: usize, slots: usize) -> QueueJob {
+    let requests = (0..n)
+        .map(|i| Request {
+            index: i,
+            unit_id: format!("u{i}"),
+            suffix: format!("Record u{i}: level=INFO latency_ms={}", i % 997),
+            input: Value::Null,
+            attempt: 1,
+            max_output_tokens: 16,
+            schema: None,
+        })
+        .collect();
+    QueueJob::new(
+        "Decide whether the record below reports a failure. Answer with JSON: \
+         {\"decision\": \"yes\" | \"no\"}.",
+        requests,
+        slots,
+    )
+    .with_schema(schema())
 }
 
-impl Job for BenchJob {
-    fn prefix(&self) -> &str {
-        &self.prefix
-    }
-    fn slots(&self) -> usize {
-        self.slots
-    }
-    fn next(&self) -> Option<Request> {
-        let mut s = self.lock();
-        let request = s.queue.pop_front()?;
-        if let Some(slot) = s.started.get_mut(request.index) {
-            *slot = Some(Instant::now());
-        }
-        s.in_flight += 1;
-        s.max_in_flight = s.max_in_flight.max(s.in_flight);
-        Some(request)
-    }
-    fn complete(&self, request: Request, result: Result<Completion, CallError>) {
-        let now = Instant::now();
-        let mut s = self.lock();
-        if let Some(t) = s.started.get_mut(request.index).and_then(Option::take) {
-            s.held += now.saturating_duration_since(t);
-        }
-        s.in_flight = s.in_flight.saturating_sub(1);
-        match result {
-            Ok(c) if c.text == ANSWER => s.succeeded += 1,
+/// What the client side saw of the requests it got back.
+struct ClientSide {
+    succeeded: usize,
+    failed: usize,
+    first_error: Option<String>,
+    held: Duration,
+}
+
+fn client_side(finished: &[Finished]) -> ClientSide {
+    let mut side = ClientSide {
+        succeeded: 0,
+        failed: 0,
+        first_error: None,
+        held: Duration::ZERO,
+    };
+    for f in finished {
+        side.held += f.held;
+        match &f.result {
+            Ok(c) if c.text == ANSWER => side.succeeded += 1,
             Ok(c) => {
-                s.failed += 1;
-                s.first_error
+                side.failed += 1;
+                side.first_error
                     .get_or_insert_with(|| format!("unexpected answer {:?}", c.text));
             }
             Err(e) => {
-                s.failed += 1;
-                s.first_error.get_or_insert_with(|| e.to_string());
+                side.failed += 1;
+                side.first_error.get_or_insert_with(|| e.to_string());
             }
         }
     }
-    fn is_cancelled(&self) -> bool {
-        false
-    }
-    fn output_schema(&self) -> Option<&Value> {
-        Some(&self.schema)
-    }
+    side
 }
 
 // The mock endpoint.
@@ -386,9 +341,8 @@ async fn chat_completions(State(state): State<Arc<MockState>>, body: Bytes) -> R
 struct MockServer {
     addr: SocketAddr,
     state: Arc<MockState>,
-    runtime: tokio::runtime::Runtime,
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// Stops and joins the server when dropped.
+    _server: Server,
 }
 
 impl MockServer {
@@ -415,39 +369,14 @@ impl MockServer {
             reply: Bytes::from(reply),
             ..MockState::default()
         });
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(mock_workers())
-            .thread_name(MOCK_THREAD)
-            .enable_all()
-            .build()
-            .context("building the mock server's runtime")?;
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .context("binding 127.0.0.1:0")?;
-        let addr = listener
-            .local_addr()
-            .context("reading the mock server's address")?;
-        let listener = listener.tap_io(|tcp| {
-            // Without it a small answer may wait on Nagle's algorithm.
-            let _ = tcp.set_nodelay(true);
-        });
         let app = Router::new()
             .route("/v1/chat/completions", post(chat_completions))
             .with_state(Arc::clone(&state));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = runtime.spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await
-        });
+        let server = Server::start_with(app, mock_workers()).context("starting the mock server")?;
         Ok(MockServer {
-            addr,
+            addr: server.addr,
             state,
-            runtime,
-            stop,
-            task,
+            _server: server,
         })
     }
 
@@ -456,23 +385,6 @@ impl MockServer {
             requests: self.state.requests.load(Ordering::Relaxed),
             rejected: self.state.rejected.load(Ordering::Relaxed),
             busy_ns: self.state.busy_ns.load(Ordering::Relaxed),
-        }
-    }
-
-    /// Stops accepting, waits briefly for open connections to close, and
-    /// reports an error the server ended with.
-    fn stop(self) -> Result<()> {
-        let _ = self.stop.send(());
-        // The timer must be made inside the runtime.
-        let task = self.task;
-        let ended = self
-            .runtime
-            .block_on(async { tokio::time::timeout(Duration::from_secs(5), task).await });
-        self.runtime.shutdown_timeout(Duration::from_secs(1));
-        match ended {
-            Ok(Ok(Ok(()))) | Err(_) => Ok(()),
-            Ok(Ok(Err(e))) => Err(e).context("the mock server failed"),
-            Ok(Err(e)) => Err(anyhow!("the mock server's task failed: {e}")),
         }
     }
 }
@@ -618,15 +530,15 @@ fn render(latency_ms: u64, load: &str, results: &[Measured]) -> String {
     line(String::new());
     line(format!(
         "Measured on {} ({} cores), Linux {}, {} build, {}; load average {load} when the bench started. The mock server shares the process and the cores with fanfold.",
-        crate::bench::cpu_model(),
+        crate::report::cpu_model(),
         cores(),
-        crate::bench::kernel(),
+        crate::report::kernel(),
         if cfg!(debug_assertions) {
             "debug"
         } else {
             "release"
         },
-        crate::bench::utc_date(SystemTime::now()),
+        crate::report::utc_date(SystemTime::now()),
     ));
     line(String::new());
     let header: Vec<String> = results
@@ -753,12 +665,12 @@ mod tests {
     #[test]
     fn splice_replaces_only_its_section() {
         let old = "# Benchmarks\n\n<!-- bench:fabric:start -->\nF\n<!-- bench:fabric:end -->\n";
-        let added = crate::bench::splice_marked(old, NAME, "A\n").expect("appends");
+        let added = crate::report::splice_marked(old, NAME, "A\n").expect("appends");
         assert!(added.starts_with(old));
         assert!(added.ends_with("<!-- bench:http:start -->\nA\n<!-- bench:http:end -->\n"));
-        let replaced = crate::bench::splice_marked(&added, NAME, "B\n").expect("replaces");
+        let replaced = crate::report::splice_marked(&added, NAME, "B\n").expect("replaces");
         assert_eq!(replaced, added.replace("\nA\n", "\nB\n"));
-        assert!(crate::bench::splice_marked("<!-- bench:http:end -->", NAME, "x").is_err());
+        assert!(crate::report::splice_marked("<!-- bench:http:end -->", NAME, "x").is_err());
     }
 
     #[test]

@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use serde_json::Value;
 
-use crate::bench::{cpu_model, kernel, load_average, utc_date, write_marked_section};
+use crate::report::{cpu_model, kernel, load_average, utc_date, write_marked_section};
 
 /// GNU time: it reports the peak RSS of the process it runs (`%M`).
 const GNU_TIME: &str = "/usr/bin/time";

@@ -1,12 +1,6 @@
 //! The `fanfold` command: glue between the user and the engine.
 
-mod bench;
-mod bench_embed;
-mod bench_fabric;
-mod bench_http;
-mod bench_scale;
 mod progress;
-mod selfcheck;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -60,7 +54,7 @@ enum Command {
     Model(ModelCommand),
     /// Measure fanfold against baselines and write a report.
     #[command(subcommand)]
-    Bench(bench::BenchCommand),
+    Bench(fanfold_bench::BenchCommand),
 }
 
 #[derive(Args)]
@@ -319,8 +313,8 @@ fn real_main() -> Result<ExitCode> {
         Command::Explain(args) => explain(args),
         Command::Batches(args) => batches(args).map(|()| ExitCode::SUCCESS),
         Command::Gc(args) => gc(args).map(|()| ExitCode::SUCCESS),
-        Command::Selfcheck(args) => selfcheck::main(args.example, args.json),
-        Command::Bench(cmd) => bench::main(cmd),
+        Command::Selfcheck(args) => fanfold_bench::selfcheck::main(args.example, args.json),
+        Command::Bench(cmd) => fanfold_bench::run(cmd),
         Command::Model(cmd) => {
             use fanfold_engine::models::{MINILM_L6_V2, SMOLLM2_135M, cache_dir, ensure_all};
             let log = |line: &str| eprintln!("{line}");
@@ -539,7 +533,7 @@ fn batches(args: BatchesArgs) -> Result<()> {
         "batch", "provider", "state", "requests"
     );
     for r in &rows {
-        let at = bench::utc_datetime(
+        let at = fanfold_bench::report::utc_datetime(
             std::time::UNIX_EPOCH + std::time::Duration::from_millis(r.submitted_ms),
         );
         println!(

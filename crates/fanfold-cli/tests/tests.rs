@@ -688,10 +688,9 @@ fn spec_schema_is_shipped_and_current() {
 // units and assert structure, never labels.
 
 mod embedded {
-    use std::sync::Mutex;
-
     use fanfold_llama::{EmbeddedModel, LlamaConfig};
-    use fanfold_model::{CallError, Completion, Job, ModelBackend, Request};
+    use fanfold_model::{CallError, Completion, ModelBackend, Request};
+    use fanfold_testkit::QueueJob;
     use serde_json::{Value, json};
 
     fn model(share_prefix: bool) -> EmbeddedModel {
@@ -711,131 +710,57 @@ mod embedded {
         EmbeddedModel::load(cfg).expect("loads")
     }
 
-    struct TestJob {
-        prefix: String,
-        schema: Value,
-        decision: fanfold_model::DecisionField,
-        slots: usize,
-        /// Hand out at most this many requests (a stand-in for a contract
-        /// that cancels the rest).
-        limit: usize,
-        /// Report the job cancelled once this many results are in.
-        cancel_after: usize,
-        state: Mutex<State>,
-    }
-
-    #[derive(Default)]
-    struct State {
-        queue: Vec<Request>,
-        handed: usize,
-        in_flight: usize,
-        max_in_flight: usize,
-        done: Vec<(String, Result<Completion, CallError>)>,
-    }
-
-    impl TestJob {
-        fn new(units: &[&str], slots: usize, limit: usize) -> TestJob {
-            let schema = json!({
-                "type": "object",
-                "additionalProperties": false,
-                "required": ["decision", "component"],
-                "properties": {
-                    "decision": {"enum": ["yes", "no"]},
-                    "component": {"enum": ["kernel", "application", "other"]}
-                }
-            });
-            let prefix = format!(
-                "Decide whether the log line reports a hardware failure. Answer with JSON matching this schema:\n{schema}\n"
-            );
-            let queue: Vec<Request> = units
-                .iter()
-                .enumerate()
-                .rev()
-                .map(|(i, u)| Request {
-                    index: i,
-                    unit_id: format!("u{i}"),
-                    suffix: format!("Log line: {u}\n"),
-                    input: Value::Null,
-                    attempt: 1,
-                    max_output_tokens: 64,
-                    schema: None,
-                })
-                .collect();
-            let decision = fanfold_model::DecisionField {
-                key: "decision".into(),
-                choices: vec!["yes".into(), "no".into()],
-            };
-            let mut job = TestJob::with_requests(prefix, schema, decision, queue, slots);
-            job.limit = limit;
-            job
-        }
-
-        /// A job over `queue`, handed out from the back.
-        fn with_requests(
-            prefix: String,
-            schema: Value,
-            decision: fanfold_model::DecisionField,
-            queue: Vec<Request>,
-            slots: usize,
-        ) -> TestJob {
-            TestJob {
-                prefix,
-                schema,
-                decision,
-                slots,
-                limit: usize::MAX,
-                cancel_after: usize::MAX,
-                state: Mutex::new(State {
-                    queue,
-                    ..State::default()
-                }),
+    /// A job over log lines, one request each, handing out at most
+    /// `limit` (a stand-in for a contract that cancels the rest).
+    fn log_job(units: &[&str], slots: usize, limit: usize) -> QueueJob {
+        let schema = json!({
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["decision", "component"],
+            "properties": {
+                "decision": {"enum": ["yes", "no"]},
+                "component": {"enum": ["kernel", "application", "other"]}
             }
-        }
-
-        fn results(self) -> (Vec<(String, Completion)>, usize) {
-            let state = self.state.into_inner().expect("lock");
-            let mut ok: Vec<(String, Completion)> = state
-                .done
-                .into_iter()
-                .map(|(id, r)| (id, r.expect("every call succeeds")))
-                .collect();
-            ok.sort_by(|a, b| a.0.cmp(&b.0));
-            (ok, state.max_in_flight)
-        }
+        });
+        let prefix = format!(
+            "Decide whether the log line reports a hardware failure. Answer with JSON matching this schema:\n{schema}\n"
+        );
+        let requests: Vec<Request> = units
+            .iter()
+            .enumerate()
+            .map(|(i, u)| Request {
+                index: i,
+                unit_id: format!("u{i}"),
+                suffix: format!("Log line: {u}\n"),
+                input: Value::Null,
+                attempt: 1,
+                max_output_tokens: 64,
+                schema: None,
+            })
+            .collect();
+        let decision = fanfold_model::DecisionField {
+            key: "decision".into(),
+            choices: vec!["yes".into(), "no".into()],
+        };
+        let mut job = QueueJob::new(prefix, requests, slots)
+            .with_schema(schema)
+            .with_decision(decision);
+        job.limit = limit;
+        job
     }
 
-    impl Job for TestJob {
-        fn prefix(&self) -> &str {
-            &self.prefix
-        }
-        fn slots(&self) -> usize {
-            self.slots
-        }
-        fn next(&self) -> Option<Request> {
-            let mut s = self.state.lock().expect("lock");
-            if s.handed >= self.limit {
-                return None;
-            }
-            let r = s.queue.pop()?;
-            s.handed += 1;
-            s.in_flight += 1;
-            s.max_in_flight = s.max_in_flight.max(s.in_flight);
-            Some(r)
-        }
-        fn complete(&self, request: Request, result: Result<Completion, CallError>) {
-            let mut s = self.state.lock().expect("lock");
-            s.in_flight -= 1;
-            s.done.push((request.unit_id, result));
-        }
-        fn is_cancelled(&self) -> bool {
-            self.state.lock().expect("lock").done.len() >= self.cancel_after
-        }
-        fn output_schema(&self) -> Option<&Value> {
-            Some(&self.schema)
-        }
-        fn decision(&self) -> Option<&fanfold_model::DecisionField> {
-            Some(&self.decision)
-        }
+    /// Every answer, by unit id, once the backend kept the job's contract;
+    /// and the most requests it held at once.
+    fn results(job: &QueueJob) -> (Vec<(String, Completion)>, usize) {
+        let breaches = job.contract_breaches();
+        assert!(breaches.is_empty(), "{breaches:?}");
+        let mut ok: Vec<(String, Completion)> = job
+            .finished()
+            .into_iter()
+            .map(|f| (f.request.unit_id, f.result.expect("every call succeeds")))
+            .collect();
+        ok.sort_by(|a, b| a.0.cmp(&b.0));
+        (ok, job.max_in_flight())
     }
 
     const LINES: [&str; 5] = [
@@ -852,26 +777,26 @@ mod embedded {
     fn cancellation_abandons_units_in_flight() {
         let m = model(true);
         let units: Vec<&str> = LINES.iter().chain(LINES.iter()).copied().collect();
-        let mut job = TestJob::new(&units, 4, usize::MAX);
+        let mut job = log_job(&units, 4, usize::MAX);
         job.cancel_after = 1;
         m.run(&job).expect("runs");
-        let state = job.state.into_inner().expect("lock");
-        let cancelled = state
-            .done
+        let breaches = job.contract_breaches();
+        assert!(breaches.is_empty(), "{breaches:?}");
+        let done = job.finished();
+        let cancelled = done
             .iter()
-            .filter(|(_, r)| matches!(r, Err(CallError::Cancelled)))
+            .filter(|f| matches!(f.result, Err(CallError::Cancelled)))
             .count();
-        let answered = state.done.iter().filter(|(_, r)| r.is_ok()).count();
+        let answered = done.iter().filter(|f| f.result.is_ok()).count();
         assert_eq!(
-            state.done.len(),
-            state.handed,
+            done.len(),
+            job.handed(),
             "every handed unit comes back once"
         );
-        assert_eq!(state.in_flight, 0);
         assert!(answered >= 1);
         assert!(cancelled >= 1, "slots were busy when the first answer came");
         assert!(
-            state.handed < units.len(),
+            job.handed() < units.len(),
             "no unit starts after cancellation"
         );
     }
@@ -882,9 +807,9 @@ mod embedded {
     fn a_unit_cut_to_fit_its_slot_says_so() {
         let m = model_with(true, 320);
         let long = LINES[0].repeat(60);
-        let job = TestJob::new(&[LINES[1], long.as_str()], 1, usize::MAX);
+        let job = log_job(&[LINES[1], long.as_str()], 1, usize::MAX);
         m.run(&job).expect("runs");
-        let (done, _) = job.results();
+        let (done, _) = results(&job);
         assert_eq!(done.len(), 2);
         let cut: Vec<u64> = done.iter().map(|(_, c)| c.truncated_tokens).collect();
         assert_eq!(cut.iter().filter(|&&n| n == 0).count(), 1, "{cut:?}");
@@ -894,10 +819,11 @@ mod embedded {
     #[test]
     fn typed_outputs_with_exact_usage_and_bounded_slots() {
         let m = model(true);
-        let job = TestJob::new(&LINES, 2, usize::MAX);
+        let job = log_job(&LINES, 2, usize::MAX);
         m.run(&job).expect("runs");
-        let validator = jsonschema::validator_for(&job.schema).expect("schema");
-        let (done, max_in_flight) = job.results();
+        let validator =
+            jsonschema::validator_for(job.schema.as_ref().expect("a schema")).expect("schema");
+        let (done, max_in_flight) = results(&job);
         assert_eq!(done.len(), LINES.len());
         assert!(max_in_flight <= 2, "in flight {max_in_flight}");
         let cached: Vec<u64> = done.iter().map(|(_, c)| c.usage.cached_tokens).collect();
@@ -918,12 +844,12 @@ mod embedded {
 
     #[test]
     fn shared_prefix_matches_the_unshared_path() {
-        let shared = TestJob::new(&LINES[..3], 1, usize::MAX);
+        let shared = log_job(&LINES[..3], 1, usize::MAX);
         model(true).run(&shared).expect("runs");
-        let naive = TestJob::new(&LINES[..3], 1, usize::MAX);
+        let naive = log_job(&LINES[..3], 1, usize::MAX);
         model(false).run(&naive).expect("runs");
-        let (a, _) = shared.results();
-        let (b, _) = naive.results();
+        let (a, _) = results(&shared);
+        let (b, _) = results(&naive);
         // Evaluated in the same chunk shapes, the shared path gives the same
         // logits as the unshared one: same answers, same choice probabilities.
         let texts =
@@ -1009,7 +935,6 @@ mod embedded {
                     max_output_tokens: stage.spec.max_output_tokens,
                 }
             })
-            .rev()
             .collect();
         assert_eq!(requests.len(), 6);
         let decision = fanfold_model::DecisionField {
@@ -1019,15 +944,11 @@ mod embedded {
         let answer = |draft_tokens: usize| {
             let mut m = model(true);
             m.set_draft_tokens(draft_tokens);
-            let job = TestJob::with_requests(
-                stage.prefix().to_owned(),
-                stage.schema.clone(),
-                decision.clone(),
-                requests.clone(),
-                2,
-            );
+            let job = QueueJob::new(stage.prefix(), requests.clone(), 2)
+                .with_schema(stage.schema.clone())
+                .with_decision(decision.clone());
             let stats = m.run_job(&job).expect("runs");
-            let (done, _) = job.results();
+            let (done, _) = results(&job);
             let texts: Vec<(String, String)> =
                 done.into_iter().map(|(id, c)| (id, c.text)).collect();
             (texts, stats)
@@ -1045,9 +966,9 @@ mod embedded {
 
     #[test]
     fn units_not_handed_out_are_never_run() {
-        let job = TestJob::new(&LINES, 2, 2);
+        let job = log_job(&LINES, 2, 2);
         model(true).run(&job).expect("runs");
-        let (done, _) = job.results();
+        let (done, _) = results(&job);
         assert_eq!(done.len(), 2);
     }
 }

@@ -22,8 +22,7 @@ use fanfold_http::PriceTable;
 use fanfold_store::Store;
 use serde_json::{Value, json};
 
-mod support;
-use support::Server;
+use fanfold_testkit::Server;
 
 const MODEL_OPENAI: &str = "gpt-4o-mini";
 const MODEL_ANTHROPIC: &str = "claude-3-5-haiku";
@@ -72,7 +71,8 @@ struct Mock {
 impl Mock {
     fn start() -> Mock {
         let state = Arc::new(MockState::default());
-        let server = Server::start(Router::new().fallback(handle).with_state(state.clone()));
+        let server = Server::start(Router::new().fallback(handle).with_state(state.clone()))
+            .expect("mock server");
         Mock { state, server }
     }
 
@@ -490,7 +490,7 @@ answer = "flagged"
             .batches()
             .expect("batches")
             .into_iter()
-            .map(|b| (b.state, b.requests))
+            .map(|b| (b.state.to_string(), b.requests))
             .collect();
         rows.sort();
         rows

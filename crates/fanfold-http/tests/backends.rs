@@ -20,7 +20,7 @@ use fanfold_http::{
 };
 use fanfold_model::{CallError, ModelBackend};
 use serde_json::{Value, json};
-use support::{Action, DropServer, Mock, TestJob, job_schema};
+use support::{Action, DropServer, Mock, job, job_schema, numbered, outcomes};
 
 /// A unique key in a unique environment variable, set once before any
 /// test reads the environment.
@@ -87,9 +87,9 @@ fn openai_sends_schema_warms_the_prefix_and_reads_cached_usage() {
     let mock = Mock::start();
     let backend =
         OpenAiBackend::new(openai(vec![endpoint(mock.openai_url(), 4)])).expect("backend");
-    let job = TestJob::numbered(6, 3);
+    let job = numbered(6, 3);
     backend.run(&job).expect("run");
-    let out = job.outcomes();
+    let out = outcomes(&job);
     assert_eq!(out.len(), 6);
 
     let hits = mock.hits();
@@ -164,9 +164,9 @@ fn openai_prompt_mode_and_per_request_schemas() {
         ..openai(vec![endpoint(mock.openai_url(), 2)])
     })
     .expect("backend");
-    let job = TestJob::numbered(2, 2);
+    let job = numbered(2, 2);
     prompt_only.run(&job).expect("run");
-    assert!(job.outcomes().values().all(Result::is_ok));
+    assert!(outcomes(&job).values().all(Result::is_ok));
     assert!(
         mock.hits()
             .iter()
@@ -180,9 +180,9 @@ fn openai_prompt_mode_and_per_request_schemas() {
         ..openai(vec![endpoint(mock.openai_url(), 2)])
     })
     .expect("backend");
-    let job = TestJob::numbered(2, 2);
+    let job = numbered(2, 2);
     narrowed.run(&job).expect("run");
-    assert!(job.outcomes().values().all(Result::is_ok));
+    assert!(outcomes(&job).values().all(Result::is_ok));
     for h in mock.hits() {
         let f = &h.body["response_format"]["json_schema"];
         assert_eq!(f["strict"], false);
@@ -199,9 +199,9 @@ fn openai_streaming_reads_events_and_usage() {
         ..openai(vec![endpoint(mock.openai_url(), 2)])
     })
     .expect("backend");
-    let job = TestJob::numbered(4, 2);
+    let job = numbered(4, 2);
     backend.run(&job).expect("run");
-    let out = job.outcomes();
+    let out = outcomes(&job);
     let hits = mock.hits();
     for h in &hits {
         assert_eq!(h.body["stream"], true);
@@ -229,9 +229,9 @@ fn anthropic_caches_the_system_block_and_forces_one_tool() {
         ..AnthropicConfig::new("claude-test", Vec::new())
     })
     .expect("backend");
-    let job = TestJob::numbered(3, 2);
+    let job = numbered(3, 2);
     backend.run(&job).expect("run");
-    let out = job.outcomes();
+    let out = outcomes(&job);
     let hits = mock.hits();
     assert_eq!(hits.len(), 3);
     for h in &hits {
@@ -293,9 +293,9 @@ fn transport_faults_are_retried_boundedly_with_distinct_causes() {
         "ok", "ra429", "rate429", "err500", "flaky502", "slow", "trunc", "abort", "garbage",
         "bad400",
     ];
-    let job = TestJob::new(&units, 4);
+    let job = job(&units, 4);
     backend.run(&job).expect("run");
-    let out = job.outcomes();
+    let out = outcomes(&job);
     assert_eq!(out.len(), units.len(), "no request lost");
 
     // max_retries = 2: a fault that persists is sent three times; a fault
@@ -383,9 +383,9 @@ fn a_retry_after_beyond_the_limit_fails_at_once() {
     let mut config = openai(vec![endpoint(mock.openai_url(), 1)]);
     config.transport.retry.max_retry_after_ms = 100;
     let backend = OpenAiBackend::new(config).expect("backend");
-    let job = TestJob::numbered(1, 1);
+    let job = numbered(1, 1);
     backend.run(&job).expect("run");
-    let out = job.outcomes();
+    let out = outcomes(&job);
     assert_eq!(
         out["u0"],
         Err(CallError::RateLimited {
@@ -405,9 +405,9 @@ fn dropped_connections_are_retried_then_reported() {
         2,
     )]))
     .expect("backend");
-    let job = TestJob::numbered(2, 2);
+    let job = numbered(2, 2);
     backend.run(&job).expect("run");
-    for (unit, r) in job.outcomes() {
+    for (unit, r) in outcomes(&job) {
         let e = r.expect_err(&unit);
         assert_eq!(e.code(), "connection", "{e}");
     }
@@ -429,14 +429,14 @@ fn concurrency_caps_hold_per_endpoint() {
         endpoint(b.openai_url(), 3),
     ]))
     .expect("backend");
-    let job = TestJob::numbered(40, 16);
+    let job = numbered(40, 16);
     backend.run(&job).expect("run");
-    assert!(job.outcomes().values().all(Result::is_ok));
+    assert!(outcomes(&job).values().all(Result::is_ok));
     assert_eq!(a.hits().len() + b.hits().len(), 40);
     assert!(a.max_in_flight() <= 2, "a: {}", a.max_in_flight());
     assert!(b.max_in_flight() <= 3, "b: {}", b.max_in_flight());
     // Never more requests held than the endpoints can take.
-    let held = job.max_in_flight.load(std::sync::atomic::Ordering::SeqCst);
+    let held = job.max_in_flight();
     assert!(held <= 5, "{held}");
 }
 
@@ -450,9 +450,9 @@ fn requests_per_minute_budget_spaces_requests() {
     }]);
     config.transport.warm_up = false;
     let backend = OpenAiBackend::new(config).expect("backend");
-    let job = TestJob::numbered(30, 8);
+    let job = numbered(30, 8);
     backend.run(&job).expect("run");
-    assert!(job.outcomes().values().all(Result::is_ok));
+    assert!(outcomes(&job).values().all(Result::is_ok));
     let hits = mock.hits();
     assert_eq!(hits.len(), 30);
     // 600 a minute is 10 a second with a bucket of 10: any half second
@@ -480,9 +480,9 @@ fn exhausted_provider_window_holds_the_endpoint() {
     );
     let backend =
         OpenAiBackend::new(openai(vec![endpoint(mock.openai_url(), 2)])).expect("backend");
-    let job = TestJob::numbered(3, 2);
+    let job = numbered(3, 2);
     backend.run(&job).expect("run");
-    assert!(job.outcomes().values().all(Result::is_ok));
+    assert!(outcomes(&job).values().all(Result::is_ok));
     let hits = mock.hits();
     assert_eq!(hits[0].unit, "u0");
     for h in &hits[1..] {
@@ -507,10 +507,10 @@ fn circuit_breaker_moves_traffic_to_the_healthy_endpoint() {
         cooldown_ms: 60_000,
     };
     let backend = OpenAiBackend::new(config).expect("backend");
-    let job = TestJob::numbered(20, 2);
+    let job = numbered(20, 2);
     backend.run(&job).expect("run");
     assert!(
-        job.outcomes().values().all(Result::is_ok),
+        outcomes(&job).values().all(Result::is_ok),
         "retries moved to the healthy endpoint"
     );
     assert!(
@@ -537,9 +537,9 @@ fn open_breakers_fail_requests_in_bounded_attempts() {
         cooldown_ms: 30,
     };
     let backend = OpenAiBackend::new(config).expect("backend");
-    let job = TestJob::numbered(3, 1);
+    let job = numbered(3, 1);
     backend.run(&job).expect("run");
-    for (unit, r) in job.outcomes() {
+    for (unit, r) in outcomes(&job) {
         // The last real failure is the cause, not the breaker.
         assert!(
             matches!(r, Err(CallError::Http { status: 503, .. })),
@@ -556,10 +556,10 @@ fn cancellation_stops_sending() {
     let mock = Mock::start();
     let backend =
         OpenAiBackend::new(openai(vec![endpoint(mock.openai_url(), 2)])).expect("backend");
-    let mut job = TestJob::numbered(10, 2);
-    job.cancel_after = Some(1);
+    let mut job = numbered(10, 2);
+    job.cancel_after = 1;
     backend.run(&job).expect("run");
-    let out = job.outcomes();
+    let out = outcomes(&job);
     assert_eq!(out.len(), 10);
     assert_eq!(mock.hits().len(), 1, "only the warm-up request was sent");
     assert_eq!(out.values().filter(|r| r.is_ok()).count(), 1);
@@ -584,9 +584,9 @@ fn weighted_pool_splits_traffic() {
     ]);
     config.transport.warm_up = false;
     let backend = OpenAiBackend::new(config).expect("backend");
-    let job = TestJob::numbered(80, 1);
+    let job = numbered(80, 1);
     backend.run(&job).expect("run");
-    assert!(job.outcomes().values().all(Result::is_ok));
+    assert!(outcomes(&job).values().all(Result::is_ok));
     // Expected 60 and 20; the bounds are more than five deviations wide.
     let h = heavy.hits().len();
     assert!((40..=76).contains(&h), "heavy endpoint got {h} of 80");
@@ -599,9 +599,9 @@ fn api_key_appears_in_no_printable_surface() {
     let mock = Mock::start();
     let config = openai(vec![endpoint(mock.openai_url(), 2)]);
     let backend = OpenAiBackend::new(config.clone()).expect("backend");
-    let job = TestJob::numbered(3, 2);
+    let job = numbered(3, 2);
     backend.run(&job).expect("run");
-    let out = job.outcomes();
+    let out = outcomes(&job);
     let anthropic = AnthropicBackend::new(AnthropicConfig {
         transport: transport(vec![endpoint(mock.anthropic_url(), 1)]),
         ..AnthropicConfig::new("claude-test", Vec::new())
@@ -634,9 +634,9 @@ fn api_key_appears_in_no_printable_surface() {
     echo.set_default(Action::EchoAuth401);
     let backend =
         OpenAiBackend::new(openai(vec![endpoint(echo.openai_url(), 2)])).expect("backend");
-    let job = TestJob::numbered(3, 2);
+    let job = numbered(3, 2);
     backend.run(&job).expect("run");
-    for (unit, r) in job.outcomes() {
+    for (unit, r) in outcomes(&job) {
         let e = r.expect_err(&unit);
         let text = format!("{e} {e:?}");
         assert!(!text.contains(secret), "key leaked into {text}");

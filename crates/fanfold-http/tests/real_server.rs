@@ -18,7 +18,7 @@ mod support;
 use fanfold_http::{EndpointConfig, OpenAiBackend, OpenAiConfig, OutputMode};
 use fanfold_model::ModelBackend;
 use serde_json::Value;
-use support::TestJob;
+use support::{numbered, outcomes};
 
 fn server() -> (String, String) {
     let url = std::env::var("FANFOLD_REAL_SERVER_URL")
@@ -35,9 +35,9 @@ fn run(stream: bool) {
     cfg.output = OutputMode::JsonObject;
     cfg.stream = stream;
     let backend = OpenAiBackend::new(cfg).expect("backend");
-    let job = TestJob::numbered(4, 2);
+    let job = numbered(4, 2);
     backend.run(&job).expect("run");
-    let outcomes = job.outcomes();
+    let outcomes = outcomes(&job);
     assert_eq!(outcomes.len(), 4);
     for (unit, result) in outcomes {
         let c = result.unwrap_or_else(|e| panic!("{unit}: {e}"));

@@ -15,7 +15,8 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use fanfold_model::{CallError, Completion, Job, Request};
+use fanfold_model::{CallError, Completion, Request};
+use fanfold_testkit::{QueueJob, Server};
 use serde_json::{Value, json};
 
 /// What the server does with one request.
@@ -67,7 +68,7 @@ pub struct MockState {
 pub struct Mock {
     pub addr: SocketAddr,
     pub state: Arc<MockState>,
-    runtime: tokio::runtime::Runtime,
+    _server: Server,
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -81,19 +82,12 @@ fn runtime() -> tokio::runtime::Runtime {
 impl Mock {
     pub fn start() -> Mock {
         let state = Arc::new(MockState::default());
-        let rt = runtime();
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
         let app = Router::new().fallback(handle).with_state(state.clone());
-        rt.spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let server = Server::start(app).expect("mock server");
         Mock {
-            addr,
+            addr: server.addr,
             state,
-            runtime: rt,
+            _server: server,
         }
     }
 
@@ -375,22 +369,6 @@ impl DropServer {
     }
 }
 
-/// The engine's side, reduced: a queue, the results, and checks that the
-/// backend honours the contract.
-pub struct TestJob {
-    pub prefix: String,
-    pub slots: usize,
-    pub schema: Option<Value>,
-    queue: Mutex<VecDeque<Request>>,
-    pub results: Mutex<Vec<(Request, Result<Completion, CallError>)>>,
-    handed: AtomicUsize,
-    in_flight: AtomicUsize,
-    pub max_in_flight: AtomicUsize,
-    pub cancelled: AtomicBool,
-    /// Cancel once this many results are back.
-    pub cancel_after: Option<usize>,
-}
-
 pub fn job_schema() -> Value {
     json!({
         "type": "object",
@@ -400,98 +378,49 @@ pub fn job_schema() -> Value {
     })
 }
 
-impl TestJob {
-    pub fn new(units: &[&str], slots: usize) -> TestJob {
-        let queue = units
-            .iter()
-            .enumerate()
-            .map(|(i, u)| Request {
-                index: i,
-                unit_id: (*u).to_owned(),
-                suffix: (*u).to_owned(),
-                input: json!({"id": u}),
-                attempt: 1,
-                max_output_tokens: 64,
-                schema: Some(json!({
-                    "type": "object",
-                    "properties": {"unit": {"const": u}},
-                    "required": ["unit"]
-                })),
-            })
-            .collect();
-        TestJob {
-            prefix: "You are a careful reader. Answer with JSON.\nRubric: report the unit id."
-                .into(),
-            slots,
-            schema: Some(job_schema()),
-            queue: Mutex::new(queue),
-            results: Mutex::new(Vec::new()),
-            handed: AtomicUsize::new(0),
-            in_flight: AtomicUsize::new(0),
-            max_in_flight: AtomicUsize::new(0),
-            cancelled: AtomicBool::new(false),
-            cancel_after: None,
-        }
-    }
-
-    pub fn numbered(n: usize, slots: usize) -> TestJob {
-        let names: Vec<String> = (0..n).map(|i| format!("u{i}")).collect();
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        TestJob::new(&refs, slots)
-    }
-
-    /// Every handed-out request came back exactly once; returns results by
-    /// unit id.
-    pub fn outcomes(&self) -> HashMap<String, Result<Completion, CallError>> {
-        let results = self.results.lock().expect("results");
-        assert_eq!(
-            results.len(),
-            self.handed.load(Ordering::SeqCst),
-            "every request handed out is completed exactly once"
-        );
-        assert!(
-            self.queue.lock().expect("queue").is_empty(),
-            "queue drained"
-        );
-        let mut out = HashMap::new();
-        for (req, res) in results.iter() {
-            assert!(
-                out.insert(req.unit_id.clone(), res.clone()).is_none(),
-                "unit {} completed twice",
-                req.unit_id
-            );
-        }
-        assert!(self.max_in_flight.load(Ordering::SeqCst) <= self.slots);
-        out
-    }
+/// A job whose units answer with their own id.
+pub fn job(units: &[&str], slots: usize) -> QueueJob {
+    let requests = units
+        .iter()
+        .enumerate()
+        .map(|(i, u)| Request {
+            index: i,
+            unit_id: (*u).to_owned(),
+            suffix: (*u).to_owned(),
+            input: json!({"id": u}),
+            attempt: 1,
+            max_output_tokens: 64,
+            schema: Some(json!({
+                "type": "object",
+                "properties": {"unit": {"const": u}},
+                "required": ["unit"]
+            })),
+        })
+        .collect();
+    QueueJob::new(
+        "You are a careful reader. Answer with JSON.\nRubric: report the unit id.",
+        requests,
+        slots,
+    )
+    .with_schema(job_schema())
 }
 
-impl Job for TestJob {
-    fn prefix(&self) -> &str {
-        &self.prefix
-    }
-    fn slots(&self) -> usize {
-        self.slots
-    }
-    fn next(&self) -> Option<Request> {
-        let r = self.queue.lock().expect("queue").pop_front()?;
-        self.handed.fetch_add(1, Ordering::SeqCst);
-        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        Some(r)
-    }
-    fn complete(&self, request: Request, result: Result<Completion, CallError>) {
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        let mut results = self.results.lock().expect("results");
-        results.push((request, result));
-        if self.cancel_after.is_some_and(|n| results.len() >= n) {
-            self.cancelled.store(true, Ordering::SeqCst);
-        }
-    }
-    fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::SeqCst)
-    }
-    fn output_schema(&self) -> Option<&Value> {
-        self.schema.as_ref()
-    }
+pub fn numbered(n: usize, slots: usize) -> QueueJob {
+    let names: Vec<String> = (0..n).map(|i| format!("u{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    job(&refs, slots)
+}
+
+/// Every handed-out request came back exactly once, within the slots;
+/// the results by unit id.
+pub fn outcomes(job: &QueueJob) -> HashMap<String, Result<Completion, CallError>> {
+    let breaches = job.contract_breaches();
+    assert!(
+        breaches.is_empty(),
+        "the backend broke the job's contract: {breaches:?}"
+    );
+    job.finished()
+        .into_iter()
+        .map(|f| (f.request.unit_id, f.result))
+        .collect()
 }

@@ -1,0 +1,112 @@
+//! Measurements of fanfold, written as reports, and the self-check that
+//! proves the spine's claims on the example fixture.
+//!
+//! This crate is the application side of `fanfold bench` and `fanfold
+//! selfcheck`: it drives the engine, the embedded model and the HTTP
+//! backends, and every figure it writes is measured by the run that writes
+//! it. Its errors go straight to the person running the command, so it
+//! reports them with `anyhow` context like the binary does.
+
+mod deterministic;
+mod embed;
+mod fabric;
+mod http;
+pub mod report;
+mod scale;
+pub mod selfcheck;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+
+pub use deterministic::DeterministicArgs;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Partition + prefilter throughput and peak memory on a large JSONL
+    /// file, side by side with `jq -c 'select(...)'`.
+    Deterministic(DeterministicArgs),
+    /// The execution fabric on the embedded model: shared prefix + N slots
+    /// vs naive vs one slot, prefix and slot sweeps, and the llama.cpp
+    /// throughput limit, side by side in one run.
+    Fabric(FabricCliArgs),
+    /// The example's embed stage against the fixture's oracle: encoder
+    /// throughput and where the threshold falls among each kind of issue.
+    Embed(EmbedCliArgs),
+    /// The HTTP backend's scheduler against an in-process mock endpoint
+    /// with a fixed latency: wall time against the ideal schedule.
+    Http(http::HttpArgs),
+    /// `fanfold run` at 10k, 100k and 1M records: wall per phase, peak
+    /// memory, store size, jq on the same file, and a rerun after 1 % of
+    /// the records change.
+    Scale(scale::ScaleArgs),
+}
+
+#[derive(Args)]
+pub struct EmbedCliArgs {
+    /// The issue-triage example folder.
+    #[arg(long, default_value = "examples/issue-triage")]
+    example: PathBuf,
+    #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
+    report: PathBuf,
+}
+
+#[derive(Args)]
+pub struct FabricCliArgs {
+    /// The issue-triage example folder.
+    #[arg(long, default_value = "examples/issue-triage")]
+    example: PathBuf,
+    /// Units measured (the first the example's prefilter routes).
+    #[arg(long, default_value_t = 16)]
+    units: usize,
+    /// Slots of the shared and naive configurations.
+    #[arg(long, default_value_t = 4)]
+    slots: usize,
+    #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
+    report: PathBuf,
+    /// Where the SVG plots go.
+    #[arg(long, value_name = "DIR", default_value = "docs")]
+    plots: PathBuf,
+    /// Measure the side-by-side configurations only, not the prefix and
+    /// slot sweeps.
+    #[arg(long)]
+    no_sweeps: bool,
+}
+
+/// Runs one bench and writes its section of the report.
+pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
+    match cmd {
+        BenchCommand::Deterministic(args) => match &args.worker {
+            Some(file) => deterministic::worker(file, &args),
+            None => deterministic::deterministic(&args),
+        },
+        BenchCommand::Fabric(a) => {
+            fabric::main(fabric::FabricArgs {
+                example: a.example,
+                units: a.units,
+                slots: a.slots,
+                report: a.report,
+                plot_dir: a.plots,
+                no_sweeps: a.no_sweeps,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Embed(a) => {
+            embed::main(embed::EmbedArgs {
+                example: a.example,
+                report: a.report,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Http(a) => {
+            http::main(&a)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Scale(a) => {
+            scale::main(&a)?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
