@@ -44,6 +44,9 @@ enum Command {
     Gc(BatchesArgs),
     /// Prove the spine's claims on the issue-triage fixture.
     Selfcheck(SelfcheckArgs),
+    /// Print what a finished run measured, from its output folder.
+    #[command(subcommand)]
+    Report(ReportCommand),
     /// Print the JSON Schema of the spec file format.
     SpecSchema,
     /// Write a seeded fixture.
@@ -55,6 +58,17 @@ enum Command {
     /// Measure fanfold against baselines and write a report.
     #[command(subcommand)]
     Bench(fanfold_bench::BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum ReportCommand {
+    /// Each select stage's choices against what the chosen stages said:
+    /// who chose (rule, model, otherwise) and the confusion matrix.
+    Confusion {
+        /// The run's output folder (holding certificate.json), or the
+        /// certificate itself.
+        run: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -313,6 +327,9 @@ fn real_main() -> Result<ExitCode> {
         Command::Explain(args) => explain(args),
         Command::Batches(args) => batches(args).map(|()| ExitCode::SUCCESS),
         Command::Gc(args) => gc(args).map(|()| ExitCode::SUCCESS),
+        Command::Report(ReportCommand::Confusion { run }) => {
+            confusion(&run).map(|()| ExitCode::SUCCESS)
+        }
         Command::Selfcheck(args) => fanfold_bench::selfcheck::main(args.example, args.json),
         Command::Bench(cmd) => fanfold_bench::run(cmd),
         Command::Model(cmd) => {
@@ -540,6 +557,31 @@ fn batches(args: BatchesArgs) -> Result<()> {
             "{:<40} {:<10} {:<9} {:>8}  {at:<20}  {}",
             r.batch_id, r.provider, r.state, r.requests, r.endpoint
         );
+    }
+    Ok(())
+}
+
+fn confusion(run: &std::path::Path) -> Result<()> {
+    let path = if run.is_dir() {
+        run.join("certificate.json")
+    } else {
+        run.to_path_buf()
+    };
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let cert: fanfold_engine::report::Certificate = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a fanfold certificate", path.display()))?;
+    if cert.stats.selects.is_empty() {
+        bail!(
+            "{}: the run has no select stage, so there is no confusion to show",
+            path.display()
+        );
+    }
+    if cert.simulated {
+        println!("[SIMULATED] the choices come from a scripted or replayed backend\n");
+    }
+    for (name, report) in &cert.stats.selects {
+        println!("{}", fanfold_engine::output::confusion_table(name, report));
     }
     Ok(())
 }

@@ -56,6 +56,13 @@ impl Cost {
     }
 }
 
+/// One allowed decision value and the probability the model gave it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ChoiceScore {
+    pub choice: String,
+    pub p: f64,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct FactRecord {
     /// Always [`FACT_SCHEMA`].
@@ -74,6 +81,10 @@ pub struct FactRecord {
     /// The whole schema-checked output object.
     pub facts: serde_json::Value,
     pub confidence: Option<f64>,
+    /// The probability of every allowed decision value, where the backend
+    /// read them from the model (choice scoring); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub choice_scores: Vec<ChoiceScore>,
     /// Why the status is what it is, for everything but a clean decision.
     pub reason: Option<String>,
     pub evidence: Vec<Evidence>,

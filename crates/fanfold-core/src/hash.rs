@@ -120,6 +120,10 @@ pub enum Bucket {
     Embedding,
     /// An audit stage's definition.
     AuditStage,
+    /// A select stage's definition: catalog, rules, floor.
+    SelectDef,
+    /// A select's choice for one unit, made by a rule or from a scored fact.
+    Selection,
     /// A fold's reducers.
     FoldDef,
     /// One unit's outcome as a fold leaf.
@@ -152,6 +156,8 @@ impl Bucket {
             Bucket::EmbedFacts => "embed-facts-v1",
             Bucket::Embedding => "embedding-v1",
             Bucket::AuditStage => "audit-stage-v1",
+            Bucket::SelectDef => "select-def-v1",
+            Bucket::Selection => "selection-v1",
             Bucket::FoldDef => "fold-def-v1",
             Bucket::FoldLeaf => "fold-leaf-v1",
             Bucket::FoldNode => "fold-node-v1",

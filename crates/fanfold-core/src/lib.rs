@@ -11,7 +11,7 @@ pub mod spec;
 pub mod status;
 pub mod unit;
 
-pub use fact::{Cost, Evidence, FACT_SCHEMA, FactRecord, ModelParams};
+pub use fact::{ChoiceScore, Cost, Evidence, FACT_SCHEMA, FactRecord, ModelParams};
 pub use hash::{Bucket, ContentHash, StableHash, StableHasher};
 pub use status::{BatchState, Status, StatusCounts};
 pub use unit::{ByteRange, Unit, UnitId};

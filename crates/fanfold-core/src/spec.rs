@@ -143,6 +143,19 @@ pub enum StageSpec {
     /// prompt (and, optionally, another backend), and the miss rate of
     /// every rung is estimated with a 95 % interval.
     Audit(AuditStageSpec),
+    /// A typed choice per unit from a declared catalog: run a stage,
+    /// escalate to one, exclude with a reason, or abstain. Deterministic
+    /// rules decide first; a model scores the allowed choices for the rest.
+    /// Nothing outside the catalog can be chosen, and a choice carries no
+    /// free text, so no record can steer a unit anywhere the spec did not
+    /// list.
+    Select(SelectStageSpec),
+}
+
+/// The model turn a stage declares: where it is sent and how.
+pub struct ModelTurnMut<'a> {
+    pub backend: &'a mut String,
+    pub execution: &'a mut Execution,
 }
 
 impl StageSpec {
@@ -151,6 +164,7 @@ impl StageSpec {
             StageSpec::Map(s) => &s.name,
             StageSpec::Embed(s) => &s.name,
             StageSpec::Audit(s) => &s.name,
+            StageSpec::Select(s) => &s.name,
         }
     }
 
@@ -159,6 +173,7 @@ impl StageSpec {
             StageSpec::Map(_) => "map",
             StageSpec::Embed(_) => "embed",
             StageSpec::Audit(_) => "audit",
+            StageSpec::Select(_) => "select",
         }
     }
 
@@ -168,26 +183,123 @@ impl StageSpec {
             StageSpec::Map(s) => s.project.as_deref(),
             StageSpec::Embed(s) => s.project.as_deref(),
             StageSpec::Audit(s) => s.judge.project.as_deref(),
+            StageSpec::Select(s) => s.project.as_deref(),
         }
     }
 
-    /// Every model turn the stage declares: a map stage's own, an audit's
-    /// judge. Backend overrides and batch checks apply to all of them.
-    pub fn model_turns_mut(&mut self) -> Option<&mut MapStageSpec> {
-        match self {
-            StageSpec::Map(s) => Some(s),
-            StageSpec::Audit(s) => Some(&mut s.judge),
-            StageSpec::Embed(_) => None,
-        }
+    /// The model turn the stage declares, if any: a map stage's own, an
+    /// audit's judge, a select's scorer. Backend overrides apply to it.
+    pub fn model_turn_mut(&mut self) -> Option<ModelTurnMut<'_>> {
+        let (backend, execution) = match self {
+            StageSpec::Map(s) => (&mut s.backend, &mut s.execution),
+            StageSpec::Audit(s) => (&mut s.judge.backend, &mut s.judge.execution),
+            StageSpec::Select(SelectStageSpec { model: Some(m), .. }) => {
+                (&mut m.backend, &mut m.execution)
+            }
+            StageSpec::Select(_) | StageSpec::Embed(_) => return None,
+        };
+        Some(ModelTurnMut { backend, execution })
     }
 
-    pub fn model_turns(&self) -> Option<&MapStageSpec> {
+    /// The backend and execution of the stage's model turn, if it has one.
+    pub fn model_turn(&self) -> Option<(&str, Execution)> {
         match self {
-            StageSpec::Map(s) => Some(s),
-            StageSpec::Audit(s) => Some(&s.judge),
-            StageSpec::Embed(_) => None,
+            StageSpec::Map(s) => Some((&s.backend, s.execution)),
+            StageSpec::Audit(s) => Some((&s.judge.backend, s.judge.execution)),
+            StageSpec::Select(SelectStageSpec { model: Some(m), .. }) => {
+                Some((&m.backend, m.execution))
+            }
+            StageSpec::Select(_) | StageSpec::Embed(_) => None,
         }
     }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SelectStageSpec {
+    pub name: String,
+    /// Bump when the select's meaning changes without its files changing.
+    pub version: u32,
+    /// The catalog, in order: every unit ends with exactly one of these.
+    pub choices: Vec<SelectChoice>,
+    /// Tried first, in order: the first rule whose `when` yields `true`
+    /// picks its choice, and no model is asked.
+    #[serde(default)]
+    pub rules: Vec<SelectRule>,
+    /// The unit's top-level fields the rules and the model see; all when
+    /// empty.
+    #[serde(default)]
+    pub fields: Vec<String>,
+    /// A jq expression that builds what the rules and the model see.
+    pub project: Option<String>,
+    /// The model that scores the allowed choices for units no rule
+    /// decides. Without one, such units take `otherwise`.
+    pub model: Option<SelectModelSpec>,
+    /// The choice of a unit no rule decides when no model is declared, or
+    /// the model could not answer for it (an error after every attempt).
+    /// Without it, such a unit ends as an error of this stage.
+    pub otherwise: Option<String>,
+}
+
+/// One entry of a select's catalog. Exactly one action is set.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SelectChoice {
+    /// The value the rules and the model pick; shown to the model.
+    pub name: String,
+    /// What the choice means, for the model's prompt.
+    #[serde(default)]
+    pub description: String,
+    /// Send the unit to this stage, declared after the select.
+    pub run: Option<String>,
+    /// Send the unit to this stage as an escalation (a stronger rubric or
+    /// backend), declared after the select; counted apart from `run`.
+    pub escalate: Option<String>,
+    /// End the unit here as a negative with this reason code.
+    pub exclude: Option<String>,
+    /// End the unit here as an abstain: the select could not place it.
+    #[serde(default)]
+    pub abstain: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SelectRule {
+    pub name: String,
+    /// A jq expression over what the select sees; matches on `true`.
+    pub when: String,
+    /// The choice it picks: a name from `choices`.
+    pub choose: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SelectModelSpec {
+    /// Markdown file with the instructions, relative to the spec. The
+    /// catalog (names and descriptions) is appended to it.
+    pub rubric: String,
+    #[serde(default = "default_backend")]
+    pub backend: String,
+    /// The chosen value's probability must reach this; below it the unit
+    /// takes `below_floor`.
+    pub min_confidence: Option<f64>,
+    /// The choice taken below the confidence floor: an `escalate` or
+    /// `abstain` choice.
+    pub below_floor: Option<String>,
+    #[serde(default = "default_attempts")]
+    pub max_attempts: u32,
+    #[serde(default = "default_select_tokens")]
+    pub max_output_tokens: u32,
+    #[serde(default)]
+    pub temperature: f64,
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default)]
+    pub execution: Execution,
+}
+
+fn default_select_tokens() -> u32 {
+    32
 }
 
 /// The rung name that stands for the prefilter's exclusions in an audit.

@@ -38,6 +38,12 @@ pub enum RunError {
         stage: String,
         source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
+    #[error("select `{stage}` on unit {unit}: {source}")]
+    SelectRule {
+        stage: String,
+        unit: String,
+        source: fanfold_ops::jq::JqError,
+    },
     #[error("contract bound on unit {unit}: {detail}")]
     Bound { unit: String, detail: String },
     #[error("the stored source {hash} is missing chunk {seq}; the store is damaged")]
@@ -59,6 +65,7 @@ impl RunError {
             | RunError::Prefilter(_)
             | RunError::NoInput
             | RunError::Project { .. }
+            | RunError::SelectRule { .. }
             | RunError::Bound { .. } => ErrorCategory::Input,
             RunError::Backend { .. } | RunError::Embed { .. } => ErrorCategory::Configuration,
             RunError::Store(_) | RunError::MissingChunk { .. } | RunError::Output { .. } => {

@@ -1,5 +1,5 @@
 //! The files a run leaves behind: `answer.json`, `answer.md`, `facts.jsonl`
-//! and `certificate.json`. Anything a simulated backend produced says
+//! and `certificate.json`, and `selections.jsonl` when a select ran. Anything a simulated backend produced says
 //! [SIMULATED] where it is shown.
 
 use std::fmt::Write as _;
@@ -90,7 +90,80 @@ pub fn write_all(dir: &Path, report: &RunReport) -> Result<(), RunError> {
         let _ = std::fs::remove_file(&tmp);
     })?;
     std::fs::rename(&tmp, &path).map_err(io(&path))?;
+    let selects = &report.certificate.stats.selects;
+    if !selects.is_empty() {
+        let path = dir.join("selections.jsonl");
+        let tmp = dir.join(".selections.jsonl.tmp");
+        let streamed = (|| {
+            let file = std::fs::File::create(&tmp)?;
+            let mut w = std::io::BufWriter::new(file);
+            for report in selects.values() {
+                for (_, s) in &report.selections {
+                    serde_json::to_writer(&mut w, s)?;
+                    w.write_all(b"\n")?;
+                }
+            }
+            w.flush()
+        })();
+        streamed.map_err(io(&tmp)).inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+    }
     Ok(())
+}
+
+/// A select's choices as a table: who chose, and what the chosen stages
+/// said of the units sent to them.
+pub fn confusion_table(name: &str, r: &crate::stages::select::SelectReport) -> String {
+    use fanfold_core::Status;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "select `{name}`: {} units, {} scorer calls, {} cached, {} moved by the confidence floor, {} undecided\n",
+        r.units, r.calls, r.cached, r.below_floor, r.undecided
+    );
+    let _ = writeln!(
+        out,
+        "| choice | by rule | by model | otherwise | then positive | negative | abstain | error | not run |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for (choice, by) in &r.chosen {
+        let rule: u64 = by
+            .iter()
+            .filter(|(k, _)| k.starts_with("rule:"))
+            .map(|(_, n)| n)
+            .sum();
+        let get = |k: &str| by.get(k).copied().unwrap_or(0);
+        let c = r.confusion.get(choice);
+        let cell = |st: Status| match c {
+            Some(m) => m.get(&st).copied().unwrap_or(0).to_string(),
+            None => "-".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {rule} | {} | {} | {} | {} | {} | {} | {} |",
+            md_text(choice),
+            get("model"),
+            get("otherwise"),
+            cell(Status::Positive),
+            cell(Status::Negative),
+            cell(Status::Abstain),
+            cell(Status::Error),
+            cell(Status::NotRun),
+        );
+    }
+    for (choice, ids) in &r.disagreements {
+        let _ = writeln!(
+            out,
+            "\n- sent as `{}`, then judged negative: {}",
+            md_text(choice),
+            ids.iter()
+                .map(|i| md_text(i))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    out
 }
 
 fn pretty<T: serde::Serialize>(v: &T) -> String {
@@ -174,6 +247,13 @@ pub fn markdown(report: &RunReport) -> String {
                 ids.join(", ")
             );
         }
+    }
+    for (name, select) in &c.stats.selects {
+        let _ = writeln!(
+            out,
+            "\n## Routing: select `{name}`{sim}\n\nEach unit took one choice of the spec's catalog, by a rule or by the model scoring the choices. The right-hand columns are what the chosen stage then said (every selection is in `selections.jsonl`).\n"
+        );
+        out.push_str(&confusion_table(name, select));
     }
     for (name, audit) in &c.stats.audits {
         let _ = writeln!(

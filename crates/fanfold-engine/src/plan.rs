@@ -152,26 +152,25 @@ impl Plan {
             if let Some(reads) = stage.reads_negatives() {
                 check_reads(&stages, at, reads).map_err(&invalid)?;
             }
-            let Some(then) = stage.then() else {
-                continue;
-            };
-            let there = stages.iter().position(|s| s.name() == then);
-            // A stage that reads earlier rungs' negatives passes units back
-            // to a map stage, which may be declared before it.
-            if stage.reads_negatives().is_some() {
-                if there.is_none_or(|t| stages[t].kind() != "map") {
+            for then in stage.targets() {
+                let there = stages.iter().position(|s| s.name() == then);
+                // A stage that reads earlier rungs' negatives passes units
+                // back to a map stage, which may be declared before it.
+                if stage.reads_negatives().is_some() {
+                    if there.is_none_or(|t| stages[t].kind() != "map") {
+                        return Err(invalid(format!(
+                            "stage `{}` escalates to `{then}`, which is not a map stage",
+                            stage.name()
+                        )));
+                    }
+                    continue;
+                }
+                if there.is_none_or(|t| t <= at) {
                     return Err(invalid(format!(
-                        "stage `{}` escalates to `{then}`, which is not a map stage",
+                        "stage `{}` passes units on to `{then}`, which is not a stage declared after it",
                         stage.name()
                     )));
                 }
-                continue;
-            }
-            if there.is_none_or(|t| t <= at) {
-                return Err(invalid(format!(
-                    "stage `{}` passes units on to `{then}`, which is not a stage declared after it",
-                    stage.name()
-                )));
             }
         }
         for (name, b) in &spec.backends {
@@ -566,15 +565,15 @@ fn apply(spec: &mut Spec, o: &Overrides) -> Result<(), String> {
             ));
         }
         for stage in &mut spec.stages {
-            if let Some(s) = stage.model_turns_mut() {
-                s.backend = name.clone();
+            if let Some(turn) = stage.model_turn_mut() {
+                *turn.backend = name.clone();
             }
         }
     }
     if let Some(e) = o.execution {
         for stage in &mut spec.stages {
-            if let Some(s) = stage.model_turns_mut() {
-                s.execution = e;
+            if let Some(turn) = stage.model_turn_mut() {
+                *turn.execution = e;
             }
         }
     }
@@ -620,20 +619,20 @@ fn check_reads(
 /// Batch stages need a backend with a provider batch API.
 fn check_execution(spec: &Spec) -> Result<(), String> {
     for stage in &spec.stages {
-        let Some(s) = stage.model_turns() else {
+        let Some((backend, execution)) = stage.model_turn() else {
             continue;
         };
-        if s.execution != Execution::Batch {
+        if execution != Execution::Batch {
             continue;
         }
         let batchable = matches!(
-            spec.backends.get(&s.backend),
+            spec.backends.get(backend),
             Some(BackendSpec::Openai(_) | BackendSpec::Anthropic(_))
         );
         if !batchable {
             return Err(format!(
-                "stage `{}` has execution = \"batch\", but its backend `{}` has no batch API; batch needs an `openai` or `anthropic` backend",
-                s.name, s.backend
+                "stage `{}` has execution = \"batch\", but its backend `{backend}` has no batch API; batch needs an `openai` or `anthropic` backend",
+                stage.name()
             ));
         }
     }

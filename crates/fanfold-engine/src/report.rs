@@ -46,6 +46,10 @@ pub struct RunStats {
     /// What each audit stage measured of the rungs it checked.
     #[serde(default)]
     pub audits: BTreeMap<String, crate::stages::audit::AuditReport>,
+    /// What each select stage chose, by whom, and what the stages it chose
+    /// said of those units.
+    #[serde(default)]
+    pub selects: BTreeMap<String, crate::stages::select::SelectReport>,
     /// What each map stage's canaries showed, when it sent any.
     #[serde(default)]
     pub canaries: BTreeMap<String, crate::stages::map::CanaryReport>,

@@ -1,5 +1,6 @@
 //! fanfold's operators: partition, prefilter, map (prompt, validation,
-//! evidence), embed (texts, keys, scores), fold, verify and the stopping controller.
+//! evidence), embed (texts, keys, scores), select (a typed choice from a
+//! catalog), fold, verify, audit and the stopping controller.
 //!
 //! Architecture Invariant: operators are pure functions of their inputs.
 //! They read no files, open no store and call no model; the engine hands them
@@ -13,5 +14,6 @@ pub mod jq;
 pub mod map;
 pub mod partition;
 pub mod prefilter;
+pub mod select;
 pub mod verify;
 pub mod view;

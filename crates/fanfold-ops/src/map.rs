@@ -3,7 +3,9 @@
 //! raw output becomes a typed, schema-checked, evidence-checked fact.
 
 use fanfold_core::spec::MapStageSpec;
-use fanfold_core::{Bucket, ContentHash, Evidence, ModelParams, StableHash, StableHasher, Status};
+use fanfold_core::{
+    Bucket, ChoiceScore, ContentHash, Evidence, ModelParams, StableHash, StableHasher, Status,
+};
 use serde_json::Value;
 
 /// Version of the prompt layout below; part of every map cache key.
@@ -54,6 +56,8 @@ pub struct Interpreted {
     pub decision: Option<String>,
     pub facts: Value,
     pub confidence: Option<f64>,
+    /// Every allowed value's probability, where the backend scored them.
+    pub choice_scores: Vec<ChoiceScore>,
     pub evidence: Vec<Evidence>,
     pub reason: Option<String>,
 }
@@ -317,6 +321,14 @@ impl MapStage {
             decision: Some(decision),
             facts,
             confidence,
+            choice_scores: choices
+                .unwrap_or_default()
+                .iter()
+                .map(|(choice, p)| ChoiceScore {
+                    choice: choice.clone(),
+                    p: *p,
+                })
+                .collect(),
             evidence,
             reason,
         })

@@ -65,6 +65,7 @@ impl ScriptedBackend {
             std::thread::sleep(self.delay);
         }
         let fault = self.fault_for(&req.unit_id);
+        let mut choices = None;
         let text = match fault {
             Some(FaultKind::Error) => return Err(CallError::Backend("injected 500".into())),
             Some(FaultKind::Timeout) => return Err(CallError::Timeout { ms: 30_000 }),
@@ -83,6 +84,16 @@ impl ScriptedBackend {
                 {
                     *ev = serde_json::json!([{"field": "body", "quote": "a sentence that is in no issue"}]);
                 }
+                // A script may score the decision's choices, as the embedded
+                // model does from its logits: `_scores` is taken out of the
+                // answer and handed back as the choices' probabilities.
+                if let Some(scores) = out.as_object_mut().and_then(|o| o.remove("_scores")) {
+                    choices = scores.as_object().map(|o| {
+                        o.iter()
+                            .filter_map(|(k, v)| v.as_f64().map(|p| (k.clone(), p)))
+                            .collect()
+                    });
+                }
                 out.to_string()
             }
         };
@@ -94,7 +105,7 @@ impl ScriptedBackend {
                 latency_ms: started.elapsed().as_millis() as u64,
             },
             text,
-            choices: None,
+            choices,
             truncated_tokens: 0,
         })
     }

@@ -1525,6 +1525,7 @@ mod tests {
             decision: None,
             facts: serde_json::Value::Null,
             confidence: None,
+            choice_scores: Vec::new(),
             reason: None,
             evidence: vec![],
             cost: Cost::default(),

@@ -20,6 +20,9 @@ pub enum Origin {
     Cached,
     /// Another unit of this run with the same input paid for it.
     Shared,
+    /// Made from what a stage already decided and counted (a select's
+    /// exclusion): neither stored nor counted again.
+    Derived,
 }
 
 #[derive(Default)]

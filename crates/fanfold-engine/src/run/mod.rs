@@ -297,6 +297,11 @@ fn run_begun(
                 next.extend(outcome.passed);
                 next.sort_unstable();
             }
+            for (to, units) in outcome.sent {
+                let next = queued.entry(to).or_default();
+                next.extend(units);
+                next.sort_unstable();
+            }
             phases.mark(&format!("{}:{}", stage.kind(), stage.name()));
         }
         if queued.values().all(Vec::is_empty) {
@@ -304,6 +309,9 @@ fn run_begun(
         }
     }
     let (mut facts, mut totals) = ledger.into_parts();
+    for stage in &plan.stages {
+        stage.review(&facts, &mut stats);
+    }
     // An escalated unit's answer is the stage it was escalated to; the
     // negative that sent it to the audit is kept in the store, not folded.
     if !escalated.is_empty() {
@@ -644,6 +652,11 @@ pub fn explain_routing(
                 units.len() as u64 - count.cached;
             let next = queued.entry(then.to_owned()).or_default();
             next.extend(count.passed);
+            next.sort_unstable();
+        }
+        for (to, sent) in count.sent {
+            let next = queued.entry(to).or_default();
+            next.extend(sent);
             next.sort_unstable();
         }
     }

@@ -346,7 +346,11 @@ impl Stage for AuditRunner {
             &serde_json::to_value(&report).unwrap_or_default(),
         )?;
         ctx.stats.audits.insert(name.to_owned(), report);
-        Ok(StageOutcome { passed, stop })
+        Ok(StageOutcome {
+            passed,
+            stop,
+            ..StageOutcome::default()
+        })
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

@@ -160,7 +160,7 @@ impl Stage for EmbedRunner {
         ctx.progress.stage_finished(name);
         Ok(StageOutcome {
             passed: outcome.passed,
-            stop: None,
+            ..StageOutcome::default()
         })
     }
 
@@ -373,6 +373,7 @@ fn run_stage(
                 ),
                 facts: stage.facts(&scored),
                 confidence: None,
+                choice_scores: Vec::new(),
                 reason: (status == Status::Negative).then(|| {
                     format!(
                         "similarity score {:.4} is below the threshold {}",

@@ -116,6 +116,19 @@ impl MapRunner {
             file: s.output_schema.clone(),
             detail: e.to_string(),
         })?;
+        MapRunner::from_parts(s, rubric, schema, schema_text, ctx)
+    }
+
+    /// A map stage from its rubric and schema as given, for stages that
+    /// build their model turn themselves (a select's scorer); both go into
+    /// the spec hash.
+    pub fn from_parts(
+        s: &MapStageSpec,
+        rubric: String,
+        schema: Value,
+        schema_text: String,
+        ctx: &mut BuildContext<'_>,
+    ) -> Result<MapRunner, PlanError> {
         if !ctx.spec.backends.contains_key(&s.backend) {
             return Err(ctx.invalid(format!(
                 "stage `{}` uses backend `{}`, which no [backends.{}] table declares",
@@ -413,14 +426,15 @@ impl Stage for MapRunner {
         let make_fact = |i: usize, r: &UnitResult| -> FactRecord {
             let u = table.unit(i);
             let key = keys.get(&i).copied().unwrap_or(u.unit_hash);
-            let (decision, facts_v, confidence, evidence) = match &r.interpreted {
+            let (decision, facts_v, confidence, evidence, choice_scores) = match &r.interpreted {
                 Some(it) => (
                     it.decision.clone(),
                     it.facts.clone(),
                     it.confidence,
                     it.evidence.clone(),
+                    it.choice_scores.clone(),
                 ),
-                None => (None, Value::Null, None, Vec::new()),
+                None => (None, Value::Null, None, Vec::new(), Vec::new()),
             };
             FactRecord {
                 schema: FACT_SCHEMA.into(),
@@ -435,6 +449,7 @@ impl Stage for MapRunner {
                 decision,
                 facts: facts_v,
                 confidence,
+                choice_scores,
                 reason: r.reason.clone(),
                 evidence,
                 cost: cost_of(r),
@@ -594,8 +609,8 @@ impl Stage for MapRunner {
             report.failed.extend(canary_failures);
         }
         Ok(StageOutcome {
-            passed: Vec::new(),
             stop,
+            ..StageOutcome::default()
         })
     }
 

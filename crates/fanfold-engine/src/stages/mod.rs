@@ -5,12 +5,13 @@
 pub mod audit;
 pub mod embed;
 pub mod map;
+pub mod select;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use fanfold_core::ContentHash;
 use fanfold_core::spec::{Execution, Spec, StageSpec};
+use fanfold_core::{ContentHash, FactRecord};
 use fanfold_model::{BackendInfo, ModelBackend};
 use fanfold_ops::contract::StopReason;
 use fanfold_sim::RecordingBackend;
@@ -66,6 +67,7 @@ pub fn build(decl: &StageSpec, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Sta
         StageSpec::Map(s) => Ok(Box::new(map::MapRunner::build(s, ctx)?)),
         StageSpec::Embed(s) => Ok(Box::new(embed::EmbedRunner::build(s, ctx)?)),
         StageSpec::Audit(s) => Ok(Box::new(audit::AuditRunner::build(s, ctx)?)),
+        StageSpec::Select(s) => Ok(Box::new(select::SelectRunner::build(s, ctx)?)),
     }
 }
 
@@ -125,6 +127,9 @@ pub struct NegativeReads {
 pub struct StageOutcome {
     /// Table positions of the units passed on to the stage's `then`.
     pub passed: Vec<usize>,
+    /// Units sent on to other stages by name (a select's choices), each
+    /// list in table order.
+    pub sent: BTreeMap<String, Vec<usize>>,
     /// Why the stage stopped early, if it did.
     pub stop: Option<StopReason>,
 }
@@ -136,6 +141,8 @@ pub struct CachedCount {
     pub cached: u64,
     /// Of those, the ones the stage passes on to its `then`.
     pub passed: Vec<usize>,
+    /// Of those, the ones it sends on to other stages, by name.
+    pub sent: BTreeMap<String, Vec<usize>>,
     /// Why nothing could be counted (the backend's identity is unknown).
     pub unknown: Option<String>,
 }
@@ -150,6 +157,11 @@ pub trait Stage: Send + Sync {
     /// The stage units this one passes on go to, if any.
     fn then(&self) -> Option<&str> {
         None
+    }
+    /// Every stage this one may send units to: its `then`, or each a
+    /// select's choices name. The plan checks each is declared after it.
+    fn targets(&self) -> Vec<&str> {
+        self.then().into_iter().collect()
     }
     /// The backend this stage calls, if it calls one.
     fn backend(&self) -> Option<&str> {
@@ -175,6 +187,10 @@ pub trait Stage: Send + Sync {
     /// Runs the stage over `units` (table positions, in source order),
     /// recording every fact that ends a unit here in the ledger.
     fn run(&self, ctx: &mut StageContext<'_>, units: Vec<usize>) -> Result<StageOutcome, RunError>;
+    /// Once every stage has run: looks at the answer's facts (table
+    /// position, fact) to measure what the stage did, e.g. a select's
+    /// choices against what the stages it chose said.
+    fn review(&self, _facts: &[(usize, FactRecord)], _stats: &mut RunStats) {}
     /// The concrete stage, for tools that drive one kind directly.
     fn as_any(&self) -> &dyn std::any::Any;
 }
