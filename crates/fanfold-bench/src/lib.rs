@@ -13,6 +13,7 @@ mod fabric;
 mod http;
 pub mod report;
 mod scale;
+mod select;
 pub mod selfcheck;
 
 use std::path::PathBuf;
@@ -42,6 +43,21 @@ pub enum BenchCommand {
     /// memory, store size, jq on the same file, and a rerun after 1 % of
     /// the records change.
     Scale(scale::ScaleArgs),
+    /// A select in front of the judge on the example: no routing, rules
+    /// only, and the model scoring the catalog, side by side against the
+    /// fixture's oracle.
+    Select(SelectCliArgs),
+}
+
+#[derive(Args)]
+pub struct SelectCliArgs {
+    /// The issue-triage example folder (its `select.toml`).
+    #[arg(long, default_value = "examples/issue-triage")]
+    example: PathBuf,
+    #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
+    report: PathBuf,
+    #[arg(long, default_value_t = 4)]
+    slots: usize,
 }
 
 #[derive(Args)]
@@ -102,6 +118,14 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
         }
         BenchCommand::Http(a) => {
             http::main(&a)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Select(a) => {
+            select::main(&select::SelectArgs {
+                example: a.example,
+                report: a.report,
+                slots: a.slots,
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         BenchCommand::Scale(a) => {

@@ -463,8 +463,13 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         writeln!(out)?;
     } else {
         print!("{}", fanfold_engine::output::markdown(&report));
+        let selections = if report.certificate.stats.selects.is_empty() {
+            ""
+        } else {
+            ", selections.jsonl"
+        };
         println!(
-            "\nwrote {}/answer.json, answer.md, facts.jsonl, certificate.json",
+            "\nwrote {}/answer.json, answer.md, facts.jsonl, certificate.json{selections}",
             out.display()
         );
     }

@@ -131,6 +131,15 @@ type = "set"
             .unwrap_or_default()
     }
 
+    /// The JSON lines of an output file.
+    fn jsonl(&self, name: &str) -> Vec<Value> {
+        std::fs::read_to_string(self.path(name))
+            .expect("output file")
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect()
+    }
+
     fn fact_count(&self) -> u64 {
         fanfold_store::Store::open(&self.path("store.sqlite"))
             .expect("store")
@@ -2233,11 +2242,7 @@ fn a_select_routes_by_rule_then_by_scored_choice_and_nothing_else() {
     assert!(missed.iter().all(|i| i % 4 == 2), "{missed:?}");
 
     // Nothing a record says can move it outside the catalog.
-    let lines = std::fs::read_to_string(f.path("out/selections.jsonl")).expect("selections");
-    let selections: Vec<Value> = lines
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("json"))
-        .collect();
+    let selections = f.jsonl("out/selections.jsonl");
     assert_eq!(selections.len(), 40);
     for sel in &selections {
         let choice = sel["choice"].as_str().unwrap();
@@ -2251,10 +2256,9 @@ fn a_select_routes_by_rule_then_by_scored_choice_and_nothing_else() {
             assert_eq!(sel["alternatives"].as_array().map(Vec::len), Some(3));
         }
     }
-    let facts = std::fs::read_to_string(f.path("out/facts.jsonl")).expect("facts");
-    let docs: Vec<Value> = facts
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).expect("json"))
+    let docs: Vec<Value> = f
+        .jsonl("out/facts.jsonl")
+        .into_iter()
         .filter(|f| f["decision"] == "docs")
         .collect();
     assert_eq!(docs.len(), 10);
@@ -2328,4 +2332,95 @@ fn select_specs_name_their_mistakes() {
         assert_eq!(o.status.code(), Some(2), "{to}: {}", stderr(&o));
         assert!(stderr(&o).contains(needle), "{to}: {}", stderr(&o));
     }
+}
+
+/// The select's scorer on the embedded model: the choice is read from the
+/// model's probabilities over the catalog's names alone, and is cached.
+#[test]
+fn embedded_select_scores_only_the_catalog() {
+    let f = Fixture::new(
+        JSON_ARRAY,
+        r#"[[stages]]
+name = "triage"
+type = "select"
+version = 1
+fields = ["line"]
+choices = [
+  { name = "hardware", run = "judge", description = "the line reports a failing or faulty hardware part" },
+  { name = "routine", exclude = "routine", description = "the line is routine information" },
+  { name = "unsure", abstain = true, description = "you cannot tell" },
+]
+[stages.model]
+rubric = "router.md"
+backend = "local"
+min_confidence = 0.4
+below_floor = "unsure"
+max_output_tokens = 16
+
+[backends.local]
+type = "llama"
+slot_tokens = 512
+"#,
+    );
+    std::fs::write(
+        f.path("router.md"),
+        "You triage one line of a supercomputer's system log.\n",
+    )
+    .expect("rubric");
+    let lines = [
+        "RAS KERNEL FATAL data storage interrupt",
+        "RAS KERNEL INFO instruction cache parity error corrected",
+        "RAS KERNEL INFO generating core.2275",
+        "RAS KERNEL FATAL machine check interrupt (bit=0x1d): L2 dcache unit data parity error",
+        "RAS APP FATAL ciod: failed to read message prefix on control stream",
+        "RAS KERNEL INFO total of 12 ddr error(s) detected and corrected",
+    ];
+    let rows: Vec<Value> = lines
+        .iter()
+        .enumerate()
+        .map(|(i, l)| serde_json::json!({"id": i, "line": l, "flag": l.contains("FATAL")}))
+        .collect();
+    f.input(serde_json::to_string(&rows).expect("rows").as_bytes());
+    let o = f.run(&["--slots", "2"]);
+    assert!(matches!(o.status.code(), Some(0 | 3)), "{}", stderr(&o));
+    let c = f.certificate();
+    assert!(
+        c["backends"]
+            .as_array()
+            .expect("backends")
+            .iter()
+            .any(|b| b["kind"] == "llama")
+    );
+    let s = &c["stats"]["selects"]["triage"];
+    assert_eq!(s["units"], 6);
+    assert_eq!(s["undecided"], 0, "{s}");
+    let selections = f.jsonl("out/selections.jsonl");
+    assert_eq!(selections.len(), 6);
+    for sel in &selections {
+        assert_eq!(sel["decided_by"], "model", "{sel}");
+        assert!(
+            ["hardware", "routine", "unsure"].contains(&sel["choice"].as_str().unwrap()),
+            "{sel}"
+        );
+        let alts = sel["alternatives"].as_array().expect("scored choices");
+        let names: Vec<&str> = alts.iter().filter_map(|a| a["choice"].as_str()).collect();
+        assert_eq!(names, ["hardware", "routine", "unsure"], "{sel}");
+        let total: f64 = alts.iter().filter_map(|a| a["p"].as_f64()).sum();
+        assert!((total - 1.0).abs() < 1e-6, "{sel}");
+        let picked = sel["below_floor_of"]
+            .as_str()
+            .or(sel["choice"].as_str())
+            .unwrap();
+        let p = alts
+            .iter()
+            .find(|a| a["choice"] == picked)
+            .and_then(|a| a["p"].as_f64())
+            .unwrap();
+        assert_eq!(sel["confidence"].as_f64(), Some(p), "{sel}");
+        assert_eq!(sel["below_floor_of"].is_string(), p < 0.4, "{sel}");
+    }
+    let o = f.run(&["--slots", "2"]);
+    assert!(matches!(o.status.code(), Some(0 | 3)), "{}", stderr(&o));
+    assert_eq!(f.certificate()["stats"]["selects"]["triage"]["calls"], 0);
+    assert_eq!(f.certificate()["stats"]["selects"]["triage"]["cached"], 6);
 }
