@@ -75,42 +75,43 @@ pub fn write_all(dir: &Path, report: &RunReport) -> Result<(), RunError> {
     write("certificate.json", pretty(&report.certificate))?;
     write("answer.md", markdown(report))?;
     // Facts are streamed to the file: a run may hold many thousands.
-    let path = dir.join("facts.jsonl");
-    let tmp = dir.join(".facts.jsonl.tmp");
+    write_jsonl(dir, "facts.jsonl", report.facts.iter())?;
+    let selects = &report.certificate.stats.selects;
+    if !selects.is_empty() {
+        let selections = selects
+            .values()
+            .flat_map(|r| r.selections.iter().map(|(_, s)| s));
+        write_jsonl(dir, "selections.jsonl", selections)?;
+    }
+    Ok(())
+}
+
+/// Streams `items` to `dir/name`, one JSON value a line, beside and
+/// renamed, so a reader never sees half a file.
+fn write_jsonl<T: serde::Serialize>(
+    dir: &Path,
+    name: &str,
+    items: impl Iterator<Item = T>,
+) -> Result<(), RunError> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
     let streamed = (|| {
         let file = std::fs::File::create(&tmp)?;
         let mut w = std::io::BufWriter::new(file);
-        for f in &report.facts {
-            serde_json::to_writer(&mut w, f)?;
+        for item in items {
+            serde_json::to_writer(&mut w, &item)?;
             w.write_all(b"\n")?;
         }
         w.flush()
     })();
-    streamed.map_err(io(&tmp)).inspect_err(|_| {
+    let failed = |p: &Path, source| RunError::Output {
+        path: p.display().to_string(),
+        source,
+    };
+    streamed.map_err(|e| failed(&tmp, e)).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })?;
-    std::fs::rename(&tmp, &path).map_err(io(&path))?;
-    let selects = &report.certificate.stats.selects;
-    if !selects.is_empty() {
-        let path = dir.join("selections.jsonl");
-        let tmp = dir.join(".selections.jsonl.tmp");
-        let streamed = (|| {
-            let file = std::fs::File::create(&tmp)?;
-            let mut w = std::io::BufWriter::new(file);
-            for report in selects.values() {
-                for (_, s) in &report.selections {
-                    serde_json::to_writer(&mut w, s)?;
-                    w.write_all(b"\n")?;
-                }
-            }
-            w.flush()
-        })();
-        streamed.map_err(io(&tmp)).inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
-        })?;
-        std::fs::rename(&tmp, &path).map_err(io(&path))?;
-    }
-    Ok(())
+    std::fs::rename(&tmp, &path).map_err(|e| failed(&path, e))
 }
 
 /// A select's choices as a table: who chose, and what the chosen stages

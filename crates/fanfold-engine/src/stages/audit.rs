@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
-use fanfold_core::spec::{AuditStageSpec, ContractSpec, PREFILTER_RUNG, Spec};
+use fanfold_core::spec::{AuditStageSpec, PREFILTER_RUNG, Spec};
 use fanfold_core::{ContentHash, Status};
 use fanfold_ops::audit::{MissRate, rounds, sample};
 use fanfold_ops::contract::Controller;
@@ -230,14 +230,8 @@ impl Stage for AuditRunner {
     ) -> Result<StageOutcome, RunError> {
         let a = &self.spec;
         let name = a.name.as_str();
-        // The judge runs under no contract of its own: every sampled unit
-        // is judged, and no bound is asked of it.
-        let mut judge_spec = ctx.spec.clone();
-        judge_spec.contract = ContractSpec::Exhaustive {
-            answer: String::new(),
-            themes: None,
-            top_themes: 0,
-        };
+        // Every sampled unit is judged: the judge runs under no contract.
+        let judge_spec = super::uncontracted(ctx.spec);
         let verdicts = FactLedger::new(
             ctx.store,
             Controller::new(judge_spec.contract.clone()),
@@ -275,21 +269,7 @@ impl Stage for AuditRunner {
                 // no judge.
                 let ran = !round.is_empty();
                 if ran {
-                    let mut inner = StageContext {
-                        spec: &judge_spec,
-                        spec_dir: ctx.spec_dir,
-                        store: ctx.store,
-                        run_id: ctx.run_id,
-                        table: ctx.table,
-                        slots: ctx.slots,
-                        budget: ctx.budget,
-                        ledger: &verdicts,
-                        backends: &mut *ctx.backends,
-                        embedders: &mut *ctx.embedders,
-                        progress: ctx.progress,
-                        stats: &mut *ctx.stats,
-                        negatives: ctx.negatives,
-                    };
+                    let mut inner = ctx.for_turn(&judge_spec, &verdicts);
                     let outcome = self.judge.run(&mut inner, round)?;
                     if outcome.stop.is_some() {
                         stop = outcome.stop;

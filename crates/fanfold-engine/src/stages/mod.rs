@@ -97,6 +97,46 @@ pub struct StageContext<'a> {
     pub negatives: &'a Negatives,
 }
 
+impl StageContext<'_> {
+    /// This context for a model turn a stage owns (an audit's judge, a
+    /// select's scorer): the same store, table, budget, backends and
+    /// stats, with `spec` and a ledger of its own, so its facts are cached
+    /// but never reach the answer.
+    pub fn for_turn<'b>(
+        &'b mut self,
+        spec: &'b Spec,
+        ledger: &'b FactLedger<'b>,
+    ) -> StageContext<'b> {
+        StageContext {
+            spec,
+            spec_dir: self.spec_dir,
+            store: self.store,
+            run_id: self.run_id,
+            table: self.table,
+            slots: self.slots,
+            budget: self.budget,
+            ledger,
+            backends: &mut *self.backends,
+            embedders: &mut *self.embedders,
+            progress: self.progress,
+            stats: &mut *self.stats,
+            negatives: self.negatives,
+        }
+    }
+}
+
+/// `spec` under no contract: a stage's own model turn decides every unit
+/// sent to it, and no bound is asked of it.
+pub fn uncontracted(spec: &Spec) -> Spec {
+    let mut s = spec.clone();
+    s.contract = fanfold_core::spec::ContractSpec::Exhaustive {
+        answer: String::new(),
+        themes: None,
+        top_themes: 0,
+    };
+    s
+}
+
 /// The negatives of the rungs a stage reads, by rung name.
 pub type Negatives = BTreeMap<String, RungUnits>;
 

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use fanfold_core::spec::{ContractSpec, DecisionSpec, MapStageSpec, SelectStageSpec, Spec};
+use fanfold_core::spec::{DecisionSpec, MapStageSpec, SelectStageSpec, Spec};
 use fanfold_core::{
     Bucket, ChoiceScore, ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHasher,
     Status,
@@ -354,35 +354,14 @@ impl Stage for SelectRunner {
         let mut stop = None;
         let mut scored: BTreeMap<usize, FactRecord> = BTreeMap::new();
         if let (Some(scorer), false) = (&self.scorer, residual.is_empty()) {
-            // The scorer runs under no contract of its own: every unit
-            // sent to it needs a choice, and no bound is asked of it.
-            let mut inner_spec = ctx.spec.clone();
-            inner_spec.contract = ContractSpec::Exhaustive {
-                answer: String::new(),
-                themes: None,
-                top_themes: 0,
-            };
+            let inner_spec = super::uncontracted(ctx.spec);
             let verdicts = FactLedger::new(
                 ctx.store,
                 Controller::new(inner_spec.contract.clone()),
                 None,
             );
             let hits = ctx.stats.cache_hits;
-            let mut inner = StageContext {
-                spec: &inner_spec,
-                spec_dir: ctx.spec_dir,
-                store: ctx.store,
-                run_id: ctx.run_id,
-                table: ctx.table,
-                slots: ctx.slots,
-                budget: ctx.budget,
-                ledger: &verdicts,
-                backends: &mut *ctx.backends,
-                embedders: &mut *ctx.embedders,
-                progress: ctx.progress,
-                stats: &mut *ctx.stats,
-                negatives: ctx.negatives,
-            };
+            let mut inner = ctx.for_turn(&inner_spec, &verdicts);
             let outcome = scorer.run(&mut inner, residual.iter().map(|(i, _)| *i).collect())?;
             stop = outcome.stop;
             report.cached = ctx.stats.cache_hits - hits;
