@@ -31,7 +31,7 @@ use fanfold_ops::select::{Action, CHOICE_POINTER, Catalog};
 use fanfold_ops::view::Projector;
 use fanfold_store::Store;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::map::{MapRunner, project_err};
 use super::{BuildContext, CachedCount, Stage, StageContext, StageOutcome};
@@ -123,8 +123,8 @@ impl SelectRunner {
         .map_err(project_err)
     }
 
-    /// Each unit's view and the (rule, choice) it matches, in `units`
-    /// order; `None` for the units no rule decides.
+    /// The (rule, choice) each unit's view matches, in `units` order;
+    /// `None` for the units no rule decides.
     fn rule_picks(&self, table: &UnitTable, units: &[usize]) -> Result<Vec<RulePick>, RunError> {
         let projector = self.projector()?;
         let mut out = Vec::with_capacity(units.len());
@@ -141,14 +141,14 @@ impl SelectRunner {
                     unit: id.to_owned(),
                     source,
                 })?;
-            out.push((i, view, picked));
+            out.push((i, picked));
         }
         Ok(out)
     }
 }
 
-/// A unit, its view, and the (rule, choice) that decided it, if one did.
-type RulePick = (usize, Value, Option<(usize, usize)>);
+/// A unit and the (rule, choice) that decided it, if one did.
+type RulePick = (usize, Option<(usize, usize)>);
 
 /// One unit's choice, as `selections.jsonl` lists it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -288,7 +288,7 @@ impl Stage for SelectRunner {
         let picks = self.rule_picks(table, units)?;
         let mut count = CachedCount::default();
         let mut residual = Vec::new();
-        for (i, _, picked) in picks {
+        for (i, picked) in picks {
             match picked {
                 Some((_, choice)) => {
                     count.cached += 1;
@@ -316,10 +316,8 @@ impl Stage for SelectRunner {
         };
         // (table position, choice, selection without its choice's words)
         let mut picked: Vec<(usize, usize, Selection)> = Vec::with_capacity(units.len());
-        let mut views: BTreeMap<usize, ContentHash> = BTreeMap::new();
         let mut residual = Vec::new();
-        for (i, view, pick) in self.rule_picks(ctx.table, &units)? {
-            views.insert(i, fanfold_core::StableHash::key_in(&view, Bucket::Input));
+        for (i, pick) in self.rule_picks(ctx.table, &units)? {
             let blank = Selection {
                 stage: name.to_owned(),
                 unit_id: ctx.table.id(i).0.clone(),
@@ -446,14 +444,7 @@ impl Stage for SelectRunner {
                 Action::Abstain => Some(Status::Abstain),
             };
             if let Some(status) = status {
-                let view = views
-                    .get(&i)
-                    .copied()
-                    .unwrap_or(ctx.table.unit(i).unit_hash);
-                ended.push((
-                    i,
-                    self.derived_fact(ctx.table, i, view, &sel, status, action),
-                ));
+                ended.push((i, self.derived_fact(ctx.table, i, &sel, status, action)));
             }
             report.selections.push((i, sel));
         }
@@ -511,12 +502,12 @@ impl Stage for SelectRunner {
 impl SelectRunner {
     /// The answer fact of a unit the select ends itself (excluded or
     /// abstained): made from the choice, never stored (a rerun makes it
-    /// again from the rules or the scorer's cached fact).
+    /// again from the rules or the scorer's cached fact), so its key is
+    /// only its identity in this run's facts.
     fn derived_fact(
         &self,
         table: &UnitTable,
         i: usize,
-        view: ContentHash,
         sel: &Selection,
         status: Status,
         action: &Action,
@@ -524,7 +515,7 @@ impl SelectRunner {
         let u = table.unit(i);
         let mut h = StableHasher::new(Bucket::Selection);
         h.field("select", &self.definition);
-        h.field("input", &view);
+        h.field("unit", &u.unit_hash);
         h.field("choice", &sel.choice);
         h.field("decided_by", &sel.decided_by);
         let reason = match action {
