@@ -124,6 +124,11 @@ pub enum Bucket {
     SelectDef,
     /// A select's choice for one unit, made by a rule or from a scored fact.
     Selection,
+    /// A chunk stage's definition: packing and what its facts mean.
+    ChunkDef,
+    /// One context of a chunk stage: its members' inputs, in order, and
+    /// the model.
+    Chunk,
     /// A fold's reducers.
     FoldDef,
     /// One unit's outcome as a fold leaf.
@@ -158,6 +163,8 @@ impl Bucket {
             Bucket::AuditStage => "audit-stage-v1",
             Bucket::SelectDef => "select-def-v1",
             Bucket::Selection => "selection-v1",
+            Bucket::ChunkDef => "chunk-def-v1",
+            Bucket::Chunk => "chunk-v1",
             Bucket::FoldDef => "fold-def-v1",
             Bucket::FoldLeaf => "fold-leaf-v1",
             Bucket::FoldNode => "fold-node-v1",

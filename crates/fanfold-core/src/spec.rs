@@ -150,6 +150,11 @@ pub enum StageSpec {
     /// free text, so no record can steer a unit anywhere the spec did not
     /// list.
     Select(SelectStageSpec),
+    /// Many units in one model context: the model reads a chunk of units
+    /// and lists the ids of those that match. The coarse-grained baseline
+    /// micro-contexts are measured against (`size` units a context), and,
+    /// with one context as wide as the window, the long-context one.
+    Chunk(ChunkStageSpec),
 }
 
 /// The model turn a stage declares: where it is sent and how.
@@ -165,6 +170,7 @@ impl StageSpec {
             StageSpec::Embed(s) => &s.name,
             StageSpec::Audit(s) => &s.name,
             StageSpec::Select(s) => &s.name,
+            StageSpec::Chunk(s) => &s.name,
         }
     }
 
@@ -174,6 +180,7 @@ impl StageSpec {
             StageSpec::Embed(_) => "embed",
             StageSpec::Audit(_) => "audit",
             StageSpec::Select(_) => "select",
+            StageSpec::Chunk(_) => "chunk",
         }
     }
 
@@ -184,6 +191,7 @@ impl StageSpec {
             StageSpec::Embed(s) => s.project.as_deref(),
             StageSpec::Audit(s) => s.judge.project.as_deref(),
             StageSpec::Select(s) => s.project.as_deref(),
+            StageSpec::Chunk(s) => s.project.as_deref(),
         }
     }
 
@@ -192,6 +200,7 @@ impl StageSpec {
     pub fn model_turn_mut(&mut self) -> Option<ModelTurnMut<'_>> {
         let (backend, execution) = match self {
             StageSpec::Map(s) => (&mut s.backend, &mut s.execution),
+            StageSpec::Chunk(s) => (&mut s.backend, &mut s.execution),
             StageSpec::Audit(s) => (&mut s.judge.backend, &mut s.judge.execution),
             StageSpec::Select(SelectStageSpec { model: Some(m), .. }) => {
                 (&mut m.backend, &mut m.execution)
@@ -205,6 +214,7 @@ impl StageSpec {
     pub fn model_turn(&self) -> Option<(&str, Execution)> {
         match self {
             StageSpec::Map(s) => Some((&s.backend, s.execution)),
+            StageSpec::Chunk(s) => Some((&s.backend, s.execution)),
             StageSpec::Audit(s) => Some((&s.judge.backend, s.judge.execution)),
             StageSpec::Select(SelectStageSpec { model: Some(m), .. }) => {
                 Some((&m.backend, m.execution))
@@ -462,6 +472,53 @@ fn default_breaker_window() -> u32 {
 }
 fn default_breaker_error_rate() -> f64 {
     0.5
+}
+
+/// A chunk stage: contexts of many units each, the model listing the ids
+/// that match. Each unit's fact is `positive` when its id is listed and
+/// `negative` when it is not; a chunk whose call failed leaves each of its
+/// units in error, and units no context reached end `not_run`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChunkStageSpec {
+    pub name: String,
+    /// Bump when the stage's meaning changes without its files changing.
+    pub version: u32,
+    /// Markdown file with the instructions, relative to the spec.
+    pub rubric: String,
+    /// The unit's top-level fields a context shows of each unit; all when
+    /// empty.
+    #[serde(default)]
+    pub fields: Vec<String>,
+    /// A jq expression that builds what a context shows of each unit.
+    pub project: Option<String>,
+    #[serde(default = "default_backend")]
+    pub backend: String,
+    /// The most units in one context; as many as `window_tokens` holds
+    /// when absent.
+    pub size: Option<usize>,
+    /// The most tokens one context may hold (prefix, records and answer),
+    /// records counted at two bytes a token, so a context planned to fit
+    /// does fit. A unit too large for any context ends `not_run`; a context
+    /// the backend still cuts ends each of its members in error. On the
+    /// embedded model, `slot_tokens` must hold it.
+    pub window_tokens: u64,
+    /// The most contexts the stage opens; the units past the last one end
+    /// `not_run` (outside the window), never negative. One context is the
+    /// long-context baseline.
+    pub max_contexts: Option<usize>,
+    /// Attempts per context, counting the first.
+    #[serde(default = "default_attempts")]
+    pub max_attempts: u32,
+    /// Enough for every id of a full context (about five tokens an id).
+    #[serde(default = "default_output_tokens")]
+    pub max_output_tokens: u32,
+    #[serde(default)]
+    pub temperature: f64,
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default)]
+    pub execution: Execution,
 }
 
 /// How a map stage's requests reach its backend.

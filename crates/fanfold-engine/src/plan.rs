@@ -525,7 +525,7 @@ impl Plan {
                 let _ = writeln!(
                     out,
                     "  stage {stage}: {n} units{later}, {cached} cached, expected model calls {}{} (more with retries)",
-                    n - cached,
+                    r.calls.get(stage).copied().unwrap_or(n - cached),
                     if more > 0 {
                         format!(" to {}", n - cached + more)
                     } else {
@@ -553,6 +553,9 @@ pub struct Routing {
     pub undecided_before: BTreeMap<String, u64>,
     /// Stages whose cached facts could not be counted, and why.
     pub unknown: BTreeMap<String, String>,
+    /// Model calls a stage expects to make, where they are not one per
+    /// uncached unit (a chunk stage makes one per context).
+    pub calls: BTreeMap<String, u64>,
 }
 
 /// Applies command-line overrides to a parsed spec.

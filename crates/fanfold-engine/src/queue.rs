@@ -16,6 +16,11 @@ use serde_json::Value;
 /// What a usage costs in US dollars; `None` when the backend is unpriced.
 pub type PriceFn<'a> = dyn Fn(&Usage) -> Option<f64> + Sync + 'a;
 
+/// Reads a call's raw output against its request's input, in place of the
+/// map stage's own reading (a chunk stage reads a list of ids).
+pub type InterpretFn<'a> =
+    dyn Fn(&str, &Value) -> Result<Interpreted, fanfold_ops::map::Invalid> + Sync + 'a;
+
 /// What a unit's request carries besides the shared prefix.
 #[derive(Clone, Debug)]
 pub struct Prompt {
@@ -231,6 +236,8 @@ pub struct StageJob<'a> {
     halt: Option<&'a std::sync::atomic::AtomicBool>,
     /// Leases on units shared with other runs of the same store.
     claims: Option<&'a dyn Claims>,
+    /// Reads outputs in place of the stage's decision and evidence.
+    interpreter: Option<&'a InterpretFn<'a>>,
     state: Mutex<State>,
     slot_free: Condvar,
 }
@@ -268,6 +275,7 @@ impl<'a> StageJob<'a> {
             ledger: None,
             halt: None,
             claims: None,
+            interpreter: None,
             state: Mutex::new(State {
                 queue: pending.into(),
                 in_flight: 0,
@@ -403,6 +411,12 @@ impl<'a> StageJob<'a> {
 
     /// Claims each unit before its first call, so runs sharing a store
     /// pay for it once.
+    /// Reads every output with `f` instead of the stage's decision and
+    /// evidence; the backend is then asked for no decision scores.
+    pub fn set_interpreter(&mut self, f: &'a InterpretFn<'a>) {
+        self.interpreter = Some(f);
+    }
+
     pub fn set_claims(&mut self, claims: &'a dyn Claims) {
         self.claims = Some(claims);
     }
@@ -532,7 +546,8 @@ impl Job for StageJob<'_> {
 
     fn decision(&self) -> Option<&DecisionField> {
         // Only a top-level decision key can be found in the generated text.
-        (self.stage.spec.decision.pointer.matches('/').count() == 1).then_some(&self.decision)
+        (self.interpreter.is_none() && self.stage.spec.decision.pointer.matches('/').count() == 1)
+            .then_some(&self.decision)
     }
 
     fn next(&self) -> Option<Request> {
@@ -732,10 +747,12 @@ impl Job for StageJob<'_> {
                 .watch_call(&mut state, call_failure)
                 .map(|detail| (detail, Vec::new()));
             let failure = match result {
-                Ok(c) => match self
-                    .stage
-                    .interpret(&c.text, &req.input, c.choices.as_deref())
-                {
+                Ok(c) => match match self.interpreter {
+                    Some(f) => f(&c.text, &req.input),
+                    None => self
+                        .stage
+                        .interpret(&c.text, &req.input, c.choices.as_deref()),
+                } {
                     Ok(i) => Ok(i),
                     Err(invalid) => Err(format!("{}: {invalid}", invalid.code())),
                 },

@@ -53,6 +53,9 @@ pub struct RunStats {
     /// What each map stage's canaries showed, when it sent any.
     #[serde(default)]
     pub canaries: BTreeMap<String, crate::stages::map::CanaryReport>,
+    /// How each chunk stage packed its units into contexts.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub chunks: BTreeMap<String, crate::stages::chunk::ChunkReport>,
     /// The process's peak resident memory when the certificate was
     /// written (Linux `VmHWM`), in KiB; absent where the OS does not say.
     #[serde(default)]

@@ -1,12 +1,14 @@
 //! fanfold's operators: partition, prefilter, map (prompt, validation,
-//! evidence), embed (texts, keys, scores), select (a typed choice from a
-//! catalog), fold, verify, audit and the stopping controller.
+//! evidence), chunk (many units a context), embed (texts, keys, scores),
+//! select (a typed choice from a catalog), fold, verify, audit and the
+//! stopping controller.
 //!
 //! Architecture Invariant: operators are pure functions of their inputs.
 //! They read no files, open no store and call no model; the engine hands them
 //! bytes and values and persists what they return.
 
 pub mod audit;
+pub mod chunk;
 pub mod contract;
 pub mod embed;
 pub mod fold;

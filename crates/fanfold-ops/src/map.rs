@@ -336,7 +336,7 @@ impl MapStage {
 }
 
 /// Models like to wrap JSON in Markdown fences; the content is what counts.
-fn strip_fences(raw: &str) -> &str {
+pub(crate) fn strip_fences(raw: &str) -> &str {
     let t = raw.trim();
     let t = t
         .strip_prefix("```json")

@@ -636,6 +636,9 @@ pub fn explain_routing(
             continue;
         };
         r.routed.insert(name.to_owned(), units.len() as u64);
+        if let Some(calls) = stage.planned_calls(&routed.table, &units)? {
+            r.calls.insert(name.to_owned(), calls);
+        }
         let Some(store) = store else {
             if let Some(then) = stage.then() {
                 *r.undecided_before.entry(then.to_owned()).or_insert(0) += units.len() as u64;
@@ -647,6 +650,9 @@ pub fn explain_routing(
             r.unknown.insert(name.to_owned(), why);
         }
         r.cached.insert(name.to_owned(), count.cached);
+        if let Some(calls) = count.calls {
+            r.calls.insert(name.to_owned(), calls);
+        }
         if let Some(then) = stage.then() {
             *r.undecided_before.entry(then.to_owned()).or_insert(0) +=
                 units.len() as u64 - count.cached;

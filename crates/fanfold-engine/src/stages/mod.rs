@@ -3,6 +3,7 @@
 //! line in [`build`]; `run`, `explain` and the CLI only ever see the trait.
 
 pub mod audit;
+pub mod chunk;
 pub mod embed;
 pub mod map;
 pub mod select;
@@ -68,6 +69,7 @@ pub fn build(decl: &StageSpec, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Sta
         StageSpec::Embed(s) => Ok(Box::new(embed::EmbedRunner::build(s, ctx)?)),
         StageSpec::Audit(s) => Ok(Box::new(audit::AuditRunner::build(s, ctx)?)),
         StageSpec::Select(s) => Ok(Box::new(select::SelectRunner::build(s, ctx)?)),
+        StageSpec::Chunk(s) => Ok(Box::new(chunk::ChunkRunner::build(s, ctx)?)),
     }
 }
 
@@ -185,12 +187,15 @@ pub struct CachedCount {
     pub sent: BTreeMap<String, Vec<usize>>,
     /// Why nothing could be counted (the backend's identity is unknown).
     pub unknown: Option<String>,
+    /// The model calls the rest would take, where not one per unit.
+    pub calls: Option<u64>,
 }
 
 /// One operator of the plan.
 pub trait Stage: Send + Sync {
     fn name(&self) -> &str;
-    /// The kind, as the spec names it (`map`, `embed`, `audit`).
+    /// The kind, as the spec names it (`map`, `embed`, `audit`, `select`,
+    /// `chunk`).
     fn kind(&self) -> &'static str;
     /// The hash of what the stage means; part of every key of its facts.
     fn definition_hash(&self) -> ContentHash;
@@ -224,6 +229,11 @@ pub trait Stage: Send + Sync {
         table: &UnitTable,
         units: &[usize],
     ) -> Result<CachedCount, RunError>;
+    /// The model calls `units` would take before any cache is consulted,
+    /// where that is not one per unit (a chunk stage: one per context).
+    fn planned_calls(&self, _table: &UnitTable, _units: &[usize]) -> Result<Option<u64>, RunError> {
+        Ok(None)
+    }
     /// Runs the stage over `units` (table positions, in source order),
     /// recording every fact that ends a unit here in the ledger.
     fn run(&self, ctx: &mut StageContext<'_>, units: Vec<usize>) -> Result<StageOutcome, RunError>;
