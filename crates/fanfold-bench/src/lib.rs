@@ -11,6 +11,8 @@ mod deterministic;
 mod embed;
 mod fabric;
 mod http;
+pub mod ladder;
+pub mod page;
 pub mod report;
 mod scale;
 mod select;
@@ -47,6 +49,38 @@ pub enum BenchCommand {
     /// only, and the model scoring the catalog, side by side against the
     /// fixture's oracle.
     Select(SelectCliArgs),
+    /// Every strategy on the example's question (jq rules, the embedding
+    /// rung, coarse chunks, one long context, micro-contexts, the adaptive
+    /// ladder), side by side against the fixture's oracle on a development
+    /// and a held-out split, with the Pareto frontier of quality against
+    /// tokens and wall time.
+    Ladder(LadderCliArgs),
+}
+
+#[derive(Args)]
+pub struct LadderCliArgs {
+    /// The issue-triage example folder (its `spec.toml`, `chunk.md` and
+    /// oracle).
+    #[arg(long, default_value = "examples/issue-triage")]
+    example: PathBuf,
+    #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
+    report: PathBuf,
+    /// Where the measured rows go, for `fanfold report ladder`.
+    #[arg(long, value_name = "PATH", default_value = "docs/ladder.json")]
+    json: PathBuf,
+    #[arg(long, default_value_t = 4)]
+    slots: usize,
+    /// Run only these strategies (comma-separated): deterministic, embed,
+    /// chunk-10, chunk-50, long, micro, adaptive.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Run every model strategy on this backend of the spec (e.g.
+    /// `scripted`, `local_server`) instead of the embedded default.
+    #[arg(long)]
+    backend: Option<String>,
+    /// Seeds the development / held-out split of the records.
+    #[arg(long, default_value_t = 7)]
+    split_seed: u64,
 }
 
 #[derive(Args)]
@@ -125,6 +159,18 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                 example: a.example,
                 report: a.report,
                 slots: a.slots,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Ladder(a) => {
+            ladder::main(&ladder::LadderArgs {
+                example: a.example,
+                report: a.report,
+                json: a.json,
+                slots: a.slots,
+                only: a.only,
+                backend: a.backend,
+                split_seed: a.split_seed,
             })?;
             Ok(ExitCode::SUCCESS)
         }

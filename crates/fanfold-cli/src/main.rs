@@ -69,6 +69,34 @@ enum ReportCommand {
         /// certificate itself.
         run: PathBuf,
     },
+    /// A run's answer for people: the answer with its citations, the
+    /// outcome of every unit as a chart, and each cited unit with what
+    /// every stage said of it, as Markdown and one self-contained HTML page.
+    Run {
+        /// The run's output folder (answer.json, certificate.json,
+        /// facts.jsonl).
+        run: PathBuf,
+        /// Where the HTML page goes; `report.html` in the run's folder by
+        /// default.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
+        /// Where the Markdown goes; `report.md` in the run's folder by
+        /// default.
+        #[arg(long, value_name = "FILE")]
+        md: Option<PathBuf>,
+    },
+    /// A ladder's strategies for people: held-out F1 against tokens and
+    /// against wall time with the Pareto frontier marked, and the table,
+    /// as Markdown and one self-contained HTML page.
+    Ladder {
+        /// The rows `fanfold bench ladder` wrote.
+        #[arg(default_value = "docs/ladder.json")]
+        rows: PathBuf,
+        #[arg(long, value_name = "FILE", default_value = "docs/ladder.html")]
+        html: PathBuf,
+        #[arg(long, value_name = "FILE", default_value = "docs/ladder.md")]
+        md: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -327,6 +355,32 @@ fn real_main() -> Result<ExitCode> {
         Command::Explain(args) => explain(args),
         Command::Batches(args) => batches(args).map(|()| ExitCode::SUCCESS),
         Command::Gc(args) => gc(args).map(|()| ExitCode::SUCCESS),
+        Command::Report(ReportCommand::Run { run, html, md }) => {
+            let out = fanfold_bench::page::RunOutput::read(&run)?;
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let (text, page) = fanfold_bench::page::run_page(&out, cores);
+            let md = md.unwrap_or_else(|| run.join("report.md"));
+            let html = html.unwrap_or_else(|| run.join("report.html"));
+            write_file(&md, &text)?;
+            write_file(&html, &page)?;
+            println!("wrote {} and {}", md.display(), html.display());
+            Ok(if out.answer.complete {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(fanfold_engine::EXIT_INCOMPLETE)
+            })
+        }
+        Command::Report(ReportCommand::Ladder { rows, html, md }) => {
+            let text = std::fs::read_to_string(&rows)
+                .with_context(|| format!("reading {}", rows.display()))?;
+            let ladder: fanfold_bench::ladder::Ladder = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a ladder's rows", rows.display()))?;
+            let (text, page) = fanfold_bench::page::ladder_page(&ladder);
+            write_file(&md, &text)?;
+            write_file(&html, &page)?;
+            println!("wrote {} and {}", md.display(), html.display());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Report(ReportCommand::Confusion { run }) => {
             confusion(&run).map(|()| ExitCode::SUCCESS)
         }
@@ -564,6 +618,13 @@ fn batches(args: BatchesArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn write_file(path: &std::path::Path, text: &str) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 fn confusion(run: &std::path::Path) -> Result<()> {

@@ -2424,3 +2424,298 @@ slot_tokens = 512
     assert_eq!(f.certificate()["stats"]["selects"]["triage"]["calls"], 0);
     assert_eq!(f.certificate()["stats"]["selects"]["triage"]["cached"], 6);
 }
+
+/// A chunk stage in place of the per-unit judge: `size` records a context,
+/// a [SIMULATED] model listing the flagged ids of each.
+fn chunk_fixture(settings: &str, script: &str, rows: usize) -> Fixture {
+    let f = Fixture::new(
+        JSON_ARRAY,
+        &format!(
+            r#"[[stages]]
+name = "coarse"
+type = "chunk"
+version = 1
+rubric = "rubric.md"
+fields = ["id", "flag", "text"]
+backend = "lister"
+max_attempts = 2
+max_output_tokens = 64
+{settings}
+"#
+        ),
+    );
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    let spec = spec.replace(
+        "[backends.default]",
+        "[backends.lister]\ntype = \"scripted\"\nscript = \"lister.jq\"\n\n[backends.default]",
+    );
+    std::fs::write(f.path("spec.toml"), spec).expect("spec");
+    std::fs::write(f.path("lister.jq"), script).expect("script");
+    let rows: Vec<Value> = (0..rows)
+        .map(|i| serde_json::json!({"id": i, "flag": i % 3 == 0, "text": format!("record {i}")}))
+        .collect();
+    f.input(serde_json::to_string(&rows).expect("rows").as_bytes());
+    f
+}
+
+const LIST_FLAGGED: &str = r#"{matches: [.records[] | select(.record.flag == true) | .id]}"#;
+
+#[test]
+fn a_chunk_stage_judges_contexts_of_units_and_reuses_them_by_content() {
+    let f = chunk_fixture("size = 5\nwindow_tokens = 4000", LIST_FLAGGED, 23);
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let c = f.certificate();
+    assert_eq!(c["stats"]["chunks"]["coarse"]["contexts"], 5);
+    assert_eq!(c["stats"]["chunks"]["coarse"]["largest"], 5);
+    assert_eq!(c["stats"]["model_calls"], 5);
+    assert_eq!(c["statuses"]["positive"], 8);
+    assert_eq!(c["statuses"]["negative"], 15);
+    let expected: Vec<String> = (0..23)
+        .filter(|i| i % 3 == 0)
+        .map(|i| i.to_string())
+        .collect();
+    assert_eq!(f.answer_ids(), expected);
+    let facts = f.jsonl("out/facts.jsonl");
+    assert!(
+        facts.iter().all(|f| f["stage"] == "coarse"),
+        "every unit's fact is the chunk stage's"
+    );
+
+    // A rerun pays for nothing; an edit to one record pays for its context.
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(f.certificate()["stats"]["model_calls"], 0);
+    let input = std::fs::read_to_string(f.path("input.data")).expect("input");
+    f.input(input.replace("record 7\"", "record 7, edited\"").as_bytes());
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let c = f.certificate();
+    assert_eq!(c["stats"]["model_calls"], 1);
+    assert_eq!(c["stats"]["cache_hits"], 18);
+}
+
+#[test]
+fn one_long_context_leaves_what_it_cannot_hold_not_run_never_negative() {
+    // A window that holds a few records: the rest is outside it.
+    let f = chunk_fixture("window_tokens = 800\nmax_contexts = 1", LIST_FLAGGED, 40);
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let c = f.certificate();
+    let held = c["stats"]["chunks"]["coarse"]["largest"]
+        .as_u64()
+        .expect("largest");
+    assert!((1..40).contains(&held), "{held} records in the window");
+    assert_eq!(c["stats"]["chunks"]["coarse"]["outside_window"], 40 - held);
+    assert_eq!(c["statuses"]["not_run"], 40 - held);
+    assert_eq!(
+        c["statuses"]["positive"].as_u64().unwrap() + c["statuses"]["negative"].as_u64().unwrap(),
+        held
+    );
+    assert_eq!(c["complete"], false);
+    let reasons: Vec<&str> = f
+        .jsonl("out/facts.jsonl")
+        .iter()
+        .filter(|f| f["status"] == "not_run")
+        .filter_map(|f| f["reason"].as_str().map(str::to_owned))
+        .map(|r| {
+            if r.starts_with("outside_window") {
+                "outside_window"
+            } else {
+                "other"
+            }
+        })
+        .collect();
+    assert_eq!(reasons.len() as u64, 40 - held);
+    assert!(reasons.iter().all(|r| *r == "outside_window"));
+}
+
+#[test]
+fn a_context_that_names_a_record_it_never_showed_is_an_error_for_each_member() {
+    // The model answers for ids outside its context, on every attempt.
+    let f = chunk_fixture(
+        "size = 4\nwindow_tokens = 4000",
+        r#"{matches: ([.records[].id] | if index("8") != null then ["999"] else [] end)}"#,
+        12,
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let c = f.certificate();
+    assert_eq!(c["statuses"]["error"], 4);
+    assert_eq!(c["statuses"]["negative"], 8);
+    // Two attempts for the failing context, one for each of the others.
+    assert_eq!(c["stats"]["model_calls"], 2 + 2);
+    let errors: Vec<Value> = f
+        .jsonl("out/facts.jsonl")
+        .into_iter()
+        .filter(|f| f["status"] == "error")
+        .collect();
+    assert!(
+        errors.iter().all(|f| f["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not a record of this context")),
+        "{errors:?}"
+    );
+}
+
+/// Headless Chromium, or `None` with the reason the page test is skipped:
+/// `scripts/test.sh` installs it, so a skip is never silent.
+fn chromium() -> Option<PathBuf> {
+    let found = ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|name| {
+            let o = Command::new("sh")
+                .args(["-c", &format!("command -v {name}")])
+                .output()
+                .ok()?;
+            o.status
+                .success()
+                .then(|| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+        });
+    if found.is_none() {
+        eprintln!(
+            "SKIPPED: no chromium on this machine (`bash scripts/setup.sh browser` installs it)"
+        );
+    }
+    found
+}
+
+/// The DOM Chromium built from `page`, and a screenshot of it.
+fn render(browser: &PathBuf, page: &std::path::Path) -> (String, Vec<u8>) {
+    let url = format!("file://{}", page.display());
+    let profile = tempfile::tempdir().expect("profile");
+    let headless = |extra: &[String]| {
+        let mut cmd = Command::new(browser);
+        cmd.args(["--headless", "--no-sandbox", "--disable-gpu"])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .args(extra)
+            .arg(&url);
+        let o = run(&mut cmd);
+        assert!(o.status.success(), "chromium: {}", stderr(&o));
+        o
+    };
+    let dom = stdout(&headless(&["--dump-dom".to_owned()]));
+    let shot = profile.path().join("shot.png");
+    headless(&[
+        format!("--screenshot={}", shot.display()),
+        "--window-size=1200,2400".to_owned(),
+    ]);
+    (dom, std::fs::read(&shot).unwrap_or_default())
+}
+
+/// Every `href="#x"` in `dom` names an element `id="x"` of the same page.
+fn dangling_links(dom: &str) -> (usize, Vec<String>) {
+    let ids: std::collections::HashSet<&str> = dom
+        .split("id=\"")
+        .skip(1)
+        .filter_map(|s| s.split('"').next())
+        .collect();
+    let links: Vec<&str> = dom
+        .split("href=\"#")
+        .skip(1)
+        .filter_map(|s| s.split('"').next())
+        .collect();
+    let dangling = links
+        .iter()
+        .filter(|l| !ids.contains(*l))
+        .map(|l| (*l).to_owned())
+        .collect();
+    (links.len(), dangling)
+}
+
+#[test]
+fn a_run_report_renders_in_a_browser_with_every_citation_resolving() {
+    let Some(browser) = chromium() else { return };
+    let out = tempfile::tempdir().expect("out");
+    let o = run(bin()
+        .arg("run")
+        .arg(repo().join("examples/issue-triage/spec.toml"))
+        .args(["--backend", "scripted", "--json"])
+        .arg("--store")
+        .arg(out.path().join("store.sqlite"))
+        .arg("--out")
+        .arg(out.path().join("run")));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = run(bin().arg("report").arg("run").arg(out.path().join("run")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let page = out.path().join("run/report.html");
+    let html = std::fs::read_to_string(&page).expect("page");
+    // Self-contained: no stylesheet, script or image is fetched.
+    for asset in ["<link", "<script", "src="] {
+        assert!(!html.contains(asset), "the page loads {asset}");
+    }
+    let (dom, png) = render(&browser, &page);
+    assert!(dom.contains("[SIMULATED]"), "a simulated run says so");
+    assert!(
+        dom.contains("<svg id=\"statuses\""),
+        "the outcomes chart is drawn"
+    );
+    assert_eq!(dom.matches("class=\"bar\"").count(), 8);
+    let answer: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.path().join("run/answer.json")).expect("answer"),
+    )
+    .expect("json");
+    let items = answer["items"].as_array().expect("items").len();
+    assert!(items > 0);
+    let (links, dangling) = dangling_links(&dom);
+    assert!(links >= items, "{links} citation links for {items} items");
+    assert!(dangling.is_empty(), "links to nothing: {dangling:?}");
+    assert!(png.len() > 10_000, "a screenshot of {} bytes", png.len());
+    let md = std::fs::read_to_string(out.path().join("run/report.md")).expect("markdown");
+    assert!(md.contains(&format!("## Answer: {items} items")));
+}
+
+#[test]
+fn a_ladder_report_plots_every_strategy_and_marks_the_frontier() {
+    let Some(browser) = chromium() else { return };
+    let out = tempfile::tempdir().expect("out");
+    let rows = out.path().join("ladder.json");
+    let o = run(bin()
+        .current_dir(repo())
+        .args(["bench", "ladder", "--backend", "scripted"])
+        .args(["--only", "deterministic,chunk-10,long,micro"])
+        .arg("--report")
+        .arg(out.path().join("benchmarks.md"))
+        .arg("--json")
+        .arg(&rows));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ladder: Value =
+        serde_json::from_str(&std::fs::read_to_string(&rows).expect("rows")).expect("json");
+    let strategies = ladder["rows"].as_array().expect("rows");
+    assert_eq!(strategies.len(), 4);
+    // The long context could not hold every issue: the rest is not_run,
+    // never negative, and the run says it is incomplete.
+    let long = strategies
+        .iter()
+        .find(|r| r["strategy"] == "long")
+        .expect("long");
+    assert!(long["not_run"].as_u64().unwrap_or(0) > 0, "{long}");
+    assert_eq!(long["complete"], false);
+    let html = out.path().join("ladder.html");
+    let o = run(bin()
+        .args(["report", "ladder"])
+        .arg(&rows)
+        .arg("--html")
+        .arg(&html)
+        .arg("--md")
+        .arg(out.path().join("ladder.md")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (dom, png) = render(&browser, &html);
+    assert!(dom.contains("[SIMULATED]"));
+    for plot in ["plot-tokens", "plot-wall"] {
+        let at = dom.find(&format!("<svg id=\"{plot}\"")).expect(plot);
+        let svg = &dom[at..at + dom[at..].find("</svg>").expect("svg ends")];
+        assert_eq!(
+            svg.matches("<circle").count(),
+            4,
+            "{plot}: one point a strategy"
+        );
+        assert!(
+            svg.contains("on-frontier"),
+            "{plot}: the frontier is marked"
+        );
+    }
+    assert!(dom.contains("id=\"verdict\""));
+    assert!(png.len() > 10_000, "a screenshot of {} bytes", png.len());
+}

@@ -1,0 +1,667 @@
+//! `fanfold bench ladder`: does one micro-context per unit earn its place?
+//! Every strategy answers the example's question on the same records, the
+//! same backend and the same engine (store, cache, fold, verify and
+//! certificate), each a spec variant run in a store of its own, side by
+//! side in one run:
+//!
+//! - `deterministic`: jq rules only; the last rule is chosen among a few
+//!   candidates on the development split and scored once on the held-out
+//!   split;
+//! - `embed`: the embedding rung alone (similarity against the stage's
+//!   texts, no generation);
+//! - `chunk-10`, `chunk-50`: coarse contexts of up to k units, the model
+//!   listing the matching ids;
+//! - `long`: one context as wide as the model's window; what it cannot
+//!   hold is `not_run`, never negative;
+//! - `micro`: one context per unit, shared prefix;
+//! - `adaptive`: the example's ladder (prefilter, embed, micro-context).
+//!
+//! Every model strategy reads what the example's prefilter keeps: the
+//! comparison is of what follows the free filter. Quality is scored
+//! against the fixture's oracle, which no run reads, on two halves of the
+//! records split by a seeded hash of the id. Figures from a scripted or
+//! replayed backend are marked [SIMULATED] and make no quality claim.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime};
+
+use anyhow::{Context, Result, anyhow, bail};
+use fanfold_core::spec::{
+    BackendSpec, ChunkStageSpec, ContractSpec, PrefilterAction, PrefilterRule, Spec, StageSpec,
+};
+use fanfold_core::{ContentHash, Status};
+use fanfold_engine::{NoProgress, Plan, RunOptions, RunReport, Source};
+use serde::{Deserialize, Serialize};
+
+use crate::report::{cpu_model, load_average, utc_date, write_marked_section};
+
+pub struct LadderArgs {
+    pub example: PathBuf,
+    pub report: PathBuf,
+    /// Where the measured rows go as JSON, for `fanfold report ladder`.
+    pub json: PathBuf,
+    pub slots: usize,
+    /// The strategies to run, by name; all when empty.
+    pub only: Vec<String>,
+    /// A backend of the spec to run every model strategy on, in place of
+    /// its own.
+    pub backend: Option<String>,
+    pub split_seed: u64,
+}
+
+/// The example's stage names the variants are built from.
+const EMBED: &str = "auth_similarity";
+const JUDGE: &str = "auth_blocker";
+const ANSWER: &str = "blockers";
+
+/// Every strategy, in the order the report lists them.
+pub const STRATEGIES: [&str; 7] = [
+    "deterministic",
+    "embed",
+    "chunk-10",
+    "chunk-50",
+    "long",
+    "micro",
+    "adaptive",
+];
+
+/// The embedded model's context window: SmolLM2's trained length.
+const WINDOW_TOKENS: u64 = 8192;
+
+/// The last prefilter rule the deterministic strategy may add, by name: a
+/// unit is kept only when the expression holds.
+const CANDIDATES: [(&str, &str); 5] = [
+    ("the example's prefilter alone", "true"),
+    (
+        "+ the release-blocker label",
+        r#"any((.labels // [])[]; .name == "release-blocker")"#,
+    ),
+    (
+        "+ words of the new path",
+        r#"((.title // "") + " " + (.body // "")) | test("auth/v2|new_auth_path|OIDC|new login"; "i")"#,
+    ),
+    (
+        "+ label and words of the new path",
+        r#"any((.labels // [])[]; .name == "release-blocker") and (((.title // "") + " " + (.body // "")) | test("auth/v2|new_auth_path|OIDC|new login"; "i"))"#,
+    ),
+    (
+        "+ (label or blocking prose) and new path, not legacy, not downgraded",
+        r#"((.title // "") + " " + (.body // "")) as $t | (any((.labels // [])[]; .name == "release-blocker") or ($t | test("block(s|ing)? (the )?3\\.0|release blocker"; "i"))) and ($t | test("auth/v2|new_auth_path|OIDC|new login"; "i")) and ($t | test("auth/v1|LDAP|not a (release )?blocker|downgrading"; "i") | not)"#,
+    ),
+];
+
+/// Precision, recall and the misses on one half of the records.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Score {
+    pub answered: usize,
+    pub true_positives: usize,
+    pub positives: usize,
+    pub precision: f64,
+    pub recall: f64,
+    pub f1: f64,
+    /// Oracle positives the answer missed, by id.
+    pub false_negatives: Vec<String>,
+}
+
+/// One strategy's measured row.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Row {
+    pub strategy: String,
+    /// What the strategy ran, in words.
+    pub plan: String,
+    pub dev: Score,
+    pub held_out: Score,
+    pub model_calls: u64,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub completion_tokens: u64,
+    pub usd: f64,
+    pub wall_s: f64,
+    /// The longest single model call, in seconds: the floor of the
+    /// strategy's latency however many slots it had.
+    pub longest_call_s: f64,
+    pub abstain: u64,
+    pub error: u64,
+    pub not_run: u64,
+    /// Answer items whose citation verify checked verbatim, of all items.
+    pub auditability: f64,
+    pub complete: bool,
+    pub simulated: bool,
+}
+
+/// Everything one ladder run measured, as `docs/ladder.json` holds it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Ladder {
+    pub example: String,
+    pub date: String,
+    pub cores: usize,
+    pub cpu: String,
+    pub backend: String,
+    pub slots: usize,
+    pub split_seed: u64,
+    pub simulated: bool,
+    pub rows: Vec<Row>,
+    /// The deterministic candidates' development F1, in order; the chosen
+    /// one is the best.
+    pub candidates: Vec<(String, f64)>,
+}
+
+/// Which half of the records an id belongs to.
+fn is_dev(seed: u64, id: &str) -> bool {
+    fanfold_ops::audit::sample_rank(seed, &ContentHash::of_bytes(id.as_bytes())).is_multiple_of(2)
+}
+
+/// Scores `answer` against `truth` on the ids `keep` selects.
+pub fn score(
+    answer: &BTreeSet<String>,
+    truth: &BTreeSet<String>,
+    keep: impl Fn(&str) -> bool,
+) -> Score {
+    let answer: BTreeSet<&String> = answer.iter().filter(|i| keep(i)).collect();
+    let truth: BTreeSet<&String> = truth.iter().filter(|i| keep(i)).collect();
+    let tp = answer.intersection(&truth).count();
+    let precision = if answer.is_empty() {
+        0.0
+    } else {
+        tp as f64 / answer.len() as f64
+    };
+    let recall = if truth.is_empty() {
+        0.0
+    } else {
+        tp as f64 / truth.len() as f64
+    };
+    let f1 = if precision + recall > 0.0 {
+        2.0 * precision * recall / (precision + recall)
+    } else {
+        0.0
+    };
+    let mut false_negatives: Vec<String> =
+        truth.difference(&answer).map(|s| (*s).clone()).collect();
+    false_negatives.sort_by_key(|s| (s.len(), s.clone()));
+    Score {
+        answered: answer.len(),
+        true_positives: tp,
+        positives: truth.len(),
+        precision,
+        recall,
+        f1,
+        false_negatives,
+    }
+}
+
+pub fn main(args: &LadderArgs) -> Result<()> {
+    let spec_path = args.example.join("spec.toml");
+    let text = std::fs::read_to_string(&spec_path)
+        .with_context(|| format!("reading {}", spec_path.display()))?;
+    let base = Spec::from_toml(&text).map_err(|e| anyhow!("{}: {e}", spec_path.display()))?;
+    let oracle = crate::selfcheck::read_oracle(&args.example.join("oracle.json"))?;
+    let truth: BTreeSet<String> = oracle.blocker_ids.iter().map(u64::to_string).collect();
+    for name in &args.only {
+        if !STRATEGIES.contains(&name.as_str()) {
+            bail!("no strategy `{name}`; known: {}", STRATEGIES.join(", "));
+        }
+    }
+    let chosen = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
+    let tmp = tempfile::tempdir().context("creating a temporary folder")?;
+    let seed = args.split_seed;
+    let mut ladder = Ladder {
+        example: args.example.display().to_string(),
+        date: utc_date(SystemTime::now()),
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpu: cpu_model(),
+        slots: args.slots,
+        split_seed: seed,
+        ..Ladder::default()
+    };
+    for strategy in STRATEGIES.into_iter().filter(|s| chosen(s)) {
+        eprintln!("bench ladder: {strategy}");
+        let row = if strategy == "deterministic" {
+            deterministic(&base, &spec_path, &args.example, &truth, seed, &mut ladder)?
+        } else {
+            let (spec, plan) = variant(&base, strategy, args.backend.as_deref())?;
+            let plan_ = Plan::from_spec(spec, &spec_path, &args.example)?;
+            let store = tmp.path().join(format!("{strategy}.sqlite"));
+            let mut opts = RunOptions::new(store);
+            opts.slots = args.slots;
+            opts.out_dir = Some(tmp.path().join(strategy));
+            let started = Instant::now();
+            let report = fanfold_engine::run(&plan_, &opts, &NoProgress)?;
+            let wall_s = started.elapsed().as_secs_f64();
+            if ladder.backend.is_empty()
+                && let Some(b) = report.certificate.backends.first()
+            {
+                ladder.backend = format!("{} ({})", b.kind, b.model_id);
+            }
+            measured(strategy, plan, &report, wall_s, &truth, seed)
+        };
+        ladder.simulated |= row.simulated;
+        ladder.rows.push(row);
+    }
+    let json = serde_json::to_string_pretty(&ladder).context("serialising the ladder")?;
+    if let Some(dir) = args.json.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&args.json, json + "\n")
+        .with_context(|| format!("writing {}", args.json.display()))?;
+    let section = render(&ladder, &args.json);
+    print!("{section}");
+    write_marked_section(&args.report, "ladder", &section)
+}
+
+/// The spec a model strategy runs, and what it runs in words.
+fn variant(base: &Spec, strategy: &str, backend: Option<&str>) -> Result<(Spec, String)> {
+    let mut spec = base.clone();
+    // The audit measures the rungs; it is not a strategy.
+    spec.stages.retain(|s| !matches!(s, StageSpec::Audit(_)));
+    let judge = spec
+        .stages
+        .iter()
+        .find_map(|s| match s {
+            StageSpec::Map(m) if m.name == JUDGE => Some(m.clone()),
+            _ => None,
+        })
+        .ok_or_else(|| anyhow!("the example has no map stage `{JUDGE}`"))?;
+    let model_backend = backend.unwrap_or(&judge.backend).to_owned();
+    if !spec.backends.contains_key(&model_backend) {
+        bail!("the example declares no backend `{model_backend}`");
+    }
+    let chunk = |size: Option<usize>, contexts: Option<usize>| {
+        StageSpec::Chunk(ChunkStageSpec {
+            name: JUDGE.into(),
+            version: 1,
+            rubric: "chunk.md".into(),
+            fields: judge.fields.clone(),
+            project: judge.project.clone(),
+            backend: model_backend.clone(),
+            size,
+            window_tokens: WINDOW_TOKENS,
+            max_contexts: contexts,
+            max_attempts: 2,
+            max_output_tokens: 256,
+            temperature: 0.0,
+            seed: 0,
+            execution: judge.execution,
+        })
+    };
+    let plan = match strategy {
+        "embed" => {
+            spec.stages.retain(|s| s.name() == EMBED);
+            for s in &mut spec.stages {
+                if let StageSpec::Embed(e) = s {
+                    e.then = None;
+                }
+            }
+            for r in &mut spec.fold.reducers {
+                if r.name == ANSWER {
+                    r.stage = Some(EMBED.into());
+                }
+            }
+            drop_themes(&mut spec);
+            "prefilter, then the embedding rung alone: its positives are the answer".to_owned()
+        }
+        "chunk-10" | "chunk-50" => {
+            let k = if strategy == "chunk-10" { 10 } else { 50 };
+            spec.stages = vec![chunk(Some(k), None)];
+            drop_themes(&mut spec);
+            format!(
+                "prefilter, then contexts of up to {k} issues (and {WINDOW_TOKENS} tokens); the model lists the blockers' ids"
+            )
+        }
+        "long" => {
+            spec.stages = vec![chunk(None, Some(1))];
+            drop_themes(&mut spec);
+            format!(
+                "prefilter, then one context of {WINDOW_TOKENS} tokens; what it cannot hold is not_run"
+            )
+        }
+        "micro" => {
+            spec.stages.retain(|s| s.name() == JUDGE);
+            "prefilter, then one micro-context per issue (shared prefix)".to_owned()
+        }
+        "adaptive" => "prefilter, embedding rung, then one micro-context per issue".to_owned(),
+        other => bail!("no strategy `{other}`"),
+    };
+    // Reducers of a stage the strategy does not run have nothing to read.
+    let names: BTreeSet<String> = spec.stages.iter().map(|s| s.name().to_owned()).collect();
+    spec.fold
+        .reducers
+        .retain(|r| r.stage.as_ref().is_none_or(|s| names.contains(s)));
+    for s in &mut spec.stages {
+        if let Some(turn) = s.model_turn_mut() {
+            *turn.backend = model_backend.clone();
+        }
+    }
+    // A scripted judge answers one unit at a time; a chunk stage on the
+    // scripted backend gets the example's [SIMULATED] lister instead.
+    if let Some(BackendSpec::Scripted { .. }) = spec.backends.get(&model_backend)
+        && spec.stages.iter().any(|s| matches!(s, StageSpec::Chunk(_)))
+    {
+        let lister = BackendSpec::Scripted {
+            script: "scripted-chunk.jq".into(),
+            faults: Vec::new(),
+            delay_ms: 0,
+        };
+        spec.backends.insert("scripted_chunk".into(), lister);
+        for s in &mut spec.stages {
+            if let StageSpec::Chunk(c) = s {
+                c.backend = "scripted_chunk".into();
+            }
+        }
+    }
+    // The embedded model's slots must hold a whole context.
+    if matches!(strategy, "chunk-10" | "chunk-50" | "long") {
+        for b in spec.backends.values_mut() {
+            if let BackendSpec::Llama { slot_tokens, .. } = b {
+                *slot_tokens = (*slot_tokens).max(WINDOW_TOKENS as u32);
+            }
+        }
+    }
+    Ok((spec, plan))
+}
+
+/// A strategy whose facts name no cause has no themes to report.
+fn drop_themes(spec: &mut Spec) {
+    if let ContractSpec::Exhaustive { themes, .. } = &mut spec.contract
+        && let Some(name) = themes.take()
+    {
+        spec.fold.reducers.retain(|r| r.name != name);
+    }
+}
+
+/// The deterministic strategy: the example's prefilter and one more rule,
+/// chosen on the development split. Its answer is what the rules keep; it
+/// runs through the engine's own partition and prefilter.
+fn deterministic(
+    base: &Spec,
+    spec_path: &Path,
+    example: &Path,
+    truth: &BTreeSet<String>,
+    seed: u64,
+    ladder: &mut Ladder,
+) -> Result<Row> {
+    let input = example.join(
+        base.input
+            .path
+            .as_deref()
+            .ok_or_else(|| anyhow!("the example's spec names no input file"))?,
+    );
+    let mut best: Option<(f64, usize, BTreeSet<String>, f64)> = None;
+    for (n, (label, when)) in CANDIDATES.iter().enumerate() {
+        let mut spec = base.clone();
+        spec.prefilter.push(PrefilterRule {
+            name: "tuned".into(),
+            when: format!("({when}) | not"),
+            action: PrefilterAction::Exclude,
+            reason: None,
+            stage: None,
+        });
+        let plan = Plan::from_spec(spec, spec_path, example)?;
+        let started = Instant::now();
+        let routed = fanfold_engine::run::route_source(
+            &plan,
+            &Source::File(input.clone()),
+            fanfold_ops::partition::DEFAULT_MAX_UNIT_BYTES,
+        )?;
+        let wall = started.elapsed().as_secs_f64();
+        let kept: BTreeSet<String> = routed
+            .by_stage
+            .values()
+            .flatten()
+            .map(|&i| routed.table.id(i).as_str().to_owned())
+            .collect();
+        let dev = score(&kept, truth, |id| is_dev(seed, id)).f1;
+        ladder.candidates.push(((*label).to_owned(), dev));
+        if best.as_ref().is_none_or(|b| dev > b.0) {
+            best = Some((dev, n, kept, wall));
+        }
+    }
+    let (_, n, kept, wall_s) = best.ok_or_else(|| anyhow!("no deterministic candidate ran"))?;
+    let label = CANDIDATES.get(n).map_or("", |c| c.0);
+    Ok(Row {
+        strategy: "deterministic".into(),
+        plan: format!("jq rules only: {label} (chosen on the development split)"),
+        dev: score(&kept, truth, |id| is_dev(seed, id)),
+        held_out: score(&kept, truth, |id| !is_dev(seed, id)),
+        wall_s,
+        complete: true,
+        ..Row::default()
+    })
+}
+
+/// A model strategy's row, from its run's report.
+fn measured(
+    strategy: &str,
+    plan: String,
+    report: &RunReport,
+    wall_s: f64,
+    truth: &BTreeSet<String>,
+    seed: u64,
+) -> Row {
+    let c = &report.certificate;
+    let answer: BTreeSet<String> = report
+        .answer
+        .items
+        .iter()
+        .map(|i| i.unit_id.0.clone())
+        .collect();
+    let failed: BTreeSet<&str> = c
+        .verify
+        .cited_missing
+        .iter()
+        .chain(&c.verify.hash_mismatches)
+        .map(|i| i.0.as_str())
+        .collect();
+    let verified =
+        report
+            .answer
+            .items
+            .iter()
+            .filter(|i| {
+                !i.evidence.is_empty()
+                    && !failed.contains(i.unit_id.0.as_str())
+                    && !c.verify.evidence_failures.iter().any(|f| {
+                        f.contains(&format!("{} ", i.unit_id.0)) || f.ends_with(&i.unit_id.0)
+                    })
+            })
+            .count();
+    let longest_ms = report
+        .facts
+        .iter()
+        .map(|f| f.cost.latency_ms)
+        .max()
+        .unwrap_or(0);
+    let count = |s: Status| report.facts.iter().filter(|f| f.status == s).count() as u64;
+    Row {
+        strategy: strategy.to_owned(),
+        plan,
+        dev: score(&answer, truth, |id| is_dev(seed, id)),
+        held_out: score(&answer, truth, |id| !is_dev(seed, id)),
+        model_calls: c.stats.model_calls,
+        prompt_tokens: c.stats.cost.prompt_tokens,
+        cached_tokens: c.stats.cost.cached_tokens,
+        completion_tokens: c.stats.cost.completion_tokens,
+        usd: c.stats.cost.usd,
+        wall_s,
+        longest_call_s: longest_ms as f64 / 1000.0,
+        abstain: count(Status::Abstain),
+        error: count(Status::Error),
+        not_run: count(Status::NotRun),
+        auditability: if answer.is_empty() {
+            0.0
+        } else {
+            verified as f64 / answer.len() as f64
+        },
+        complete: c.complete,
+        simulated: c.simulated,
+    }
+}
+
+/// The strategies no other is at least as good as on both quality
+/// (held-out F1) and cost (`cost`), by index: the Pareto frontier.
+pub fn frontier(rows: &[Row], cost: impl Fn(&Row) -> f64) -> Vec<usize> {
+    (0..rows.len())
+        .filter(|&i| {
+            let Some(r) = rows.get(i) else { return false };
+            !rows.iter().enumerate().any(|(j, o)| {
+                j != i
+                    && o.held_out.f1 >= r.held_out.f1
+                    && cost(o) <= cost(r)
+                    && (o.held_out.f1 > r.held_out.f1 || cost(o) < cost(r))
+            })
+        })
+        .collect()
+}
+
+fn render(l: &Ladder, json: &Path) -> String {
+    let mut s = String::new();
+    let tag = if l.simulated { " [SIMULATED]" } else { "" };
+    let _ = writeln!(
+        s,
+        "## The ladder: every strategy on the same question{tag}\n"
+    );
+    let _ = writeln!(
+        s,
+        "`fanfold bench ladder` on `{}`, {} cores ({}), load {}, {}; backend {}, {} slots; every strategy in a fresh store, one after the other in one run (raw rows in `{}`, plotted by `fanfold report ladder`). Quality is scored against the fixture's oracle, which no run reads, on two halves of the 1,000 issues split by a seeded hash of the id (seed {}): the deterministic strategy's last rule is chosen on the development half; the held-out half is scored once.\n",
+        l.example,
+        l.cores,
+        l.cpu,
+        load_average(),
+        l.date,
+        if l.backend.is_empty() {
+            "-"
+        } else {
+            &l.backend
+        },
+        l.slots,
+        json.display(),
+        l.split_seed,
+    );
+    if l.simulated {
+        let _ = writeln!(
+            s,
+            "**[SIMULATED]**: the model strategies ran on a scripted backend. These rows test the harness; they make no quality claim.\n"
+        );
+    }
+    let _ = writeln!(
+        s,
+        "| strategy | dev P / R / F1 | held-out P / R / F1 | held-out misses | model calls | prompt tokens | completion tokens | wall | longest call | abstain / error / not_run | verified citations |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---:|---:|---:|---:|---:|---|---:|");
+    let on_tokens = frontier(&l.rows, |r| {
+        r.prompt_tokens as f64 + r.completion_tokens as f64
+    });
+    let on_wall = frontier(&l.rows, |r| r.wall_s);
+    for (i, r) in l.rows.iter().enumerate() {
+        let mark = match (on_tokens.contains(&i), on_wall.contains(&i)) {
+            (true, true) => " ◆",
+            (true, false) => " ◇t",
+            (false, true) => " ◇w",
+            _ => "",
+        };
+        let misses = if r.held_out.false_negatives.is_empty() {
+            "none".to_owned()
+        } else {
+            r.held_out.false_negatives.join(", ")
+        };
+        let _ = writeln!(
+            s,
+            "| {}{mark} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} / {:.2} | {} of {}: {misses} | {} | {} | {} | {:.1} s | {:.1} s | {} / {} / {} | {:.0} % |",
+            r.strategy,
+            r.dev.precision,
+            r.dev.recall,
+            r.dev.f1,
+            r.held_out.precision,
+            r.held_out.recall,
+            r.held_out.f1,
+            r.held_out.false_negatives.len(),
+            r.held_out.positives,
+            r.model_calls,
+            r.prompt_tokens,
+            r.completion_tokens,
+            r.wall_s,
+            r.longest_call_s,
+            r.abstain,
+            r.error,
+            r.not_run,
+            r.auditability * 100.0,
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n◆ on the Pareto frontier of held-out F1 against both tokens and wall time; ◇t against tokens only; ◇w against wall time only. Tokens are what the backend evaluated and generated (the shared prefix counted once); a verified citation is an answer item whose evidence quote verify found verbatim in the stored unit.\n"
+    );
+    let _ = writeln!(s, "{}\n", crate::page::verdict(l));
+    let _ = writeln!(s, "What each strategy ran:\n");
+    for r in &l.rows {
+        let _ = writeln!(s, "- `{}`: {}", r.strategy, r.plan);
+    }
+    if !l.candidates.is_empty() {
+        let _ = writeln!(s, "\nThe deterministic candidates, by development F1:\n");
+        for (label, f1) in &l.candidates {
+            let _ = writeln!(s, "- {label}: {f1:.2}");
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\nThe example's prefilter and its embed threshold were written on the whole fixture before this split existed, so every strategy's held-out figure inherits that; only the deterministic strategy's last rule is tuned here."
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(v: &[u32]) -> BTreeSet<String> {
+        v.iter().map(u32::to_string).collect()
+    }
+
+    #[test]
+    fn scores_count_misses_by_id_on_each_half() {
+        let truth = ids(&[1, 2, 3, 4]);
+        let answer = ids(&[1, 2, 9]);
+        let all = score(&answer, &truth, |_| true);
+        assert_eq!(all.true_positives, 2);
+        assert!((all.precision - 2.0 / 3.0).abs() < 1e-9);
+        assert!((all.recall - 0.5).abs() < 1e-9);
+        assert_eq!(all.false_negatives, vec!["3", "4"]);
+        let odd = score(&answer, &truth, |id| id.parse::<u32>().unwrap() % 2 == 1);
+        assert_eq!(odd.false_negatives, vec!["3"]);
+        assert_eq!(odd.answered, 2);
+    }
+
+    #[test]
+    fn the_split_is_seeded_and_about_even() {
+        let dev = (0..1000).filter(|i| is_dev(7, &i.to_string())).count();
+        assert!((400..600).contains(&dev), "{dev}");
+        let again = (0..1000).filter(|i| is_dev(7, &i.to_string())).count();
+        assert_eq!(dev, again);
+        let other = (0..1000)
+            .filter(|i| is_dev(7, &i.to_string()) != is_dev(8, &i.to_string()))
+            .count();
+        assert!(other > 100, "another seed is another split");
+    }
+
+    #[test]
+    fn the_frontier_keeps_what_nothing_beats_on_both() {
+        let row = |name: &str, f1: f64, cost: u64| Row {
+            strategy: name.into(),
+            held_out: Score {
+                f1,
+                ..Score::default()
+            },
+            prompt_tokens: cost,
+            ..Row::default()
+        };
+        let rows = vec![
+            row("cheap", 0.5, 10),
+            row("dominated", 0.4, 20),
+            row("best", 0.9, 100),
+            row("tie", 0.9, 100),
+        ];
+        let f = frontier(&rows, |r| r.prompt_tokens as f64);
+        assert_eq!(f, vec![0, 2, 3]);
+    }
+}

@@ -1,0 +1,686 @@
+//! Reports for people: a run's answer and a ladder's strategies, each as
+//! Markdown and as one self-contained HTML page (inline CSS and SVG, no
+//! script, nothing fetched), so a page can be mailed, archived or opened
+//! from disk. Every figure states its backend, model, machine and date,
+//! and a simulated one says so in its title.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use fanfold_core::{FactRecord, StatusCounts};
+use fanfold_engine::report::{Answer, Certificate};
+
+use crate::ladder::{Ladder, Row, frontier};
+use crate::report::utc_datetime;
+
+/// Text for HTML content and attribute values.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The anchor of a unit's section: ids are any text, so they are encoded
+/// to the characters an HTML id and a URL fragment both keep as they are.
+pub fn anchor(unit_id: &str) -> String {
+    let mut out = String::from("unit-");
+    for b in unit_id.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, ".{b:02x}");
+        }
+    }
+    out
+}
+
+const STYLE: &str = "body{font:15px/1.45 system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#1b1f24}\
+h1{font-size:1.5em;margin-bottom:.2em}h2{margin-top:1.6em;border-bottom:1px solid #d0d7de}\
+.meta{color:#57606a}.banner{padding:.6em 1em;border-radius:6px;font-weight:600;margin:1em 0}\
+.ok{background:#dafbe1;color:#116329}.bad{background:#ffebe9;color:#82071e}.sim{background:#fff8c5;color:#6f4e00}\
+table{border-collapse:collapse;margin:1em 0;font-size:.92em}td,th{border:1px solid #d0d7de;padding:.3em .6em;text-align:left;vertical-align:top}\
+th{background:#f6f8fa}td.n{text-align:right;font-variant-numeric:tabular-nums}\
+blockquote{margin:.3em 0;padding:.2em .8em;border-left:3px solid #8c959f;color:#24292f;background:#f6f8fa}\
+section.unit{border:1px solid #d0d7de;border-radius:6px;padding:.4em 1em;margin:.8em 0}\
+section.unit:target{border-color:#0969da;box-shadow:0 0 0 2px #0969da33}\
+figure{margin:1em 0}figcaption{color:#57606a;font-size:.9em}svg text{font:12px system-ui,sans-serif}";
+
+fn page(title: &str, body: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{}</title><style>{STYLE}</style></head><body>\n{body}</body></html>\n",
+        esc(title)
+    )
+}
+
+/// The date a run started, from its id (`run-<unix ms>-...`).
+fn run_date(run_id: &str) -> String {
+    run_id
+        .split('-')
+        .nth(1)
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .map(|ms| {
+            utc_datetime(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)) + " UTC"
+        })
+        .unwrap_or_else(|| "an unknown date".to_owned())
+}
+
+fn backends(c: &Certificate) -> String {
+    if c.backends.is_empty() {
+        return "no model".to_owned();
+    }
+    c.backends
+        .iter()
+        .map(|b| {
+            let sim = if b.simulated { " [SIMULATED]" } else { "" };
+            format!("{} {}{sim}", b.kind, b.model_id)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A run's output folder, read back.
+pub struct RunOutput {
+    pub answer: Answer,
+    pub certificate: Certificate,
+    pub facts: Vec<FactRecord>,
+}
+
+impl RunOutput {
+    pub fn read(dir: &Path) -> Result<RunOutput> {
+        let read = |name: &str| {
+            let path = dir.join(name);
+            std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+        };
+        let answer = serde_json::from_str(&read("answer.json")?)
+            .with_context(|| format!("{}/answer.json is not a fanfold answer", dir.display()))?;
+        let certificate = serde_json::from_str(&read("certificate.json")?).with_context(|| {
+            format!(
+                "{}/certificate.json is not a fanfold certificate",
+                dir.display()
+            )
+        })?;
+        let mut facts = Vec::new();
+        for (n, line) in read("facts.jsonl")?.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            facts.push(serde_json::from_str(line).with_context(|| {
+                format!("{}/facts.jsonl line {}: not a fact", dir.display(), n + 1)
+            })?);
+        }
+        Ok(RunOutput {
+            answer,
+            certificate,
+            facts,
+        })
+    }
+}
+
+/// Statuses and coverage as labelled bars, one per outcome.
+fn status_chart(s: &StatusCounts, excluded: u64, rejected: u64, caption: &str) -> String {
+    let bars: [(&str, u64, &str); 8] = [
+        ("positive", s.positive, "#1a7f37"),
+        ("negative", s.negative, "#8c959f"),
+        ("abstain", s.abstain, "#bf8700"),
+        ("error", s.error, "#cf222e"),
+        ("cancelled", s.cancelled, "#6e7781"),
+        ("not_run", s.not_run, "#8250df"),
+        ("excluded by the prefilter", excluded, "#d0d7de"),
+        ("rejected by the partition", rejected, "#ff8182"),
+    ];
+    let most = bars.iter().map(|b| b.1).max().unwrap_or(0).max(1);
+    let (w, row) = (640.0, 24.0);
+    let h = row * bars.len() as f64 + 10.0;
+    let mut svg = format!(
+        "<figure><svg id=\"statuses\" role=\"img\" aria-label=\"units by outcome\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" xmlns=\"http://www.w3.org/2000/svg\">"
+    );
+    for (i, (label, n, color)) in bars.iter().enumerate() {
+        let y = 5.0 + i as f64 * row;
+        let len = 380.0 * *n as f64 / most as f64;
+        let _ = write!(
+            svg,
+            "<text x=\"190\" y=\"{:.1}\" text-anchor=\"end\">{}</text><rect class=\"bar\" data-status=\"{label}\" x=\"200\" y=\"{:.1}\" width=\"{len:.1}\" height=\"16\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{:.1}\">{n}</text>",
+            y + 13.0,
+            esc(label),
+            y + 1.0,
+            205.0 + len,
+            y + 13.0,
+        );
+    }
+    svg.push_str("</svg>");
+    let _ = write!(svg, "<figcaption>{}</figcaption></figure>", esc(caption));
+    svg
+}
+
+/// A run as Markdown and HTML: the answer and its citations first, then
+/// what every unit came to, then each cited unit with its facts.
+pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
+    let (a, c) = (&out.answer, &out.certificate);
+    let sim = if c.simulated { " [SIMULATED]" } else { "" };
+    let date = run_date(&c.run_id);
+    let machine = format!("{cores} cores");
+    let title = format!("{}{sim}", a.question);
+    let mut md = format!("# {title}\n\n");
+    let mut h = format!("<h1>{}</h1>\n", esc(&title));
+    let meta = format!(
+        "Run {} of spec `{}`, {date}; backend {}; report written on {machine}.",
+        c.run_id,
+        c.spec,
+        backends(c)
+    );
+    let _ = writeln!(md, "{meta}\n");
+    let _ = writeln!(h, "<p class=\"meta\">{}</p>", esc(&meta));
+    if c.simulated {
+        let t = "[SIMULATED]: answers come from a scripted or replayed backend, not a model.";
+        let _ = writeln!(md, "**{t}**\n");
+        let _ = writeln!(h, "<div class=\"banner sim\">{}</div>", esc(t));
+    }
+    if a.complete {
+        let t = format!(
+            "Complete: every unit the contract needs was decided{}.",
+            if a.verified {
+                ", and verify passed"
+            } else {
+                "; verify FAILED"
+            }
+        );
+        let class = if a.verified { "ok" } else { "bad" };
+        let _ = writeln!(md, "**{t}**\n");
+        let _ = writeln!(h, "<div class=\"banner {class}\">{}</div>", esc(&t));
+    } else {
+        let t = format!("INCOMPLETE: {}", a.incomplete.join("; "));
+        let _ = writeln!(md, "**{t}**\n");
+        let _ = writeln!(
+            h,
+            "<div class=\"banner bad\" id=\"incomplete\">{}</div>",
+            esc(&t)
+        );
+    }
+
+    let _ = writeln!(md, "## Answer: {} items\n", a.items.len());
+    let _ = writeln!(
+        h,
+        "<h2>Answer: {} items</h2>\n<ol id=\"answer\">",
+        a.items.len()
+    );
+    for item in &a.items {
+        let id = item.unit_id.as_str();
+        let title = item.title.as_deref().unwrap_or("");
+        let theme = item
+            .theme
+            .as_deref()
+            .map(|t| format!(" ({t})"))
+            .unwrap_or_default();
+        let _ = writeln!(md, "- **{id}** {title}{theme}");
+        let _ = write!(
+            h,
+            "<li><a class=\"cite\" href=\"#{}\">{}</a> {}{}",
+            anchor(id),
+            esc(id),
+            esc(title),
+            esc(&theme)
+        );
+        for e in &item.evidence {
+            let _ = writeln!(md, "  > {} ({})", e.quote, e.field);
+            let _ = write!(
+                h,
+                "<blockquote>{} <span class=\"meta\">({})</span></blockquote>",
+                esc(&e.quote),
+                esc(&e.field)
+            );
+        }
+        h.push_str("</li>\n");
+    }
+    h.push_str("</ol>\n");
+    if !a.themes.is_empty() {
+        let _ = writeln!(md, "\n## Themes\n");
+        let _ = writeln!(
+            h,
+            "<h2>Themes</h2>\n<table><tr><th>theme</th><th>count</th><th>cited</th></tr>"
+        );
+        for t in &a.themes {
+            let ids: Vec<&str> = t.ids.iter().map(|i| i.as_str()).collect();
+            let _ = writeln!(md, "- {}: {} ({})", t.key, t.count, ids.join(", "));
+            let links: Vec<String> = ids
+                .iter()
+                .map(|i| format!("<a class=\"cite\" href=\"#{}\">{}</a>", anchor(i), esc(i)))
+                .collect();
+            let _ = writeln!(
+                h,
+                "<tr><td>{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+                esc(&t.key),
+                t.count,
+                links.join(", ")
+            );
+        }
+        h.push_str("</table>\n");
+    }
+
+    let cov = &c.coverage;
+    let caption = format!(
+        "{} elements: {} units, {} rejected; {} excluded by the prefilter. Backend {}, {date}, {machine}.",
+        cov.elements,
+        cov.units,
+        cov.rejected,
+        a.excluded,
+        backends(c)
+    );
+    let _ = writeln!(md, "\n## Outcomes\n\n| outcome | units |\n|---|---:|");
+    for (k, v) in [
+        ("positive", c.statuses.positive),
+        ("negative", c.statuses.negative),
+        ("abstain", c.statuses.abstain),
+        ("error", c.statuses.error),
+        ("cancelled", c.statuses.cancelled),
+        ("not_run", c.statuses.not_run),
+        ("excluded by the prefilter", a.excluded),
+        ("rejected by the partition", cov.rejected),
+    ] {
+        let _ = writeln!(md, "| {k} | {v} |");
+    }
+    let _ = writeln!(md, "\n{caption}");
+    let _ = writeln!(h, "<h2>Outcomes</h2>");
+    h.push_str(&status_chart(
+        &c.statuses,
+        a.excluded,
+        cov.rejected,
+        &caption,
+    ));
+
+    // Every unit the page cites gets a section, with what each stage said.
+    let cited: BTreeSet<&str> = a
+        .items
+        .iter()
+        .map(|i| i.unit_id.as_str())
+        .chain(
+            a.themes
+                .iter()
+                .flat_map(|t| t.ids.iter().map(|i| i.as_str())),
+        )
+        .collect();
+    let mut by_unit: BTreeMap<&str, Vec<&FactRecord>> = BTreeMap::new();
+    for f in &out.facts {
+        if let Some(id) = f.source_ids.first()
+            && cited.contains(id.as_str())
+        {
+            by_unit.entry(id.as_str()).or_default().push(f);
+        }
+    }
+    let links: BTreeMap<&str, &str> = a
+        .items
+        .iter()
+        .filter_map(|i| Some((i.unit_id.as_str(), i.link.as_deref()?)))
+        .collect();
+    let _ = writeln!(h, "<h2>Cited units</h2>");
+    for id in &cited {
+        let _ = write!(
+            h,
+            "<section class=\"unit\" id=\"{}\"><h3>{}</h3>",
+            anchor(id),
+            esc(id)
+        );
+        if let Some(link) = links.get(id) {
+            let _ = write!(h, "<p><a href=\"{}\">{}</a></p>", esc(link), esc(link));
+        }
+        for f in by_unit.get(id).map(Vec::as_slice).unwrap_or_default() {
+            let _ = write!(
+                h,
+                "<p><b>{}</b>: {} {}{}</p>",
+                esc(&f.stage),
+                esc(f.status.as_str()),
+                esc(f.decision.as_deref().unwrap_or("")),
+                f.reason
+                    .as_deref()
+                    .map(|r| format!(" ({})", esc(r)))
+                    .unwrap_or_default()
+            );
+            for e in &f.evidence {
+                let _ = write!(
+                    h,
+                    "<blockquote>{} <span class=\"meta\">({}, bytes {}..{})</span></blockquote>",
+                    esc(&e.quote),
+                    esc(&e.field),
+                    e.start,
+                    e.end
+                );
+            }
+        }
+        h.push_str("</section>\n");
+    }
+    (md, page(&title, &h))
+}
+
+/// A scatter of held-out F1 against one cost, the frontier joined.
+fn scatter(
+    id: &str,
+    rows: &[Row],
+    cost: impl Fn(&Row) -> f64,
+    axis: &str,
+    caption: &str,
+) -> String {
+    let (w, h) = (520.0, 340.0);
+    let (left, right, top, bottom) = (60.0, 20.0, 20.0, 50.0);
+    let most = rows.iter().map(&cost).fold(0.0f64, f64::max);
+    // Costs span orders of magnitude (no calls to tens of thousands of
+    // tokens): a log scale, with zero drawn at the left edge.
+    let lmax = (most.max(1.0) + 1.0).log10().ceil().max(1.0);
+    let x = |v: f64| left + (w - left - right) * ((v + 1.0).log10() / lmax);
+    let y = |f: f64| top + (h - top - bottom) * (1.0 - f.clamp(0.0, 1.0));
+    let mut s = format!(
+        "<figure><svg id=\"{id}\" class=\"plot\" role=\"img\" aria-label=\"held-out F1 against {}\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" xmlns=\"http://www.w3.org/2000/svg\">",
+        esc(axis)
+    );
+    let _ = write!(
+        s,
+        "<line x1=\"{left}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"#57606a\"/><line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{:.1}\" stroke=\"#57606a\"/>",
+        h - bottom,
+        w - right,
+        h - bottom,
+        h - bottom
+    );
+    for f in [0.0, 0.25, 0.5, 0.75, 1.0] {
+        let _ = write!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{f:.2}</text><line x1=\"{left}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"#eaeef2\"/>",
+            left - 6.0,
+            y(f) + 4.0,
+            y(f),
+            w - right,
+            y(f)
+        );
+    }
+    for p in 0..=(lmax as u32) {
+        let v = 10f64.powi(p as i32) - 1.0;
+        let label = if p == 0 {
+            "0".to_owned()
+        } else {
+            format!("1e{p}")
+        };
+        let _ = write!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{label}</text>",
+            x(v),
+            h - bottom + 16.0
+        );
+    }
+    let _ = write!(
+        s,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text><text transform=\"translate(14 {:.1}) rotate(-90)\" text-anchor=\"middle\">held-out F1</text>",
+        (left + w - right) / 2.0,
+        h - 8.0,
+        esc(axis),
+        (top + h - bottom) / 2.0
+    );
+    let mut front: Vec<usize> = frontier(rows, &cost);
+    front.sort_by(|&a, &b| {
+        let (ca, cb) = (rows.get(a).map(&cost), rows.get(b).map(&cost));
+        ca.partial_cmp(&cb).unwrap_or(std::cmp::Ordering::Equal)
+    });
+    let path: Vec<String> = front
+        .iter()
+        .filter_map(|&i| rows.get(i))
+        .map(|r| format!("{:.1},{:.1}", x(cost(r)), y(r.held_out.f1)))
+        .collect();
+    if path.len() > 1 {
+        let _ = write!(
+            s,
+            "<polyline class=\"frontier\" points=\"{}\" fill=\"none\" stroke=\"#0969da\" stroke-width=\"2\" stroke-dasharray=\"5 3\"/>",
+            path.join(" ")
+        );
+    }
+    for (i, r) in rows.iter().enumerate() {
+        let on = front.contains(&i);
+        let (cx, cy) = (x(cost(r)), y(r.held_out.f1));
+        let _ = write!(
+            s,
+            "<circle class=\"point{}\" data-strategy=\"{}\" cx=\"{cx:.1}\" cy=\"{cy:.1}\" r=\"{}\" fill=\"{}\"><title>{}: F1 {:.2}, {} {:.0}</title></circle><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+            if on { " on-frontier" } else { "" },
+            esc(&r.strategy),
+            if on { 6 } else { 4 },
+            if on { "#0969da" } else { "#8c959f" },
+            esc(&r.strategy),
+            r.held_out.f1,
+            esc(axis),
+            cost(r),
+            cx + 8.0,
+            cy - 6.0,
+            esc(&r.strategy)
+        );
+    }
+    s.push_str("</svg>");
+    let _ = write!(s, "<figcaption>{}</figcaption></figure>", esc(caption));
+    s
+}
+
+/// What the ladder says, in one paragraph: the best held-out F1, and
+/// where micro-contexts stand against it and against cheaper strategies.
+pub fn verdict(l: &Ladder) -> String {
+    let best = l
+        .rows
+        .iter()
+        .max_by(|a, b| a.held_out.f1.total_cmp(&b.held_out.f1));
+    let Some(best) = best else {
+        return "No strategy ran.".to_owned();
+    };
+    let mut v = format!(
+        "The best held-out F1 is {:.2}, by `{}`.",
+        best.held_out.f1, best.strategy
+    );
+    let tokens = frontier(&l.rows, |r| (r.prompt_tokens + r.completion_tokens) as f64);
+    let wall = frontier(&l.rows, |r| r.wall_s);
+    for name in ["micro", "adaptive"] {
+        let Some(i) = l.rows.iter().position(|r| r.strategy == name) else {
+            continue;
+        };
+        let on = match (tokens.contains(&i), wall.contains(&i)) {
+            (true, true) => "is on both frontiers",
+            (true, false) => "is on the tokens frontier only",
+            (false, true) => "is on the wall-time frontier only",
+            (false, false) => {
+                "is on neither frontier: another strategy is at least as good for less"
+            }
+        };
+        let _ = write!(v, " `{name}` {on}.");
+    }
+    // Recall and citations are what the frontiers above do not weigh.
+    let top_recall = l
+        .rows
+        .iter()
+        .map(|r| r.held_out.recall)
+        .fold(0.0f64, f64::max);
+    let recall: Vec<&str> = l
+        .rows
+        .iter()
+        .filter(|r| r.held_out.recall == top_recall)
+        .map(|r| r.strategy.as_str())
+        .collect();
+    let _ = write!(
+        v,
+        " The best held-out recall, {top_recall:.2}, belongs to {}.",
+        words(&recall)
+    );
+    let cited: Vec<String> = l
+        .rows
+        .iter()
+        .filter(|r| r.auditability > 0.0)
+        .map(|r| format!("{} ({:.0} %)", r.strategy, r.auditability * 100.0))
+        .collect();
+    if cited.is_empty() {
+        v.push_str(" No strategy's answer cites verified evidence.");
+    } else {
+        let _ = write!(
+            v,
+            " Only {} back their answers with citations verify found verbatim.",
+            words(&cited)
+        );
+    }
+    // A model stage that changed nothing of the rung in front of it is the
+    // model's limit, not the strategy's.
+    let same = |a: &Row, b: &Row| {
+        [(&a.dev, &b.dev), (&a.held_out, &b.held_out)]
+            .iter()
+            .all(|(x, y)| x.answered == y.answered && x.true_positives == y.true_positives)
+    };
+    if let (Some(embed), Some(adaptive)) = (
+        l.rows.iter().find(|r| r.strategy == "embed"),
+        l.rows.iter().find(|r| r.strategy == "adaptive"),
+    ) && same(embed, adaptive)
+    {
+        let _ = write!(
+            v,
+            " `adaptive` answers as `embed` alone does: on this backend the judge after the embedding rung changed no answer, for {} model calls.",
+            adaptive.model_calls
+        );
+    }
+    if l.simulated {
+        v.push_str(" [SIMULATED]: these rows test the harness and make no quality claim.");
+    }
+    v
+}
+
+/// `a`, `a and b`, `a, b and c`.
+fn words<S: AsRef<str>>(items: &[S]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.as_ref().to_owned(),
+        [rest @ .., last] => format!(
+            "{} and {}",
+            rest.iter()
+                .map(AsRef::as_ref)
+                .collect::<Vec<_>>()
+                .join(", "),
+            last.as_ref()
+        ),
+    }
+}
+
+/// A ladder as Markdown and HTML: the verdict, the two plots and the table.
+pub fn ladder_page(l: &Ladder) -> (String, String) {
+    let sim = if l.simulated { " [SIMULATED]" } else { "" };
+    let title = format!("The ladder: every strategy on the same question{sim}");
+    let meta = format!(
+        "{} on {}; backend {}; {} cores ({}), {} slots; measured {}; records split by a seeded hash of the id (seed {}).",
+        "fanfold bench ladder",
+        l.example,
+        if l.backend.is_empty() {
+            "-"
+        } else {
+            &l.backend
+        },
+        l.cores,
+        l.cpu,
+        l.slots,
+        l.date,
+        l.split_seed
+    );
+    let verdict = verdict(l);
+    let mut md = format!("# {title}\n\n{meta}\n\n{verdict}\n\n");
+    let mut h = format!(
+        "<h1>{}</h1>\n<p class=\"meta\">{}</p>\n",
+        esc(&title),
+        esc(&meta)
+    );
+    if l.simulated {
+        let _ = writeln!(
+            h,
+            "<div class=\"banner sim\">[SIMULATED]: the model strategies ran on a scripted backend; no quality claim.</div>"
+        );
+    }
+    let _ = writeln!(h, "<p id=\"verdict\">{}</p>", esc(&verdict));
+    let caption = |what: &str| {
+        format!(
+            "Held-out F1 against {what}, log scale; the dashed line joins the Pareto frontier. Backend {}, {} cores, {}{sim}.",
+            if l.backend.is_empty() {
+                "-"
+            } else {
+                &l.backend
+            },
+            l.cores,
+            l.date
+        )
+    };
+    h.push_str(&scatter(
+        "plot-tokens",
+        &l.rows,
+        |r| (r.prompt_tokens + r.completion_tokens) as f64,
+        "tokens evaluated and generated",
+        &caption("tokens"),
+    ));
+    h.push_str(&scatter(
+        "plot-wall",
+        &l.rows,
+        |r| r.wall_s,
+        "wall seconds",
+        &caption("wall time"),
+    ));
+    let header = "| strategy | held-out P / R / F1 | dev F1 | held-out misses | calls | tokens | wall | verified citations |";
+    let _ = writeln!(md, "{header}\n|---|---|---:|---|---:|---:|---:|---:|");
+    h.push_str("<table id=\"strategies\"><tr><th>strategy</th><th>held-out P / R / F1</th><th>dev F1</th><th>held-out misses (by id)</th><th>calls</th><th>tokens</th><th>wall</th><th>verified citations</th><th>what it ran</th></tr>\n");
+    for r in &l.rows {
+        let misses = if r.held_out.false_negatives.is_empty() {
+            "none".to_owned()
+        } else {
+            r.held_out.false_negatives.join(", ")
+        };
+        let cells = [
+            format!(
+                "{:.2} / {:.2} / {:.2}",
+                r.held_out.precision, r.held_out.recall, r.held_out.f1
+            ),
+            format!("{:.2}", r.dev.f1),
+            format!(
+                "{} of {}: {misses}",
+                r.held_out.false_negatives.len(),
+                r.held_out.positives
+            ),
+            r.model_calls.to_string(),
+            (r.prompt_tokens + r.completion_tokens).to_string(),
+            format!("{:.1} s", r.wall_s),
+            format!("{:.0} %", r.auditability * 100.0),
+        ];
+        let _ = writeln!(md, "| {} | {} |", r.strategy, cells.join(" | "));
+        let _ = write!(h, "<tr><td>{}</td>", esc(&r.strategy));
+        for c in &cells {
+            let _ = write!(h, "<td>{}</td>", esc(c));
+        }
+        let _ = writeln!(h, "<td>{}</td></tr>", esc(&r.plan));
+    }
+    h.push_str("</table>\n");
+    (md, page(&title, &h))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anchors_keep_only_safe_characters_and_stay_distinct() {
+        assert_eq!(anchor("123"), "unit-123");
+        assert_eq!(anchor("a b"), "unit-a.20b");
+        assert_ne!(anchor("a/b"), anchor("a.b"));
+        assert_eq!(
+            esc("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+    }
+
+    #[test]
+    fn a_run_date_comes_from_its_id() {
+        assert_eq!(
+            run_date("run-1764547200000-abcd-12-0"),
+            "2025-12-01 00:00:00 UTC"
+        );
+        assert_eq!(run_date("nonsense"), "an unknown date");
+    }
+}
