@@ -220,21 +220,26 @@ pub fn main(args: &LadderArgs) -> Result<()> {
         let row = if strategy == "deterministic" {
             deterministic(&base, &spec_path, &args.example, &truth, seed, &mut ladder)?
         } else {
-            let (spec, plan) = variant(&base, strategy, args.backend.as_deref())?;
-            let plan_ = Plan::from_spec(spec, &spec_path, &args.example)?;
-            let store = tmp.path().join(format!("{strategy}.sqlite"));
-            let mut opts = RunOptions::new(store);
-            opts.slots = args.slots;
-            opts.out_dir = Some(tmp.path().join(strategy));
-            let started = Instant::now();
-            let report = fanfold_engine::run(&plan_, &opts, &NoProgress)?;
-            let wall_s = started.elapsed().as_secs_f64();
+            let (row, report) = run_model_strategy(
+                &base,
+                &spec_path,
+                &args.example,
+                strategy,
+                args.backend.as_deref(),
+                args.slots,
+                tmp.path(),
+                &truth,
+                seed,
+            )?;
             if ladder.backend.is_empty()
                 && let Some(b) = report.certificate.backends.first()
             {
-                ladder.backend = format!("{} ({})", b.kind, b.model_id);
+                // The model, without the slot window the strategies size
+                // differently (a chunk's slot holds a whole context).
+                let model = b.model_id.split("/slot").next().unwrap_or(&b.model_id);
+                ladder.backend = format!("{} ({model})", b.kind);
             }
-            measured(strategy, plan, &report, wall_s, &truth, seed)
+            row
         };
         ladder.simulated |= row.simulated;
         ladder.rows.push(row);
@@ -248,6 +253,32 @@ pub fn main(args: &LadderArgs) -> Result<()> {
     let section = render(&ladder, &args.json);
     print!("{section}");
     write_marked_section(&args.report, "ladder", &section)
+}
+
+/// Runs one model strategy of the example in a fresh store under `dir`:
+/// its measured row, and the run's report.
+#[allow(clippy::too_many_arguments)]
+pub fn run_model_strategy(
+    base: &Spec,
+    spec_path: &Path,
+    example: &Path,
+    strategy: &str,
+    backend: Option<&str>,
+    slots: usize,
+    dir: &Path,
+    truth: &BTreeSet<String>,
+    seed: u64,
+) -> Result<(Row, RunReport)> {
+    let (spec, what) = variant(base, strategy, backend)?;
+    let plan = Plan::from_spec(spec, spec_path, example)?;
+    let mut opts = RunOptions::new(dir.join(format!("{strategy}.sqlite")));
+    opts.slots = slots;
+    opts.out_dir = Some(dir.join(strategy));
+    let started = Instant::now();
+    let report = fanfold_engine::run(&plan, &opts, &NoProgress)?;
+    let wall_s = started.elapsed().as_secs_f64();
+    let row = measured(strategy, what, &report, wall_s, truth, seed);
+    Ok((row, report))
 }
 
 /// The spec a model strategy runs, and what it runs in words.

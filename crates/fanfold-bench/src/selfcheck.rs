@@ -596,6 +596,7 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     });
 
     checks.push(select_allowlist(&mut ctx, &example, &issues)?);
+    checks.push(coarse_rungs(&ctx, &example, &truth)?);
 
     let report = SelfcheckReport {
         ok: checks.iter().all(|c| c.ok),
@@ -637,6 +638,73 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    })
+}
+
+/// The ladder's coarse rungs run through the engine and are scored: chunks
+/// of ten make one call a context, and one long context leaves what its
+/// window cannot hold `not_run`, with the answer incomplete, never
+/// negative.
+fn coarse_rungs(ctx: &Ctx, example: &Path, blockers: &BTreeSet<String>) -> Result<Check> {
+    let spec_path = example.join("spec.toml");
+    let text = std::fs::read_to_string(&spec_path)
+        .with_context(|| format!("reading {}", spec_path.display()))?;
+    let base = fanfold_core::spec::Spec::from_toml(&text)
+        .map_err(|e| anyhow!("{}: {e}", spec_path.display()))?;
+    let dir = ctx.tmp.path().join("ladder");
+    std::fs::create_dir_all(&dir)?;
+    let run = |strategy: &str| {
+        crate::ladder::run_model_strategy(
+            &base,
+            &spec_path,
+            example,
+            strategy,
+            Some("scripted"),
+            4,
+            &dir,
+            blockers,
+            7,
+        )
+    };
+    let (chunks, chunk_run) = run("chunk-10")?;
+    let (long, long_run) = run("long")?;
+    let routed = |r: &RunReport| r.certificate.routed_by_stage.values().sum::<u64>();
+    let contexts = chunk_run
+        .certificate
+        .stats
+        .chunks
+        .values()
+        .map(|c| c.contexts)
+        .sum::<u64>();
+    let held = long_run
+        .certificate
+        .stats
+        .chunks
+        .values()
+        .map(|c| c.largest)
+        .sum::<u64>();
+    let ok = contexts > 0
+        && chunks.model_calls == contexts
+        && chunk_run.certificate.statuses.positive + chunk_run.certificate.statuses.negative
+            == routed(&chunk_run)
+        && chunks.held_out.positives > 0
+        && long.not_run > 0
+        && long.not_run + held == routed(&long_run)
+        && !long.complete
+        && long_run.certificate.statuses.negative + long_run.certificate.statuses.positive == held;
+    Ok(Check {
+        name: "coarse_rungs",
+        ok,
+        simulated: true,
+        figure: format!(
+            "chunks of 10: {} units in {contexts} contexts, {} calls, held-out F1 {:.2}; one long context held {held} of {} units, {} not_run, answer incomplete: {}",
+            routed(&chunk_run),
+            chunks.model_calls,
+            chunks.held_out.f1,
+            routed(&long_run),
+            long.not_run,
+            !long.complete
+        ),
     })
 }
 

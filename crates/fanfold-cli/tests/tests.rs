@@ -177,7 +177,8 @@ fn selfcheck_json_is_ok() {
             "statuses_distinct",
             "incomplete_exit_code",
             "shared_store_claims",
-            "select_allowlist"
+            "select_allowlist",
+            "coarse_rungs"
         ]
     );
 }
@@ -2463,6 +2464,22 @@ const LIST_FLAGGED: &str = r#"{matches: [.records[] | select(.record.flag == tru
 #[test]
 fn a_chunk_stage_judges_contexts_of_units_and_reuses_them_by_content() {
     let f = chunk_fixture("size = 5\nwindow_tokens = 4000", LIST_FLAGGED, 23);
+    let explain = |f: &Fixture| {
+        let o = run(bin()
+            .arg("explain")
+            .arg(f.path("spec.toml"))
+            .arg("--store")
+            .arg(f.path("store.sqlite")));
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    // One call a context, before and after the store knows anything.
+    let before = explain(&f);
+    assert!(
+        before.contains("stage coarse: 23 units, 0 cached, expected model calls 5"),
+        "{before}"
+    );
+    assert!(before.contains("5 units a context"), "{before}");
     let o = f.run(&[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let c = f.certificate();
@@ -2488,6 +2505,11 @@ fn a_chunk_stage_judges_contexts_of_units_and_reuses_them_by_content() {
     assert_eq!(f.certificate()["stats"]["model_calls"], 0);
     let input = std::fs::read_to_string(f.path("input.data")).expect("input");
     f.input(input.replace("record 7\"", "record 7, edited\"").as_bytes());
+    let after = explain(&f);
+    assert!(
+        after.contains("stage coarse: 23 units, 18 cached, expected model calls 1"),
+        "{after}"
+    );
     let o = f.run(&[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let c = f.certificate();
