@@ -148,6 +148,24 @@ pub struct Ladder {
     pub candidates: Vec<(String, f64)>,
 }
 
+impl Ladder {
+    /// The backend the model strategies ran on, or `-` when none did.
+    pub fn backend_label(&self) -> &str {
+        if self.backend.is_empty() {
+            "-"
+        } else {
+            &self.backend
+        }
+    }
+}
+
+impl Row {
+    /// Tokens the backend evaluated and generated.
+    pub fn tokens(&self) -> f64 {
+        (self.prompt_tokens + self.completion_tokens) as f64
+    }
+}
+
 /// Which half of the records an id belongs to.
 fn is_dev(seed: u64, id: &str) -> bool {
     fanfold_ops::audit::sample_rank(seed, &ContentHash::of_bytes(id.as_bytes())).is_multiple_of(2)
@@ -560,11 +578,7 @@ fn render(l: &Ladder, json: &Path) -> String {
         l.cpu,
         load_average(),
         l.date,
-        if l.backend.is_empty() {
-            "-"
-        } else {
-            &l.backend
-        },
+        l.backend_label(),
         l.slots,
         json.display(),
         l.split_seed,
@@ -580,9 +594,7 @@ fn render(l: &Ladder, json: &Path) -> String {
         "| strategy | dev P / R / F1 | held-out P / R / F1 | held-out misses | model calls | prompt tokens | completion tokens | wall | longest call | abstain / error / not_run | verified citations |"
     );
     let _ = writeln!(s, "|---|---|---|---|---:|---:|---:|---:|---:|---|---:|");
-    let on_tokens = frontier(&l.rows, |r| {
-        r.prompt_tokens as f64 + r.completion_tokens as f64
-    });
+    let on_tokens = frontier(&l.rows, Row::tokens);
     let on_wall = frontier(&l.rows, |r| r.wall_s);
     for (i, r) in l.rows.iter().enumerate() {
         let mark = match (on_tokens.contains(&i), on_wall.contains(&i)) {

@@ -477,7 +477,7 @@ pub fn verdict(l: &Ladder) -> String {
         "The best held-out F1 is {:.2}, by `{}`.",
         best.held_out.f1, best.strategy
     );
-    let tokens = frontier(&l.rows, |r| (r.prompt_tokens + r.completion_tokens) as f64);
+    let tokens = frontier(&l.rows, Row::tokens);
     let wall = frontier(&l.rows, |r| r.wall_s);
     for name in ["micro", "adaptive"] {
         let Some(i) = l.rows.iter().position(|r| r.strategy == name) else {
@@ -573,11 +573,7 @@ pub fn ladder_page(l: &Ladder) -> (String, String) {
         "{} on {}; backend {}; {} cores ({}), {} slots; measured {}; records split by a seeded hash of the id (seed {}).",
         "fanfold bench ladder",
         l.example,
-        if l.backend.is_empty() {
-            "-"
-        } else {
-            &l.backend
-        },
+        l.backend_label(),
         l.cores,
         l.cpu,
         l.slots,
@@ -601,11 +597,7 @@ pub fn ladder_page(l: &Ladder) -> (String, String) {
     let caption = |what: &str| {
         format!(
             "Held-out F1 against {what}, log scale; the dashed line joins the Pareto frontier. Backend {}, {} cores, {}{sim}.",
-            if l.backend.is_empty() {
-                "-"
-            } else {
-                &l.backend
-            },
+            l.backend_label(),
             l.cores,
             l.date
         )
@@ -613,7 +605,7 @@ pub fn ladder_page(l: &Ladder) -> (String, String) {
     h.push_str(&scatter(
         "plot-tokens",
         &l.rows,
-        |r| (r.prompt_tokens + r.completion_tokens) as f64,
+        Row::tokens,
         "tokens evaluated and generated",
         &caption("tokens"),
     ));

@@ -134,16 +134,7 @@ impl Stage for ChunkRunner {
 
     fn explain(&self, spec: &Spec, out: &mut String) {
         let sp = &self.stage.spec;
-        let backend = spec
-            .backends
-            .get(&sp.backend)
-            .map(|b| b.type_name())
-            .unwrap_or("?");
-        let simulated = if backend == "scripted" || backend == "replay" {
-            " [SIMULATED]"
-        } else {
-            ""
-        };
+        let (backend, simulated) = super::backend_label(spec, &sp.backend);
         let size = sp
             .size
             .map_or("as many as fit".to_owned(), |n| n.to_string());
@@ -184,17 +175,9 @@ impl Stage for ChunkRunner {
         units: &[usize],
     ) -> Result<CachedCount, RunError> {
         let sp = &self.stage.spec;
-        let Some(bspec) = spec.backends.get(&sp.backend) else {
-            return Ok(CachedCount::default());
-        };
-        let info = match crate::backends::identity(bspec, spec_dir, sp.execution) {
+        let info = match super::cached_identity(spec, spec_dir, &sp.backend, sp.execution) {
             Ok(info) => info,
-            Err(e) => {
-                return Ok(CachedCount {
-                    unknown: Some(e.to_string()),
-                    ..CachedCount::default()
-                });
-            }
+            Err(count) => return Ok(count),
         };
         let model = model_params(&info, &self.stage.turn);
         let layout = self.layout(table, units, &model)?;

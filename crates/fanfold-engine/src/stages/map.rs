@@ -218,16 +218,7 @@ impl Stage for MapRunner {
 
     fn explain(&self, spec: &Spec, out: &mut String) {
         let sp = &self.stage.spec;
-        let backend = spec
-            .backends
-            .get(&sp.backend)
-            .map(|b| b.type_name())
-            .unwrap_or("?");
-        let simulated = if backend == "scripted" || backend == "replay" {
-            " [SIMULATED]"
-        } else {
-            ""
-        };
+        let (backend, simulated) = super::backend_label(spec, &sp.backend);
         let sees = super::sees(sp.project.as_deref(), &sp.fields);
         let execution = match sp.execution {
             Execution::Online => "",
@@ -263,18 +254,9 @@ impl Stage for MapRunner {
         units: &[usize],
     ) -> Result<CachedCount, RunError> {
         let sp = &self.stage.spec;
-        let Some(bspec) = spec.backends.get(&sp.backend) else {
-            return Ok(CachedCount::default());
-        };
-        // The identity comes from the spec; no weights are loaded.
-        let info = match crate::backends::identity(bspec, spec_dir, sp.execution) {
+        let info = match super::cached_identity(spec, spec_dir, &sp.backend, sp.execution) {
             Ok(info) => info,
-            Err(e) => {
-                return Ok(CachedCount {
-                    unknown: Some(e.to_string()),
-                    ..CachedCount::default()
-                });
-            }
+            Err(count) => return Ok(count),
         };
         let model = model_params(&info, &self.stage);
         let projector = self.projector()?;

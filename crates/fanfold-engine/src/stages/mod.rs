@@ -73,6 +73,37 @@ pub fn build(decl: &StageSpec, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Sta
     }
 }
 
+/// A backend as `explain` names it: its type, and ` [SIMULATED]` when its
+/// answers come from a script or a cassette.
+pub(crate) fn backend_label(spec: &Spec, name: &str) -> (&'static str, &'static str) {
+    let kind = spec.backends.get(name).map_or("?", |b| b.type_name());
+    let simulated = if kind == "scripted" || kind == "replay" {
+        " [SIMULATED]"
+    } else {
+        ""
+    };
+    (kind, simulated)
+}
+
+/// The identity of a stage's backend, from the spec alone (no weights are
+/// loaded), for counting cached facts; the count to return instead when the
+/// backend is not declared or cannot be named.
+pub(crate) fn cached_identity(
+    spec: &Spec,
+    spec_dir: &Path,
+    backend: &str,
+    execution: Execution,
+) -> Result<BackendInfo, CachedCount> {
+    let bspec = spec
+        .backends
+        .get(backend)
+        .ok_or_else(CachedCount::default)?;
+    crate::backends::identity(bspec, spec_dir, execution).map_err(|e| CachedCount {
+        unknown: Some(e.to_string()),
+        ..CachedCount::default()
+    })
+}
+
 /// What a stage's context shows of a unit, as `explain` prints it.
 pub(crate) fn sees(project: Option<&str>, fields: &[String]) -> String {
     match project {

@@ -253,18 +253,14 @@ impl Stage for SelectRunner {
             let _ = writeln!(out, "    rule {}: `{}` -> {}", r.name, r.when, r.choose);
         }
         if let (Some(m), Some(scorer)) = (&s.model, &self.scorer) {
-            let backend = spec
-                .backends
-                .get(&m.backend)
-                .map(|b| b.type_name())
-                .unwrap_or("?");
+            let (backend, simulated) = super::backend_label(spec, &m.backend);
             let floor = match (m.min_confidence, &m.below_floor) {
                 (Some(c), Some(to)) => format!("; below {c} -> {to}"),
                 _ => String::new(),
             };
             let _ = writeln!(
                 out,
-                "    the rest: a model scores the choices, backend={}({backend}){floor}; shared prefix {} bytes (rubric {})",
+                "    the rest: a model scores the choices, backend={}({backend}){simulated}{floor}; shared prefix {} bytes (rubric {})",
                 m.backend,
                 scorer.stage.prefix().len(),
                 m.rubric
