@@ -502,19 +502,19 @@ fn measured(
         .chain(&c.verify.hash_mismatches)
         .map(|i| i.0.as_str())
         .collect();
-    let verified =
-        report
-            .answer
-            .items
-            .iter()
-            .filter(|i| {
-                !i.evidence.is_empty()
-                    && !failed.contains(i.unit_id.0.as_str())
-                    && !c.verify.evidence_failures.iter().any(|f| {
-                        f.contains(&format!("{} ", i.unit_id.0)) || f.ends_with(&i.unit_id.0)
-                    })
-            })
-            .count();
+    let verified = report
+        .answer
+        .items
+        .iter()
+        .filter(|i| {
+            !i.evidence.is_empty()
+                && !failed.contains(i.unit_id.0.as_str())
+                && !c.verify.evidence_failures.iter().any(|f| {
+                    // verify names a failed quote `unit ID field ...`.
+                    f.starts_with(&format!("unit {} field ", i.unit_id.0))
+                })
+        })
+        .count();
     let longest_ms = report
         .facts
         .iter()

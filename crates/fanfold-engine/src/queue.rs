@@ -417,6 +417,19 @@ impl<'a> StageJob<'a> {
         self.interpreter = Some(f);
     }
 
+    /// Reads one output: through the interpreter when one is set, else
+    /// as the map stage's decision and evidence.
+    fn interpret(
+        &self,
+        c: &Completion,
+        input: &Value,
+    ) -> Result<Interpreted, fanfold_ops::map::Invalid> {
+        match self.interpreter {
+            Some(f) => f(&c.text, input),
+            None => self.stage.interpret(&c.text, input, c.choices.as_deref()),
+        }
+    }
+
     pub fn set_claims(&mut self, claims: &'a dyn Claims) {
         self.claims = Some(claims);
     }
@@ -747,12 +760,7 @@ impl Job for StageJob<'_> {
                 .watch_call(&mut state, call_failure)
                 .map(|detail| (detail, Vec::new()));
             let failure = match result {
-                Ok(c) => match match self.interpreter {
-                    Some(f) => f(&c.text, &req.input),
-                    None => self
-                        .stage
-                        .interpret(&c.text, &req.input, c.choices.as_deref()),
-                } {
+                Ok(c) => match self.interpret(&c, &req.input) {
                     Ok(i) => Ok(i),
                     Err(invalid) => Err(format!("{}: {invalid}", invalid.code())),
                 },

@@ -636,10 +636,11 @@ pub fn explain_routing(
             continue;
         };
         r.routed.insert(name.to_owned(), units.len() as u64);
-        if let Some(calls) = stage.planned_calls(&routed.table, &units)? {
-            r.calls.insert(name.to_owned(), calls);
-        }
         let Some(store) = store else {
+            // Without a store nothing is cached: the calls are the plan's.
+            if let Some(calls) = stage.planned_calls(&routed.table, &units)? {
+                r.calls.insert(name.to_owned(), calls);
+            }
             if let Some(then) = stage.then() {
                 *r.undecided_before.entry(then.to_owned()).or_insert(0) += units.len() as u64;
             }
