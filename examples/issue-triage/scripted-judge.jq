@@ -19,6 +19,14 @@ def causes: [
   ["scope_mapping", "scope|claim|group mapping|role"]
 ];
 def sentence($re): [(.body // "") | match("[^.\n]*(" + $re + ")[^.\n]*"; "i") | .string] | first;
+# A cluster context (`items` at a `level`) is themed by the first cause
+# its quote names; themes are merged by label.
+def theme_of: (.view.quote // "") as $q | ([causes[] | select(.[1] as $re | $q | test($re; "i")) | .[0]] | first) // "other";
+def themes(key; count): [group_by(key)[] | {label: (.[0] | key), members: map(.id), count: count, exemplars: [.[0].id], dissent: []}];
+if has("items") and has("level") then
+  if .level == 0 then {themes: (.items | themes(theme_of; length)), outliers: []}
+  else {themes: (.items | themes(.view.theme; map(.facts) | add)), outliers: []} end
+else
 . as $u
 | [causes[] | select(.[1] as $re | $u | text | test($re; "i"))] as $hits
 | (if ($hits | length) > 0 then $hits[0] else ["other", "auth/v2|new_auth_path|OIDC"] end) as $cause
@@ -29,3 +37,4 @@ def sentence($re): [(.body // "") | match("[^.\n]*(" + $re + ")[^.\n]*"; "i") | 
     cause: (if $decision == "blocker" then $cause[0] else "none" end),
     evidence: (if $decision == "blocker" and $quote != null and ($quote | length) >= 8 then [{field: "body", quote: $quote}] else [] end)
   }
+end

@@ -7,6 +7,7 @@
 //! it. Its errors go straight to the person running the command, so it
 //! reports them with `anyhow` context like the binary does.
 
+mod cluster;
 mod deterministic;
 mod embed;
 mod fabric;
@@ -55,6 +56,9 @@ pub enum BenchCommand {
     /// and a held-out split, with the Pareto frontier of quality against
     /// tokens and wall time.
     Ladder(LadderCliArgs),
+    /// The example's model reducer: its themes against the fixture's
+    /// causes, and their drift over input orders and fan-ins.
+    Cluster(SelectCliArgs),
 }
 
 #[derive(Args)]
@@ -85,7 +89,7 @@ pub struct LadderCliArgs {
 
 #[derive(Args)]
 pub struct SelectCliArgs {
-    /// The issue-triage example folder (its `select.toml`).
+    /// The issue-triage example folder (its `select.toml` and oracle).
     #[arg(long, default_value = "examples/issue-triage")]
     example: PathBuf,
     #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
@@ -171,6 +175,14 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                 only: a.only,
                 backend: a.backend,
                 split_seed: a.split_seed,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Cluster(a) => {
+            cluster::main(&cluster::ClusterArgs {
+                example: a.example,
+                report: a.report,
+                slots: a.slots,
             })?;
             Ok(ExitCode::SUCCESS)
         }

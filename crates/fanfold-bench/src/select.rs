@@ -51,8 +51,10 @@ pub fn main(args: &SelectArgs) -> Result<()> {
     let mut runs = Vec::new();
     for label in ["no routing", "rules only", "model select"] {
         let mut spec = base.clone();
-        // The audit measures other rungs; it is not what is compared here.
-        spec.stages.retain(|s| !matches!(s, StageSpec::Audit(_)));
+        // The audit measures other rungs and the cluster reduces the
+        // answer; neither is what is compared here.
+        spec.stages
+            .retain(|s| !matches!(s, StageSpec::Audit(_) | StageSpec::Cluster(_)));
         match label {
             "no routing" => spec.stages.retain(|s| s.name() != SELECT),
             "rules only" => {

@@ -597,6 +597,7 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
 
     checks.push(select_allowlist(&mut ctx, &example, &issues)?);
     checks.push(coarse_rungs(&ctx, &example, &truth)?);
+    checks.push(cluster_invalidation(&mut ctx, &example, &issues)?);
 
     let report = SelfcheckReport {
         ok: checks.iter().all(|c| c.ok),
@@ -704,6 +705,96 @@ fn coarse_rungs(ctx: &Ctx, example: &Path, blockers: &BTreeSet<String>) -> Resul
             routed(&long_run),
             long.not_run,
             !long.complete
+        ),
+    })
+}
+
+/// The model reducer of `select.toml` pays, after one fact changed, for
+/// exactly the contexts on that fact's path to the root, and reuses every
+/// other one; every theme it reports cites only facts it was given.
+fn cluster_invalidation(ctx: &mut Ctx, example: &Path, issues: &[Value]) -> Result<Check> {
+    let dir = ctx.tmp.path().join("cluster");
+    std::fs::create_dir_all(&dir)?;
+    for entry in std::fs::read_dir(example)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::copy(entry.path(), dir.join(entry.file_name()))?;
+        }
+    }
+    // Without the stress reductions, whose paths would be paid for too.
+    let spec_path = dir.join("select.toml");
+    let spec = std::fs::read_to_string(&spec_path)?;
+    let Some((head, tail)) = spec.split_once("[stages.stress]") else {
+        return Err(anyhow!("select.toml has no [stages.stress] table"));
+    };
+    let tail = tail.split_once("\n\n").map_or("", |(_, rest)| rest);
+    std::fs::write(&spec_path, format!("{head}{tail}"))?;
+    let plan = scripted_plan(&spec_path)?;
+    let store = ctx.store("cluster");
+    let first = ctx.run(&plan, &store, None, None)?;
+    let Some(before) = first
+        .certificate
+        .stats
+        .clusters
+        .get("cause_themes")
+        .cloned()
+    else {
+        return Err(anyhow!("the cluster stage did not report"));
+    };
+    let given: BTreeSet<&str> = first
+        .facts
+        .iter()
+        .filter(|f| f.stage == "auth_blocker" && f.status == Status::Positive)
+        .filter_map(|f| f.source_ids.first().map(UnitId::as_str))
+        .collect();
+    let cites_given = before.cited().all(|id| given.contains(id.as_str()));
+    // The first cited blocker's quote, reworded where the judge reads it.
+    let Some((id, quote)) = first.facts.iter().find_map(|f| {
+        let ev = f.evidence.first()?;
+        let id = f.source_ids.first()?;
+        (f.stage == "auth_blocker" && f.status == Status::Positive)
+            .then(|| (id.0.clone(), ev.quote.clone()))
+    }) else {
+        return Err(anyhow!("no blocker cites a quote"));
+    };
+    let mut edited = issues.to_vec();
+    for issue in &mut edited {
+        if issue["number"]
+            .as_u64()
+            .is_some_and(|n| n.to_string() == id)
+            && let Some(Value::String(body)) = issue.get_mut("body")
+        {
+            *body = body.replacen(&quote, &format!("Again, {quote}"), 1);
+        }
+    }
+    std::fs::write(
+        dir.join("issues.json"),
+        serde_json::to_string_pretty(&edited)?,
+    )?;
+    let second = ctx.run(&plan, &store, None, None)?;
+    let Some(after) = second.certificate.stats.clusters.get("cause_themes") else {
+        return Err(anyhow!("the cluster stage did not report on the rerun"));
+    };
+    let path = u64::from(after.levels);
+    Ok(Check {
+        name: "cluster_invalidation",
+        ok: cites_given
+            && !before.themes.is_empty()
+            && before.errors.is_empty()
+            && before.calls == before.nodes
+            && after.calls == path
+            && after.cached_nodes == after.nodes - path
+            && after.nodes == before.nodes,
+        simulated: true,
+        figure: format!(
+            "{} facts in {} themes over {} contexts ({} levels), every cited id one of the judge's facts: {cites_given}; after issue {id}'s quote changed: {} calls, {} of {} contexts reused",
+            before.facts,
+            before.themes.len(),
+            before.nodes,
+            before.levels,
+            after.calls,
+            after.cached_nodes,
+            after.nodes
         ),
     })
 }

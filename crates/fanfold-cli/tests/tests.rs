@@ -178,7 +178,8 @@ fn selfcheck_json_is_ok() {
             "incomplete_exit_code",
             "shared_store_claims",
             "select_allowlist",
-            "coarse_rungs"
+            "coarse_rungs",
+            "cluster_invalidation"
         ]
     );
 }
@@ -2740,4 +2741,219 @@ fn a_ladder_report_plots_every_strategy_and_marks_the_frontier() {
     }
     assert!(dom.contains("id=\"verdict\""));
     assert!(png.len() > 10_000, "a screenshot of {} bytes", png.len());
+}
+
+/// A judge that keeps the even rows and says each one's topic, then a
+/// cluster stage over its facts with a [SIMULATED] themer.
+fn cluster_fixture(settings: &str, themer: &str, rows: usize) -> Fixture {
+    let f = Fixture::new(
+        JSON_ARRAY,
+        &format!(
+            r#"[[stages]]
+name = "themes"
+type = "cluster"
+version = 1
+reads = "judge"
+rubric = "themes.md"
+backend = "themer"
+fan_in = 6
+max_themes = 3
+max_attempts = 2
+{settings}
+"#
+        ),
+    );
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    // Stages run in spec order: the judge goes first, the reducer after it.
+    let (head, judge) = spec
+        .split_once("[[stages]]\nname = \"judge\"")
+        .expect("judge");
+    let (cluster, tail) = head
+        .split_once("[[stages]]")
+        .map_or((head, ""), |(a, b)| (a, b));
+    let (judge, rest) = judge.split_once("[backends.default]").expect("backends");
+    let spec = format!(
+        "{cluster}[[stages]]\nname = \"judge\"{judge}[[stages]]{tail}[backends.themer]\ntype = \"scripted\"\nscript = \"themer.jq\"\n\n[backends.default]{rest}"
+    );
+    std::fs::write(f.path("spec.toml"), spec).expect("spec");
+    std::fs::write(f.path("themes.md"), "Group the facts by topic.\n").expect("rubric");
+    std::fs::write(f.path("themer.jq"), themer).expect("script");
+    std::fs::write(
+        f.path("judge.jq"),
+        r#"{decision: (if .flag then "yes" else "no" end), topic: .topic}"#,
+    )
+    .expect("judge");
+    std::fs::write(
+        f.path("schema.json"),
+        r#"{"type": "object", "required": ["decision", "topic"], "properties": {"decision": {"enum": ["yes", "no"]}, "topic": {"type": "string"}}}"#,
+    )
+    .expect("schema");
+    let topics = ["login", "billing", "search"];
+    let rows: Vec<Value> = (0..rows)
+        .map(|i| serde_json::json!({"id": i, "flag": i % 2 == 0, "topic": topics[i % 3]}))
+        .collect();
+    f.input(serde_json::to_string(&rows).expect("rows").as_bytes());
+    f
+}
+
+/// Groups facts by their topic, and themes by their label: one theme per
+/// topic, whatever the order or the grouping. `COUNT` is what it says a
+/// theme holds.
+const THEME_BY_TOPIC: &str = r#"def themes(key; COUNT): [group_by(key)[] | {label: (.[0] | key), members: map(.id), count: COUNT, exemplars: [.[0].id], dissent: []}];
+if .level == 0 then {themes: (.items | themes(.view.topic; length)), outliers: []}
+else {themes: (.items | themes(.view.theme; map(.facts) | add)), outliers: []} end"#;
+
+fn cluster_of(c: &Value) -> &Value {
+    &c["stats"]["clusters"]["themes"]
+}
+
+#[test]
+fn a_cluster_stage_themes_the_facts_and_an_edit_recomputes_only_its_branch() {
+    let f = cluster_fixture("", THEME_BY_TOPIC, 40);
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let c = f.certificate();
+    let k = cluster_of(&c);
+    // 20 facts, 6 a context: 4 contexts, then 2, then 1.
+    assert_eq!(k["facts"], 20, "{k}");
+    assert_eq!(k["levels"], 3, "{k}");
+    assert_eq!(k["nodes"], 7, "{k}");
+    assert_eq!(k["calls"], 7, "{k}");
+    assert_eq!(c["stats"]["model_calls"], 40 + 7);
+    let themes = k["themes"].as_array().expect("themes");
+    assert_eq!(themes.len(), 3, "{k}");
+    for t in themes {
+        let topic = t["label"].as_str().expect("label");
+        let at = ["login", "billing", "search"]
+            .iter()
+            .position(|x| *x == topic)
+            .expect("a topic");
+        let expected: Vec<String> = (0..40)
+            .filter(|i| i % 2 == 0 && i % 3 == at)
+            .map(|i| i.to_string())
+            .collect();
+        let mut members: Vec<String> = t["members"]
+            .as_array()
+            .expect("members")
+            .iter()
+            .filter_map(|m| m.as_str().map(str::to_owned))
+            .collect();
+        members.sort_by_key(|m| m.parse::<u32>().unwrap_or(0));
+        assert_eq!(members, expected, "{topic}");
+        assert_eq!(t["count"], expected.len() as u64);
+    }
+    assert_eq!(c["verify"]["passed"], true);
+    let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
+    assert!(
+        md.contains("## Themes: cluster `themes` [SIMULATED]"),
+        "{md}"
+    );
+    assert!(md.contains("**login** — 7 facts"), "{md}");
+
+    // Nothing changed: every context is reused.
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let c = f.certificate();
+    assert_eq!(c["stats"]["model_calls"], 0);
+    assert_eq!(cluster_of(&c)["cached_nodes"], 7);
+
+    // One fact's topic changes: its context and the two above it, nothing else.
+    let input = std::fs::read_to_string(f.path("input.data")).expect("input");
+    let edited = input.replacen(
+        r#"{"id":6,"flag":true,"topic":"login"}"#,
+        r#"{"id":6,"flag":true,"topic":"search"}"#,
+        1,
+    );
+    assert_ne!(edited, input, "the fixture's row 6");
+    f.input(edited.as_bytes());
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let c = f.certificate();
+    assert_eq!(cluster_of(&c)["calls"], 3, "{}", cluster_of(&c));
+    assert_eq!(cluster_of(&c)["cached_nodes"], 4);
+    assert_eq!(c["stats"]["model_calls"], 1 + 3);
+}
+
+#[test]
+fn a_cluster_answer_with_a_wrong_count_or_a_foreign_id_is_an_error_never_a_theme() {
+    for (themer, says) in [
+        (
+            // Every theme claims one fact more than it holds.
+            r#"{themes: [.items | group_by(.view.topic)[] | {label: .[0].view.topic, members: map(.id), count: (length + 1), exemplars: [], dissent: []}], outliers: []}"#,
+            "its members hold",
+        ),
+        (
+            r#"{themes: [{label: "x", members: ["999"], count: 1, exemplars: [], dissent: []}], outliers: []}"#,
+            "not one this context showed",
+        ),
+    ] {
+        let f = cluster_fixture("", themer, 12);
+        let o = f.run(&[]);
+        assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+        let c = f.certificate();
+        let k = cluster_of(&c);
+        assert_eq!(k["themes"].as_array().map(Vec::len), Some(0), "{k}");
+        assert_eq!(k["failed"].as_array().map(Vec::len), Some(6), "{k}");
+        // Two attempts for the one context.
+        assert_eq!(k["calls"], 2, "{k}");
+        let reason = k["errors"][0]["reason"].as_str().unwrap_or("");
+        assert!(reason.contains(says), "{reason}");
+        assert_eq!(c["complete"], false);
+        let why = c["incomplete"].to_string();
+        assert!(why.contains("cluster `themes`"), "{why}");
+        // A refused answer is never stored: a rerun asks again.
+        let o = f.run(&[]);
+        assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+        assert_eq!(cluster_of(&f.certificate())["calls"], 2);
+    }
+}
+
+#[test]
+fn reorder_stress_measures_the_drift_of_theme_memberships_against_a_bound() {
+    let stress = "[stages.stress]\norders = 3\nfan_ins = [6, 8]\nmax_drift = 0.0\nseed = 4";
+    let f = cluster_fixture(stress, THEME_BY_TOPIC, 40);
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let c = f.certificate();
+    let s = &cluster_of(&c)["stress"];
+    // 3 orders x 2 fan-ins, less the answer's own reduction.
+    assert_eq!(s["runs"].as_array().map(Vec::len), Some(5), "{s}");
+    assert_eq!(s["drift"], 0.0, "{s}");
+
+    // A themer that groups by position: its themes move with the order.
+    let by_position = r#"{themes: [.items | to_entries | group_by(.key % 2)[] | map(.value) | {label: "half \(.[0].id)", members: map(.id), count: (map(.facts) | add), exemplars: [], dissent: []}], outliers: []}"#;
+    let f = cluster_fixture(stress, by_position, 40);
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let c = f.certificate();
+    let drift = cluster_of(&c)["stress"]["drift"].as_f64().expect("drift");
+    assert!(drift > 0.0, "{drift}");
+    assert!(
+        c["incomplete"].to_string().contains("drift"),
+        "{}",
+        c["incomplete"]
+    );
+}
+
+#[test]
+fn a_cluster_must_read_a_unit_stage_declared_before_it() {
+    let f = cluster_fixture("", THEME_BY_TOPIC, 4);
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    for (from, to, says) in [
+        (
+            "reads = \"judge\"",
+            "reads = \"nobody\"",
+            "reads the facts of `nobody`",
+        ),
+        (
+            "max_themes = 3",
+            "max_themes = 4",
+            "at least twice max_themes",
+        ),
+    ] {
+        std::fs::write(f.path("spec.toml"), spec.replace(from, to)).expect("spec");
+        let o = f.run(&[]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{}", stderr(&o));
+    }
 }

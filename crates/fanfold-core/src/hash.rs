@@ -129,6 +129,10 @@ pub enum Bucket {
     /// One context of a chunk stage: its members' inputs, in order, and
     /// the model.
     Chunk,
+    /// A cluster stage's definition: what it reads, its grouping, its turn.
+    ClusterDef,
+    /// One context of a cluster stage: its inputs, in order, and the model.
+    ClusterNode,
     /// A fold's reducers.
     FoldDef,
     /// One unit's outcome as a fold leaf.
@@ -165,6 +169,8 @@ impl Bucket {
             Bucket::Selection => "selection-v1",
             Bucket::ChunkDef => "chunk-def-v1",
             Bucket::Chunk => "chunk-v1",
+            Bucket::ClusterDef => "cluster-def-v1",
+            Bucket::ClusterNode => "cluster-node-v1",
             Bucket::FoldDef => "fold-def-v1",
             Bucket::FoldLeaf => "fold-leaf-v1",
             Bucket::FoldNode => "fold-node-v1",

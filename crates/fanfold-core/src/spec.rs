@@ -155,6 +155,11 @@ pub enum StageSpec {
     /// micro-contexts are measured against (`size` units a context), and,
     /// with one context as wide as the window, the long-context one.
     Chunk(ChunkStageSpec),
+    /// A model reducer: reads the facts an earlier stage decided (never the
+    /// raw units) in bounded groups and proposes themes nobody enumerated,
+    /// merging them up a tree. Every id it cites must be one of its inputs
+    /// and every count it states is recounted from its members.
+    Cluster(ClusterStageSpec),
 }
 
 /// The model turn a stage declares: where it is sent and how.
@@ -171,6 +176,7 @@ impl StageSpec {
             StageSpec::Audit(s) => &s.name,
             StageSpec::Select(s) => &s.name,
             StageSpec::Chunk(s) => &s.name,
+            StageSpec::Cluster(s) => &s.name,
         }
     }
 
@@ -181,6 +187,7 @@ impl StageSpec {
             StageSpec::Audit(_) => "audit",
             StageSpec::Select(_) => "select",
             StageSpec::Chunk(_) => "chunk",
+            StageSpec::Cluster(_) => "cluster",
         }
     }
 
@@ -192,6 +199,7 @@ impl StageSpec {
             StageSpec::Audit(s) => s.judge.project.as_deref(),
             StageSpec::Select(s) => s.project.as_deref(),
             StageSpec::Chunk(s) => s.project.as_deref(),
+            StageSpec::Cluster(s) => s.project.as_deref(),
         }
     }
 
@@ -201,6 +209,7 @@ impl StageSpec {
         let (backend, execution) = match self {
             StageSpec::Map(s) => (&mut s.backend, &mut s.execution),
             StageSpec::Chunk(s) => (&mut s.backend, &mut s.execution),
+            StageSpec::Cluster(s) => (&mut s.backend, &mut s.execution),
             StageSpec::Audit(s) => (&mut s.judge.backend, &mut s.judge.execution),
             StageSpec::Select(SelectStageSpec { model: Some(m), .. }) => {
                 (&mut m.backend, &mut m.execution)
@@ -215,6 +224,7 @@ impl StageSpec {
         match self {
             StageSpec::Map(s) => Some((&s.backend, s.execution)),
             StageSpec::Chunk(s) => Some((&s.backend, s.execution)),
+            StageSpec::Cluster(s) => Some((&s.backend, s.execution)),
             StageSpec::Audit(s) => Some((&s.judge.backend, s.judge.execution)),
             StageSpec::Select(SelectStageSpec { model: Some(m), .. }) => {
                 Some((&m.backend, m.execution))
@@ -519,6 +529,83 @@ pub struct ChunkStageSpec {
     pub seed: u64,
     #[serde(default)]
     pub execution: Execution,
+}
+
+/// A cluster stage: a model reducer over the facts of one earlier stage.
+/// Facts are shown in groups of at most `fan_in`; each group's context
+/// proposes at most `max_themes` themes (a label, its member facts, its
+/// exemplars and the facts that contradict it) and the facts that fit none
+/// (outliers). Themes are then merged, `fan_in` at a time, until one
+/// context holds them all. A node whose answer cites an id it was not shown,
+/// or states a count its members do not add up to, is an error: its inputs
+/// stay unmerged and the answer says it is incomplete.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterStageSpec {
+    pub name: String,
+    /// Bump when the stage's meaning changes without its files changing.
+    pub version: u32,
+    /// The stage whose facts are clustered; it must be declared earlier.
+    pub reads: String,
+    /// The statuses of the facts read (default: positive only).
+    #[serde(default = "default_cluster_statuses")]
+    pub statuses: Vec<String>,
+    /// Markdown file with the instructions, relative to the spec.
+    pub rubric: String,
+    /// A jq expression over a fact (`{id, decision, facts, evidence}`) that
+    /// builds what a context shows of it; `.facts` when absent.
+    pub project: Option<String>,
+    #[serde(default = "default_backend")]
+    pub backend: String,
+    /// The most facts, or themes, one context reads.
+    pub fan_in: usize,
+    /// The most themes one context may propose; at most half of `fan_in`,
+    /// so every level of the tree is smaller than the one below it.
+    pub max_themes: usize,
+    /// Attempts per context, counting the first.
+    #[serde(default = "default_attempts")]
+    pub max_attempts: u32,
+    #[serde(default = "default_cluster_output_tokens")]
+    pub max_output_tokens: u32,
+    #[serde(default)]
+    pub temperature: f64,
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default)]
+    pub execution: Execution,
+    /// Reorder stress: the same facts reduced again in other orders and at
+    /// other fan-ins, and the drift of theme memberships held to a bound.
+    pub stress: Option<StressSpec>,
+}
+
+/// How stable a model reducer's themes must be under the order and the
+/// grouping of its inputs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StressSpec {
+    /// Input orders, the first being the facts' source order; the rest are
+    /// seeded shuffles.
+    #[serde(default = "default_stress_orders")]
+    pub orders: usize,
+    /// The fan-ins to reduce at; the stage's own when empty.
+    #[serde(default)]
+    pub fan_ins: Vec<usize>,
+    /// The most drift allowed: 1 less the mean best-match Jaccard of each
+    /// reduction's theme memberships against the first one's. Above it the
+    /// answer is incomplete.
+    pub max_drift: f64,
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_cluster_statuses() -> Vec<String> {
+    vec!["positive".into()]
+}
+fn default_cluster_output_tokens() -> u32 {
+    320
+}
+fn default_stress_orders() -> usize {
+    5
 }
 
 /// How a map stage's requests reach its backend.

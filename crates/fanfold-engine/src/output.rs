@@ -249,6 +249,9 @@ pub fn markdown(report: &RunReport) -> String {
             );
         }
     }
+    for (name, cluster) in &c.stats.clusters {
+        out.push_str(&cluster_section(name, cluster, &sim));
+    }
     for (name, select) in &c.stats.selects {
         let _ = writeln!(
             out,
@@ -382,6 +385,91 @@ pub fn markdown(report: &RunReport) -> String {
         let _ = writeln!(out, "  - abstains to read back: {}", ids.join(", "));
     }
     let _ = writeln!(out, "\nRun `{}`.", report.run_id);
+    out
+}
+
+/// A cluster stage's themes as answer.md shows them: each theme with its
+/// recounted size and every member cited, then what fits no theme, the
+/// contexts that failed and the reorder stress.
+fn cluster_section(name: &str, c: &crate::stages::cluster::ClusterReport, sim: &str) -> String {
+    let ids = |v: &[fanfold_core::UnitId]| -> String {
+        v.iter()
+            .map(|i| format!("#{}", md_text(&i.0)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n## Themes: cluster `{name}`{sim}\n\nProposed by the model from the {} facts of `{}`, {} at a time over {} levels ({} contexts, {} reused). Counts are fanfold's own, from the members.\n",
+        c.facts, c.reads, c.fan_in, c.levels, c.nodes, c.cached_nodes
+    );
+    for (n, t) in c.themes.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "{}. **{}** — {} {}: {}",
+            n + 1,
+            md_text(&t.label),
+            t.count,
+            if t.count == 1 { "fact" } else { "facts" },
+            ids(&t.members)
+        );
+        if !t.exemplars.is_empty() {
+            let _ = writeln!(out, "   - exemplars: {}", ids(&t.exemplars));
+        }
+        if !t.dissent.is_empty() {
+            let _ = writeln!(out, "   - dissent: {}", ids(&t.dissent));
+        }
+    }
+    if c.themes.is_empty() {
+        let _ = writeln!(out, "No theme was found.");
+    }
+    for (what, list) in [
+        ("Outliers (fit no theme)", &c.outliers),
+        ("Placed in no theme", &c.unthemed),
+        ("**In no theme: their context failed**", &c.failed),
+    ] {
+        if !list.is_empty() {
+            let _ = writeln!(out, "\n{what}: {}", ids(list));
+        }
+    }
+    for e in &c.errors {
+        let _ = writeln!(
+            out,
+            "- context at level {} ({}..{}) failed: {}",
+            e.level,
+            md_text(&e.first),
+            md_text(&e.last),
+            md_text(&e.reason)
+        );
+    }
+    if c.unmerged {
+        let _ = writeln!(
+            out,
+            "\nThe merge stopped narrowing: the themes above were never all compared in one context."
+        );
+    }
+    if let Some(s) = &c.stress {
+        let verdict = if s.drift <= s.max_drift {
+            "within"
+        } else {
+            "**above**"
+        };
+        let _ = writeln!(
+            out,
+            "\nReorder stress: the largest drift over {} reductions is {:.2}, {verdict} the declared {:.2}.\n\n| order | fan-in | themes | drift | failed contexts |\n|---:|---:|---:|---:|---:|",
+            s.runs.len(),
+            s.drift,
+            s.max_drift
+        );
+        for r in &s.runs {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.2} | {} |",
+                r.order, r.fan_in, r.themes, r.drift, r.errors
+            );
+        }
+    }
     out
 }
 

@@ -152,6 +152,19 @@ impl Plan {
             if let Some(reads) = stage.reads_negatives() {
                 check_reads(&stages, at, reads).map_err(&invalid)?;
             }
+            if let Some(reads) = stage.reads_facts() {
+                let there = stages.iter().position(|s| s.name() == reads);
+                if there.is_none_or(|t| {
+                    t >= at
+                        || stages[t].reads_facts().is_some()
+                        || stages[t].reads_negatives().is_some()
+                }) {
+                    return Err(invalid(format!(
+                        "cluster `{}` reads the facts of `{reads}`, which is not a unit stage declared before it",
+                        stage.name()
+                    )));
+                }
+            }
             for then in stage.targets() {
                 let there = stages.iter().position(|s| s.name() == then);
                 // A stage that reads earlier rungs' negatives passes units
@@ -165,7 +178,7 @@ impl Plan {
                     }
                     continue;
                 }
-                if there.is_none_or(|t| t <= at) {
+                if there.is_none_or(|t| t <= at || stages[t].reads_facts().is_some()) {
                     return Err(invalid(format!(
                         "stage `{}` passes units on to `{then}`, which is not a stage declared after it",
                         stage.name()

@@ -56,6 +56,9 @@ pub struct RunStats {
     /// How each chunk stage packed its units into contexts.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub chunks: BTreeMap<String, crate::stages::chunk::ChunkReport>,
+    /// Per cluster stage: its themes, checks and reorder stress.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub clusters: BTreeMap<String, crate::stages::cluster::ClusterReport>,
     /// The process's peak resident memory when the certificate was
     /// written (Linux `VmHWM`), in KiB; absent where the OS does not say.
     #[serde(default)]

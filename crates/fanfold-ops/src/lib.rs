@@ -1,5 +1,6 @@
 //! fanfold's operators: partition, prefilter, map (prompt, validation,
-//! evidence), chunk (many units a context), embed (texts, keys, scores),
+//! evidence), chunk (many units a context), cluster (a model reducer over
+//! facts), embed (texts, keys, scores),
 //! select (a typed choice from a catalog), fold, verify, audit and the
 //! stopping controller.
 //!
@@ -9,6 +10,7 @@
 
 pub mod audit;
 pub mod chunk;
+pub mod cluster;
 pub mod contract;
 pub mod embed;
 pub mod fold;

@@ -249,6 +249,11 @@ fn run_begun(
     // which only moves units forward, so it is the last.
     for pass in 0..2 {
         for stage in &plan.stages {
+            // A model reducer reads the answer's facts once they are all
+            // known, below.
+            if stage.reads_facts().is_some() {
+                continue;
+            }
             let reads = stage.reads_negatives();
             let tripped = matches!(stop, StopReason::BreakerTripped { .. });
             let units = match reads {
@@ -282,6 +287,7 @@ fn run_begun(
                 progress,
                 stats: &mut stats,
                 negatives: &negatives,
+                facts: &[],
             };
             let outcome = stage.run(&mut ctx, units)?;
             if let Some(s) = outcome.stop
@@ -322,6 +328,38 @@ fn run_begun(
             .collect();
         facts.retain(|(i, f)| !answered.contains(i) || escalated.get(i) == Some(&f.stage));
     }
+    // Model reducers: they read the answer's facts, never raw units. A
+    // run a breaker stopped has no answer worth reducing.
+    for stage in plan.stages.iter().filter(|s| s.reads_facts().is_some()) {
+        if matches!(stop, StopReason::BreakerTripped { .. }) {
+            break;
+        }
+        let reducer_ledger =
+            FactLedger::new(store, Controller::new(crate::stages::no_contract()), None);
+        let mut ctx = StageContext {
+            spec,
+            spec_dir: &plan.spec_dir,
+            store,
+            run_id,
+            table: &routed.table,
+            slots: opts.slots.max(1),
+            budget: &budget,
+            ledger: &reducer_ledger,
+            backends: &mut backends,
+            embedders: &mut embedders,
+            progress,
+            stats: &mut stats,
+            negatives: &Negatives::default(),
+            facts: &facts,
+        };
+        let outcome = stage.run(&mut ctx, Vec::new())?;
+        if let Some(s) = outcome.stop
+            && stop == StopReason::Completed
+        {
+            stop = s;
+        }
+        phases.mark(&format!("{}:{}", stage.kind(), stage.name()));
+    }
     stats.model_calls += totals.calls;
     stats.cost.add(&totals.cost);
     stats.recomputed_units = std::mem::take(&mut totals.recomputed);
@@ -358,6 +396,9 @@ fn run_begun(
     for (name, audit) in &stats.audits {
         incomplete.extend(audit.shortfalls(name));
     }
+    for (name, cluster) in &stats.clusters {
+        incomplete.extend(cluster.shortfalls(name));
+    }
     // Units pruned before a bound was broken were pruned on a false proof.
     if !totals.violations.is_empty() && statuses.cancelled > 0 {
         incomplete.push(format!(
@@ -374,6 +415,7 @@ fn run_begun(
         .iter()
         .map(|i| i.unit_id.clone())
         .chain(answered.themes.iter().flat_map(|t| t.ids.iter().cloned()))
+        .chain(stats.clusters.values().flat_map(|c| c.cited().cloned()))
         .collect();
     let mut facts: Vec<FactRecord> = facts.into_iter().map(|(_, f)| f).collect();
     facts.sort_by(|a, b| {

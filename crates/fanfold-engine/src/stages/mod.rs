@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod chunk;
+pub mod cluster;
 pub mod embed;
 pub mod map;
 pub mod select;
@@ -70,6 +71,7 @@ pub fn build(decl: &StageSpec, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Sta
         StageSpec::Audit(s) => Ok(Box::new(audit::AuditRunner::build(s, ctx)?)),
         StageSpec::Select(s) => Ok(Box::new(select::SelectRunner::build(s, ctx)?)),
         StageSpec::Chunk(s) => Ok(Box::new(chunk::ChunkRunner::build(s, ctx)?)),
+        StageSpec::Cluster(s) => Ok(Box::new(cluster::ClusterRunner::build(s, ctx)?)),
     }
 }
 
@@ -128,6 +130,9 @@ pub struct StageContext<'a> {
     pub stats: &'a mut RunStats,
     /// What the earlier rungs threw away, for a stage that reads it.
     pub negatives: &'a Negatives,
+    /// The answer's facts (table position, fact), for a stage that reads
+    /// facts; empty for every other stage.
+    pub facts: &'a [(usize, FactRecord)],
 }
 
 impl StageContext<'_> {
@@ -154,6 +159,7 @@ impl StageContext<'_> {
             progress: self.progress,
             stats: &mut *self.stats,
             negatives: self.negatives,
+            facts: self.facts,
         }
     }
 }
@@ -162,12 +168,18 @@ impl StageContext<'_> {
 /// sent to it, and no bound is asked of it.
 pub fn uncontracted(spec: &Spec) -> Spec {
     let mut s = spec.clone();
-    s.contract = fanfold_core::spec::ContractSpec::Exhaustive {
+    s.contract = no_contract();
+    s
+}
+
+/// The contract of a turn that answers no question of its own: decide
+/// everything, stop for nothing but budgets.
+pub fn no_contract() -> fanfold_core::spec::ContractSpec {
+    fanfold_core::spec::ContractSpec::Exhaustive {
         answer: String::new(),
         themes: None,
         top_themes: 0,
-    };
-    s
+    }
 }
 
 /// The negatives of the rungs a stage reads, by rung name.
@@ -226,7 +238,7 @@ pub struct CachedCount {
 pub trait Stage: Send + Sync {
     fn name(&self) -> &str;
     /// The kind, as the spec names it (`map`, `embed`, `audit`, `select`,
-    /// `chunk`).
+    /// `chunk`, `cluster`).
     fn kind(&self) -> &'static str;
     /// The hash of what the stage means; part of every key of its facts.
     fn definition_hash(&self) -> ContentHash;
@@ -247,6 +259,12 @@ pub trait Stage: Send + Sync {
     /// it reads any; such a stage runs once, after every stage before it,
     /// and may pass units back to an earlier stage.
     fn reads_negatives(&self) -> Option<&NegativeReads> {
+        None
+    }
+    /// The stage whose facts this one reduces (a model reducer), if any.
+    /// Such a stage is sent no units: it runs once every unit stage has
+    /// run, with the answer's facts in [`StageContext::facts`].
+    fn reads_facts(&self) -> Option<&str> {
         None
     }
     /// Its lines in `fanfold explain`.

@@ -1,0 +1,821 @@
+//! The cluster operator: a model reducer that reads facts, never raw units,
+//! and proposes themes nobody enumerated. Facts are shown `fan_in` at a
+//! time; each context answers with themes (a label, member ids, a count,
+//! exemplars, dissent) and outliers. The themes of one level are the items
+//! of the next, merged `fan_in` at a time, until one context holds them all.
+//!
+//! Nothing a model says is taken on trust: every id must be one the context
+//! showed, a fact belongs to at most one theme of a context, and every count
+//! is recounted from the members. An answer that fails any of these is
+//! refused like malformed JSON (retried, then an error of that node). Keys,
+//! prompts, the checks and the level-by-level bookkeeping live here; the
+//! engine runs the calls.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Range;
+
+use fanfold_core::spec::{ClusterStageSpec, DecisionSpec, MapStageSpec};
+use fanfold_core::{Bucket, ContentHash, ModelParams, StableHash, StableHasher, Status};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::map::{Interpreted, Invalid, MapSpecError, MapStage, strip_fences};
+
+/// Version of the context layout below; part of every cluster key.
+pub const CLUSTER_TEMPLATE: &str = "cluster-prompt-v1";
+
+/// The most exemplars a theme names.
+pub const MAX_EXEMPLARS: usize = 2;
+
+/// The most characters of a theme's label.
+pub const MAX_LABEL_CHARS: usize = 80;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterSpecError {
+    #[error("stage `{stage}`: {detail}")]
+    Invalid { stage: String, detail: String },
+    #[error(transparent)]
+    Turn(#[from] MapSpecError),
+}
+
+/// One input of a context: a fact (level 0) or a theme of the level below.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Item {
+    /// A unit id for a fact; `T1`, `T2`, ... for the themes of a level.
+    pub id: String,
+    /// What the item is: a fact's projected view, or a theme's content.
+    pub key: ContentHash,
+    /// The unit ids of the facts it stands for, in input order.
+    pub leaves: Vec<String>,
+    /// A theme's label; `None` for a fact.
+    pub label: Option<String>,
+    /// Unit ids of the facts that best show the theme.
+    pub exemplars: Vec<String>,
+    /// Unit ids of facts that contradict the theme.
+    pub dissent: Vec<String>,
+    /// What a context shows of it.
+    pub view: Value,
+}
+
+/// A theme as one context proposed it, after every check passed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProposedTheme {
+    pub label: String,
+    /// Ids of the context's items.
+    pub members: Vec<String>,
+    /// The count the model stated; equal to the members' facts.
+    pub count: u64,
+    pub exemplars: Vec<String>,
+    pub dissent: Vec<String>,
+}
+
+/// One context's checked answer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeAnswer {
+    pub themes: Vec<ProposedTheme>,
+    /// Ids of the items that fit no theme.
+    pub outliers: Vec<String>,
+}
+
+/// A cluster stage ready to group items, build contexts and read answers.
+pub struct ClusterStage {
+    pub spec: ClusterStageSpec,
+    /// The model turn every context is sent as: the rubric and the output
+    /// schema as its shared prefix, the stage's attempts and output tokens.
+    pub turn: MapStage,
+    definition: ContentHash,
+}
+
+/// What one level of the tree made of its items.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Level {
+    /// The next level's items: every theme proposed, then every item of a
+    /// merge level no theme took (carried up unmerged).
+    pub items: Vec<Item>,
+    /// Facts a context placed in no theme on purpose.
+    pub outliers: Vec<String>,
+    /// Facts a context neither themed nor called an outlier.
+    pub unthemed: Vec<String>,
+    /// Facts whose context (at any level) failed: their themes are lost.
+    pub failed: Vec<String>,
+}
+
+impl ClusterStage {
+    pub fn new(spec: ClusterStageSpec, rubric: String) -> Result<ClusterStage, ClusterSpecError> {
+        let invalid = |detail: String| ClusterSpecError::Invalid {
+            stage: spec.name.clone(),
+            detail,
+        };
+        let mut fan_ins = vec![spec.fan_in];
+        if let Some(stress) = &spec.stress {
+            fan_ins.extend(&stress.fan_ins);
+            if stress.orders == 0 {
+                return Err(invalid("stress.orders must be at least 1".into()));
+            }
+            if !(0.0..=1.0).contains(&stress.max_drift) {
+                return Err(invalid(format!(
+                    "stress.max_drift {} must be within [0, 1]",
+                    stress.max_drift
+                )));
+            }
+        }
+        if spec.max_themes == 0 {
+            return Err(invalid("max_themes must be at least 1".into()));
+        }
+        // Each level then has at most half as many items as the one below
+        // (plus one context's worth), so the tree always narrows.
+        for f in fan_ins {
+            if f < 2 * spec.max_themes {
+                return Err(invalid(format!(
+                    "a fan-in of {f} with max_themes = {}: the fan-in must be at least twice max_themes, so every level is smaller than the one below",
+                    spec.max_themes
+                )));
+            }
+        }
+        if spec.statuses.is_empty() {
+            return Err(invalid("statuses names no status to read".into()));
+        }
+        for s in &spec.statuses {
+            if !Status::ALL.iter().any(|st| st.as_str() == s) {
+                return Err(invalid(format!("statuses: {s:?} is not a status")));
+            }
+        }
+        let turn_spec = MapStageSpec {
+            name: spec.name.clone(),
+            version: spec.version,
+            rubric: spec.rubric.clone(),
+            fields: Vec::new(),
+            project: spec.project.clone(),
+            output_schema: String::new(),
+            backend: spec.backend.clone(),
+            decision: DecisionSpec {
+                pointer: "/themes".into(),
+                positive: vec!["themes".into()],
+                negative: Vec::new(),
+                abstain: Vec::new(),
+            },
+            evidence: None,
+            confidence: None,
+            min_confidence: None,
+            max_attempts: spec.max_attempts,
+            max_output_tokens: spec.max_output_tokens,
+            temperature: spec.temperature,
+            seed: spec.seed,
+            execution: spec.execution,
+            canaries: None,
+            breaker: None,
+        };
+        let turn = MapStage::new(
+            turn_spec,
+            rubric,
+            output_schema(spec.max_themes, &json!({"type": "string"})),
+        )?;
+        let mut h = StableHasher::new(Bucket::ClusterDef);
+        h.field("name", &spec.name)
+            .field("version", &spec.version)
+            .field("reads", &spec.reads)
+            .field("statuses", &spec.statuses)
+            .field("project", &spec.project)
+            .field("max_themes", &(spec.max_themes as u64))
+            .field("turn", &turn.definition_hash())
+            .field("template", CLUSTER_TEMPLATE);
+        let definition = h.finish();
+        Ok(ClusterStage {
+            spec,
+            turn,
+            definition,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// What the stage means, except its rubric (keyed on its own). The
+    /// fan-in is not part of it: a context's answer depends only on what
+    /// it shows, so contexts alike under two fan-ins are one.
+    pub fn definition_hash(&self) -> ContentHash {
+        self.definition
+    }
+
+    /// Every status the stage reads.
+    pub fn reads_status(&self, status: Status) -> bool {
+        self.spec.statuses.iter().any(|s| s == status.as_str())
+    }
+
+    /// A fact as level 0 shows it: its unit id and its projected view.
+    pub fn fact_item(unit_id: &str, view: Value) -> Item {
+        Item {
+            id: unit_id.to_owned(),
+            key: view.key_in(Bucket::Input),
+            leaves: vec![unit_id.to_owned()],
+            label: None,
+            exemplars: Vec::new(),
+            dissent: Vec::new(),
+            view,
+        }
+    }
+
+    /// The contexts of one level: consecutive runs of at most `fan_in`.
+    pub fn groups(n: usize, fan_in: usize) -> Vec<Range<usize>> {
+        let f = fan_in.max(1);
+        (0..n.div_ceil(f))
+            .map(|g| g * f..((g + 1) * f).min(n))
+            .collect()
+    }
+
+    /// The key of one context's answer: its items' ids and keys in order,
+    /// the stage, the rubric and the model. An edit to any fact a context
+    /// shows recomputes that context and the ones above it, nothing else.
+    pub fn node_key(&self, items: &[Item], model: &ModelParams) -> ContentHash {
+        let mut h = StableHasher::new(Bucket::ClusterNode);
+        h.field("stage", &self.definition)
+            .field("rubric", &self.turn.rubric_hash)
+            .field("backend", &model.backend)
+            .field("model", &model.model_id)
+            .field("temperature", &model.temperature)
+            .field("max_output_tokens", &model.max_output_tokens)
+            .field("seed", &model.seed)
+            .field("items", &(items.len() as u64));
+        for it in items {
+            h.field("id", &it.id).field("key", &it.key);
+        }
+        h.finish()
+    }
+
+    /// One context's suffix: its items, one line each, then what to do.
+    /// Ids are quoted JSON strings and views compact JSON, so no text of
+    /// a fact can open a line of its own.
+    pub fn suffix(&self, items: &[Item]) -> String {
+        let mut s = String::new();
+        let merging = items.iter().any(|i| i.label.is_some());
+        for it in items {
+            let id = serde_json::to_string(&it.id).unwrap_or_default();
+            let view = serde_json::to_string(&it.view).unwrap_or_default();
+            if merging {
+                s.push_str(&format!("Theme {id} ({} facts): {view}\n", it.leaves.len()));
+            } else {
+                s.push_str(&format!("Fact {id}: {view}\n"));
+            }
+        }
+        let most = self.spec.max_themes;
+        if merging {
+            s.push_str(&format!(
+                "\nMerge the themes above that are the same theme into at most {most} themes. `members` lists the ids of the themes merged; `count` is the sum of their facts. A theme that matches no other may stay out of every theme.\n"
+            ));
+        } else {
+            s.push_str(&format!(
+                "\nGroup the facts above into at most {most} themes. `members` lists the ids of a theme's facts and `count` how many there are; `exemplars` names at most {MAX_EXEMPLARS} of its members; `dissent` names facts that contradict it. List facts that fit no theme in `outliers`. A fact belongs to at most one theme.\n"
+            ));
+        }
+        s
+    }
+
+    /// The output schema narrowed to one context: only its ids can be named.
+    pub fn schema_for(&self, items: &[Item]) -> Value {
+        let ids: Vec<&str> = items.iter().map(|i| i.id.as_str()).collect();
+        output_schema(self.spec.max_themes, &json!({"enum": ids}))
+    }
+
+    /// Reads one context's answer against the items it showed. Refused:
+    /// no JSON, the wrong shape, an id the context did not show, a fact in
+    /// two themes, an exemplar outside its theme, dissent from inside it,
+    /// and a count that is not the members' count of facts.
+    pub fn interpret(&self, raw: &str, items: &[Item]) -> Result<Interpreted, Invalid> {
+        let answer = self.check(raw, items)?;
+        Ok(Interpreted {
+            status: Status::Positive,
+            decision: None,
+            facts: serde_json::to_value(&answer).unwrap_or(Value::Null),
+            confidence: None,
+            choice_scores: Vec::new(),
+            evidence: Vec::new(),
+            reason: None,
+        })
+    }
+
+    fn check(&self, raw: &str, items: &[Item]) -> Result<NodeAnswer, Invalid> {
+        let out: Value = serde_json::from_str(strip_fences(raw))
+            .map_err(|e| Invalid::MalformedJson(e.to_string()))?;
+        let schema = |d: String| Invalid::Schema(d);
+        let by_id: HashMap<&str, &Item> = items.iter().map(|i| (i.id.as_str(), i)).collect();
+        let known = |v: &Value, what: &str| -> Result<String, Invalid> {
+            let id = match v {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                other => return Err(schema(format!("{what}: {other} is not an id"))),
+            };
+            if by_id.contains_key(id.as_str()) {
+                Ok(id)
+            } else {
+                Err(schema(format!(
+                    "{what}: id {id:?} is not one this context showed"
+                )))
+            }
+        };
+        let ids = |v: Option<&Value>, what: &str| -> Result<Vec<String>, Invalid> {
+            let Some(v) = v else { return Ok(Vec::new()) };
+            let list = v
+                .as_array()
+                .ok_or_else(|| schema(format!("{what} must be an array of ids")))?;
+            let mut out: Vec<String> = Vec::with_capacity(list.len());
+            for v in list {
+                let id = known(v, what)?;
+                if !out.contains(&id) {
+                    out.push(id);
+                }
+            }
+            Ok(out)
+        };
+        let themes = out
+            .get("themes")
+            .and_then(Value::as_array)
+            .ok_or_else(|| schema("`themes` must be an array".into()))?;
+        if themes.len() > self.spec.max_themes {
+            return Err(schema(format!(
+                "{} themes, more than the {} allowed",
+                themes.len(),
+                self.spec.max_themes
+            )));
+        }
+        let mut placed: BTreeMap<String, String> = BTreeMap::new();
+        let mut answer = NodeAnswer::default();
+        for t in themes {
+            let label = t
+                .get("label")
+                .and_then(Value::as_str)
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .ok_or_else(|| schema("a theme has no label".into()))?;
+            let label: String = label.chars().take(MAX_LABEL_CHARS).collect();
+            let what = format!("theme {label:?}");
+            let members = ids(t.get("members"), &format!("{what} members"))?;
+            if members.is_empty() {
+                return Err(schema(format!("{what} has no members")));
+            }
+            for m in &members {
+                if let Some(other) = placed.insert(m.clone(), label.clone()) {
+                    return Err(schema(format!(
+                        "{m:?} is a member of both {other:?} and {label:?}"
+                    )));
+                }
+            }
+            let recount: u64 = members
+                .iter()
+                .filter_map(|m| by_id.get(m.as_str()))
+                .map(|i| i.leaves.len() as u64)
+                .sum();
+            let count = t
+                .get("count")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| schema(format!("{what} states no count")))?;
+            if count != recount {
+                return Err(schema(format!(
+                    "{what} states {count} facts, its members hold {recount}"
+                )));
+            }
+            let exemplars = ids(t.get("exemplars"), &format!("{what} exemplars"))?;
+            if let Some(e) = exemplars.iter().find(|e| !members.contains(e)) {
+                return Err(schema(format!(
+                    "{what}: exemplar {e:?} is not one of its members"
+                )));
+            }
+            if exemplars.len() > MAX_EXEMPLARS {
+                return Err(schema(format!(
+                    "{what} names more than {MAX_EXEMPLARS} exemplars"
+                )));
+            }
+            let dissent = ids(t.get("dissent"), &format!("{what} dissent"))?;
+            if let Some(d) = dissent.iter().find(|d| members.contains(d)) {
+                return Err(schema(format!(
+                    "{what}: {d:?} cannot both belong to it and contradict it"
+                )));
+            }
+            answer.themes.push(ProposedTheme {
+                label,
+                members,
+                count,
+                exemplars,
+                dissent,
+            });
+        }
+        answer.outliers = ids(out.get("outliers"), "outliers")?;
+        if let Some(o) = answer.outliers.iter().find(|o| placed.contains_key(*o)) {
+            return Err(schema(format!("{o:?} is both an outlier and a member")));
+        }
+        Ok(answer)
+    }
+
+    /// Folds one level's answers into the next level's items. `nodes` is
+    /// each context's range of `items` with its key and its answer (`None`
+    /// when it failed). Theme ids run `T1`, `T2`, ... across the level.
+    pub fn next_level(
+        items: &[Item],
+        nodes: &[(Range<usize>, ContentHash, Option<NodeAnswer>)],
+    ) -> Level {
+        let mut level = Level::default();
+        let mut carried = Vec::new();
+        for (range, key, answer) in nodes {
+            let shown = items.get(range.clone()).unwrap_or_default();
+            let Some(answer) = answer else {
+                // A failed leaf context loses its facts' themes; a failed
+                // merge carries its themes up unmerged.
+                if shown.iter().all(|i| i.label.is_none()) {
+                    level
+                        .failed
+                        .extend(shown.iter().flat_map(|i| i.leaves.iter().cloned()));
+                } else {
+                    carried.extend(shown.iter().cloned());
+                }
+                continue;
+            };
+            let by_id: HashMap<&str, &Item> = shown.iter().map(|i| (i.id.as_str(), i)).collect();
+            let mut taken: BTreeSet<&str> = BTreeSet::new();
+            for (n, t) in answer.themes.iter().enumerate() {
+                let members: Vec<&Item> = t
+                    .members
+                    .iter()
+                    .filter_map(|m| by_id.get(m.as_str()).copied())
+                    .collect();
+                taken.extend(t.members.iter().map(String::as_str));
+                let leaves: Vec<String> = members
+                    .iter()
+                    .flat_map(|i| i.leaves.iter().cloned())
+                    .collect();
+                // A merged theme's exemplars are its exemplar themes'; a
+                // fact theme's, the facts named.
+                let exemplars: Vec<String> = t
+                    .exemplars
+                    .iter()
+                    .filter_map(|e| by_id.get(e.as_str()))
+                    .flat_map(|i| {
+                        if i.label.is_some() {
+                            i.exemplars.clone()
+                        } else {
+                            vec![i.id.clone()]
+                        }
+                    })
+                    .take(MAX_EXEMPLARS)
+                    .collect();
+                let mut dissent: Vec<String> = members
+                    .iter()
+                    .flat_map(|i| i.dissent.iter().cloned())
+                    .chain(
+                        t.dissent
+                            .iter()
+                            .filter_map(|d| by_id.get(d.as_str()))
+                            .flat_map(|i| i.leaves.iter().cloned()),
+                    )
+                    .filter(|d| !leaves.contains(d))
+                    .collect();
+                dissent.dedup();
+                let example = exemplars
+                    .first()
+                    .and_then(|e| members.iter().find(|i| i.leaves.contains(e)))
+                    .map(|i| match &i.label {
+                        Some(_) => i.view.get("example").cloned().unwrap_or(Value::Null),
+                        None => i.view.clone(),
+                    })
+                    .or_else(|| members.first().map(|i| i.view.clone()))
+                    .unwrap_or(Value::Null);
+                let view = json!({"theme": t.label, "example": example});
+                let mut h = StableHasher::new(Bucket::ClusterNode);
+                h.field("node", key).field("theme", &(n as u64));
+                level.items.push(Item {
+                    id: String::new(),
+                    key: h.finish(),
+                    leaves,
+                    label: Some(t.label.clone()),
+                    exemplars,
+                    dissent,
+                    view,
+                });
+            }
+            for i in shown {
+                if taken.contains(i.id.as_str()) {
+                    continue;
+                }
+                if i.label.is_some() {
+                    carried.push(i.clone());
+                } else if answer.outliers.contains(&i.id) {
+                    level.outliers.push(i.id.clone());
+                } else {
+                    level.unthemed.push(i.id.clone());
+                }
+            }
+        }
+        level.items.extend(carried);
+        for (n, it) in level.items.iter_mut().enumerate() {
+            it.id = format!("T{}", n + 1);
+        }
+        level
+    }
+}
+
+/// The schema of a context's answer; `id` is what an id may be (any
+/// string in the shared prefix, the context's own ids once narrowed).
+fn output_schema(max_themes: usize, id: &Value) -> Value {
+    let ids = |most: Option<usize>| {
+        let mut v = json!({"type": "array", "items": id, "uniqueItems": true});
+        if let (Some(n), Some(o)) = (most, v.as_object_mut()) {
+            o.insert("maxItems".into(), json!(n));
+        }
+        v
+    };
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["themes", "outliers"],
+        "properties": {
+            "themes": {
+                "type": "array",
+                "maxItems": max_themes,
+                "items": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["label", "members", "count", "exemplars", "dissent"],
+                    "properties": {
+                        "label": {"type": "string", "minLength": 1, "maxLength": MAX_LABEL_CHARS},
+                        "members": ids(None),
+                        "count": {"type": "integer", "minimum": 1},
+                        "exemplars": ids(Some(MAX_EXEMPLARS)),
+                        "dissent": ids(None),
+                    }
+                }
+            },
+            "outliers": ids(None),
+        }
+    })
+}
+
+/// `ids` in a seeded order: the identity for order 0, else sorted by a
+/// keyed hash of each id, so every order is reproducible.
+pub fn shuffled<T: Clone>(items: &[T], id: impl Fn(&T) -> &str, seed: u64, order: usize) -> Vec<T> {
+    let mut out: Vec<T> = items.to_vec();
+    if order == 0 {
+        return out;
+    }
+    out.sort_by_cached_key(|t| {
+        let mut h = StableHasher::new(Bucket::ClusterNode);
+        h.field("seed", &seed)
+            .field("order", &(order as u64))
+            .field("id", id(t));
+        h.finish()
+    });
+    out
+}
+
+/// How far two reductions' themes are apart: 1 less the symmetric,
+/// size-weighted best-match Jaccard of their memberships. 0 when each
+/// theme of one has an identical theme in the other; 1 when no theme of
+/// one shares a fact with any of the other.
+pub fn drift(a: &[Vec<String>], b: &[Vec<String>]) -> f64 {
+    fn sim(a: &[Vec<String>], b: &[Vec<String>]) -> f64 {
+        let total: usize = a.iter().map(Vec::len).sum();
+        if total == 0 {
+            return if b.iter().all(Vec::is_empty) {
+                1.0
+            } else {
+                0.0
+            };
+        }
+        let sets: Vec<BTreeSet<&str>> = b
+            .iter()
+            .map(|t| t.iter().map(String::as_str).collect())
+            .collect();
+        let weighted: f64 = a
+            .iter()
+            .map(|t| {
+                let s: BTreeSet<&str> = t.iter().map(String::as_str).collect();
+                let best = sets
+                    .iter()
+                    .map(|o| {
+                        let inter = s.intersection(o).count() as f64;
+                        let union = s.union(o).count() as f64;
+                        if union == 0.0 { 0.0 } else { inter / union }
+                    })
+                    .fold(0.0, f64::max);
+                best * t.len() as f64
+            })
+            .sum();
+        weighted / total as f64
+    }
+    1.0 - (sim(a, b) + sim(b, a)) / 2.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fanfold_core::spec::StressSpec;
+
+    fn spec(fan_in: usize, max_themes: usize) -> ClusterStageSpec {
+        ClusterStageSpec {
+            name: "themes".into(),
+            version: 1,
+            reads: "judge".into(),
+            statuses: vec!["positive".into()],
+            rubric: "r.md".into(),
+            project: None,
+            backend: "default".into(),
+            fan_in,
+            max_themes,
+            max_attempts: 2,
+            max_output_tokens: 100,
+            temperature: 0.0,
+            seed: 0,
+            execution: Default::default(),
+            stress: None,
+        }
+    }
+
+    fn stage() -> ClusterStage {
+        ClusterStage::new(spec(4, 2), "Group by cause.".into()).unwrap()
+    }
+
+    fn facts(ids: &[&str]) -> Vec<Item> {
+        ids.iter()
+            .map(|id| ClusterStage::fact_item(id, json!({"quote": format!("fact {id}")})))
+            .collect()
+    }
+
+    #[test]
+    fn an_answer_is_checked_against_what_the_context_showed() {
+        let s = stage();
+        let items = facts(&["1", "2", "3", "4"]);
+        let ok = s
+            .check(
+                r#"{"themes": [{"label": "a", "members": ["1", 2], "count": 2, "exemplars": ["1"], "dissent": ["3"]}], "outliers": ["4"]}"#,
+                &items,
+            )
+            .unwrap();
+        assert_eq!(ok.themes[0].members, vec!["1", "2"]);
+        assert_eq!(ok.outliers, vec!["4"]);
+        for (bad, says) in [
+            (
+                r#"{"themes": [{"label": "a", "members": ["9"], "count": 1}]}"#,
+                "not one this context showed",
+            ),
+            (
+                r#"{"themes": [{"label": "a", "members": ["1", "2"], "count": 3}]}"#,
+                "states 3 facts, its members hold 2",
+            ),
+            (
+                r#"{"themes": [{"label": "a", "members": ["1"], "count": 1}, {"label": "b", "members": ["1"], "count": 1}]}"#,
+                "member of both",
+            ),
+            (
+                r#"{"themes": [{"label": "a", "members": ["1"], "count": 1, "exemplars": ["2"]}]}"#,
+                "not one of its members",
+            ),
+            (
+                r#"{"themes": [{"label": "a", "members": ["1"], "count": 1, "dissent": ["1"]}]}"#,
+                "both belong to it and contradict it",
+            ),
+            (
+                r#"{"themes": [{"label": "a", "members": ["1"], "count": 1}], "outliers": ["1"]}"#,
+                "both an outlier and a member",
+            ),
+            (
+                r#"{"themes": [{"label": "a", "members": ["1"], "count": 1}, {"label": "b", "members": ["2"], "count": 1}, {"label": "c", "members": ["3"], "count": 1}]}"#,
+                "more than the 2 allowed",
+            ),
+            (
+                r#"{"themes": [{"members": ["1"], "count": 1}]}"#,
+                "no label",
+            ),
+        ] {
+            let e = s.check(bad, &items).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        assert!(matches!(
+            s.check("some themes", &items),
+            Err(Invalid::MalformedJson(_))
+        ));
+    }
+
+    #[test]
+    fn a_merged_theme_counts_the_facts_of_its_members() {
+        let s = stage();
+        let leaves = facts(&["1", "2", "3", "4", "5"]);
+        let key = ContentHash::of_bytes(b"n");
+        let a = NodeAnswer {
+            themes: vec![
+                ProposedTheme {
+                    label: "x".into(),
+                    members: vec!["1".into(), "2".into(), "3".into()],
+                    count: 3,
+                    exemplars: vec!["2".into()],
+                    dissent: vec!["5".into()],
+                },
+                ProposedTheme {
+                    label: "y".into(),
+                    members: vec!["4".into()],
+                    count: 1,
+                    exemplars: Vec::new(),
+                    dissent: Vec::new(),
+                },
+            ],
+            outliers: Vec::new(),
+        };
+        let level = ClusterStage::next_level(&leaves, &[(0..5, key, Some(a))]);
+        assert_eq!(level.items.len(), 2);
+        assert_eq!(level.unthemed, vec!["5"]);
+        let t1 = &level.items[0];
+        assert_eq!((t1.id.as_str(), t1.leaves.len()), ("T1", 3));
+        assert_eq!(t1.exemplars, vec!["2"]);
+        assert_eq!(t1.dissent, vec!["5"]);
+        // Merging T1 and T2 must state 4 facts, not 2 themes.
+        let merged = r#"{"themes": [{"label": "z", "members": ["T1", "T2"], "count": 2}]}"#;
+        assert!(s.check(merged, &level.items).is_err());
+        let merged = r#"{"themes": [{"label": "z", "members": ["T1", "T2"], "count": 4, "exemplars": ["T1"]}]}"#;
+        let answer = s.check(merged, &level.items).unwrap();
+        let key2 = ContentHash::of_bytes(b"m");
+        let top = ClusterStage::next_level(&level.items, &[(0..2, key2, Some(answer))]);
+        assert_eq!(top.items.len(), 1);
+        assert_eq!(top.items[0].leaves, vec!["1", "2", "3", "4"]);
+        assert_eq!(top.items[0].exemplars, vec!["2"]);
+    }
+
+    #[test]
+    fn a_failed_context_loses_its_facts_or_carries_its_themes_up() {
+        let leaves = facts(&["1", "2", "3"]);
+        let key = ContentHash::of_bytes(b"n");
+        let level = ClusterStage::next_level(&leaves, &[(0..3, key, None)]);
+        assert_eq!(level.failed, vec!["1", "2", "3"]);
+        assert!(level.items.is_empty());
+        let themes = vec![
+            Item {
+                label: Some("a".into()),
+                ..ClusterStage::fact_item("T1", json!({}))
+            },
+            Item {
+                label: Some("b".into()),
+                ..ClusterStage::fact_item("T2", json!({}))
+            },
+        ];
+        let up = ClusterStage::next_level(&themes, &[(0..2, key, None)]);
+        assert_eq!(up.items.len(), 2);
+        assert!(up.failed.is_empty());
+    }
+
+    #[test]
+    fn node_keys_cover_every_item_and_its_order() {
+        let s = stage();
+        let model = ModelParams {
+            backend: "scripted".into(),
+            model_id: "m".into(),
+            temperature: 0.0,
+            max_output_tokens: 10,
+            seed: 0,
+            simulated: true,
+        };
+        let items = facts(&["1", "2"]);
+        let k = s.node_key(&items, &model);
+        let mut rev = items.clone();
+        rev.reverse();
+        assert_ne!(k, s.node_key(&rev, &model));
+        let mut edited = items.clone();
+        edited[1] = ClusterStage::fact_item("2", json!({"quote": "edited"}));
+        assert_ne!(k, s.node_key(&edited, &model));
+        assert_eq!(k, s.node_key(&facts(&["1", "2"]), &model));
+    }
+
+    #[test]
+    fn drift_is_zero_for_the_same_themes_and_one_for_disjoint_ones() {
+        let v = |xs: &[&[&str]]| -> Vec<Vec<String>> {
+            xs.iter()
+                .map(|t| t.iter().map(|s| s.to_string()).collect())
+                .collect()
+        };
+        let a = v(&[&["1", "2"], &["3"]]);
+        assert_eq!(drift(&a, &v(&[&["3"], &["2", "1"]])), 0.0);
+        assert_eq!(drift(&a, &v(&[&["7"]])), 1.0);
+        let d = drift(&a, &v(&[&["1", "2", "3"]]));
+        assert!(d > 0.0 && d < 1.0, "{d}");
+    }
+
+    #[test]
+    fn shuffles_are_seeded_and_the_first_order_is_the_source_order() {
+        let ids: Vec<String> = (0..20).map(|i| i.to_string()).collect();
+        assert_eq!(shuffled(&ids, |s| s, 1, 0), ids);
+        let a = shuffled(&ids, |s| s, 1, 1);
+        assert_eq!(a, shuffled(&ids, |s| s, 1, 1));
+        assert_ne!(a, ids);
+        assert_ne!(a, shuffled(&ids, |s| s, 1, 2));
+    }
+
+    #[test]
+    fn a_tree_that_could_not_narrow_is_refused() {
+        let e = ClusterStage::new(spec(4, 3), String::new()).err().unwrap();
+        assert!(e.to_string().contains("at least twice"), "{e}");
+        let mut s = spec(8, 2);
+        s.stress = Some(StressSpec {
+            orders: 2,
+            fan_ins: vec![3],
+            max_drift: 0.5,
+            seed: 0,
+        });
+        assert!(ClusterStage::new(s, String::new()).is_err());
+        assert_eq!(ClusterStage::groups(5, 2), vec![0..2, 2..4, 4..5]);
+    }
+}
