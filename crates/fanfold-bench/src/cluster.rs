@@ -190,6 +190,10 @@ fn render(k: &ClusterReport, label: &BTreeMap<String, String>, m: &RunFigures) -
             .join(", ")
     ));
     line(String::new());
+    if let Some(why) = &k.stress_skipped {
+        line(format!("Reorder stress (experiment 3) not run: {why}."));
+        line(String::new());
+    }
     if let Some(st) = &k.stress {
         line(format!(
             "Reorder stress (experiment 3): {} more reductions of the same facts; the largest drift is {:.2} against the declared bound {:.2}.",

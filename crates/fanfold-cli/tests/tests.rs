@@ -2887,15 +2887,23 @@ fn a_cluster_answer_with_a_wrong_count_or_a_foreign_id_is_an_error_never_a_theme
             "not one this context showed",
         ),
     ] {
-        let f = cluster_fixture("", themer, 12);
+        // A declared stress is not paid for when the answer's own tree failed.
+        let f = cluster_fixture("[stages.stress]\norders = 3\nmax_drift = 0.5", themer, 12);
         let o = f.run(&[]);
         assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
         let c = f.certificate();
         let k = cluster_of(&c);
         assert_eq!(k["themes"].as_array().map(Vec::len), Some(0), "{k}");
         assert_eq!(k["failed"].as_array().map(Vec::len), Some(6), "{k}");
-        // Two attempts for the one context.
+        // Two attempts for the one context, and no stress reduction.
         assert_eq!(k["calls"], 2, "{k}");
+        assert!(k["stress"].is_null(), "{k}");
+        assert!(
+            k["stress_skipped"]
+                .as_str()
+                .is_some_and(|w| w.contains("failed")),
+            "{k}"
+        );
         let reason = k["errors"][0]["reason"].as_str().unwrap_or("");
         assert!(reason.contains(says), "{reason}");
         assert_eq!(c["complete"], false);

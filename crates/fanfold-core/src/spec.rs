@@ -559,7 +559,8 @@ pub struct ClusterStageSpec {
     pub backend: String,
     /// The most facts, or themes, one context reads.
     pub fan_in: usize,
-    /// The most themes one context may propose; at most half of `fan_in`,
+    /// The most themes one context may propose (it proposes at least
+    /// one); at most half of `fan_in`,
     /// so every level of the tree is smaller than the one below it.
     pub max_themes: usize,
     /// Attempts per context, counting the first.

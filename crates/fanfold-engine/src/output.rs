@@ -449,6 +449,9 @@ fn cluster_section(name: &str, c: &crate::stages::cluster::ClusterReport, sim: &
             "\nThe merge stopped narrowing: the themes above were never all compared in one context."
         );
     }
+    if let Some(why) = &c.stress_skipped {
+        let _ = writeln!(out, "\nReorder stress not run: {}.", md_text(why));
+    }
     if let Some(s) = &c.stress {
         let verdict = if s.drift <= s.max_drift {
             "within"

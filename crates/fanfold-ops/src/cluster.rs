@@ -331,6 +331,13 @@ impl ClusterStage {
             .get("themes")
             .and_then(Value::as_array)
             .ok_or_else(|| schema("`themes` must be an array".into()))?;
+        // An empty answer is the cheapest a model can give and says
+        // nothing: a context of facts proposes at least one theme.
+        if themes.is_empty() {
+            return Err(schema(
+                "no theme proposed: a context proposes at least one".into(),
+            ));
+        }
         if themes.len() > self.spec.max_themes {
             return Err(schema(format!(
                 "{} themes, more than the {} allowed",
@@ -515,8 +522,11 @@ impl ClusterStage {
 /// The schema of a context's answer; `id` is what an id may be (any
 /// string in the shared prefix, the context's own ids once narrowed).
 fn output_schema(max_themes: usize, id: &Value) -> Value {
-    let ids = |most: Option<usize>| {
+    let ids = |least: usize, most: Option<usize>| {
         let mut v = json!({"type": "array", "items": id, "uniqueItems": true});
+        if let (true, Some(o)) = (least > 0, v.as_object_mut()) {
+            o.insert("minItems".into(), json!(least));
+        }
         if let (Some(n), Some(o)) = (most, v.as_object_mut()) {
             o.insert("maxItems".into(), json!(n));
         }
@@ -529,6 +539,7 @@ fn output_schema(max_themes: usize, id: &Value) -> Value {
         "properties": {
             "themes": {
                 "type": "array",
+                "minItems": 1,
                 "maxItems": max_themes,
                 "items": {
                     "type": "object",
@@ -536,14 +547,14 @@ fn output_schema(max_themes: usize, id: &Value) -> Value {
                     "required": ["label", "members", "count", "exemplars", "dissent"],
                     "properties": {
                         "label": {"type": "string", "minLength": 1, "maxLength": MAX_LABEL_CHARS},
-                        "members": ids(None),
+                        "members": ids(1, None),
                         "count": {"type": "integer", "minimum": 1},
-                        "exemplars": ids(Some(MAX_EXEMPLARS)),
-                        "dissent": ids(None),
+                        "exemplars": ids(0, Some(MAX_EXEMPLARS)),
+                        "dissent": ids(0, None),
                     }
                 }
             },
-            "outliers": ids(None),
+            "outliers": ids(0, None),
         }
     })
 }

@@ -61,6 +61,9 @@ pub struct ClusterReport {
     /// themes listed were never all compared.
     pub unmerged: bool,
     pub stress: Option<StressReport>,
+    /// Why the declared stress was not run, if it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stress_skipped: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -528,7 +531,17 @@ impl Stage for ClusterRunner {
         let mut calls = main.calls;
         let mut cost = main.cost;
         let mut stop = main.stop.clone();
-        let stress = match (&sp.stress, &stop) {
+        // Drift from a tree some of whose contexts failed would measure the
+        // failures, not the reducer: the stress is then not paid for.
+        let stress_skipped = match (&sp.stress, &stop) {
+            (Some(_), Some(_)) => Some("the run stopped before it".to_owned()),
+            (Some(_), None) if !main.errors.is_empty() => Some(format!(
+                "{} contexts of the answer's own reduction failed",
+                main.errors.len()
+            )),
+            _ => None,
+        };
+        let stress = match (&sp.stress, &stress_skipped) {
             (Some(s), None) => {
                 let fan_ins = if s.fan_ins.is_empty() {
                     vec![sp.fan_in]
@@ -596,6 +609,7 @@ impl Stage for ClusterRunner {
             errors: main.errors,
             unmerged: main.unmerged,
             stress,
+            stress_skipped,
         };
         ctx.stats.model_calls += calls;
         ctx.stats.cost.add(&cost);
