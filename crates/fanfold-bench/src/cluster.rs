@@ -121,17 +121,25 @@ fn render(k: &ClusterReport, label: &BTreeMap<String, String>, m: &RunFigures) -
     ));
     line(String::new());
     line(format!(
-        "- contexts: {} over {} levels for the answer; {} model calls with the stress reductions; cluster phase {:.1} s of {:.1} s in all",
-        k.nodes, k.levels, k.calls, m.phase_s, m.wall_s
+        "- contexts: {} over {} level{} for the answer; {} model calls in all (stress reductions included when they ran); cluster phase {:.1} s of {:.1} s",
+        k.nodes,
+        k.levels,
+        if k.levels == 1 { "" } else { "s" },
+        k.calls,
+        m.phase_s,
+        m.wall_s
     ));
     line(format!(
-        "- contexts refused after every attempt: {} (first: {}); facts left in no theme by them: {}",
+        "- contexts refused after every attempt: {}; facts left in no theme by them: {}",
         k.errors.len(),
-        k.errors
-            .first()
-            .map_or("-".to_owned(), |e| e.reason.clone()),
         k.failed.len()
     ));
+    for e in &k.errors {
+        line(format!(
+            "  - level {}, {}..{}: {}",
+            e.level, e.first, e.last, e.reason
+        ));
+    }
     line(format!(
         "- outliers: {}; placed in no theme: {}; answer complete: {}",
         k.outliers.len(),
@@ -139,8 +147,12 @@ fn render(k: &ClusterReport, label: &BTreeMap<String, String>, m: &RunFigures) -
         m.complete
     ));
     line(String::new());
-    line("| theme (model's label) | facts | majority cause (oracle) | purity |".into());
-    line("|---|---:|---|---:|".into());
+    if k.themes.is_empty() {
+        line("No theme survived the checks.".into());
+    } else {
+        line("| theme (model's label) | facts | majority cause (oracle) | purity |".into());
+        line("|---|---:|---|---:|".into());
+    }
     let mut groups: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     let read: BTreeSet<&str> = k
         .themes

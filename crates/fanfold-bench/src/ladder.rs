@@ -7,6 +7,9 @@
 //! - `deterministic`: jq rules only; the last rule is chosen among a few
 //!   candidates on the development split and scored once on the held-out
 //!   split;
+//! - `bm25`: lexical retrieval, the question's words and the rubric's key
+//!   terms as the query, the cut-off chosen for recall on the development
+//!   split;
 //! - `embed`: the embedding rung alone (similarity against the stage's
 //!   texts, no generation);
 //! - `chunk-10`, `chunk-50`: coarse contexts of up to k units, the model
@@ -29,7 +32,8 @@ use std::time::{Instant, SystemTime};
 
 use anyhow::{Context, Result, anyhow, bail};
 use fanfold_core::spec::{
-    BackendSpec, ChunkStageSpec, ContractSpec, PrefilterAction, PrefilterRule, Spec, StageSpec,
+    BackendSpec, Bm25StageSpec, ChunkStageSpec, ContractSpec, PrefilterAction, PrefilterRule, Spec,
+    StageSpec,
 };
 use fanfold_core::{ContentHash, Status};
 use fanfold_engine::{NoProgress, Plan, RunOptions, RunReport, Source};
@@ -57,8 +61,9 @@ const JUDGE: &str = "auth_blocker";
 const ANSWER: &str = "blockers";
 
 /// Every strategy, in the order the report lists them.
-pub const STRATEGIES: [&str; 7] = [
+pub const STRATEGIES: [&str; 8] = [
     "deterministic",
+    "bm25",
     "embed",
     "chunk-10",
     "chunk-50",
@@ -66,6 +71,12 @@ pub const STRATEGIES: [&str; 7] = [
     "micro",
     "adaptive",
 ];
+
+/// The BM25 rung's stage, its query (the question and the rubric's key
+/// terms), and the development recall its cut-off must keep.
+const BM25: &str = "keyword_rank";
+const BM25_QUERY: &str = "release blocker 3.0 new authentication path auth/v2 new_auth_path OIDC SSO login token refresh session cookie redirect";
+const BM25_RECALL: f64 = 0.95;
 
 /// The embedded model's context window: SmolLM2's trained length.
 const WINDOW_TOKENS: u64 = 8192;
@@ -237,6 +248,8 @@ pub fn main(args: &LadderArgs) -> Result<()> {
         eprintln!("bench ladder: {strategy}");
         let row = if strategy == "deterministic" {
             deterministic(&base, &spec_path, &args.example, &truth, seed, &mut ladder)?
+        } else if strategy == "bm25" {
+            bm25(&base, &spec_path, &args.example, tmp.path(), &truth, seed)?
         } else {
             let (row, report) = run_model_strategy(
                 &base,
@@ -408,6 +421,88 @@ fn variant(base: &Spec, strategy: &str, backend: Option<&str>) -> Result<(Spec, 
         }
     }
     Ok((spec, plan))
+}
+
+/// The BM25 strategy: the prefilter's survivors ranked by BM25 against
+/// the query, through the engine. A first run scores every unit; the
+/// cut-off is the highest score that keeps `BM25_RECALL` of the
+/// development split's blockers, and a second run applies it.
+fn bm25(
+    base: &Spec,
+    spec_path: &Path,
+    example: &Path,
+    dir: &Path,
+    truth: &BTreeSet<String>,
+    seed: u64,
+) -> Result<Row> {
+    let project = base.stages.iter().find_map(|s| match s {
+        StageSpec::Map(m) if m.name == JUDGE => Some(m.project.clone()),
+        _ => None,
+    });
+    let with_threshold = |threshold: f64| {
+        let mut spec = base.clone();
+        spec.stages = vec![StageSpec::Bm25(Bm25StageSpec {
+            name: BM25.into(),
+            version: 1,
+            fields: Vec::new(),
+            project: project.clone().flatten(),
+            query: BM25_QUERY.into(),
+            threshold,
+            then: None,
+            k1: 1.2,
+            b: 0.75,
+        })];
+        for r in &mut spec.fold.reducers {
+            if r.name == ANSWER {
+                r.stage = Some(BM25.into());
+            }
+        }
+        drop_themes(&mut spec);
+        let names: BTreeSet<String> = spec.stages.iter().map(|s| s.name().to_owned()).collect();
+        spec.fold
+            .reducers
+            .retain(|r| r.stage.as_ref().is_none_or(|s| names.contains(s)));
+        spec
+    };
+    let run = |spec: Spec, name: &str| -> Result<(RunReport, f64)> {
+        let plan = Plan::from_spec(spec, spec_path, example)?;
+        let mut opts = RunOptions::new(dir.join(format!("{name}.sqlite")));
+        opts.out_dir = Some(dir.join(name));
+        let started = Instant::now();
+        let report = fanfold_engine::run(&plan, &opts, &NoProgress)?;
+        Ok((report, started.elapsed().as_secs_f64()))
+    };
+    // Scores are never negative: a cut-off below zero keeps everything.
+    let (scan, _) = run(with_threshold(-1.0), "bm25-scan")?;
+    let mut dev_blockers: Vec<f64> = scan
+        .facts
+        .iter()
+        .filter(|f| f.stage == BM25)
+        .filter_map(|f| {
+            let id = f.source_ids.first()?.as_str();
+            (truth.contains(id) && is_dev(seed, id))
+                .then(|| f.facts.get("score").and_then(serde_json::Value::as_f64))
+                .flatten()
+        })
+        .collect();
+    dev_blockers.sort_by(|a, b| b.total_cmp(a));
+    let keep = ((dev_blockers.len() as f64) * BM25_RECALL).ceil() as usize;
+    let cutoff = dev_blockers
+        .get(keep.saturating_sub(1))
+        .copied()
+        .unwrap_or(0.0);
+    let (report, wall_s) = run(with_threshold(cutoff), "bm25")?;
+    Ok(measured(
+        "bm25",
+        format!(
+            "prefilter, then BM25 against the question and the rubric's key terms; cut-off {cutoff:.2} keeps {:.0} % of the development split's blockers",
+            BM25_RECALL * 100.0
+        ),
+        &report,
+        wall_s,
+        truth,
+        seed,
+    ))
 }
 
 /// A strategy whose facts name no cause has no themes to report.

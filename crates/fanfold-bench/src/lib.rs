@@ -74,7 +74,7 @@ pub struct LadderCliArgs {
     json: PathBuf,
     #[arg(long, default_value_t = 4)]
     slots: usize,
-    /// Run only these strategies (comma-separated): deterministic, embed,
+    /// Run only these strategies (comma-separated): deterministic, bm25, embed,
     /// chunk-10, chunk-50, long, micro, adaptive.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,

@@ -2697,7 +2697,7 @@ fn a_ladder_report_plots_every_strategy_and_marks_the_frontier() {
     let o = run(bin()
         .current_dir(repo())
         .args(["bench", "ladder", "--backend", "scripted"])
-        .args(["--only", "deterministic,chunk-10,long,micro"])
+        .args(["--only", "deterministic,bm25,chunk-10,long,micro"])
         .arg("--report")
         .arg(out.path().join("benchmarks.md"))
         .arg("--json")
@@ -2706,7 +2706,18 @@ fn a_ladder_report_plots_every_strategy_and_marks_the_frontier() {
     let ladder: Value =
         serde_json::from_str(&std::fs::read_to_string(&rows).expect("rows")).expect("json");
     let strategies = ladder["rows"].as_array().expect("rows");
-    assert_eq!(strategies.len(), 4);
+    assert_eq!(strategies.len(), 5);
+    // BM25's cut-off keeps at least 95 % of the development split's
+    // blockers, by construction.
+    let bm25 = strategies
+        .iter()
+        .find(|r| r["strategy"] == "bm25")
+        .expect("bm25");
+    assert!(
+        bm25["dev"]["recall"].as_f64().unwrap_or(0.0) >= 0.95,
+        "{bm25}"
+    );
+    assert_eq!(bm25["model_calls"], 0);
     // The long context could not hold every issue: the rest is not_run,
     // never negative, and the run says it is incomplete.
     let long = strategies
@@ -2731,7 +2742,7 @@ fn a_ladder_report_plots_every_strategy_and_marks_the_frontier() {
         let svg = &dom[at..at + dom[at..].find("</svg>").expect("svg ends")];
         assert_eq!(
             svg.matches("<circle").count(),
-            4,
+            5,
             "{plot}: one point a strategy"
         );
         assert!(
@@ -2964,4 +2975,58 @@ fn a_cluster_must_read_a_unit_stage_declared_before_it() {
         assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
         assert!(stderr(&o).contains(says), "{}", stderr(&o));
     }
+}
+
+#[test]
+fn a_bm25_stage_sends_on_what_matches_the_query_and_calls_no_model() {
+    let f = Fixture::new(
+        JSON_ARRAY,
+        r#"[[stages]]
+name = "lexical"
+type = "bm25"
+version = 1
+fields = ["text"]
+query = "disk failure"
+threshold = 0.5
+then = "judge"
+"#,
+    );
+    let texts = [
+        "the disk reported a failure at boot",
+        "all good",
+        "fan speed nominal",
+        "disk failure again, disk replaced",
+        "user logged in",
+        "failure of the disk controller",
+    ];
+    let rows: Vec<Value> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| serde_json::json!({"id": i, "flag": true, "text": t}))
+        .collect();
+    f.input(serde_json::to_string(&rows).expect("rows").as_bytes());
+    let o = run(bin().arg("explain").arg(f.path("spec.toml")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan = stdout(&o);
+    assert!(plan.contains("query terms [disk, failure]"), "{plan}");
+    assert!(plan.contains("stage lexical: 6 units"), "{plan}");
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let c = f.certificate();
+    assert_eq!(c["routed_by_stage"]["judge"], 3, "{c}");
+    assert_eq!(c["stats"]["bm25"]["lexical"]["kept"], 3);
+    assert_eq!(c["stats"]["model_calls"], 3, "only the judge calls a model");
+    assert_eq!(f.answer_ids(), ["0", "3", "5"]);
+    let negatives: Vec<Value> = f
+        .jsonl("out/facts.jsonl")
+        .into_iter()
+        .filter(|x| x["stage"] == "lexical")
+        .collect();
+    assert_eq!(negatives.len(), 3);
+    assert!(negatives.iter().all(|x| {
+        x["status"] == "negative"
+            && x["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("below the threshold"))
+    }));
 }

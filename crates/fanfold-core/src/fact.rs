@@ -24,6 +24,18 @@ pub struct ModelParams {
     pub simulated: bool,
 }
 
+impl ModelParams {
+    /// Hashes what bears on a model's answer into a cache key, under the
+    /// field names every model-made key uses.
+    pub fn key_into(&self, h: &mut crate::StableHasher) {
+        h.field("backend", &self.backend)
+            .field("model", &self.model_id)
+            .field("temperature", &self.temperature)
+            .field("max_output_tokens", &self.max_output_tokens)
+            .field("seed", &self.seed);
+    }
+}
+
 /// One quoted span of the unit that supports a fact. `start..end` are byte
 /// offsets into the named field's decoded string value.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

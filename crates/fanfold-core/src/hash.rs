@@ -133,6 +133,8 @@ pub enum Bucket {
     ClusterDef,
     /// One context of a cluster stage: its inputs, in order, and the model.
     ClusterNode,
+    /// A BM25 stage's definition: its query, fields and parameters.
+    Bm25Def,
     /// A fold's reducers.
     FoldDef,
     /// One unit's outcome as a fold leaf.
@@ -171,6 +173,7 @@ impl Bucket {
             Bucket::Chunk => "chunk-v1",
             Bucket::ClusterDef => "cluster-def-v1",
             Bucket::ClusterNode => "cluster-node-v1",
+            Bucket::Bm25Def => "bm25-def-v1",
             Bucket::FoldDef => "fold-def-v1",
             Bucket::FoldLeaf => "fold-leaf-v1",
             Bucket::FoldNode => "fold-node-v1",

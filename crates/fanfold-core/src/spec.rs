@@ -160,6 +160,11 @@ pub enum StageSpec {
     /// merging them up a tree. Every id it cites must be one of its inputs
     /// and every count it states is recounted from its members.
     Cluster(ClusterStageSpec),
+    /// Lexical retrieval: each unit's text scored against a query with
+    /// BM25 over the units the stage receives; units below `threshold` end
+    /// here as negatives. No model, nothing stored: the scores depend on
+    /// every unit's words, so they are recomputed each run.
+    Bm25(Bm25StageSpec),
 }
 
 /// The model turn a stage declares: where it is sent and how.
@@ -177,6 +182,7 @@ impl StageSpec {
             StageSpec::Select(s) => &s.name,
             StageSpec::Chunk(s) => &s.name,
             StageSpec::Cluster(s) => &s.name,
+            StageSpec::Bm25(s) => &s.name,
         }
     }
 
@@ -188,6 +194,7 @@ impl StageSpec {
             StageSpec::Select(_) => "select",
             StageSpec::Chunk(_) => "chunk",
             StageSpec::Cluster(_) => "cluster",
+            StageSpec::Bm25(_) => "bm25",
         }
     }
 
@@ -200,6 +207,7 @@ impl StageSpec {
             StageSpec::Select(s) => s.project.as_deref(),
             StageSpec::Chunk(s) => s.project.as_deref(),
             StageSpec::Cluster(s) => s.project.as_deref(),
+            StageSpec::Bm25(s) => s.project.as_deref(),
         }
     }
 
@@ -214,7 +222,7 @@ impl StageSpec {
             StageSpec::Select(SelectStageSpec { model: Some(m), .. }) => {
                 (&mut m.backend, &mut m.execution)
             }
-            StageSpec::Select(_) | StageSpec::Embed(_) => return None,
+            StageSpec::Select(_) | StageSpec::Embed(_) | StageSpec::Bm25(_) => return None,
         };
         Some(ModelTurnMut { backend, execution })
     }
@@ -229,7 +237,7 @@ impl StageSpec {
             StageSpec::Select(SelectStageSpec { model: Some(m), .. }) => {
                 Some((&m.backend, m.execution))
             }
-            StageSpec::Select(_) | StageSpec::Embed(_) => None,
+            StageSpec::Select(_) | StageSpec::Embed(_) | StageSpec::Bm25(_) => None,
         }
     }
 }
@@ -529,6 +537,42 @@ pub struct ChunkStageSpec {
     pub seed: u64,
     #[serde(default)]
     pub execution: Execution,
+}
+
+/// A BM25 stage: lexical relevance to a query, the classic retrieval
+/// baseline. A unit's text is every string of its projected view, split
+/// into lowercase letter-and-digit runs; so is the query.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Bm25StageSpec {
+    pub name: String,
+    /// Bump when the stage's meaning changes without its settings changing.
+    pub version: u32,
+    /// The unit's top-level fields that are scored; all when empty.
+    #[serde(default)]
+    pub fields: Vec<String>,
+    /// A jq expression that builds the scored fields, as for a map stage.
+    pub project: Option<String>,
+    /// The words a relevant unit uses.
+    pub query: String,
+    /// Units scoring below this end here as negatives.
+    pub threshold: f64,
+    /// The stage that units at or above the threshold go on to; when
+    /// absent they end here as positives.
+    pub then: Option<String>,
+    /// Term-frequency saturation.
+    #[serde(default = "default_bm25_k1")]
+    pub k1: f64,
+    /// Length normalisation, from 0 (none) to 1 (full).
+    #[serde(default = "default_bm25_b")]
+    pub b: f64,
+}
+
+fn default_bm25_k1() -> f64 {
+    1.2
+}
+fn default_bm25_b() -> f64 {
+    0.75
 }
 
 /// A cluster stage: a model reducer over the facts of one earlier stage.

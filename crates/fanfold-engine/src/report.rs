@@ -56,6 +56,9 @@ pub struct RunStats {
     /// How each chunk stage packed its units into contexts.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub chunks: BTreeMap<String, crate::stages::chunk::ChunkReport>,
+    /// Per BM25 stage: units scored and kept.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub bm25: BTreeMap<String, crate::stages::bm25::Bm25Report>,
     /// Per cluster stage: its themes, checks and reorder stress.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub clusters: BTreeMap<String, crate::stages::cluster::ClusterReport>,

@@ -200,13 +200,9 @@ impl ChunkStage {
     pub fn context_key(&self, members: &[(&str, ContentHash)], model: &ModelParams) -> ContentHash {
         let mut h = StableHasher::new(Bucket::Chunk);
         h.field("stage", &self.definition)
-            .field("rubric", &self.turn.rubric_hash)
-            .field("backend", &model.backend)
-            .field("model", &model.model_id)
-            .field("temperature", &model.temperature)
-            .field("max_output_tokens", &model.max_output_tokens)
-            .field("seed", &model.seed)
-            .field("members", &(members.len() as u64));
+            .field("rubric", &self.turn.rubric_hash);
+        model.key_into(&mut h);
+        h.field("members", &(members.len() as u64));
         for (id, input) in members {
             h.field("id", *id).field("input", input);
         }

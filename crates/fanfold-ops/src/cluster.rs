@@ -230,13 +230,9 @@ impl ClusterStage {
     pub fn node_key(&self, items: &[Item], model: &ModelParams) -> ContentHash {
         let mut h = StableHasher::new(Bucket::ClusterNode);
         h.field("stage", &self.definition)
-            .field("rubric", &self.turn.rubric_hash)
-            .field("backend", &model.backend)
-            .field("model", &model.model_id)
-            .field("temperature", &model.temperature)
-            .field("max_output_tokens", &model.max_output_tokens)
-            .field("seed", &model.seed)
-            .field("items", &(items.len() as u64));
+            .field("rubric", &self.turn.rubric_hash);
+        model.key_into(&mut h);
+        h.field("items", &(items.len() as u64));
         for it in items {
             h.field("id", &it.id).field("key", &it.key);
         }

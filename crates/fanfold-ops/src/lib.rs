@@ -9,6 +9,7 @@
 //! bytes and values and persists what they return.
 
 pub mod audit;
+pub mod bm25;
 pub mod chunk;
 pub mod cluster;
 pub mod contract;

@@ -247,12 +247,8 @@ impl MapStage {
         let mut h = StableHasher::new(Bucket::Facts);
         h.field("input", &input_hash)
             .field("stage", &self.definition)
-            .field("rubric", &self.rubric_hash)
-            .field("backend", &model.backend)
-            .field("model", &model.model_id)
-            .field("temperature", &model.temperature)
-            .field("max_output_tokens", &model.max_output_tokens)
-            .field("seed", &model.seed);
+            .field("rubric", &self.rubric_hash);
+        model.key_into(&mut h);
         h.finish()
     }
 

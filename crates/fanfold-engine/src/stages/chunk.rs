@@ -38,12 +38,7 @@ struct Layout {
 
 impl ChunkRunner {
     pub fn build(s: &ChunkStageSpec, ctx: &mut BuildContext<'_>) -> Result<ChunkRunner, PlanError> {
-        if !ctx.spec.backends.contains_key(&s.backend) {
-            return Err(ctx.invalid(format!(
-                "stage `{}` uses backend `{}`, which no [backends.{}] table declares",
-                s.name, s.backend, s.backend
-            )));
-        }
+        ctx.require_backend(&s.name, &s.backend)?;
         // The embedded model holds a context in one slot; a slot too small
         // would cut every context, so the plan refuses it.
         if let Some(fanfold_core::spec::BackendSpec::Llama { slot_tokens, .. }) =

@@ -378,12 +378,7 @@ impl ClusterRunner {
         s: &ClusterStageSpec,
         ctx: &mut BuildContext<'_>,
     ) -> Result<ClusterRunner, PlanError> {
-        if !ctx.spec.backends.contains_key(&s.backend) {
-            return Err(ctx.invalid(format!(
-                "stage `{}` uses backend `{}`, which no [backends.{}] table declares",
-                s.name, s.backend, s.backend
-            )));
-        }
+        ctx.require_backend(&s.name, &s.backend)?;
         let rubric = ctx.read("rubric", &s.rubric)?;
         ctx.hashed
             .insert(format!("rubric:{}", s.name), rubric.clone());

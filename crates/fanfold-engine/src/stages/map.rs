@@ -129,12 +129,7 @@ impl MapRunner {
         schema_text: String,
         ctx: &mut BuildContext<'_>,
     ) -> Result<MapRunner, PlanError> {
-        if !ctx.spec.backends.contains_key(&s.backend) {
-            return Err(ctx.invalid(format!(
-                "stage `{}` uses backend `{}`, which no [backends.{}] table declares",
-                s.name, s.backend, s.backend
-            )));
-        }
+        ctx.require_backend(&s.name, &s.backend)?;
         ctx.hashed
             .insert(format!("rubric:{}", s.name), rubric.clone());
         ctx.hashed.insert(format!("schema:{}", s.name), schema_text);

@@ -3,6 +3,7 @@
 //! line in [`build`]; `run`, `explain` and the CLI only ever see the trait.
 
 pub mod audit;
+pub mod bm25;
 pub mod chunk;
 pub mod cluster;
 pub mod embed;
@@ -50,6 +51,16 @@ impl BuildContext<'_> {
         }
     }
 
+    /// Refuses a stage whose backend no `[backends.NAME]` table declares.
+    pub fn require_backend(&self, stage: &str, backend: &str) -> Result<(), PlanError> {
+        if self.spec.backends.contains_key(backend) {
+            return Ok(());
+        }
+        Err(self.invalid(format!(
+            "stage `{stage}` uses backend `{backend}`, which no [backends.{backend}] table declares"
+        )))
+    }
+
     /// Reads a file the spec names, relative to the spec's folder.
     pub fn read(&mut self, what: &'static str, file: &str) -> Result<String, PlanError> {
         let full = self.spec_dir.join(file);
@@ -72,6 +83,7 @@ pub fn build(decl: &StageSpec, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Sta
         StageSpec::Select(s) => Ok(Box::new(select::SelectRunner::build(s, ctx)?)),
         StageSpec::Chunk(s) => Ok(Box::new(chunk::ChunkRunner::build(s, ctx)?)),
         StageSpec::Cluster(s) => Ok(Box::new(cluster::ClusterRunner::build(s, ctx)?)),
+        StageSpec::Bm25(s) => Ok(Box::new(bm25::Bm25Runner::build(s, ctx)?)),
     }
 }
 
@@ -238,7 +250,7 @@ pub struct CachedCount {
 pub trait Stage: Send + Sync {
     fn name(&self) -> &str;
     /// The kind, as the spec names it (`map`, `embed`, `audit`, `select`,
-    /// `chunk`, `cluster`).
+    /// `chunk`, `cluster`, `bm25`).
     fn kind(&self) -> &'static str;
     /// The hash of what the stage means; part of every key of its facts.
     fn definition_hash(&self) -> ContentHash;
