@@ -8,9 +8,9 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use fanfold_core::spec::{Bm25StageSpec, Spec};
-use fanfold_core::{Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash, Status};
+use fanfold_core::{Cost, FACT_SCHEMA, FactRecord, ModelParams, Status};
 use fanfold_ops::bm25::{Bm25Stage, text_of, tokens};
-use fanfold_ops::view::{INPUT_BUCKET, Projector};
+use fanfold_ops::view::Projector;
 use fanfold_store::Store;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -161,7 +161,9 @@ impl Stage for Bm25Runner {
                 source_hashes: vec![u.unit_hash],
                 stage: stage.name().to_owned(),
                 stage_version: sp.version,
-                rubric_hash: json!(sp.query).key_in(INPUT_BUCKET),
+                // No rubric: what the fact means is the stage's definition,
+                // its query included, as for an embed stage.
+                rubric_hash: stage.definition_hash(),
                 model: params.clone(),
                 status,
                 decision: Some(if kept { "relevant" } else { "irrelevant" }.into()),
