@@ -165,6 +165,12 @@ pub enum StageSpec {
     /// here as negatives. No model, nothing stored: the scores depend on
     /// every unit's words, so they are recomputed each run.
     Bm25(Bm25StageSpec),
+    /// A unit read with its related units: the units a map stage could not
+    /// decide alone (it abstained, or its output asked for context) are
+    /// judged again in a context that also shows their nearest group
+    /// members (same key, near in time, or near-duplicates), under a token
+    /// bound. The widened fact cites every member it was shown.
+    Widen(WidenStageSpec),
 }
 
 /// The model turn a stage declares: where it is sent and how.
@@ -183,6 +189,7 @@ impl StageSpec {
             StageSpec::Chunk(s) => &s.name,
             StageSpec::Cluster(s) => &s.name,
             StageSpec::Bm25(s) => &s.name,
+            StageSpec::Widen(s) => &s.name,
         }
     }
 
@@ -195,6 +202,7 @@ impl StageSpec {
             StageSpec::Chunk(_) => "chunk",
             StageSpec::Cluster(_) => "cluster",
             StageSpec::Bm25(_) => "bm25",
+            StageSpec::Widen(_) => "widen",
         }
     }
 
@@ -208,6 +216,7 @@ impl StageSpec {
             StageSpec::Chunk(s) => s.project.as_deref(),
             StageSpec::Cluster(s) => s.project.as_deref(),
             StageSpec::Bm25(s) => s.project.as_deref(),
+            StageSpec::Widen(s) => s.judge.project.as_deref(),
         }
     }
 
@@ -219,6 +228,7 @@ impl StageSpec {
             StageSpec::Chunk(s) => (&mut s.backend, &mut s.execution),
             StageSpec::Cluster(s) => (&mut s.backend, &mut s.execution),
             StageSpec::Audit(s) => (&mut s.judge.backend, &mut s.judge.execution),
+            StageSpec::Widen(s) => (&mut s.judge.backend, &mut s.judge.execution),
             StageSpec::Select(SelectStageSpec { model: Some(m), .. }) => {
                 (&mut m.backend, &mut m.execution)
             }
@@ -234,6 +244,7 @@ impl StageSpec {
             StageSpec::Chunk(s) => Some((&s.backend, s.execution)),
             StageSpec::Cluster(s) => Some((&s.backend, s.execution)),
             StageSpec::Audit(s) => Some((&s.judge.backend, s.judge.execution)),
+            StageSpec::Widen(s) => Some((&s.judge.backend, s.judge.execution)),
             StageSpec::Select(SelectStageSpec { model: Some(m), .. }) => {
                 Some((&m.backend, m.execution))
             }
@@ -464,6 +475,79 @@ pub struct MapStageSpec {
     /// Stops the stage early when its first units show the rubric or the
     /// backend is wrong, before the budget is spent on the rest.
     pub breaker: Option<BreakerSpec>,
+    /// Sends the units this stage could not decide alone to a `widen`
+    /// stage declared after it, whose fact then answers for the unit.
+    pub widen: Option<WidenOn>,
+}
+
+/// When a map stage asks for a wider context, and where it is read.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WidenOn {
+    /// The `widen` stage the unit goes to.
+    pub stage: String,
+    /// An `abstain` fact asks for context.
+    #[serde(default = "default_true")]
+    pub on_abstain: bool,
+    /// JSON pointer to an array in the output (`/needs`); a fact whose
+    /// array is not empty asks for context, whatever its decision.
+    pub needs: Option<String>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// A widen stage: the units sent to it are judged again, each in a context
+/// that also shows its nearest group members.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WidenStageSpec {
+    pub name: String,
+    /// How units are related.
+    pub group: GroupSpec,
+    /// The most members a context shows.
+    #[serde(default = "default_widen_k")]
+    pub k: usize,
+    /// The most tokens the members may take together (counted at 2 bytes
+    /// a token of compact JSON); a member that does not fit is left out,
+    /// and counted.
+    #[serde(default = "default_related_tokens")]
+    pub max_related_tokens: u64,
+    /// The judge of the widened context: a map stage's declaration without
+    /// a name. Its projection is applied to the unit and to each member;
+    /// the unit's must be a JSON object, which gains a `related` list of
+    /// `{"id", "record"}`. Evidence may quote the unit's fields or
+    /// `related`.
+    pub judge: MapStageSpec,
+}
+
+fn default_widen_k() -> usize {
+    4
+}
+fn default_related_tokens() -> u64 {
+    1024
+}
+
+/// How a widen stage relates units: exactly one of `key`, `time` or
+/// `near`. Members are found among the units the run routes to a stage.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSpec {
+    /// A jq expression over the unit (`.author.login`, `.milestone`): units
+    /// with an equal, non-null value are one group, nearest in source
+    /// order first.
+    pub key: Option<String>,
+    /// A jq expression yielding a time in seconds (`.createdAt | fromdate`):
+    /// units at most `within_secs` apart are one group, nearest in time
+    /// first.
+    pub time: Option<String>,
+    pub within_secs: Option<f64>,
+    /// An `embed` stage: units whose vectors (that stage's model and
+    /// projection) have a cosine similarity of at least `min_similarity`
+    /// are near-duplicates, most similar first.
+    pub near: Option<String>,
+    pub min_similarity: Option<f64>,
 }
 
 /// When a stage stops itself. Whatever is declared, a stage whose first

@@ -44,6 +44,12 @@ pub enum RunError {
         unit: String,
         source: fanfold_ops::jq::JqError,
     },
+    #[error("widen `{stage}` on unit {unit}: {detail}")]
+    Group {
+        stage: String,
+        unit: String,
+        detail: String,
+    },
     #[error("contract bound on unit {unit}: {detail}")]
     Bound { unit: String, detail: String },
     #[error("the stored source {hash} is missing chunk {seq}; the store is damaged")]
@@ -66,6 +72,7 @@ impl RunError {
             | RunError::NoInput
             | RunError::Project { .. }
             | RunError::SelectRule { .. }
+            | RunError::Group { .. }
             | RunError::Bound { .. } => ErrorCategory::Input,
             RunError::Backend { .. } | RunError::Embed { .. } => ErrorCategory::Configuration,
             RunError::Store(_) | RunError::MissingChunk { .. } | RunError::Output { .. } => {

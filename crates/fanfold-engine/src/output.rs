@@ -352,6 +352,19 @@ pub fn markdown(report: &RunReport) -> String {
         .map(|(p, ms)| format!("{p} {ms} ms"))
         .collect();
     let _ = writeln!(out, "- wall {} ms: {}", st.wall_ms, phases.join(", "));
+    for (name, w) in &st.widens {
+        let _ = writeln!(
+            out,
+            "- widen `{name}` ({}): {} units judged again, {} with related units ({} shown, {} left out by the token bound), {} with none found; {} reused",
+            md_text(&w.group),
+            w.units,
+            w.widened,
+            w.members_shown,
+            w.left_out,
+            w.alone,
+            w.cached
+        );
+    }
     if st.truncated_units > 0 {
         let _ = writeln!(
             out,

@@ -62,6 +62,9 @@ pub struct RunStats {
     /// Per cluster stage: its themes, checks and reorder stress.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub clusters: BTreeMap<String, crate::stages::cluster::ClusterReport>,
+    /// Per widen stage: units widened and the members their contexts showed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub widens: BTreeMap<String, crate::stages::widen::WidenReport>,
     /// The process's peak resident memory when the certificate was
     /// written (Linux `VmHWM`), in KiB; absent where the OS does not say.
     #[serde(default)]

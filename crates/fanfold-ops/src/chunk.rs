@@ -95,6 +95,7 @@ impl ChunkStage {
             execution: spec.execution,
             canaries: None,
             breaker: None,
+            widen: None,
         };
         let turn = MapStage::new(turn_spec, rubric, output_schema(spec.size))?;
         let mut h = StableHasher::new(Bucket::ChunkDef);

@@ -164,6 +164,7 @@ impl ClusterStage {
             execution: spec.execution,
             canaries: None,
             breaker: None,
+            widen: None,
         };
         let turn = MapStage::new(
             turn_spec,

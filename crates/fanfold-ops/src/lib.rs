@@ -22,3 +22,4 @@ pub mod prefilter;
 pub mod select;
 pub mod verify;
 pub mod view;
+pub mod widen;

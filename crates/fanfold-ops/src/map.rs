@@ -477,6 +477,7 @@ mod tests {
             execution: Default::default(),
             canaries: None,
             breaker: None,
+            widen: None,
         };
         let schema = json!({
             "type": "object",

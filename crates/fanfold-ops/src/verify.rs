@@ -46,17 +46,19 @@ pub fn verify(
     seed: u64,
 ) -> VerifyReport {
     let mut report = VerifyReport::default();
-    let fact_hash: HashMap<&UnitId, &FactRecord> = facts
+    // Every unit a fact cites, with the hash it was judged at: a widened
+    // fact cites the members its context showed as well as its unit.
+    let fact_hash: HashMap<&UnitId, &ContentHash> = facts
         .iter()
-        .filter_map(|f| f.source_ids.first().map(|id| (id, *f)))
+        .flat_map(|f| f.source_ids.iter().zip(&f.source_hashes))
         .collect();
     for id in cited {
         report.cited_checked += 1;
         match source.unit_hash(id) {
             None => report.cited_missing.push(id.clone()),
             Some(hash) => {
-                if let Some(f) = fact_hash.get(id)
-                    && f.source_hashes.first() != Some(&hash)
+                if let Some(&recorded) = fact_hash.get(id)
+                    && *recorded != hash
                 {
                     report.hash_mismatches.push(id.clone());
                 }

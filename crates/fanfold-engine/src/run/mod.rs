@@ -242,7 +242,8 @@ fn run_begun(
     // What each stage received: from the prefilter, or passed on by a stage
     // in front of it.
     let mut received: BTreeMap<String, u64> = BTreeMap::new();
-    // Units an audit sent back, and the stage it sent them to.
+    // Units whose answer is a later stage's fact: an audit sent them back,
+    // or a map could not decide them alone; and the stage that answers.
     let mut escalated: HashMap<usize, String> = HashMap::new();
     // The first pass runs every stage in spec order; an audit runs once,
     // there. Units it sends back to an earlier stage run in a second pass,
@@ -303,6 +304,12 @@ fn run_begun(
                 next.extend(outcome.passed);
                 next.sort_unstable();
             }
+            for (to, units) in outcome.escalated {
+                escalated.extend(units.iter().map(|&i| (i, to.clone())));
+                let next = queued.entry(to).or_default();
+                next.extend(units);
+                next.sort_unstable();
+            }
             for (to, units) in outcome.sent {
                 let next = queued.entry(to).or_default();
                 next.extend(units);
@@ -319,7 +326,7 @@ fn run_begun(
         stage.review(&facts, &mut stats);
     }
     // An escalated unit's answer is the stage it was escalated to; the
-    // negative that sent it to the audit is kept in the store, not folded.
+    // fact that sent it there is kept in the store, not folded.
     if !escalated.is_empty() {
         let answered: HashSet<usize> = facts
             .iter()
@@ -410,13 +417,20 @@ fn run_begun(
     phases.mark("answer");
 
     // Verify against the stored artifact, read back by byte range.
-    let cited: BTreeSet<UnitId> = answered
+    let mut cited: BTreeSet<UnitId> = answered
         .items
         .iter()
         .map(|i| i.unit_id.clone())
         .chain(answered.themes.iter().flat_map(|t| t.ids.iter().cloned()))
         .chain(stats.clusters.values().flat_map(|c| c.cited().cloned()))
         .collect();
+    // A widened answer also stands on the members its context showed.
+    let shown: Vec<UnitId> = facts
+        .iter()
+        .filter(|(_, f)| f.source_ids.first().is_some_and(|id| cited.contains(id)))
+        .flat_map(|(_, f)| f.source_ids.iter().skip(1).cloned())
+        .collect();
+    cited.extend(shown);
     let mut facts: Vec<FactRecord> = facts.into_iter().map(|(_, f)| f).collect();
     facts.sort_by(|a, b| {
         a.source_ids

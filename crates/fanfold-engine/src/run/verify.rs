@@ -22,7 +22,9 @@ struct StoredSource<'a> {
     partition: i64,
     spec: &'a PartitionSpec,
     header: Option<Vec<u8>>,
-    projectors: HashMap<String, Projector>,
+    /// Per stage whose facts carry evidence: its projection, and whether
+    /// its view is widened with the fact's other cited units.
+    projectors: HashMap<String, (Projector, bool)>,
 }
 
 impl StoredSource<'_> {
@@ -65,12 +67,28 @@ impl ReadBack for StoredSource<'_> {
     }
 
     fn view(&mut self, fact: &FactRecord) -> Option<Value> {
-        let id = fact.source_ids.first()?;
-        let value = self.value(id)?;
-        self.projectors
+        let (first, members) = fact.source_ids.split_first()?;
+        let value = self.value(first)?;
+        let widened = self.projectors.get(&fact.stage)?.1;
+        let view = self
+            .projectors
             .get(&fact.stage)?
-            .project(id.as_str(), &value)
-            .ok()
+            .0
+            .project(first.as_str(), &value);
+        if !widened {
+            return view.ok();
+        }
+        let mut related = Vec::with_capacity(members.len());
+        for id in members {
+            let value = self.value(id)?;
+            let member = self
+                .projectors
+                .get(&fact.stage)?
+                .0
+                .project(id.as_str(), &value);
+            related.push((id.0.clone(), member.ok()?));
+        }
+        fanfold_ops::widen::widened_view(view.ok()?, related).ok()
     }
 }
 
@@ -99,9 +117,9 @@ pub fn verify_stored(
         .stages
         .iter()
         .filter_map(|s| {
-            let m = plan.map_stage(s.name())?;
-            let p = Projector::compile(m.name(), m.spec.project.as_deref(), &m.spec.fields).ok()?;
-            Some((m.name().to_owned(), p))
+            let v = s.evidence_view()?;
+            let p = Projector::compile(s.name(), v.project.as_deref(), &v.fields).ok()?;
+            Some((s.name().to_owned(), (p, v.widened)))
         })
         .collect();
     let mut source = StoredSource {

@@ -457,3 +457,39 @@ fn vectors_for(
     }
     Ok(vectors.into_iter().map(Option::unwrap_or_default).collect())
 }
+
+/// The vectors of `indices` as `runner` embeds them (its projection, its
+/// model): from the store where stored; the rest computed and stored when
+/// `embedders` is given, else `None` (for `explain`, which loads no model).
+pub(crate) fn unit_vectors(
+    runner: &EmbedRunner,
+    table: &UnitTable,
+    indices: &[usize],
+    store: &Store,
+    embedders: Option<&mut Embedders>,
+) -> Result<Vec<Option<Vec<f32>>>, RunError> {
+    let stage = &runner.stage;
+    let (dir, model_id) = embedder_identity(stage, &runner.spec_dir)?;
+    let texts: Vec<String> = fact_keys(stage, table, indices, &model_id)?
+        .into_iter()
+        .map(|(_, _, text)| text)
+        .collect();
+    let Some(embedders) = embedders else {
+        return texts
+            .iter()
+            .map(|t| Ok(store.get_embedding(&vector_key(&model_id, stage.spec.max_tokens, t))?))
+            .collect();
+    };
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let mut stats = EmbedStats::default();
+    let vectors = vectors_for(
+        stage,
+        dir.as_deref(),
+        &model_id,
+        &refs,
+        store,
+        embedders,
+        &mut stats,
+    )?;
+    Ok(vectors.into_iter().map(Some).collect())
+}

@@ -7,7 +7,9 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use fanfold_core::spec::{ContractSpec, Execution, MapStageSpec, Spec};
-use fanfold_core::{ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash};
+use fanfold_core::{
+    ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash, Status, UnitId,
+};
 use fanfold_model::BackendInfo;
 use fanfold_ops::jq::{JqProgram, Site, to_val};
 use fanfold_ops::map::MapStage;
@@ -22,6 +24,35 @@ use crate::plan::PlanError;
 use crate::queue::{Pending, Prompt, StageJob, UnitResult};
 use crate::run::ledger::Origin;
 use crate::run::route::UnitTable;
+
+/// What a map turn shows each unit, and what the unit's fact cites: the
+/// stage's own projection of the unit by default; a widen stage's view of
+/// the unit with its group members.
+pub(crate) trait Views: Sync {
+    /// The view of table position `i`; its hash keys the fact.
+    fn view(&self, i: usize) -> Result<Value, RunError>;
+    /// The ids and hashes `i`'s fact cites, the unit's own first.
+    fn cites(&self, i: usize) -> (Vec<UnitId>, Vec<ContentHash>);
+}
+
+/// A unit alone, through the stage's projection.
+pub(crate) struct UnitViews<'a> {
+    pub projector: Projector,
+    pub table: &'a UnitTable,
+}
+
+impl Views for UnitViews<'_> {
+    fn view(&self, i: usize) -> Result<Value, RunError> {
+        self.projector
+            .project(self.table.id(i).as_str(), &self.table.value(i))
+            .map_err(project_err)
+    }
+
+    fn cites(&self, i: usize) -> (Vec<UnitId>, Vec<ContentHash>) {
+        let u = self.table.unit(i);
+        (vec![u.unit_id.clone()], vec![u.unit_hash])
+    }
+}
 
 pub struct MapRunner {
     pub stage: MapStage,
@@ -150,6 +181,27 @@ impl MapRunner {
                 s.name
             )));
         }
+        if let Some(w) = &s.widen {
+            let is_widen = ctx
+                .spec
+                .stages
+                .iter()
+                .any(|d| d.name() == w.stage && d.type_name() == "widen");
+            if !is_widen {
+                return Err(ctx.invalid(format!(
+                    "stage `{}` widens to `{}`, which is not a widen stage of this spec",
+                    s.name, w.stage
+                )));
+            }
+            if let Some(p) = &w.needs
+                && !p.starts_with('/')
+            {
+                return Err(ctx.invalid(format!(
+                    "stage `{}` widen.needs `{p}` must be a JSON pointer such as \"/needs\"",
+                    s.name
+                )));
+            }
+        }
         let stage = MapStage::new(s.clone(), rubric, schema).map_err(|source| PlanError::Map {
             path: ctx.path(),
             source,
@@ -157,9 +209,25 @@ impl MapRunner {
         Ok(MapRunner { stage, canaries })
     }
 
-    fn projector(&self) -> Result<Projector, RunError> {
+    pub(crate) fn projector(&self) -> Result<Projector, RunError> {
         let sp = &self.stage.spec;
         Projector::compile(sp.name.as_str(), sp.project.as_deref(), &sp.fields).map_err(project_err)
+    }
+
+    /// Whether `fact` asks for a wider context than one unit.
+    fn asks_to_widen(&self, fact: &FactRecord) -> bool {
+        let Some(w) = &self.stage.spec.widen else {
+            return false;
+        };
+        (w.on_abstain && fact.status == Status::Abstain)
+            || w.needs.as_deref().is_some_and(|p| {
+                fact.status.is_cacheable()
+                    && fact
+                        .facts
+                        .pointer(p)
+                        .and_then(Value::as_array)
+                        .is_some_and(|a| !a.is_empty())
+            })
     }
 }
 
@@ -211,6 +279,24 @@ impl Stage for MapRunner {
         Some(&self.stage.spec.backend)
     }
 
+    fn targets(&self) -> Vec<&str> {
+        self.stage
+            .spec
+            .widen
+            .iter()
+            .map(|w| w.stage.as_str())
+            .collect()
+    }
+
+    fn evidence_view(&self) -> Option<super::EvidenceView> {
+        let sp = &self.stage.spec;
+        Some(super::EvidenceView {
+            project: sp.project.clone(),
+            fields: sp.fields.clone(),
+            widened: false,
+        })
+    }
+
     fn explain(&self, spec: &Spec, out: &mut String) {
         let sp = &self.stage.spec;
         let (backend, simulated) = super::backend_label(spec, &sp.backend);
@@ -238,6 +324,16 @@ impl Stage for MapRunner {
             self.stage.prefix().len(),
             sp.rubric
         );
+        if let Some(w) = &sp.widen {
+            let mut when = Vec::new();
+            if w.on_abstain {
+                when.push("abstain".to_owned());
+            }
+            if let Some(p) = &w.needs {
+                when.push(format!("{p} not empty"));
+            }
+            let _ = writeln!(out, "    widens to {} on {}", w.stage, when.join(" or "));
+        }
     }
 
     fn count_cached(
@@ -248,27 +344,66 @@ impl Stage for MapRunner {
         table: &UnitTable,
         units: &[usize],
     ) -> Result<CachedCount, RunError> {
+        let views = UnitViews {
+            projector: self.projector()?,
+            table,
+        };
+        self.count_cached_views(spec, spec_dir, store, units, &views)
+    }
+
+    fn run(&self, ctx: &mut StageContext<'_>, units: Vec<usize>) -> Result<StageOutcome, RunError> {
+        let views = UnitViews {
+            projector: self.projector()?,
+            table: ctx.table,
+        };
+        self.run_views(ctx, units, &views)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl MapRunner {
+    /// Counts the stored facts of `units`, each keyed by its view.
+    pub(crate) fn count_cached_views(
+        &self,
+        spec: &Spec,
+        spec_dir: &Path,
+        store: &Store,
+        units: &[usize],
+        views: &dyn Views,
+    ) -> Result<CachedCount, RunError> {
         let sp = &self.stage.spec;
         let info = match super::cached_identity(spec, spec_dir, &sp.backend, sp.execution) {
             Ok(info) => info,
             Err(count) => return Ok(count),
         };
         let model = model_params(&info, &self.stage);
-        let projector = self.projector()?;
         let mut count = CachedCount::default();
         for &i in units {
-            let projected = projector
-                .project(table.id(i).as_str(), &table.value(i))
-                .map_err(project_err)?;
+            let projected = views.view(i)?;
             let key = self.stage.cache_key(projected.key_in(INPUT_BUCKET), &model);
-            if store.get_fact(&key)?.is_some() {
+            if let Some(fact) = store.get_fact(&key)? {
                 count.cached += 1;
+                if let Some(w) = &sp.widen
+                    && self.asks_to_widen(&fact)
+                {
+                    count.sent.entry(w.stage.clone()).or_default().push(i);
+                }
             }
         }
         Ok(count)
     }
 
-    fn run(&self, ctx: &mut StageContext<'_>, units: Vec<usize>) -> Result<StageOutcome, RunError> {
+    /// Runs the stage's model turn over `units`, each shown as `views`
+    /// shows it.
+    pub(crate) fn run_views(
+        &self,
+        ctx: &mut StageContext<'_>,
+        units: Vec<usize>,
+        views: &dyn Views,
+    ) -> Result<StageOutcome, RunError> {
         let stage = &self.stage;
         let execution = stage.spec.execution;
         let backend = ctx
@@ -277,6 +412,13 @@ impl Stage for MapRunner {
         let info = backend.info();
         let model = model_params(&info, stage);
         let projector = self.projector()?;
+        // Units whose fact asks for a wider context, for the widen stage.
+        let to_widen: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+        let note = |i: usize, fact: &FactRecord| {
+            if self.asks_to_widen(fact) {
+                to_widen.lock().unwrap_or_else(|e| e.into_inner()).push(i);
+            }
+        };
         let bound_program = match &ctx.spec.contract {
             ContractSpec::TopK { bound, .. } => {
                 Some(JqProgram::compile(bound).map_err(|e| RunError::Bound {
@@ -300,15 +442,13 @@ impl Stage for MapRunner {
         for &i in &units {
             let unit = table.unit(i);
             let value = table.value(i);
-            let projected = projector
-                .project(unit.unit_id.as_str(), &value)
-                .map_err(project_err)?;
+            let projected = views.view(i)?;
             let key = stage.cache_key(projected.key_in(INPUT_BUCKET), &model);
             if let Some(mut fact) = ctx.store.get_fact(&key)? {
                 cached += 1;
                 ctx.stats.cache_hits += 1;
-                fact.source_ids = vec![unit.unit_id.clone()];
-                fact.source_hashes = vec![unit.unit_hash];
+                (fact.source_ids, fact.source_hashes) = views.cites(i);
+                note(i, &fact);
                 ctx.ledger.record(i, fact, Origin::Cached);
                 continue;
             }
@@ -402,6 +542,7 @@ impl Stage for MapRunner {
         };
         let make_fact = |i: usize, r: &UnitResult| -> FactRecord {
             let u = table.unit(i);
+            let (source_ids, source_hashes) = views.cites(i);
             let key = keys.get(&i).copied().unwrap_or(u.unit_hash);
             let (decision, facts_v, confidence, evidence, choice_scores) = match &r.interpreted {
                 Some(it) => (
@@ -416,8 +557,8 @@ impl Stage for MapRunner {
             FactRecord {
                 schema: FACT_SCHEMA.into(),
                 key,
-                source_ids: vec![u.unit_id.clone()],
-                source_hashes: vec![u.unit_hash],
+                source_ids,
+                source_hashes,
                 stage: stage.name().to_owned(),
                 stage_version: stage.spec.version,
                 rubric_hash: stage.rubric_hash,
@@ -468,16 +609,16 @@ impl Stage for MapRunner {
                     .bound_violated(table.id(i).as_str(), score, bound);
             }
             for &f in followers.get(&i).map(Vec::as_slice).unwrap_or_default() {
-                let u = table.unit(f);
                 let mut shared = fact.clone();
-                shared.source_ids = vec![u.unit_id.clone()];
-                shared.source_hashes = vec![u.unit_hash];
+                (shared.source_ids, shared.source_hashes) = views.cites(f);
                 shared.cost = Cost::default();
                 shared.attempts = 0;
+                note(f, &shared);
                 ledger.record(f, shared, Origin::Shared);
                 progress.unit_finished(stage.name(), r.status);
             }
             let status = fact.status;
+            note(i, &fact);
             ledger.record(i, fact, Origin::Fresh);
             progress.unit_finished(stage.name(), status);
             // A unit that ended without a fact to share is left to whichever
@@ -498,14 +639,16 @@ impl Stage for MapRunner {
         // Prompts are built as units open, from the table: the queue holds
         // ids. The projection succeeded above, so it succeeds again.
         let prepare = |i: usize| -> Prompt {
-            let (id, value) = match i.checked_sub(first_canary) {
+            let (id, projected) = match i.checked_sub(first_canary) {
                 Some(k) => match self.canaries.get(k) {
-                    Some(c) => (c.id.as_str(), c.record.clone()),
+                    Some(c) => (
+                        c.id.as_str(),
+                        projector.project(&c.id, &c.record).unwrap_or(Value::Null),
+                    ),
                     None => ("", Value::Null),
                 },
-                None => (table.id(i).as_str(), table.value(i)),
+                None => (table.id(i).as_str(), views.view(i).unwrap_or(Value::Null)),
             };
-            let projected = projector.project(id, &value).unwrap_or(Value::Null);
             Prompt {
                 suffix: stage.suffix(id, &projected),
                 schema: stage.schema_for_unit(&projected),
@@ -517,10 +660,9 @@ impl Stage for MapRunner {
         let adopted = std::sync::atomic::AtomicU64::new(0);
         let adopt = |i: usize, fact: FactRecord| {
             let record = |at: usize, fact: FactRecord| {
-                let u = table.unit(at);
                 let mut fact = fact;
-                fact.source_ids = vec![u.unit_id.clone()];
-                fact.source_hashes = vec![u.unit_hash];
+                (fact.source_ids, fact.source_hashes) = views.cites(at);
+                note(at, &fact);
                 let status = fact.status;
                 ledger.record(at, fact, Origin::Cached);
                 progress.unit_finished(stage.name(), status);
@@ -585,14 +727,19 @@ impl Stage for MapRunner {
             report.sent += sent;
             report.failed.extend(canary_failures);
         }
-        Ok(StageOutcome {
+        let mut outcome = StageOutcome {
             stop,
             ..StageOutcome::default()
-        })
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
+        };
+        let mut to_widen = to_widen.into_inner().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = &stage.spec.widen
+            && !to_widen.is_empty()
+        {
+            to_widen.sort_unstable();
+            to_widen.dedup();
+            outcome.escalated.insert(w.stage.clone(), to_widen);
+        }
+        Ok(outcome)
     }
 }
 

@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod embed;
 pub mod map;
 pub mod select;
+pub mod widen;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -84,6 +85,7 @@ pub fn build(decl: &StageSpec, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Sta
         StageSpec::Chunk(s) => Ok(Box::new(chunk::ChunkRunner::build(s, ctx)?)),
         StageSpec::Cluster(s) => Ok(Box::new(cluster::ClusterRunner::build(s, ctx)?)),
         StageSpec::Bm25(s) => Ok(Box::new(bm25::Bm25Runner::build(s, ctx)?)),
+        StageSpec::Widen(s) => Ok(Box::new(widen::WidenRunner::build(s, ctx)?)),
     }
 }
 
@@ -227,8 +229,23 @@ pub struct StageOutcome {
     /// Units sent on to other stages by name (a select's choices), each
     /// list in table order.
     pub sent: BTreeMap<String, Vec<usize>>,
+    /// Units sent on whose answer is the receiving stage's fact, not this
+    /// stage's (a map's undecided units, widened), each list in table
+    /// order.
+    pub escalated: BTreeMap<String, Vec<usize>>,
     /// Why the stage stopped early, if it did.
     pub stop: Option<StopReason>,
+}
+
+/// How the verify phase rebuilds the view a stage's facts were judged in,
+/// to find their evidence quotes again.
+#[derive(Clone, Debug)]
+pub struct EvidenceView {
+    pub project: Option<String>,
+    pub fields: Vec<String>,
+    /// The view is the first cited unit's, widened with the rest as its
+    /// related members (a widen stage); else the first cited unit's alone.
+    pub widened: bool,
 }
 
 /// What `explain` can tell about a stage from the store, without running it.
@@ -250,7 +267,7 @@ pub struct CachedCount {
 pub trait Stage: Send + Sync {
     fn name(&self) -> &str;
     /// The kind, as the spec names it (`map`, `embed`, `audit`, `select`,
-    /// `chunk`, `cluster`, `bm25`).
+    /// `chunk`, `cluster`, `bm25`, `widen`).
     fn kind(&self) -> &'static str;
     /// The hash of what the stage means; part of every key of its facts.
     fn definition_hash(&self) -> ContentHash;
@@ -277,6 +294,11 @@ pub trait Stage: Send + Sync {
     /// Such a stage is sent no units: it runs once every unit stage has
     /// run, with the answer's facts in [`StageContext::facts`].
     fn reads_facts(&self) -> Option<&str> {
+        None
+    }
+    /// How its facts' evidence is found again, for a stage whose facts
+    /// quote what their context showed.
+    fn evidence_view(&self) -> Option<EvidenceView> {
         None
     }
     /// Its lines in `fanfold explain`.

@@ -87,6 +87,7 @@ impl SelectRunner {
                     execution: m.execution,
                     canaries: None,
                     breaker: None,
+                    widen: None,
                 };
                 let schema = catalog.output_schema();
                 let text = serde_json::to_string_pretty(&schema).unwrap_or_default();
