@@ -64,11 +64,4 @@ pub struct Unit {
     /// the raw bytes otherwise), so a reformatted export keeps its keys.
     pub unit_hash: ContentHash,
     pub bytes: ByteRange,
-    /// Ids of units this one must be read with; empty for record-local work.
-    #[serde(default)]
-    pub neighborhood: Vec<UnitId>,
-    /// Relations the question needs that this unit does not carry; a stage
-    /// that needs one must widen the unit or abstain.
-    #[serde(default)]
-    pub required_relations: Vec<String>,
 }

@@ -215,8 +215,6 @@ impl<'a> Assigner<'a> {
                 source_hash: self.source_hash,
                 unit_hash: canonical,
                 bytes,
-                neighborhood: Vec::new(),
-                required_relations: Vec::new(),
             },
             value,
         }))
@@ -2105,8 +2103,6 @@ pub mod fast_jsonl {
                     source_hash: self.source_hash,
                     unit_hash: p.hash,
                     bytes,
-                    neighborhood: Vec::new(),
-                    required_relations: Vec::new(),
                 },
                 raw,
                 extra,

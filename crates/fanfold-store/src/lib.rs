@@ -1636,8 +1636,6 @@ mod tests {
                 start: ordinal * 10,
                 end: ordinal * 10 + 5,
             },
-            neighborhood: Vec::new(),
-            required_relations: Vec::new(),
         };
         let units = [unit("a", 0), unit("b", 1)];
         let prefilter = store
