@@ -289,6 +289,16 @@ enum FixtureCommand {
         #[arg(long, default_value_t = 1000)]
         count: usize,
     },
+    /// An issue export where the answer depends on relations between
+    /// records (regressions of a reported fix), and its oracle.
+    IssueRelations {
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 11)]
+        seed: u64,
+        #[arg(long, default_value_t = 120)]
+        count: usize,
+    },
     /// Synthetic JSONL event records.
     Jsonl {
         #[arg(long)]
@@ -435,6 +445,12 @@ fn real_main() -> Result<ExitCode> {
         }
         Command::Fixture(FixtureCommand::IssueTriage { out, seed, count }) => {
             fanfold_fixtures::issues::write_issue_triage(&out, seed, count)
+                .with_context(|| format!("writing the fixture to {}", out.display()))?;
+            eprintln!("wrote {}/issues.json and oracle.json", out.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Fixture(FixtureCommand::IssueRelations { out, seed, count }) => {
+            fanfold_fixtures::relations::write_issue_relations(&out, seed, count)
                 .with_context(|| format!("writing the fixture to {}", out.display()))?;
             eprintln!("wrote {}/issues.json and oracle.json", out.display());
             Ok(ExitCode::SUCCESS)

@@ -114,7 +114,7 @@ pub fn write_issue_triage(dir: &Path, seed: u64, count: usize) -> std::io::Resul
     write_pretty(&dir.join("oracle.json"), &generated.oracle)
 }
 
-fn write_pretty<T: Serialize + ?Sized>(path: &Path, value: &T) -> std::io::Result<()> {
+pub(crate) fn write_pretty<T: Serialize + ?Sized>(path: &Path, value: &T) -> std::io::Result<()> {
     let mut bytes = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
     bytes.push(b'\n');
     let mut file = std::fs::File::create(path)?;

@@ -8,6 +8,7 @@
 
 pub mod issues;
 pub mod jsonl;
+pub mod relations;
 
 mod rng;
 mod time;
