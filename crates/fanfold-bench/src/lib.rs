@@ -13,6 +13,7 @@ mod embed;
 mod fabric;
 mod http;
 pub mod ladder;
+mod relations;
 pub mod page;
 pub mod report;
 mod scale;
@@ -59,6 +60,23 @@ pub enum BenchCommand {
     /// The example's model reducer: its themes against the fixture's
     /// causes, and their drift over input orders and fan-ins.
     Cluster(SelectCliArgs),
+    /// The relations example record-level and widened: what widening
+    /// recovers of an answer one record cannot give, against its oracle.
+    Relations(RelationsCliArgs),
+}
+
+#[derive(Args)]
+pub struct RelationsCliArgs {
+    /// The issue-relations example folder (its `spec.toml` and oracle).
+    #[arg(long, default_value = "examples/issue-relations")]
+    example: PathBuf,
+    #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
+    report: PathBuf,
+    #[arg(long, default_value_t = 4)]
+    slots: usize,
+    /// Run every model turn on this backend of the spec (e.g. `scripted`).
+    #[arg(long)]
+    backend: Option<String>,
 }
 
 #[derive(Args)]
@@ -175,6 +193,15 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                 only: a.only,
                 backend: a.backend,
                 split_seed: a.split_seed,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Relations(a) => {
+            relations::main(&relations::RelationsArgs {
+                example: a.example,
+                report: a.report,
+                slots: a.slots,
+                backend: a.backend,
             })?;
             Ok(ExitCode::SUCCESS)
         }

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, anyhow};
 use fanfold_core::spec::{BackendSpec, BudgetSpec, ContractSpec, FaultKind, FaultSpec};
-use fanfold_core::{Status, UnitId};
+use fanfold_core::{FactRecord, Status, UnitId};
 use fanfold_engine::RunReport;
 use fanfold_engine::{NoProgress, Plan, RunOptions, Source};
 use serde::Serialize;
@@ -598,6 +598,7 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     checks.push(select_allowlist(&mut ctx, &example, &issues)?);
     checks.push(coarse_rungs(&ctx, &example, &truth)?);
     checks.push(cluster_invalidation(&mut ctx, &example, &issues)?);
+    checks.push(group_invalidation(&mut ctx, &example)?);
 
     let report = SelfcheckReport {
         ok: checks.iter().all(|c| c.ok),
@@ -705,6 +706,90 @@ fn coarse_rungs(ctx: &Ctx, example: &Path, blockers: &BTreeSet<String>) -> Resul
             routed(&long_run),
             long.not_run,
             !long.complete
+        ),
+    })
+}
+
+/// The widen stage of the `issue-relations` example (beside this one)
+/// pays, after one closed issue shown as a related member changed, for
+/// exactly the widened contexts that showed it, and reuses every other.
+fn group_invalidation(ctx: &mut Ctx, example: &Path) -> Result<Check> {
+    let source = example.with_file_name("issue-relations");
+    let dir = ctx.tmp.path().join("relations");
+    std::fs::create_dir_all(&dir)?;
+    for entry in std::fs::read_dir(&source)
+        .with_context(|| format!("reading the relations example {}", source.display()))?
+    {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::copy(entry.path(), dir.join(entry.file_name()))?;
+        }
+    }
+    let plan = scripted_plan(&dir.join("spec.toml"))?;
+    let store = ctx.store("relations");
+    let first = ctx.run(&plan, &store, None, None)?;
+    let widened = |r: &RunReport| {
+        r.certificate
+            .stats
+            .widens
+            .get("with_related")
+            .cloned()
+            .ok_or_else(|| anyhow!("the relations example's widen stage did not report"))
+    };
+    let before = widened(&first)?;
+    let contexts: Vec<&FactRecord> = first
+        .facts
+        .iter()
+        .filter(|f| f.stage == "with_related")
+        .collect();
+    let cites_all = contexts
+        .iter()
+        .all(|f| !f.source_ids.is_empty() && f.source_ids.len() == f.source_hashes.len());
+    let issues_path = dir.join("issues.json");
+    let mut issues: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&issues_path)?)?;
+    let closed: BTreeSet<String> = issues
+        .iter()
+        .filter(|i| i["state"] == "CLOSED")
+        .filter_map(|i| i["number"].as_u64().map(|n| n.to_string()))
+        .collect();
+    // A closed member: the select's rule ends it, so only the contexts that
+    // showed it may pay.
+    let Some(member) = contexts
+        .iter()
+        .flat_map(|f| f.source_ids.iter().skip(1))
+        .find(|id| closed.contains(id.as_str()))
+        .cloned()
+    else {
+        return Err(anyhow!("no widened context showed a closed issue"));
+    };
+    let showed = contexts
+        .iter()
+        .filter(|f| f.source_ids.iter().skip(1).any(|id| *id == member))
+        .count() as u64;
+    // The body, not the title the near-duplicates are found by.
+    for issue in &mut issues {
+        if issue["number"].as_u64().map(|n| n.to_string()).as_deref() == Some(member.as_str())
+            && let Some(body) = issue["body"].as_str()
+        {
+            issue["body"] = Value::String(format!("{body} Confirmed by QA."));
+        }
+    }
+    std::fs::write(&issues_path, serde_json::to_vec_pretty(&issues)?)?;
+    let second = ctx.run(&plan, &store, None, None)?;
+    let after = widened(&second)?;
+    let calls = second.certificate.stats.model_calls;
+    Ok(Check {
+        name: "group_invalidation",
+        ok: cites_all
+            && before.widened > 0
+            && showed > 0
+            && calls == showed
+            && after.units == before.units
+            && after.cached == after.units - showed,
+        simulated: true,
+        figure: format!(
+            "{} units widened, {} shown with related issues ({} members in all), every fact citing each one: {cites_all}; after closed issue {member}'s body changed (shown in {showed} contexts): {calls} calls, {} of {} widened facts reused",
+            before.units, before.widened, before.members_shown, after.cached, after.units
         ),
     })
 }

@@ -272,6 +272,15 @@ impl Stage for SelectRunner {
         }
     }
 
+    fn planned_calls(&self, table: &UnitTable, units: &[usize]) -> Result<Option<u64>, RunError> {
+        // Rules decide without a model; only what they leave is scored.
+        if self.scorer.is_none() {
+            return Ok(Some(0));
+        }
+        let picks = self.rule_picks(table, units)?;
+        Ok(Some(picks.iter().filter(|(_, p)| p.is_none()).count() as u64))
+    }
+
     fn count_cached(
         &self,
         spec: &Spec,
