@@ -158,7 +158,10 @@ fn score(
             continue;
         };
         grouped.0 += 1;
-        if f.source_ids.iter().any(|id| id.as_str() == regressed.to_string()) {
+        if f.source_ids
+            .iter()
+            .any(|id| id.as_str() == regressed.to_string())
+        {
             grouped.1 += 1;
         }
     }

@@ -20,7 +20,8 @@ use serde_json::{Value, json};
 use crate::rng::Rng;
 use crate::time::{epoch, rfc3339};
 
-pub const QUESTION: &str = "Which open issues report a bug that an earlier, closed issue says was fixed (a regression)?";
+pub const QUESTION: &str =
+    "Which open issues report a bug that an earlier, closed issue says was fixed (a regression)?";
 
 /// One bug, as its first and its later reporter put it: a title and a
 /// sentence each, in different words.
@@ -301,8 +302,18 @@ const FEATURES: &[&str] = &[
 ];
 
 const PEOPLE: &[&str] = &[
-    "amara-o", "bjorn", "chen-li", "dpatel", "elif", "fgarcia", "gwen", "hiro-t", "ines",
-    "jkowalski", "kwame", "lucia-m",
+    "amara-o",
+    "bjorn",
+    "chen-li",
+    "dpatel",
+    "elif",
+    "fgarcia",
+    "gwen",
+    "hiro-t",
+    "ines",
+    "jkowalski",
+    "kwame",
+    "lucia-m",
 ];
 
 const FIX_NOTES: &[&str] = &[
@@ -410,7 +421,10 @@ pub fn generate(seed: u64, count: usize) -> GeneratedRelations {
             title: if f < FEATURES.len() {
                 title.to_owned()
             } else {
-                format!("{title} ({})", ["web", "mobile", "desktop"][f / FEATURES.len() % 3])
+                format!(
+                    "{title} ({})",
+                    ["web", "mobile", "desktop"][f / FEATURES.len() % 3]
+                )
             },
             body: "It would help our team a lot. Is this on the roadmap?".into(),
             closed,
@@ -421,10 +435,11 @@ pub fn generate(seed: u64, count: usize) -> GeneratedRelations {
     drafts.sort_by_key(|d| (d.at, d.title.clone()));
     let mut regression_ids = Vec::new();
     let mut regresses = BTreeMap::new();
-    let mut traps: BTreeMap<String, Vec<u64>> = ["open_pairs", "closed_unfixed", "lone_bugs", "features"]
-        .iter()
-        .map(|k| ((*k).to_owned(), Vec::new()))
-        .collect();
+    let mut traps: BTreeMap<String, Vec<u64>> =
+        ["open_pairs", "closed_unfixed", "lone_bugs", "features"]
+            .iter()
+            .map(|k| ((*k).to_owned(), Vec::new()))
+            .collect();
     let mut first_of: BTreeMap<usize, u64> = BTreeMap::new();
     let mut issues = Vec::with_capacity(drafts.len());
     for (i, d) in drafts.iter().enumerate() {
@@ -449,9 +464,10 @@ pub fn generate(seed: u64, count: usize) -> GeneratedRelations {
                     }
                 }
                 Some(Role::OpenPair) => traps.entry("open_pairs".into()).or_default().push(number),
-                Some(Role::ClosedUnfixed) => {
-                    traps.entry("closed_unfixed".into()).or_default().push(number)
-                }
+                Some(Role::ClosedUnfixed) => traps
+                    .entry("closed_unfixed".into())
+                    .or_default()
+                    .push(number),
                 _ => {}
             }
         }

@@ -278,7 +278,9 @@ impl Stage for SelectRunner {
             return Ok(Some(0));
         }
         let picks = self.rule_picks(table, units)?;
-        Ok(Some(picks.iter().filter(|(_, p)| p.is_none()).count() as u64))
+        Ok(Some(
+            picks.iter().filter(|(_, p)| p.is_none()).count() as u64
+        ))
     }
 
     fn count_cached(
