@@ -61,10 +61,12 @@ const JUDGE: &str = "auth_blocker";
 const ANSWER: &str = "blockers";
 
 /// Every strategy, in the order the report lists them.
-pub const STRATEGIES: [&str; 8] = [
+pub const STRATEGIES: [&str; 10] = [
     "deterministic",
     "bm25",
     "embed",
+    "embed-top-k",
+    "embed-top-k-judge",
     "chunk-10",
     "chunk-50",
     "long",
@@ -77,6 +79,9 @@ pub const STRATEGIES: [&str; 8] = [
 const BM25: &str = "keyword_rank";
 const BM25_QUERY: &str = "release blocker 3.0 new authentication path auth/v2 new_auth_path OIDC SSO login token refresh session cookie redirect";
 const BM25_RECALL: f64 = 0.95;
+/// The share of the development split's blockers the embedding top-k
+/// keeps, which sets its k.
+const TOP_K_RECALL: f64 = 0.95;
 
 /// The embedded model's context window: SmolLM2's trained length.
 const WINDOW_TOKENS: u64 = 8192;
@@ -244,8 +249,21 @@ pub fn main(args: &LadderArgs) -> Result<()> {
         split_seed: seed,
         ..Ladder::default()
     };
+    // The embedding top-k's k, tuned on the development split once for
+    // both strategies that use it.
+    let mut top_k: Option<usize> = None;
     for strategy in STRATEGIES.into_iter().filter(|s| chosen(s)) {
         eprintln!("bench ladder: {strategy}");
+        if strategy.starts_with("embed-top-k") && top_k.is_none() {
+            top_k = Some(tune_top_k(
+                &base,
+                &spec_path,
+                &args.example,
+                tmp.path(),
+                &truth,
+                seed,
+            )?);
+        }
         let row = if strategy == "deterministic" {
             deterministic(&base, &spec_path, &args.example, &truth, seed, &mut ladder)?
         } else if strategy == "bm25" {
@@ -261,6 +279,7 @@ pub fn main(args: &LadderArgs) -> Result<()> {
                 tmp.path(),
                 &truth,
                 seed,
+                top_k,
             )?;
             if ladder.backend.is_empty()
                 && let Some(b) = report.certificate.backends.first()
@@ -299,8 +318,9 @@ pub fn run_model_strategy(
     dir: &Path,
     truth: &BTreeSet<String>,
     seed: u64,
+    top_k: Option<usize>,
 ) -> Result<(Row, RunReport)> {
-    let (spec, what) = variant(base, strategy, backend)?;
+    let (spec, what) = variant(base, strategy, backend, top_k)?;
     let plan = Plan::from_spec(spec, spec_path, example)?;
     let mut opts = RunOptions::new(dir.join(format!("{strategy}.sqlite")));
     opts.slots = slots;
@@ -313,7 +333,12 @@ pub fn run_model_strategy(
 }
 
 /// The spec a model strategy runs, and what it runs in words.
-fn variant(base: &Spec, strategy: &str, backend: Option<&str>) -> Result<(Spec, String)> {
+fn variant(
+    base: &Spec,
+    strategy: &str,
+    backend: Option<&str>,
+    top_k: Option<usize>,
+) -> Result<(Spec, String)> {
     let mut spec = base.clone();
     // The audit measures the rungs; it is not a strategy.
     spec.stages.retain(|s| !matches!(s, StageSpec::Audit(_)));
@@ -362,6 +387,37 @@ fn variant(base: &Spec, strategy: &str, backend: Option<&str>) -> Result<(Spec, 
             }
             drop_themes(&mut spec);
             "prefilter, then the embedding rung alone: its positives are the answer".to_owned()
+        }
+        "embed-top-k" | "embed-top-k-judge" => {
+            let k = top_k.ok_or_else(|| anyhow!("{strategy} needs its k"))?;
+            let judged = strategy == "embed-top-k-judge";
+            if !judged {
+                spec.stages.retain(|s| s.name() == EMBED);
+                for r in &mut spec.fold.reducers {
+                    if r.name == ANSWER {
+                        r.stage = Some(EMBED.into());
+                    }
+                }
+                drop_themes(&mut spec);
+            }
+            for s in &mut spec.stages {
+                if let StageSpec::Embed(e) = s {
+                    e.threshold = OPEN_THRESHOLD;
+                    e.top_k = Some(k);
+                    if !judged {
+                        e.then = None;
+                    }
+                }
+            }
+            format!(
+                "prefilter, then the {k} issues most like the question by embedding (k keeps {:.0} % of the development split's blockers){}",
+                TOP_K_RECALL * 100.0,
+                if judged {
+                    ", each judged in its own micro-context"
+                } else {
+                    ": they are the answer"
+                }
+            )
         }
         "chunk-10" | "chunk-50" => {
             let k = if strategy == "chunk-10" { 10 } else { 50 };
@@ -503,6 +559,50 @@ fn bm25(
         truth,
         seed,
     ))
+}
+
+/// A threshold below every score: the embed stage keeps everything, or
+/// ranks everything.
+const OPEN_THRESHOLD: f64 = -10.0;
+
+/// The smallest k whose top-k by embedding score holds `TOP_K_RECALL` of
+/// the development split's blockers, from one scan of every routed unit's
+/// score (ties at the cut are all counted in).
+fn tune_top_k(
+    base: &Spec,
+    spec_path: &Path,
+    example: &Path,
+    dir: &Path,
+    truth: &BTreeSet<String>,
+    seed: u64,
+) -> Result<usize> {
+    let (mut spec, _) = variant(base, "embed", None, None)?;
+    for s in &mut spec.stages {
+        if let StageSpec::Embed(e) = s {
+            e.threshold = OPEN_THRESHOLD;
+        }
+    }
+    let plan = Plan::from_spec(spec, spec_path, example)?;
+    let opts = RunOptions::new(dir.join("top-k-scan.sqlite"));
+    let scan = fanfold_engine::run(&plan, &opts, &NoProgress)?;
+    let scored: Vec<(f64, bool)> = scan
+        .facts
+        .iter()
+        .filter(|f| f.stage == EMBED)
+        .filter_map(|f| {
+            let id = f.source_ids.first()?.as_str();
+            let score = f.facts.get("score")?.as_f64()?;
+            Some((score, truth.contains(id) && is_dev(seed, id)))
+        })
+        .collect();
+    let mut dev: Vec<f64> = scored.iter().filter(|(_, d)| *d).map(|(s, _)| *s).collect();
+    dev.sort_by(|a, b| b.total_cmp(a));
+    let keep = ((dev.len() as f64) * TOP_K_RECALL).ceil() as usize;
+    let cut = dev
+        .get(keep.saturating_sub(1))
+        .copied()
+        .unwrap_or(f64::NEG_INFINITY);
+    Ok(scored.iter().filter(|(s, _)| *s >= cut).count().max(1))
 }
 
 /// A strategy whose facts name no cause has no themes to report.

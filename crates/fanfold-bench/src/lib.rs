@@ -93,6 +93,7 @@ pub struct LadderCliArgs {
     #[arg(long, default_value_t = 4)]
     slots: usize,
     /// Run only these strategies (comma-separated): deterministic, bm25, embed,
+    /// embed-top-k, embed-top-k-judge,
     /// chunk-10, chunk-50, long, micro, adaptive.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,

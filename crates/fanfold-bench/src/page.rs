@@ -532,16 +532,18 @@ pub fn verdict(l: &Ladder) -> String {
             .iter()
             .all(|(x, y)| x.answered == y.answered && x.true_positives == y.true_positives)
     };
-    if let (Some(embed), Some(adaptive)) = (
-        l.rows.iter().find(|r| r.strategy == "embed"),
-        l.rows.iter().find(|r| r.strategy == "adaptive"),
-    ) && same(embed, adaptive)
-    {
-        let _ = write!(
-            v,
-            " `adaptive` answers as `embed` alone does: on this backend the judge after the embedding rung changed no answer, for {} model calls.",
-            adaptive.model_calls
-        );
+    for (rung, judged) in [("embed", "adaptive"), ("embed-top-k", "embed-top-k-judge")] {
+        if let (Some(rung), Some(judged)) = (
+            l.rows.iter().find(|r| r.strategy == rung),
+            l.rows.iter().find(|r| r.strategy == judged),
+        ) && same(rung, judged)
+        {
+            let _ = write!(
+                v,
+                " `{}` answers as `{}` alone does: on this backend the judge after the embedding rung changed no answer, for {} model calls.",
+                judged.strategy, rung.strategy, judged.model_calls
+            );
+        }
     }
     if l.simulated {
         v.push_str(" [SIMULATED]: these rows test the harness and make no quality claim.");

@@ -666,6 +666,7 @@ fn coarse_rungs(ctx: &Ctx, example: &Path, blockers: &BTreeSet<String>) -> Resul
             &dir,
             blockers,
             7,
+            None,
         )
     };
     let (chunks, chunk_run) = run("chunk-10")?;

@@ -1528,6 +1528,26 @@ fn audit_specs_name_their_mistakes() {
         assert_eq!(o.status.code(), Some(2), "{audit}: {}", stderr(&o));
         assert!(stderr(&o).contains(needle), "{audit}: {}", stderr(&o));
     }
+    // An audit's judge answers for no unit, so it has nothing to widen.
+    let f = audit_fixture(
+        "[[stages]]\nname = \"recall\"\ntype = \"audit\"\nversion = 1\nrungs = [\"prefilter\"]\n",
+    );
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replace(
+            "backend = \"auditor\"",
+            "backend = \"auditor\"\nwiden = { stage = \"judge\" }",
+        ),
+    )
+    .expect("spec");
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("its judge widens nothing"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// A closed port: bound, then released.
@@ -3328,4 +3348,67 @@ name = "judge""#;
     let mut ids = f.answer_ids();
     ids.sort();
     assert_eq!(ids, ["10", "12"]);
+}
+
+#[test]
+fn an_embed_stage_with_top_k_keeps_the_highest_scores_and_says_why_the_rest_went() {
+    let f = Fixture::new(
+        JSON_ARRAY,
+        r#"[[stages]]
+name = "similar"
+type = "embed"
+version = 1
+fields = ["text"]
+positive = ["the disk failed and data was lost"]
+threshold = -1.0
+top_k = 2
+"#,
+    );
+    let texts = [
+        "lunch menu for friday",
+        "the hard disk failed overnight and we lost data",
+        "new logo colours",
+        "disk failure: the drive died and files are gone",
+        "parking spaces",
+    ];
+    let rows: Vec<Value> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| serde_json::json!({"id": i, "flag": true, "text": t}))
+        .collect();
+    f.input(serde_json::to_string(&rows).expect("rows").as_bytes());
+    let o = run(bin().arg("explain").arg(f.path("spec.toml")));
+    assert!(
+        stdout(&o).contains("keeps the 2 highest scores"),
+        "{}",
+        stdout(&o)
+    );
+    for pass in 0..2 {
+        let o = f.run(&[]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let mut ids = f.answer_ids();
+        ids.sort();
+        assert_eq!(ids, ["1", "3"], "pass {pass}");
+        let c = f.certificate();
+        assert_eq!(c["stats"]["model_calls"], 0);
+        if pass == 1 {
+            assert_eq!(c["stats"]["embed"]["similar"]["vectors_computed"], 0);
+        }
+    }
+    let facts = f.jsonl("out/facts.jsonl");
+    let dropped: Vec<&Value> = facts.iter().filter(|x| x["status"] == "negative").collect();
+    assert_eq!(dropped.len(), 3);
+    assert!(dropped.iter().all(|x| {
+        x["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("only the 2 highest are kept"))
+            && x["facts"]["rank"].as_u64().is_some_and(|r| r > 2)
+    }));
+    // Fewer units: the same stored scores rank again.
+    f.input(serde_json::to_string(&rows[..2]).expect("rows").as_bytes());
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let mut ids = f.answer_ids();
+    ids.sort();
+    assert_eq!(ids, ["0", "1"]);
 }

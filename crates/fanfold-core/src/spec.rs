@@ -406,6 +406,11 @@ pub struct EmbedStageSpec {
     pub examples: Option<String>,
     /// Units scoring below this end here as negatives.
     pub threshold: f64,
+    /// Keeps at most this many units: of those at or above `threshold`,
+    /// the highest scores (ties to the earlier unit); the rest end here as
+    /// negatives. Retrieval by rank rather than by score: which units are
+    /// kept depends on every unit the stage receives.
+    pub top_k: Option<usize>,
     /// The stage that units scoring at or above the threshold go on to;
     /// when absent they end here as positives.
     pub then: Option<String>,

@@ -85,6 +85,12 @@ impl EmbedStage {
                     .into(),
             });
         }
+        if spec.top_k == Some(0) {
+            return Err(EmbedSpecError::Invalid {
+                stage: spec.name.clone(),
+                detail: "top_k must be at least 1".into(),
+            });
+        }
         if !spec.threshold.is_finite() {
             return Err(EmbedSpecError::Invalid {
                 stage: spec.name.clone(),
@@ -103,6 +109,10 @@ impl EmbedStage {
             .field("then", &spec.then)
             .field("max_tokens", &spec.max_tokens)
             .field("template", EMBED_TEXT_TEMPLATE);
+        // Absent, it changes no key a stage without it had.
+        if let Some(k) = spec.top_k {
+            h.field("top_k", &k);
+        }
         Ok(EmbedStage {
             definition: h.finish(),
             spec,
@@ -218,6 +228,26 @@ impl EmbedStage {
     }
 }
 
+/// Ranks units by score, highest first (ties to the earlier position):
+/// each unit's rank (0-based) among those at or above `threshold`, or
+/// `None` below it. A stage with `top_k` keeps the ranks under `k`.
+pub fn ranks(scores: &[f64], threshold: f64) -> Vec<Option<usize>> {
+    let mut order: Vec<(usize, f64)> = scores
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(_, s)| *s >= threshold)
+        .collect();
+    order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut out = vec![None; scores.len()];
+    for (rank, (i, _)) in order.into_iter().enumerate() {
+        if let Some(slot) = out.get_mut(i) {
+            *slot = Some(rank);
+        }
+    }
+    out
+}
+
 /// The key of one embedded text: the model, the token limit and the text.
 /// Shared by every stage, so two stages (or two thresholds) embedding the
 /// same text compute it once.
@@ -281,8 +311,18 @@ mod tests {
     use super::*;
     use fanfold_core::StableHash;
 
+    #[test]
+    fn ranks_order_the_scores_at_or_above_the_threshold() {
+        assert_eq!(
+            ranks(&[0.2, 0.9, 0.5, 0.9, -0.1], 0.0),
+            vec![Some(3), Some(0), Some(2), Some(1), None]
+        );
+        assert_eq!(ranks(&[], 0.0), Vec::<Option<usize>>::new());
+    }
+
     fn spec(negative: &[&str], threshold: f64) -> EmbedStageSpec {
         EmbedStageSpec {
+            top_k: None,
             name: "near".into(),
             version: 1,
             fields: vec!["title".into(), "labels".into()],

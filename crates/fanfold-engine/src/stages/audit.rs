@@ -66,6 +66,12 @@ impl AuditRunner {
                 a.name, a.sample
             )));
         }
+        if a.judge.widen.is_some() {
+            return Err(ctx.invalid(format!(
+                "audit `{}`: its judge widens nothing; send disagreements to a stage with `escalate`",
+                a.name
+            )));
+        }
         let mut judge = a.judge.clone();
         judge.name = a.name.clone();
         let judge = MapRunner::build(&judge, ctx)?;

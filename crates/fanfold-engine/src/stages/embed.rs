@@ -105,6 +105,12 @@ impl Stage for EmbedRunner {
                 .map(|t| format!("goes on to `{t}`"))
                 .unwrap_or_else(|| "positive".into())
         );
+        if let Some(k) = sp.top_k {
+            let _ = writeln!(
+                out,
+                "    keeps the {k} highest scores; the rest end as negatives"
+            );
+        }
     }
 
     fn count_cached(
@@ -119,14 +125,26 @@ impl Stage for EmbedRunner {
         // embedded, and may still reach the next stage.
         let (_, model_id) = embedder_identity(&self.stage, spec_dir)?;
         let mut count = CachedCount::default();
+        let mut stored = Vec::new();
         for (i, key, _) in fact_keys(&self.stage, table, units, &model_id)? {
             if let Some(f) = store.get_fact(&key)? {
                 count.cached += 1;
-                if f.status == Status::Positive {
-                    count.passed.push(i);
-                }
+                stored.push((i, f, Origin::Cached));
             }
         }
+        // By rank, what passes depends on every unit: known only when every
+        // unit's score is stored.
+        if let Some(k) = self.stage.spec.top_k {
+            if stored.len() < units.len() {
+                return Ok(count);
+            }
+            keep_top(&self.stage, k, &mut stored);
+        }
+        count.passed = stored
+            .into_iter()
+            .filter(|(_, f, _)| f.status == Status::Positive)
+            .map(|(i, _, _)| i)
+            .collect();
         Ok(count)
     }
 
@@ -392,6 +410,9 @@ fn run_stage(
         decided.extend(fresh);
     }
     decided.sort_by_key(|(i, _, _)| *i);
+    if let Some(k) = stage.spec.top_k {
+        keep_top(stage, k, &mut decided);
+    }
     for (i, fact, origin) in decided {
         if fact.status == Status::Positive && stage.spec.then.is_some() {
             // A passed unit's fact is stored, so a rerun knows where it went.
@@ -408,6 +429,50 @@ fn run_stage(
         }
     }
     Ok(out)
+}
+
+/// Decides every unit by rank: of those at or above the threshold, the `k`
+/// highest scores pass, the rest end as negatives saying so. A cached
+/// fact's status came from another set of units, so every status is
+/// decided again from the stored score.
+fn keep_top(stage: &EmbedStage, k: usize, decided: &mut [(usize, FactRecord, Origin)]) {
+    let scores: Vec<f64> = decided
+        .iter()
+        .map(|(_, f, _)| {
+            f.facts
+                .get("score")
+                .and_then(serde_json::Value::as_f64)
+                .unwrap_or(f64::NEG_INFINITY)
+        })
+        .collect();
+    let ranked = fanfold_ops::embed::ranks(&scores, stage.spec.threshold);
+    let candidates = ranked.iter().flatten().count();
+    for (((_, fact, _), rank), score) in decided.iter_mut().zip(ranked).zip(scores) {
+        let kept = rank.is_some_and(|r| r < k);
+        fact.status = if kept {
+            Status::Positive
+        } else {
+            Status::Negative
+        };
+        fact.decision = Some(if kept { "similar" } else { "dissimilar" }.into());
+        if let Some(obj) = fact.facts.as_object_mut() {
+            obj.insert(
+                "rank".into(),
+                rank.map_or(serde_json::Value::Null, |r| (r + 1).into()),
+            );
+        }
+        fact.reason = match rank {
+            _ if kept => None,
+            Some(r) => Some(format!(
+                "similarity score {score:.4} ranks {} of {candidates}; only the {k} highest are kept",
+                r + 1
+            )),
+            None => Some(format!(
+                "similarity score {score:.4} is below the threshold {}",
+                stage.spec.threshold
+            )),
+        };
+    }
 }
 
 /// Texts embedded, and their vectors stored, at a time.
