@@ -12,6 +12,7 @@ mod deterministic;
 mod embed;
 mod fabric;
 mod http;
+mod incremental;
 pub mod ladder;
 pub mod page;
 mod relations;
@@ -60,9 +61,31 @@ pub enum BenchCommand {
     /// The example's model reducer: its themes against the fixture's
     /// causes, and their drift over input orders and fan-ins.
     Cluster(SelectCliArgs),
+    /// Reruns of the example after 1 %, 10 % and 100 % of its issues are
+    /// edited, 1 % inserted and 1 % deleted: model calls, vectors and fold
+    /// nodes recomputed against what changed.
+    Incremental(IncrementalCliArgs),
     /// The relations example record-level and widened: what widening
     /// recovers of an answer one record cannot give, against its oracle.
     Relations(RelationsCliArgs),
+}
+
+#[derive(Args)]
+pub struct IncrementalCliArgs {
+    /// The issue-triage example folder.
+    #[arg(long, default_value = "examples/issue-triage")]
+    example: PathBuf,
+    #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
+    report: PathBuf,
+    /// The backend of the spec to judge with; the accounting is the
+    /// engine's on any backend.
+    #[arg(long, default_value = "scripted")]
+    backend: String,
+    #[arg(long, default_value_t = 4)]
+    slots: usize,
+    /// Seeds which issues are touched.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
 }
 
 #[derive(Args)]
@@ -194,6 +217,16 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                 only: a.only,
                 backend: a.backend,
                 split_seed: a.split_seed,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Incremental(a) => {
+            incremental::main(&incremental::IncrementalArgs {
+                example: a.example,
+                report: a.report,
+                backend: a.backend,
+                slots: a.slots,
+                seed: a.seed,
             })?;
             Ok(ExitCode::SUCCESS)
         }

@@ -356,6 +356,49 @@ pub struct FoldOutcome {
     pub paths: Vec<Vec<ContentHash>>,
 }
 
+/// A node of one level of the fold: its key, the anchor its group
+/// boundary is decided by (its last leaf's identity) and, above the
+/// leaves, its value.
+struct Node {
+    key: ContentHash,
+    anchor: u64,
+    value: Option<FoldValue>,
+}
+
+/// A leaf's identity as 64 bits: its unit and stage, never its content.
+fn anchor(l: &Leaf) -> u64 {
+    let mut h = StableHasher::new(Bucket::FoldLeaf);
+    h.field("unit", &l.unit_id).field("stage", &l.stage);
+    let key = h.finish();
+    u64::from_le_bytes(key.0.first_chunk::<8>().copied().unwrap_or_default())
+}
+
+/// The groups of consecutive nodes of `level` that become the nodes of the
+/// level above: a group ends after a node whose anchor is a boundary at
+/// `depth` (one in `fan_in`), once it has two members, or when it has
+/// `fan_in`. Every group but the last has at least two members, so each
+/// level is smaller than the one below.
+fn groups(level: &[Node], fan_in: usize, depth: u32) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::with_capacity(level.len() / 2 + 1);
+    let mut start = 0;
+    for (i, n) in level.iter().enumerate() {
+        let len = i + 1 - start;
+        // Mixed with the level, so a node that closes a group below need
+        // not close one above as well.
+        let mixed = (n.anchor ^ u64::from(depth).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        let boundary = len >= 2 && (mixed >> 32) % fan_in as u64 == 0;
+        if boundary || len == fan_in {
+            out.push(start..i + 1);
+            start = i + 1;
+        }
+    }
+    if start < level.len() {
+        out.push(start..level.len());
+    }
+    out
+}
+
 /// The definition hash a fold's node keys start from.
 pub fn fold_definition(spec: &FoldSpec) -> ContentHash {
     let mut h = StableHasher::new(Bucket::FoldDef);
@@ -365,19 +408,32 @@ pub fn fold_definition(spec: &FoldSpec) -> ContentHash {
     h.finish()
 }
 
-/// Reduces leaves (in the given order) through a tree of fan-in
+/// Reduces leaves (in the given order) through a tree of fan-in at most
 /// `spec.fan_in`, reusing any node the cache already holds.
+///
+/// Where a node's group ends is decided by the identity of the leaves, not
+/// their positions: a group closes after a node whose last leaf's (unit,
+/// stage) hashes to a boundary at that level (one in `fan_in`, once the
+/// group has two members), or when it holds `fan_in`. An edited fact keeps
+/// every boundary, so it recomputes exactly one node per level; an inserted
+/// or removed unit moves only the groups beside it, where grouping by
+/// position would shift every group after it.
 pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) -> FoldOutcome {
     let fan_in = spec.fan_in.max(2);
     let def = fold_definition(spec);
-    // Level 0: leaf keys only; a leaf's value is made when its parent is
-    // computed, so memory holds one level of nodes, not one value a leaf.
-    let mut level: Vec<(ContentHash, Option<FoldValue>)> = leaves
+    // Level 0: leaf keys and anchors only; a leaf's value is made when its
+    // parent is computed, so memory holds one level of nodes, not one value
+    // a leaf.
+    let mut level: Vec<Node> = leaves
         .iter()
         .map(|l| {
             let mut h = StableHasher::new(Bucket::FoldLeaf);
             h.field("def", &def).field("leaf", l);
-            (h.finish(), None)
+            Node {
+                key: h.finish(),
+                anchor: anchor(l),
+                value: None,
+            }
         })
         .collect();
     // owner[i] = index of the current-level node that leaf i sits under.
@@ -400,11 +456,17 @@ pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) ->
     }
     while level.len() > 1 || depth == 0 {
         depth += 1;
-        let mut next = Vec::with_capacity(level.len().div_ceil(fan_in));
-        for (at, chunk) in level.chunks(fan_in).enumerate() {
+        let groups = groups(&level, fan_in, depth);
+        let mut parent_of = vec![0usize; level.len()];
+        let mut next = Vec::with_capacity(groups.len());
+        for (g, range) in groups.into_iter().enumerate() {
+            let chunk = level.get(range.clone()).unwrap_or_default();
+            for p in parent_of.get_mut(range.clone()).into_iter().flatten() {
+                *p = g;
+            }
             let mut h = StableHasher::new(Bucket::FoldNode);
             h.field("def", &def).field("level", &depth);
-            let keys: Vec<ContentHash> = chunk.iter().map(|(k, _)| *k).collect();
+            let keys: Vec<ContentHash> = chunk.iter().map(|n| n.key).collect();
             h.field("children", &keys);
             let key = h.finish();
             let value = match cache.get(&key) {
@@ -414,11 +476,11 @@ pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) ->
                 }
                 None => {
                     let mut acc = FoldValue::empty(spec);
-                    for (i, (_, child)) in chunk.iter().enumerate() {
-                        match child {
+                    for (i, child) in chunk.iter().enumerate() {
+                        match &child.value {
                             Some(c) => acc.merge(c),
                             None => {
-                                if let Some(l) = leaves.get(at * fan_in + i).filter(|_| depth == 1)
+                                if let Some(l) = leaves.get(range.start + i).filter(|_| depth == 1)
                                 {
                                     acc.merge(&FoldValue::of_leaf(spec, l));
                                 }
@@ -430,15 +492,21 @@ pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) ->
                     acc
                 }
             };
-            next.push((key, Some(value)));
+            next.push(Node {
+                key,
+                anchor: chunk.last().map_or(0, |n| n.anchor),
+                value: Some(value),
+            });
         }
         for (leaf, o) in owner.iter_mut().enumerate() {
-            *o /= fan_in;
-            paths[leaf].push(next[*o].0);
+            *o = parent_of.get(*o).copied().unwrap_or(0);
+            if let (Some(path), Some(node)) = (paths.get_mut(leaf), next.get(*o)) {
+                path.push(node.key);
+            }
         }
         level = next;
     }
-    let (root_key, root) = level.pop().unwrap_or((def, None));
+    let (root_key, root) = level.pop().map_or((def, None), |n| (n.key, n.value));
     FoldOutcome {
         root: root.unwrap_or_else(|| FoldValue::empty(spec)),
         root_key,
@@ -594,7 +662,13 @@ mod tests {
         let mut cache = MapCache::default();
         let first = fold_tree(&spec, &leaves, &mut cache);
         assert_eq!(first.depth, 3);
-        assert_eq!(first.nodes_computed, 63 + 4 + 1);
+        assert_eq!(first.root, fold_flat(&spec, &leaves));
+        // At most 16 children a node: more nodes than 1000 / 16 a level.
+        assert!(
+            first.nodes_computed > 63 + 4 + 1,
+            "{}",
+            first.nodes_computed
+        );
         let again = fold_tree(&spec, &leaves, &mut cache);
         assert_eq!((again.nodes_computed, again.root_key), (0, first.root_key));
         let mut changed = leaves.clone();
@@ -604,6 +678,47 @@ mod tests {
         assert_ne!(after.root_key, first.root_key);
         assert_eq!(after.paths[500].len(), 3);
         assert_eq!(after.root, fold_flat(&spec, &changed));
+
+        // Inserted and removed units move the groups beside them only.
+        let mut inserted = leaves.clone();
+        inserted.insert(
+            250,
+            Leaf {
+                unit_id: UnitId("new".into()),
+                ..leaves[0].clone()
+            },
+        );
+        let after = fold_tree(&spec, &inserted, &mut cache);
+        assert!(
+            after.nodes_computed <= 2 * u64::from(after.depth),
+            "{after:?}"
+        );
+        assert_eq!(after.root, fold_flat(&spec, &inserted));
+        let mut removed = leaves.clone();
+        removed.remove(750);
+        let after = fold_tree(&spec, &removed, &mut cache);
+        assert!(after.nodes_computed <= 2 * u64::from(after.depth));
+        assert_eq!(after.root, fold_flat(&spec, &removed));
+    }
+
+    #[test]
+    fn groups_hold_two_to_fan_in_nodes_but_the_last() {
+        let level: Vec<Node> = (0..500u64)
+            .map(|i| Node {
+                key: ContentHash::of_bytes(&i.to_le_bytes()),
+                anchor: i.wrapping_mul(0x2545_F491_4F6C_DD1D),
+                value: None,
+            })
+            .collect();
+        let gs = groups(&level, 8, 1);
+        assert_eq!(gs.first().map(|g| g.start), Some(0));
+        assert_eq!(gs.last().map(|g| g.end), Some(500));
+        for w in gs.windows(2) {
+            assert_eq!(w[0].end, w[1].start);
+        }
+        let (last, rest) = gs.split_last().expect("groups");
+        assert!(rest.iter().all(|g| (2..=8).contains(&g.len())), "{gs:?}");
+        assert!((1..=8).contains(&last.len()));
     }
 
     #[test]
