@@ -179,7 +179,8 @@ fn selfcheck_json_is_ok() {
             "shared_store_claims",
             "select_allowlist",
             "coarse_rungs",
-            "cluster_invalidation"
+            "cluster_invalidation",
+            "group_invalidation"
         ]
     );
 }
