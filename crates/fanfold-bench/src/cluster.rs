@@ -7,14 +7,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow};
 use fanfold_core::spec::{Spec, StageSpec};
 use fanfold_engine::stages::cluster::ClusterReport;
 use fanfold_engine::{NoProgress, Plan, RunOptions};
 
-use crate::report::{cpu_model, load_average, utc_date, write_marked_section};
+use crate::report::{backends_label, machine_line, write_marked_section};
 
 pub struct ClusterArgs {
     pub example: PathBuf,
@@ -60,12 +60,7 @@ pub fn main(args: &ClusterArgs) -> Result<()> {
         .iter()
         .find(|(p, _)| *p == format!("cluster:{CLUSTER}"))
         .map_or(0.0, |(_, ms)| *ms as f64 / 1000.0);
-    let backend = c
-        .backends
-        .iter()
-        .map(|b| format!("{} ({})", b.kind, b.model_id))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let backend = backends_label(c);
     let section = render(
         k,
         &label,
@@ -106,13 +101,8 @@ fn render(k: &ClusterReport, label: &BTreeMap<String, String>, m: &RunFigures) -
     line(format!("## Cluster: themes nobody enumerated{tag}"));
     line(String::new());
     line(format!(
-        "`fanfold bench cluster` on `examples/issue-triage/select.toml` (its audit left out), {} cores ({}), load {}, {}; backends {}, {} slots. The reducer read the {} facts of `{}` (each only as the quote it cites), {} a context, at most the spec's `max_themes` themes each. The fixture's causes score it; the run never reads them.",
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
-        cpu_model(),
-        load_average(),
-        utc_date(SystemTime::now()),
+        "`fanfold bench cluster` on `examples/issue-triage/select.toml` (its audit left out), {}; backends {}, {} slots. The reducer read the {} facts of `{}` (each only as the quote it cites), {} a context, at most the spec's `max_themes` themes each. The fixture's causes score it; the run never reads them.",
+        machine_line(),
         m.backend,
         m.slots,
         k.facts,

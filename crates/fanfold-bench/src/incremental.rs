@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow};
 use fanfold_core::FactRecord;
@@ -18,7 +18,7 @@ use fanfold_core::spec::{Spec, StageSpec};
 use fanfold_engine::{NoProgress, Plan, RunOptions, RunReport, Source};
 use serde_json::Value;
 
-use crate::report::{cpu_model, load_average, utc_date, write_marked_section};
+use crate::report::{backends_label, machine_line, write_marked_section};
 
 pub struct IncrementalArgs {
     pub example: PathBuf,
@@ -60,17 +60,8 @@ pub fn main(args: &IncrementalArgs) -> Result<()> {
     // The audit re-judges a sample of what changed among the negatives:
     // that is its job, but not the rerun's cost this measures.
     spec.stages.retain(|s| !matches!(s, StageSpec::Audit(_)));
-    if !spec.backends.contains_key(&args.backend) {
-        return Err(anyhow!(
-            "the example declares no backend `{}`",
-            args.backend
-        ));
-    }
-    for s in &mut spec.stages {
-        if let Some(turn) = s.model_turn_mut() {
-            *turn.backend = args.backend.clone();
-        }
-    }
+    spec.use_backend(&args.backend)
+        .map_err(|e| anyhow!("the example: {e}"))?;
     let plan = Plan::from_spec(spec, &spec_path, &args.example)?;
     let issues_path = args.example.join("issues.json");
     let issues: Vec<Value> = serde_json::from_str(
@@ -108,12 +99,7 @@ pub fn main(args: &IncrementalArgs) -> Result<()> {
         }
     }
     let c = &base.certificate;
-    let backend = c
-        .backends
-        .iter()
-        .map(|b| format!("{} ({})", b.kind, b.model_id))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let backend = backends_label(c);
     let section = render(
         &rows,
         &backend,
@@ -267,13 +253,8 @@ fn render(
     line(format!("## Incremental reruns{tag}"));
     line(String::new());
     line(format!(
-        "`fanfold bench incremental` on `examples/issue-triage` ({records} issues; its audit left out), {} cores ({}), load {}, {}; backends {backend}. The base run took {base_wall:.1} s and {base_calls} model calls on a fresh store; each change below is run against that store, and the base is run again after it (0 calls each time). Ideal calls: the changed units the judge received. Fold bound: the changed leaves times the tree's depth.",
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
-        cpu_model(),
-        load_average(),
-        utc_date(SystemTime::now()),
+        "`fanfold bench incremental` on `examples/issue-triage` ({records} issues; its audit left out), {}; backends {backend}. The base run took {base_wall:.1} s and {base_calls} model calls on a fresh store; each change below is run against that store, and the base is run again after it (0 calls each time). Ideal calls: the changed units the judge received. Fold bound: the changed leaves times the tree's depth.",
+        machine_line(),
     ));
     if simulated {
         line(String::new());

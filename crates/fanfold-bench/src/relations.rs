@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow};
 use fanfold_core::spec::{Spec, StageSpec};
@@ -20,7 +20,7 @@ use fanfold_core::{FactRecord, Status};
 use fanfold_engine::{NoProgress, Plan, RunOptions};
 use fanfold_fixtures::relations::RelationsOracle;
 
-use crate::report::{cpu_model, load_average, utc_date, write_marked_section};
+use crate::report::{backends_label, machine_line, write_marked_section};
 
 pub struct RelationsArgs {
     pub example: PathBuf,
@@ -87,14 +87,8 @@ pub fn main(args: &RelationsArgs) -> Result<()> {
             }
         }
         if let Some(b) = &args.backend {
-            if !spec.backends.contains_key(b) {
-                return Err(anyhow!("the example declares no backend `{b}`"));
-            }
-            for s in &mut spec.stages {
-                if let Some(turn) = s.model_turn_mut() {
-                    *turn.backend = b.clone();
-                }
-            }
+            spec.use_backend(b)
+                .map_err(|e| anyhow!("the example: {e}"))?;
         }
         let plan = Plan::from_spec(spec, &spec_path, &args.example)?;
         let mut opts = RunOptions::new(tmp.path().join(format!("{name}.sqlite")));
@@ -106,12 +100,7 @@ pub fn main(args: &RelationsArgs) -> Result<()> {
         let c = &report.certificate;
         simulated |= c.simulated;
         if backend_label.is_empty() {
-            backend_label = c
-                .backends
-                .iter()
-                .map(|b| format!("{} ({})", b.kind, b.model_id))
-                .collect::<Vec<_>>()
-                .join(", ");
+            backend_label = backends_label(c);
         }
         rows.push(score(name, &report.facts, &oracle, &truth, c, wall_s));
     }
@@ -204,14 +193,9 @@ fn render(
     line(format!("## Relations: when one record is not enough{tag}"));
     line(String::new());
     line(format!(
-        "`fanfold bench relations` on `examples/issue-relations` ({} true regressions among its open bugs; the oracle is read only by this scorer), {} cores ({}), load {}, {}; backends {backend}, {slots} slots. Field-level: the judge sees `{{number, title}}`; record-level: the spec with the judge's `widen` removed; adaptive: the spec as committed (record-level, an `unsure` widened); widened: every open bug judged beside its near-duplicates.",
+        "`fanfold bench relations` on `examples/issue-relations` ({} true regressions among its open bugs; the oracle is read only by this scorer), {}; backends {backend}, {slots} slots. Field-level: the judge sees `{{number, title}}`; record-level: the spec with the judge's `widen` removed; adaptive: the spec as committed (record-level, an `unsure` widened); widened: every open bug judged beside its near-duplicates.",
         truth.len(),
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
-        cpu_model(),
-        load_average(),
-        utc_date(SystemTime::now()),
+        machine_line(),
     ));
     if simulated {
         line(String::new());

@@ -44,6 +44,27 @@ pub(crate) fn splice_marked(old: &str, name: &str, body: &str) -> Result<String>
     }
 }
 
+/// Where and when a figure was measured, as every report's first line
+/// says it: `N cores (CPU), load L, DATE`.
+pub fn machine_line() -> String {
+    format!(
+        "{} cores ({}), load {}, {}",
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpu_model(),
+        load_average(),
+        utc_date(SystemTime::now())
+    )
+}
+
+/// Every backend a run used, as `kind (model id)`, comma-separated.
+pub fn backends_label(c: &fanfold_engine::report::Certificate) -> String {
+    c.backends
+        .iter()
+        .map(|b| format!("{} ({})", b.kind, b.model_id))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 pub fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()

@@ -15,13 +15,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow};
 use fanfold_core::spec::{Spec, StageSpec};
 use fanfold_engine::{NoProgress, Plan, RunOptions, RunReport};
 
-use crate::report::{cpu_model, load_average, utc_date, write_marked_section};
+use crate::report::{machine_line, write_marked_section};
 
 pub struct SelectArgs {
     pub example: PathBuf,
@@ -135,13 +135,8 @@ fn render(runs: &[Measured], blockers: &BTreeSet<String>, slots: usize) -> Strin
     line(format!("## Select: routing in front of the judge{tag}"));
     line(String::new());
     line(format!(
-        "`fanfold bench select` on `examples/issue-triage/select.toml`, {} cores ({}), load {}, {}; backend {backend}, {slots} slots; each routing in a fresh store, one after the other in one run. Quality is scored against the fixture's oracle, which no run reads.",
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
-        cpu_model(),
-        load_average(),
-        utc_date(SystemTime::now()),
+        "`fanfold bench select` on `examples/issue-triage/select.toml`, {}; backend {backend}, {slots} slots; each routing in a fresh store, one after the other in one run. Quality is scored against the fixture's oracle, which no run reads.",
+        machine_line(),
     ));
     line(String::new());
     line("| routing | sent to the judge | thrown away by routing (true blockers among them) | answer | precision | recall | model calls | prompt tokens evaluated | routing wall | judge wall | total wall |".into());

@@ -1202,6 +1202,22 @@ fn check_reducer_fields(text: &str) -> Result<(), SpecParseError> {
 }
 
 impl Spec {
+    /// Sends every stage's model turn to the declared backend `name`.
+    pub fn use_backend(&mut self, name: &str) -> Result<(), String> {
+        if !self.backends.contains_key(name) {
+            return Err(format!(
+                "no backend `{name}`; declared: {}",
+                self.backends.keys().cloned().collect::<Vec<_>>().join(", ")
+            ));
+        }
+        for stage in &mut self.stages {
+            if let Some(turn) = stage.model_turn_mut() {
+                *turn.backend = name.to_owned();
+            }
+        }
+        Ok(())
+    }
+
     /// Parses spec text. Cross-references (stages, backends, files, jq) are
     /// checked when the spec is planned, where files can be read.
     pub fn from_toml(text: &str) -> Result<Spec, SpecParseError> {

@@ -574,17 +574,7 @@ pub struct Routing {
 /// Applies command-line overrides to a parsed spec.
 fn apply(spec: &mut Spec, o: &Overrides) -> Result<(), String> {
     if let Some(name) = &o.backend {
-        if !spec.backends.contains_key(name) {
-            return Err(format!(
-                "no backend `{name}`; declared: {}",
-                spec.backends.keys().cloned().collect::<Vec<_>>().join(", ")
-            ));
-        }
-        for stage in &mut spec.stages {
-            if let Some(turn) = stage.model_turn_mut() {
-                *turn.backend = name.clone();
-            }
-        }
+        spec.use_backend(name)?;
     }
     if let Some(e) = o.execution {
         for stage in &mut spec.stages {

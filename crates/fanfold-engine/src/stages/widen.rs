@@ -389,7 +389,7 @@ impl Stage for WidenRunner {
         };
         let hits_before = ctx.stats.cache_hits;
         let outcome = self.judge.run_views(ctx, units, &views)?;
-        report.cached = ctx.stats.cache_hits - hits_before;
+        report.cached = ctx.stats.cache_hits.saturating_sub(hits_before);
         ctx.stats.widens.insert(self.spec.name.clone(), report);
         Ok(outcome)
     }
