@@ -12,7 +12,7 @@ use anyhow::{Context, Result, anyhow, ensure};
 use fanfold_engine::Plan;
 use fanfold_engine::run::route::Routed;
 use fanfold_llama::{EmbeddedModel, LlamaConfig};
-use fanfold_model::Request;
+use fanfold_model::{DecisionField, Request};
 use fanfold_ops::map::MapStage;
 use fanfold_ops::view::Projector;
 use fanfold_testkit::QueueJob;
@@ -129,6 +129,9 @@ struct Setup {
     /// Fork a shared prefix (otherwise every unit evaluates its whole prompt).
     share: bool,
     draft_tokens: usize,
+    /// Read the decision from the scores of its values instead of
+    /// generating it.
+    choice_only: bool,
 }
 
 fn run_config(
@@ -137,19 +140,28 @@ fn run_config(
     prefix: &str,
     schema: &Value,
     reqs: &[Request],
+    decision: Option<&DecisionField>,
     setup: Setup,
 ) -> Result<Measured> {
     let Setup {
         slots,
         share,
         draft_tokens,
+        choice_only,
     } = setup;
     let mut cfg = LlamaConfig::new(model_path.to_owned());
     cfg.share_prefix = share;
     cfg.draft_tokens = draft_tokens;
     cfg.slot_tokens = 1024;
     let model = EmbeddedModel::load(cfg)?;
-    let job = QueueJob::new(prefix, reqs.to_vec(), slots).with_schema(schema.clone());
+    let mut job = QueueJob::new(prefix, reqs.to_vec(), slots).with_schema(schema.clone());
+    if let Some(d) = decision {
+        job = if choice_only {
+            job.with_choice_only(d.clone())
+        } else {
+            job.with_decision(d.clone())
+        };
+    }
     let started = Instant::now();
     let stats = model.run_job(&job).map_err(|e| anyhow!("{e}"))?;
     let wall_s = started.elapsed().as_secs_f64();
@@ -194,6 +206,33 @@ fn run_config(
         m.accepted
     );
     Ok(m)
+}
+
+/// The example's stage asking for its decision alone: no evidence, no
+/// confidence, a schema of the one decision field.
+fn decision_only(stage: &MapStage) -> Result<MapStage> {
+    let d = &stage.spec.decision;
+    let key = d.pointer.trim_start_matches('/');
+    let values: Vec<&String> = d
+        .positive
+        .iter()
+        .chain(&d.negative)
+        .chain(&d.abstain)
+        .collect();
+    let schema = serde_json::json!({
+        "type": "object",
+        "required": [key],
+        "additionalProperties": false,
+        "properties": {key: {"type": "string", "enum": values}}
+    });
+    let spec = fanfold_core::spec::MapStageSpec {
+        evidence: None,
+        confidence: None,
+        min_confidence: None,
+        decode: fanfold_core::spec::Decode::Choice,
+        ..stage.spec.clone()
+    };
+    Ok(MapStage::new(spec, stage.rubric.clone(), schema)?)
 }
 
 /// A line chart as SVG, written by hand to keep the build small.
@@ -297,9 +336,10 @@ pub fn main(args: FabricArgs) -> Result<()> {
         slots: args.slots,
         share: true,
         draft_tokens: draft,
+        choice_only: false,
     };
     let run = |label: &str, prefix: &str, setup: Setup| {
-        run_config(&model_path, label, prefix, schema, measured, setup)
+        run_config(&model_path, label, prefix, schema, measured, None, setup)
     };
     eprintln!("side by side on {} units:", measured.len());
     let shared = run("shared prefix", prefix, base)?;
@@ -324,6 +364,33 @@ pub fn main(args: FabricArgs) -> Result<()> {
         prefix,
         Setup { slots: 1, ..base },
     )?;
+    // The same units asked for their decision alone: generated under the
+    // one-field schema, then read from the scores of the values.
+    let decision_stage = decision_only(stage)?;
+    let field = DecisionField::from(&decision_stage.spec.decision);
+    let bare: Vec<Request> = measured
+        .iter()
+        .map(|r| Request {
+            schema: None,
+            ..r.clone()
+        })
+        .collect();
+    let decide = |label: &str, choice_only: bool| {
+        run_config(
+            &model_path,
+            label,
+            decision_stage.prefix(),
+            &decision_stage.schema,
+            &bare,
+            Some(&field),
+            Setup {
+                choice_only,
+                ..base
+            },
+        )
+    };
+    let decided = decide("decision only, generated", false)?;
+    let scored = decide("decision only, scored", true)?;
 
     let sweeps: &[usize] = if args.no_sweeps { &[] } else { &[0, 4, 16] };
     let slot_counts: &[usize] = if args.no_sweeps {
@@ -423,7 +490,7 @@ pub fn main(args: FabricArgs) -> Result<()> {
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     let header = "| configuration | slots | prefix tokens | prompt tokens evaluated | prompt tokens reused | generated | wall s | units/s | tokens/s |\n|---|---|---|---|---|---|---|---|---|";
     let _ = writeln!(md, "{header}");
-    for m in [&shared, &drafted, &naive, &single] {
+    for m in [&shared, &drafted, &naive, &single, &decided, &scored] {
         let _ = writeln!(md, "{}", row(m));
     }
     let same = drafted
@@ -484,6 +551,37 @@ pub fn main(args: FabricArgs) -> Result<()> {
         ideal_s,
         100.0 * ratio(ideal_s, shared.wall_s)
     );
+    let key = field.key.as_str();
+    let decisions = |m: &Measured| -> Vec<(usize, Option<String>)> {
+        m.texts
+            .iter()
+            .map(|(i, t)| {
+                let v: Option<Value> = serde_json::from_str(t).ok();
+                let d = v
+                    .as_ref()
+                    .and_then(|v| v.get(key))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                (*i, d)
+            })
+            .collect()
+    };
+    let (by_generation, by_score) = (decisions(&decided), decisions(&scored));
+    let agree = by_score
+        .iter()
+        .filter(|(i, d)| d.is_some() && by_generation.iter().any(|(j, e)| j == i && e == d))
+        .count();
+    let _ = writeln!(
+        md,
+        "Decision only (the stage's schema cut to its decision, `{key}`): reading the decision from the model's scores of the {} allowed values after the forced opening, instead of generating it, took **{:.2}x** the wall time ({:.1} s against {:.1} s) and {} decode calls against {}; it chose the value greedy generation wrote for **{agree} of {}** units. The scored run's prompt tokens include the opening it forces; its one completion token a unit is the value read.\n",
+        field.choices.len(),
+        ratio(scored.wall_s, decided.wall_s),
+        scored.wall_s,
+        decided.wall_s,
+        scored.decode_calls,
+        decided.decode_calls,
+        by_generation.len()
+    );
     let _ = writeln!(
         md,
         "Prefix sweep (few-shot examples in the shared prefix; {} slots): [plot](fabric-prefix-sweep.svg)\n",
@@ -501,7 +599,7 @@ pub fn main(args: FabricArgs) -> Result<()> {
     for m in &slot_sweep {
         let _ = writeln!(md, "{}", row(m));
     }
-    let errors: usize = [&shared, &drafted, &naive, &single]
+    let errors: usize = [&shared, &drafted, &naive, &single, &decided, &scored]
         .iter()
         .map(|m| m.errors)
         .sum::<usize>()

@@ -2448,6 +2448,59 @@ slot_tokens = 512
     assert_eq!(f.certificate()["stats"]["selects"]["triage"]["cached"], 6);
 }
 
+/// A map stage with `decode = "choice"` on the embedded model: each fact is
+/// the decision alone, read from the scores of the allowed values, with the
+/// chosen value's probability as its confidence and one completion token.
+#[test]
+fn embedded_choice_decoding_reads_the_decision_from_scores() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    let spec = spec
+        .replace(
+            r#"positive = ["yes"], negative = ["no"] }"#,
+            "positive = [\"yes\"], negative = [\"no\"] }\ndecode = \"choice\"\nbackend = \"local\"",
+        )
+        .replace(
+            "[backends.default]",
+            "[backends.local]\ntype = \"llama\"\nslot_tokens = 512\n\n[backends.default]",
+        );
+    std::fs::write(f.path("spec.toml"), spec).expect("spec");
+    let rows: Vec<Value> = (0..6)
+        .map(|i| serde_json::json!({"id": i, "flag": i % 2 == 0, "text": format!("record {i}")}))
+        .collect();
+    f.input(serde_json::to_string(&rows).expect("rows").as_bytes());
+    let explain = run(bin().arg("explain").arg(f.path("spec.toml")));
+    assert!(
+        stdout(&explain).contains("decode=choice"),
+        "{}",
+        stdout(&explain)
+    );
+    let o = f.run(&["--slots", "2"]);
+    assert!(matches!(o.status.code(), Some(0 | 3)), "{}", stderr(&o));
+    let facts = f.jsonl("out/facts.jsonl");
+    assert_eq!(facts.len(), 6);
+    for fact in &facts {
+        assert_eq!(fact["model"]["backend"], "llama", "{fact}");
+        let decision = fact["decision"].as_str().expect("decided");
+        assert_eq!(fact["facts"], serde_json::json!({ "decision": decision }));
+        let scores = fact["choice_scores"].as_array().expect("scored");
+        let names: Vec<&str> = scores.iter().filter_map(|c| c["choice"].as_str()).collect();
+        assert_eq!(names, ["yes", "no"], "{fact}");
+        let p = |name: &str| {
+            scores
+                .iter()
+                .find(|c| c["choice"] == name)
+                .and_then(|c| c["p"].as_f64())
+                .expect("p")
+        };
+        assert!((p("yes") + p("no") - 1.0).abs() < 1e-6, "{fact}");
+        let other = if decision == "yes" { "no" } else { "yes" };
+        assert!(p(decision) >= p(other), "the more probable value: {fact}");
+        assert_eq!(fact["confidence"].as_f64(), Some(p(decision)), "{fact}");
+        assert_eq!(fact["cost"]["completion_tokens"], 1, "{fact}");
+    }
+}
+
 /// A chunk stage in place of the per-unit judge: `size` records a context,
 /// a [SIMULATED] model listing the flagged ids of each.
 fn chunk_fixture(settings: &str, script: &str, rows: usize) -> Fixture {

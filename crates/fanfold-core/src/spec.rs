@@ -471,6 +471,10 @@ pub struct MapStageSpec {
     /// within hours. Needs an `openai` or `anthropic` backend.
     #[serde(default)]
     pub execution: Execution,
+    /// `generate` (the default) or `choice`: answer with the decision alone,
+    /// scored rather than written (see [`Decode`]).
+    #[serde(default)]
+    pub decode: Decode,
     /// JSONL file of records with known decisions, `{"record": {...},
     /// "expect": "<decision value>"}` a line, mixed into the first units
     /// the stage sends to its model (at seeded places) whenever it has
@@ -740,6 +744,21 @@ fn default_cluster_output_tokens() -> u32 {
 }
 fn default_stress_orders() -> usize {
     5
+}
+
+/// How a map stage's answer is read from its model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Decode {
+    /// The model writes the whole output object under the schema.
+    #[default]
+    Generate,
+    /// The output is the decision alone, read from the model's scores of
+    /// the allowed values at the decision's position: one forward pass, no
+    /// text generated, the chosen value's probability as the confidence.
+    /// Backends that cannot score choices generate the one-field object
+    /// instead. Needs a top-level decision and no evidence.
+    Choice,
 }
 
 /// How a map stage's requests reach its backend.

@@ -252,17 +252,7 @@ impl<'a> StageJob<'a> {
         on_finish: &'a (dyn Fn(usize, &UnitResult) + Sync),
         prepare: &'a (dyn Fn(usize) -> Prompt + Sync),
     ) -> StageJob<'a> {
-        let d = &stage.spec.decision;
-        let decision = DecisionField {
-            key: d.pointer.rsplit('/').next().unwrap_or_default().to_owned(),
-            choices: d
-                .positive
-                .iter()
-                .chain(&d.negative)
-                .chain(&d.abstain)
-                .cloned()
-                .collect(),
-        };
+        let decision = DecisionField::from(&stage.spec.decision);
         StageJob {
             stage,
             decision,
@@ -561,6 +551,10 @@ impl Job for StageJob<'_> {
         // Only a top-level decision key can be found in the generated text.
         (self.interpreter.is_none() && self.stage.spec.decision.pointer.matches('/').count() == 1)
             .then_some(&self.decision)
+    }
+
+    fn choice_only(&self) -> bool {
+        self.stage.choice_only() && self.decision().is_some()
     }
 
     fn next(&self) -> Option<Request> {

@@ -143,6 +143,8 @@ pub struct JobStats {
     /// decoding chose too (each saved one decode step of its slot).
     pub drafted: u64,
     pub accepted: u64,
+    /// Units answered from the scores of their decision's values alone.
+    pub scored: u64,
     /// Decode time by batch size: where the model's time goes.
     pub by_batch: [BatchCost; BATCH_BUCKETS.len()],
 }
@@ -247,6 +249,24 @@ impl EmbeddedModel {
         let scorer = job
             .decision()
             .and_then(|d| ChoiceScorer::new(&self.model, d));
+        // A choice-only job's prompt ends with the answer's forced opening,
+        // `{"key":"`; the decision is read from the logits after it.
+        let choosing = match (job.choice_only(), &scorer, job.decision()) {
+            (true, Some(_), Some(d)) => {
+                let opening = format!("{{{}:\"", serde_json::Value::from(d.key.as_str()));
+                Some((
+                    d.key.clone(),
+                    vocab.tokenize(opening.as_bytes(), false, false),
+                ))
+            }
+            (true, None, _) => {
+                tracing::warn!(
+                    "the decision's values share a first token, so they cannot be scored apart: generating instead"
+                );
+                None
+            }
+            _ => None,
+        };
         let n_batch = self.cfg.n_batch.max(16);
         let share = self.cfg.share_prefix;
         // One KV stream per sequence (not one unified cache): a token then
@@ -332,8 +352,16 @@ impl EmbeddedModel {
                             job.complete(req, Err(CallError::Backend(e)));
                             continue;
                         }
+                        // A retry generates: the scored answer would repeat.
+                        let opening = choosing
+                            .as_ref()
+                            .filter(|_| req.attempt <= 1)
+                            .map(|(_, o)| o.as_slice());
                         let budget = self.cfg.slot_tokens as usize;
-                        let answer = req.max_output_tokens as usize;
+                        let answer = match opening {
+                            Some(o) => o.len(),
+                            None => req.max_output_tokens as usize,
+                        };
                         let mut unit = vocab.tokenize(req.suffix.as_bytes(), false, false);
                         let room = budget.saturating_sub(answer + tail.len());
                         let mut truncated_tokens = 0;
@@ -344,6 +372,7 @@ impl EmbeddedModel {
                         }
                         let unit_tokens = unit.clone();
                         unit.extend_from_slice(&tail);
+                        unit.extend_from_slice(opening.unwrap_or_default());
                         let (pending, pos, prefix_pending) = if share {
                             (unit, prefix.len() as i32, 0)
                         } else {
@@ -356,8 +385,13 @@ impl EmbeddedModel {
                         let unit_grammar = req
                             .schema
                             .as_ref()
+                            .filter(|_| opening.is_none())
                             .and_then(|s| llama_cpp_2::json_schema_to_grammar(&s.to_string()).ok());
-                        let sampler = match unit_grammar.as_ref().or(grammar.as_ref()) {
+                        let decoding_grammar = match opening {
+                            Some(_) => None,
+                            None => unit_grammar.as_ref().or(grammar.as_ref()),
+                        };
+                        let sampler = match decoding_grammar {
                             Some(g) => match LlamaSampler::grammar(&self.model, g, "root") {
                                 Ok(s) => Some(s),
                                 Err(e) => {
@@ -379,6 +413,7 @@ impl EmbeddedModel {
                             req: Some(req),
                             truncated_tokens,
                             unit: unit_tokens,
+                            choice_only: opening.is_some(),
                             ..Slot::default()
                         };
                     }
@@ -492,6 +527,28 @@ impl EmbeddedModel {
             // input, then each draft greedy decoding agrees with.
             for (s, slot) in state.iter_mut().enumerate() {
                 let Some(at) = slot.logits_at else { continue };
+                if slot.choice_only {
+                    if let (Some(scorer), Some((key, _)), Some(req)) =
+                        (&scorer, &choosing, slot.req.take())
+                    {
+                        let scores = scorer.score(ctx.get_logits_ith(at));
+                        // The one value read counts as one completion token.
+                        let usage = bill(slot, share, prefix.len() as u64, &mut prefix_billed, 1);
+                        let result = match best_choice(&scores) {
+                            Some(value) => Ok(Completion {
+                                text: serde_json::json!({ key.as_str(): value }).to_string(),
+                                usage,
+                                choices: Some(scores),
+                                truncated_tokens: slot.truncated_tokens,
+                            }),
+                            None => Err(CallError::Backend("no choice could be scored".into())),
+                        };
+                        stats.scored += 1;
+                        job.complete(req, result);
+                    }
+                    *slot = Slot::default();
+                    continue;
+                }
                 let drafted = std::mem::take(&mut slot.draft);
                 let mut accepted = 0;
                 let mut finished = None;
@@ -571,22 +628,13 @@ impl EmbeddedModel {
                     continue;
                 };
                 let Some(req) = slot.req.take() else { continue };
-                let mut usage = Usage {
-                    prompt_tokens: slot.evaluated,
-                    cached_tokens: if share { prefix.len() as u64 } else { 0 },
-                    completion_tokens: u64::from(slot.generated),
-                    latency_ms: slot
-                        .started
-                        .map(|t| t.elapsed().as_millis() as u64)
-                        .unwrap_or(0),
-                };
-                // The prefix was evaluated once; bill it to the first unit
-                // that finishes, so sums over units are exact.
-                if share && !prefix_billed {
-                    usage.prompt_tokens += prefix.len() as u64;
-                    usage.cached_tokens = 0;
-                    prefix_billed = true;
-                }
+                let usage = bill(
+                    slot,
+                    share,
+                    prefix.len() as u64,
+                    &mut prefix_billed,
+                    u64::from(slot.generated),
+                );
                 if result.is_ok() {
                     last_answer = std::mem::take(&mut slot.tokens);
                 }
@@ -611,6 +659,9 @@ impl EmbeddedModel {
     /// sample is not checked against a draft), and never past the answer's
     /// token budget.
     fn draft_room(&self, slot: &Slot) -> usize {
+        if slot.choice_only {
+            return 0;
+        }
         match &slot.req {
             Some(req) if req.attempt <= 1 => self
                 .cfg
@@ -619,6 +670,43 @@ impl EmbeddedModel {
             _ => 0,
         }
     }
+}
+
+/// What one finished unit cost. The shared prefix was evaluated once; it is
+/// billed to the first unit that finishes, so sums over units are exact.
+fn bill(
+    slot: &Slot,
+    share: bool,
+    prefix_tokens: u64,
+    prefix_billed: &mut bool,
+    completion_tokens: u64,
+) -> Usage {
+    let mut usage = Usage {
+        prompt_tokens: slot.evaluated,
+        cached_tokens: if share { prefix_tokens } else { 0 },
+        completion_tokens,
+        latency_ms: slot
+            .started
+            .map(|t| t.elapsed().as_millis() as u64)
+            .unwrap_or(0),
+    };
+    if share && !*prefix_billed {
+        usage.prompt_tokens += prefix_tokens;
+        usage.cached_tokens = 0;
+        *prefix_billed = true;
+    }
+    usage
+}
+
+/// The most probable value; the first on a tie, as greedy decoding would.
+fn best_choice(scores: &[(String, f64)]) -> Option<&str> {
+    let mut best: Option<&(String, f64)> = None;
+    for c in scores {
+        if best.is_none_or(|b| c.1 > b.1) {
+            best = Some(c);
+        }
+    }
+    best.map(|(v, _)| v.as_str())
 }
 
 /// Drafts up to `max` tokens for `slot` and appends them to the batch right
@@ -669,6 +757,8 @@ struct Slot {
     tokens: Vec<LlamaToken>,
     /// Tokens drafted after the slot's last input in the current batch.
     draft: Vec<LlamaToken>,
+    /// The answer is read from the scores after the prompt, not generated.
+    choice_only: bool,
 }
 
 /// Reads the probability of each allowed decision from the logits at the
@@ -812,6 +902,7 @@ impl ModelBackend for EmbeddedModel {
             truncated_units = stats.truncated_units,
             drafted = stats.drafted,
             accepted = stats.accepted,
+            scored = stats.scored,
             "llama job finished"
         );
         Ok(())

@@ -70,6 +70,23 @@ pub struct DecisionField {
     pub choices: Vec<String>,
 }
 
+impl From<&fanfold_core::spec::DecisionSpec> for DecisionField {
+    /// The spec's decision: its pointer's last key and every declared value,
+    /// positives first.
+    fn from(d: &fanfold_core::spec::DecisionSpec) -> DecisionField {
+        DecisionField {
+            key: d.pointer.rsplit('/').next().unwrap_or_default().to_owned(),
+            choices: d
+                .positive
+                .iter()
+                .chain(&d.negative)
+                .chain(&d.abstain)
+                .cloned()
+                .collect(),
+        }
+    }
+}
+
 /// A failed call. Each is retried within the stage's budget and then
 /// recorded as `error` with its cause; none is ever a negative.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -170,6 +187,13 @@ pub trait Job: Sync {
     /// Where the decision is, for backends that score choices.
     fn decision(&self) -> Option<&DecisionField> {
         None
+    }
+    /// True when the output is the decision alone: a backend that scores
+    /// choices may answer from one forward pass at the decision's position,
+    /// writing `{"<key>": "<value>"}` itself with the scores as `choices`.
+    /// Others generate as usual, under the output schema.
+    fn choice_only(&self) -> bool {
+        false
     }
     /// Durable bookkeeping for provider batches; `None` when the engine
     /// keeps no store, and then a batch cannot outlive the process.

@@ -93,6 +93,7 @@ impl ChunkStage {
             temperature: spec.temperature,
             seed: spec.seed,
             execution: spec.execution,
+            decode: Default::default(),
             canaries: None,
             breaker: None,
             widen: None,

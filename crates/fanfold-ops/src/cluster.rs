@@ -162,6 +162,7 @@ impl ClusterStage {
             temperature: spec.temperature,
             seed: spec.seed,
             execution: spec.execution,
+            decode: Default::default(),
             canaries: None,
             breaker: None,
             widen: None,

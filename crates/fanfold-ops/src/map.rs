@@ -2,7 +2,7 @@
 //! prefix of rubric and schema, then the unit's projected fields) and how its
 //! raw output becomes a typed, schema-checked, evidence-checked fact.
 
-use fanfold_core::spec::MapStageSpec;
+use fanfold_core::spec::{Decode, MapStageSpec};
 use fanfold_core::{
     Bucket, ChoiceScore, ContentHash, Evidence, ModelParams, StableHash, StableHasher, Status,
 };
@@ -126,6 +126,9 @@ impl MapStage {
         if spec.max_attempts == 0 {
             return Err(invalid("max_attempts must be at least 1".into()));
         }
+        if spec.decode == Decode::Choice {
+            choice_answerable(&spec, &schema).map_err(invalid)?;
+        }
         let rubric_hash = rubric.key_in(Bucket::Rubric);
         let schema_text = serde_json::to_string_pretty(&schema).unwrap_or_default();
         let prefix = format!(
@@ -147,6 +150,10 @@ impl MapStage {
             .field("confidence", &spec.confidence)
             .field("min_confidence", &spec.min_confidence)
             .field("template", PROMPT_TEMPLATE);
+        // Only a non-default mode joins the key, so existing facts keep theirs.
+        if spec.decode == Decode::Choice {
+            h.field("decode", "choice");
+        }
         let definition = h.finish();
         Ok(MapStage {
             spec,
@@ -161,6 +168,12 @@ impl MapStage {
 
     pub fn name(&self) -> &str {
         &self.spec.name
+    }
+
+    /// True when the stage answers with its decision alone, read from the
+    /// model's scores of the allowed values.
+    pub fn choice_only(&self) -> bool {
+        self.spec.decode == Decode::Choice
     }
 
     /// Hash of everything about the stage that bears on meaning except the
@@ -331,6 +344,47 @@ impl MapStage {
     }
 }
 
+/// Why a stage cannot be answered by scoring its decision alone: the
+/// output must then be `{"<key>": "<value>"}` and nothing else.
+fn choice_answerable(spec: &MapStageSpec, schema: &Value) -> Result<(), String> {
+    let Some(key) = spec
+        .decision
+        .pointer
+        .strip_prefix('/')
+        .filter(|k| !k.contains('/'))
+    else {
+        return Err(format!(
+            "decode = \"choice\" needs a top-level decision, not `{}`",
+            spec.decision.pointer
+        ));
+    };
+    for (what, pointer) in [
+        ("evidence", &spec.evidence),
+        ("confidence", &spec.confidence),
+    ] {
+        if let Some(p) = pointer {
+            return Err(format!(
+                "decode = \"choice\" answers with the decision alone, but the stage reads {what} at `{p}` (with choice decoding the chosen value's probability is the confidence)"
+            ));
+        }
+    }
+    let required = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if let Some(other) = required
+        .iter()
+        .filter_map(Value::as_str)
+        .find(|r| *r != key)
+    {
+        return Err(format!(
+            "decode = \"choice\" answers with the decision alone, but the output schema requires `{other}`"
+        ));
+    }
+    Ok(())
+}
+
 /// Models like to wrap JSON in Markdown fences; the content is what counts.
 pub(crate) fn strip_fences(raw: &str) -> &str {
     let t = raw.trim();
@@ -475,6 +529,7 @@ mod tests {
             temperature: 0.0,
             seed: 0,
             execution: Default::default(),
+            decode: Default::default(),
             canaries: None,
             breaker: None,
             widen: None,
@@ -634,5 +689,74 @@ mod tests {
         let s3 =
             MapStage::new(s.spec.clone(), "Decide again.".into(), s.schema.clone()).expect("valid");
         assert_ne!(base, s3.cache_key(input, &model));
+    }
+
+    #[test]
+    fn choice_decoding_needs_an_output_of_the_decision_alone() {
+        let s = stage();
+        let model = ModelParams {
+            backend: "llama".into(),
+            model_id: "m".into(),
+            temperature: 0.0,
+            max_output_tokens: 64,
+            seed: 0,
+            simulated: false,
+        };
+        let decision_only = json!({
+            "type": "object",
+            "required": ["decision"],
+            "properties": {"decision": {"enum": ["yes", "no", "unsure"]}}
+        });
+        let mut spec = s.spec.clone();
+        spec.decode = Decode::Choice;
+        let refused = |spec: &MapStageSpec, schema: &Value| match MapStage::new(
+            spec.clone(),
+            "Decide.".into(),
+            schema.clone(),
+        ) {
+            Err(e) => e.to_string(),
+            Ok(_) => String::from("accepted"),
+        };
+        assert!(refused(&spec, &decision_only).contains("reads evidence at `/evidence`"));
+        spec.evidence = None;
+        assert!(refused(&spec, &decision_only).contains("reads confidence"));
+        spec.confidence = None;
+        assert!(refused(&spec, &s.schema).contains("requires `evidence`"));
+        let nested = MapStageSpec {
+            decision: fanfold_core::spec::DecisionSpec {
+                pointer: "/verdict/decision".into(),
+                ..spec.decision.clone()
+            },
+            ..spec.clone()
+        };
+        assert!(refused(&nested, &decision_only).contains("top-level decision"));
+
+        let chosen = MapStage::new(spec.clone(), "Decide.".into(), decision_only.clone())
+            .expect("a decision-only stage takes choice decoding");
+        assert!(chosen.choice_only());
+        spec.decode = Decode::Generate;
+        let generated =
+            MapStage::new(spec, "Decide.".into(), decision_only).expect("and generation");
+        assert!(!generated.choice_only());
+        let input = ContentHash::of_bytes(b"unit");
+        assert_ne!(
+            chosen.cache_key(input, &model),
+            generated.cache_key(input, &model),
+            "a fact read from scores is not the fact a generation wrote"
+        );
+        // The scored value's probability is the confidence and meets the floor.
+        let low = chosen
+            .interpret(
+                r#"{"decision":"yes"}"#,
+                &json!({}),
+                Some(&[
+                    ("yes".into(), 0.4),
+                    ("no".into(), 0.35),
+                    ("unsure".into(), 0.25),
+                ]),
+            )
+            .expect("valid");
+        assert_eq!(low.confidence, Some(0.4));
+        assert_eq!(low.status, Status::Abstain);
     }
 }

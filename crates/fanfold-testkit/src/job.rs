@@ -35,6 +35,8 @@ pub struct QueueJob {
     pub slots: usize,
     pub schema: Option<Value>,
     pub decision: Option<DecisionField>,
+    /// Ask for the decision alone, scored rather than generated.
+    pub choice_only: bool,
     /// Hand out no more than this many requests.
     pub limit: usize,
     /// Turn cancelled once this many results are back.
@@ -50,6 +52,7 @@ impl QueueJob {
             slots,
             schema: None,
             decision: None,
+            choice_only: false,
             limit: usize::MAX,
             cancel_after: usize::MAX,
             state: Mutex::new(State {
@@ -67,6 +70,13 @@ impl QueueJob {
 
     pub fn with_decision(mut self, decision: DecisionField) -> QueueJob {
         self.decision = Some(decision);
+        self
+    }
+
+    /// Asks for `decision` alone, read from the model's scores.
+    pub fn with_choice_only(mut self, decision: DecisionField) -> QueueJob {
+        self.decision = Some(decision);
+        self.choice_only = true;
         self
     }
 
@@ -183,6 +193,10 @@ impl Job for QueueJob {
 
     fn decision(&self) -> Option<&DecisionField> {
         self.decision.as_ref()
+    }
+
+    fn choice_only(&self) -> bool {
+        self.choice_only
     }
 }
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use fanfold_core::spec::{ContractSpec, Execution, MapStageSpec, Spec};
+use fanfold_core::spec::{ContractSpec, Decode, Execution, MapStageSpec, Spec};
 use fanfold_core::{
     ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash, Status, UnitId,
 };
@@ -310,9 +310,15 @@ impl Stage for MapRunner {
             "  {} map v{} backend={}({}){simulated}{execution} attempts={} max_output_tokens={}\n    sees {sees}",
             sp.name, sp.version, sp.backend, backend, sp.max_attempts, sp.max_output_tokens
         );
+        let scored = match sp.decode {
+            Decode::Generate => "",
+            Decode::Choice => {
+                " decode=choice (read from the scores of the values, nothing generated)"
+            }
+        };
         let _ = writeln!(
             out,
-            "    decision {} positive=[{}] negative=[{}] abstain=[{}]",
+            "    decision {} positive=[{}] negative=[{}] abstain=[{}]{scored}",
             sp.decision.pointer,
             sp.decision.positive.join(", "),
             sp.decision.negative.join(", "),

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use fanfold_core::spec::{DecisionSpec, MapStageSpec, SelectStageSpec, Spec};
+use fanfold_core::spec::{DecisionSpec, Decode, MapStageSpec, SelectStageSpec, Spec};
 use fanfold_core::{
     Bucket, ChoiceScore, ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHasher,
     Status,
@@ -85,6 +85,9 @@ impl SelectRunner {
                     temperature: m.temperature,
                     seed: m.seed,
                     execution: m.execution,
+                    // The answer is a name of the catalog and nothing else:
+                    // read from the scores where the backend has them.
+                    decode: Decode::Choice,
                     canaries: None,
                     breaker: None,
                     widen: None,
