@@ -300,9 +300,14 @@ pub fn main(args: &LadderArgs) -> Result<()> {
     }
     std::fs::write(&args.json, json + "\n")
         .with_context(|| format!("writing {}", args.json.display()))?;
-    let section = render(&ladder, &args.json);
+    let section = render(&ladder, &args.json, args.backend.as_deref());
     print!("{section}");
-    write_marked_section(&args.report, "ladder", &section)
+    // A run on another backend keeps its own section beside the default's.
+    let name = match &args.backend {
+        None => "ladder".to_owned(),
+        Some(b) => format!("ladder-{b}"),
+    };
+    write_marked_section(&args.report, &name, &section)
 }
 
 /// Runs one model strategy of the example in a fresh store under `dir`:
@@ -758,12 +763,15 @@ pub fn frontier(rows: &[Row], cost: impl Fn(&Row) -> f64) -> Vec<usize> {
         .collect()
 }
 
-fn render(l: &Ladder, json: &Path) -> String {
+fn render(l: &Ladder, json: &Path, backend: Option<&str>) -> String {
     let mut s = String::new();
     let tag = if l.simulated { " [SIMULATED]" } else { "" };
+    let on = backend
+        .map(|b| format!(", on the `{b}` backend"))
+        .unwrap_or_default();
     let _ = writeln!(
         s,
-        "## The ladder: every strategy on the same question{tag}\n"
+        "## The ladder: every strategy on the same question{on}{tag}\n"
     );
     let _ = writeln!(
         s,

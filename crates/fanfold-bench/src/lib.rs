@@ -110,9 +110,11 @@ pub struct LadderCliArgs {
     example: PathBuf,
     #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
     report: PathBuf,
-    /// Where the measured rows go, for `fanfold report ladder`.
-    #[arg(long, value_name = "PATH", default_value = "docs/ladder.json")]
-    json: PathBuf,
+    /// Where the measured rows go, for `fanfold report ladder`
+    /// [default: docs/ladder.json, or docs/ladder-BACKEND.json with
+    /// `--backend`].
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
     #[arg(long, default_value_t = 4)]
     slots: usize,
     /// Run only these strategies (comma-separated): deterministic, bm25, embed,
@@ -212,7 +214,10 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
             ladder::main(&ladder::LadderArgs {
                 example: a.example,
                 report: a.report,
-                json: a.json,
+                json: a.json.unwrap_or_else(|| match &a.backend {
+                    None => PathBuf::from("docs/ladder.json"),
+                    Some(b) => PathBuf::from(format!("docs/ladder-{b}.json")),
+                }),
                 slots: a.slots,
                 only: a.only,
                 backend: a.backend,
