@@ -662,17 +662,21 @@ mod tests {
         assert!(out.reason.unwrap_or_default().starts_with("low_confidence"));
     }
 
-    #[test]
-    fn cache_key_moves_with_every_meaning_bearing_input() {
-        let s = stage();
-        let model = ModelParams {
+    fn model() -> ModelParams {
+        ModelParams {
             backend: "scripted".into(),
             model_id: "m".into(),
             temperature: 0.0,
             max_output_tokens: 64,
             seed: 0,
             simulated: true,
-        };
+        }
+    }
+
+    #[test]
+    fn cache_key_moves_with_every_meaning_bearing_input() {
+        let s = stage();
+        let model = model();
         let input = ContentHash::of_bytes(b"unit");
         let base = s.cache_key(input, &model);
         assert_eq!(base, s.cache_key(input, &model));
@@ -694,14 +698,7 @@ mod tests {
     #[test]
     fn choice_decoding_needs_an_output_of_the_decision_alone() {
         let s = stage();
-        let model = ModelParams {
-            backend: "llama".into(),
-            model_id: "m".into(),
-            temperature: 0.0,
-            max_output_tokens: 64,
-            seed: 0,
-            simulated: false,
-        };
+        let model = model();
         let decision_only = json!({
             "type": "object",
             "required": ["decision"],
