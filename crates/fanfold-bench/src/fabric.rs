@@ -211,19 +211,12 @@ fn run_config(
 /// The example's stage asking for its decision alone: no evidence, no
 /// confidence, a schema of the one decision field.
 fn decision_only(stage: &MapStage) -> Result<MapStage> {
-    let d = &stage.spec.decision;
-    let key = d.pointer.trim_start_matches('/');
-    let values: Vec<&String> = d
-        .positive
-        .iter()
-        .chain(&d.negative)
-        .chain(&d.abstain)
-        .collect();
+    let DecisionField { key, choices } = DecisionField::from(&stage.spec.decision);
     let schema = serde_json::json!({
         "type": "object",
         "required": [key],
         "additionalProperties": false,
-        "properties": {key: {"type": "string", "enum": values}}
+        "properties": {key: {"type": "string", "enum": choices}}
     });
     let spec = fanfold_core::spec::MapStageSpec {
         evidence: None,
