@@ -109,6 +109,7 @@ pub const HEARTBEAT_MS: u64 = 10_000;
 /// writing.
 pub fn live_runs_at(path: &Path, stale_ms: u64) -> Result<Vec<RunInfo>, rusqlite::Error> {
     let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
     let since = now_ms() as i64 - stale_ms as i64;
     let mut st = conn.prepare(
         "SELECT run_id, spec_name, pid, started_ms, heartbeat_ms FROM runs
@@ -154,6 +155,22 @@ fn is_busy(e: &rusqlite::Error) -> bool {
         e.sqlite_error_code(),
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
     )
+}
+
+/// Runs `f` again while it fails with SQLite's busy error, for at most
+/// [`BUSY_TIMEOUT`]: for the statements SQLite does not retry itself.
+fn retry_while_busy<T>(
+    mut f: impl FnMut() -> Result<T, rusqlite::Error>,
+) -> Result<T, rusqlite::Error> {
+    let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+    loop {
+        match f() {
+            Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            done => return done,
+        }
+    }
 }
 
 /// What [`Store::collect_garbage`] removed.
@@ -409,6 +426,12 @@ impl Store {
         // First: every statement below may meet another process opening
         // the same file, and must wait for it rather than fail.
         conn.busy_timeout(BUSY_TIMEOUT).map_err(sql)?;
+        // Every transaction here writes. A deferred one reads first and
+        // asks for the write lock later; in WAL mode, when another process
+        // committed in between, SQLite fails it at once with
+        // SQLITE_BUSY_SNAPSHOT and never calls the busy handler. Taking the
+        // write lock at BEGIN makes it wait its turn instead.
+        conn.set_transaction_behavior(rusqlite::TransactionBehavior::Immediate);
         // Another application's database is left exactly as it was: no
         // WAL switch, no tables. An empty file, or one of ours, goes on.
         let app: i64 = conn
@@ -428,8 +451,10 @@ impl Store {
                 return Err(StoreError::Foreign { path: p });
             }
         }
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(sql)?;
+        // Switching a new file to WAL takes an exclusive lock, and SQLite
+        // answers a second process doing the same at the same instant with
+        // SQLITE_BUSY at once, without its busy handler: wait here instead.
+        retry_while_busy(|| conn.pragma_update(None, "journal_mode", "WAL")).map_err(sql)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(sql)?;
         // Tables, application id and schema row in one transaction: another
@@ -1866,6 +1891,31 @@ mod tests {
             .put_fold_node(&h, 0, &serde_json::json!(1))
             .expect_err("locked");
         assert!(matches!(busy, StoreError::Busy { .. }), "{busy}");
+    }
+
+    /// Two processes that open one new store at the same instant both get
+    /// it: neither sees the other's switch to WAL as a lock it gives up on.
+    #[test]
+    fn a_new_store_opened_twice_at_once_opens_for_both() {
+        for _ in 0..40 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("s.sqlite");
+            let gate = std::sync::Barrier::new(2);
+            std::thread::scope(|s| {
+                let opens: Vec<_> = (0..2)
+                    .map(|_| {
+                        s.spawn(|| {
+                            gate.wait();
+                            Store::open(&path).map(drop)
+                        })
+                    })
+                    .collect();
+                for open in opens {
+                    let opened = open.join().expect("thread");
+                    assert!(opened.is_ok(), "{opened:?}");
+                }
+            });
+        }
     }
 
     #[test]
