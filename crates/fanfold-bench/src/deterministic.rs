@@ -279,14 +279,14 @@ fn hash_file_in_pieces(file: &Path, threads: usize, min_piece: u64) -> Result<Co
             Box::new(split(offset + left, len - left, piece, pieces)),
         )
     }
-    fn chaining_value(tree: &Tree, cvs: &[blake3::hazmat::ChainingValue]) -> [u8; 32] {
+    fn chaining_value(tree: &Tree, cvs: &[blake3::hazmat::ChainingValue]) -> Option<[u8; 32]> {
         match tree {
-            Tree::Piece(i) => cvs[*i],
-            Tree::Parent(l, r) => merge_subtrees_non_root(
-                &chaining_value(l, cvs),
-                &chaining_value(r, cvs),
+            Tree::Piece(i) => cvs.get(*i).copied(),
+            Tree::Parent(l, r) => Some(merge_subtrees_non_root(
+                &chaining_value(l, cvs)?,
+                &chaining_value(r, cvs)?,
                 Mode::Hash,
-            ),
+            )),
         }
     }
 
@@ -319,9 +319,12 @@ fn hash_file_in_pieces(file: &Path, threads: usize, min_piece: u64) -> Result<Co
             let mut at = 0;
             while at < len {
                 let want = (len - at).min(buf.len() as u64) as usize;
-                f.read_exact_at(&mut buf[..want], offset + at)
+                let chunk = buf
+                    .get_mut(..want)
+                    .context("a read larger than its buffer")?;
+                f.read_exact_at(chunk, offset + at)
                     .with_context(|| format!("reading {}", file.display()))?;
-                hasher.update(&buf[..want]);
+                hasher.update(chunk);
                 at += want as u64;
             }
             done.push((i, hasher.finalize_non_root()));
@@ -335,14 +338,15 @@ fn hash_file_in_pieces(file: &Path, threads: usize, min_piece: u64) -> Result<Co
                 .join()
                 .map_err(|_| anyhow::anyhow!("a hashing thread panicked"))??;
             for (i, cv) in done {
-                cvs[i] = cv;
+                *cvs.get_mut(i).context("a hashed piece out of range")? = cv;
             }
         }
         Ok(())
     })?;
+    let missing = || anyhow::anyhow!("a piece of {} was not hashed", file.display());
     let root = blake3::hazmat::merge_subtrees_root(
-        &chaining_value(left, &cvs),
-        &chaining_value(right, &cvs),
+        &chaining_value(left, &cvs).ok_or_else(missing)?,
+        &chaining_value(right, &cvs).ok_or_else(missing)?,
         Mode::Hash,
     );
     Ok(ContentHash(*root.as_bytes()))
@@ -507,7 +511,7 @@ fn timed(
         if n == 0 {
             break;
         }
-        on_stdout(&buf[..n]);
+        on_stdout(buf.get(..n).context("a read larger than its buffer")?);
     }
     let status = child.wait()?;
     let wall_s = started.elapsed().as_secs_f64();
@@ -671,15 +675,16 @@ pub(crate) fn deterministic(args: &DeterministicArgs) -> Result<ExitCode> {
             m.samples.push(run(m.side, &big)?);
         }
     }
+    let reference = measured.first().context("no sides to measure")?;
     for m in &measured {
         for s in &m.samples {
             ensure!(
-                s.matched == measured[0].matched(),
+                s.matched == reference.matched(),
                 "{} selected {} records but {} selected {}: the sides disagree",
                 m.side.label(&jq_version),
                 s.matched,
-                measured[0].side.label(&jq_version),
-                measured[0].matched()
+                reference.side.label(&jq_version),
+                reference.matched()
             );
             if let Some(w) = &s.worker {
                 ensure!(

@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::{Result, anyhow};
 use fanfold_embed::{Embedder, EmbedderFiles};
 use fanfold_engine::Plan;
-use fanfold_engine::models::{MINILM_L6_V2, cache_dir, ensure_all};
+use fanfold_engine::models::{MINILM_L6_V2, cache_dir, ensure_each};
 use fanfold_ops::view::Projector;
 
 pub struct EmbedArgs {
@@ -55,15 +55,16 @@ pub fn main(args: EmbedArgs) -> Result<()> {
     )?;
     let mut texts = Vec::with_capacity(kept.len());
     for &i in &kept {
-        let projected = projector.project(routed.table.id(i).as_str(), &routed.table.value(i))?;
+        let projected = projector.project(routed.table.id(i)?.as_str(), &routed.table.value(i))?;
         texts.push(stage.text(&projected));
     }
 
-    let paths = ensure_all(&MINILM_L6_V2, &cache_dir(), &|l| eprintln!("{l}"))?;
+    let [weights, tokenizer, config] =
+        ensure_each(&MINILM_L6_V2, &cache_dir(), &|l| eprintln!("{l}"))?;
     let files = EmbedderFiles {
-        weights: paths[0].clone(),
-        tokenizer: paths[1].clone(),
-        config: paths[2].clone(),
+        weights,
+        tokenizer,
+        config,
     };
     let load_started = Instant::now();
     let embedder = Embedder::load(&files, stage.spec.max_tokens)?;
@@ -81,7 +82,7 @@ pub fn main(args: EmbedArgs) -> Result<()> {
     for (&i, v) in kept.iter().zip(&vectors) {
         let score = stage.score(v, &anchor_vectors).score;
         let kind = kinds
-            .get(routed.table.id(i).as_str())
+            .get(routed.table.id(i)?.as_str())
             .cloned()
             .unwrap_or_else(|| "unlabelled".into());
         by_kind.entry(kind).or_default().push(score);

@@ -87,7 +87,7 @@ fn requests(plan: &Plan, stage: &MapStage, n: usize) -> Result<Vec<Request>> {
         .map(Vec::as_slice)
         .unwrap_or(&[])
     {
-        let id = routed.table.id(i);
+        let id = routed.table.id(i)?;
         let projected = projector.project(id.as_str(), &routed.table.value(i))?;
         out.push(Request {
             index: out.len(),

@@ -174,7 +174,9 @@ fn changes(issues: &[Value], seed: u64) -> Vec<Change> {
         if number(i).is_some_and(|n| copied.contains(&n)) {
             let mut copy = i.clone();
             let n = top + 1 + new_numbers.len() as u64;
-            copy["number"] = Value::from(n);
+            if let Some(slot) = copy.get_mut("number") {
+                *slot = Value::from(n);
+            }
             new_numbers.insert(n.to_string());
             inserted.push(copy);
         }

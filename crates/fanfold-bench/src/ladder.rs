@@ -658,8 +658,8 @@ fn deterministic(
             .by_stage
             .values()
             .flatten()
-            .map(|&i| routed.table.id(i).as_str().to_owned())
-            .collect();
+            .map(|&i| Ok(routed.table.id(i)?.as_str().to_owned()))
+            .collect::<Result<_, fanfold_engine::RunError>>()?;
         let dev = score(&kept, truth, |id| is_dev(seed, id)).f1;
         ladder.candidates.push(((*label).to_owned(), dev));
         if best.as_ref().is_none_or(|b| dev > b.0) {

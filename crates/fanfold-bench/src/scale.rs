@@ -188,7 +188,8 @@ fn write_edited(input: &Path, out: &Path) -> Result<u64> {
         let line = line?;
         if (i as u64).is_multiple_of(EDIT_EVERY) {
             let mut v: Value = serde_json::from_str(&line)?;
-            let kept = v["level"] == "ERROR" && v["latency_ms"].as_u64().unwrap_or(0) > 24000;
+            let kept = v.get("level").is_some_and(|l| l == "ERROR")
+                && v.get("latency_ms").and_then(Value::as_u64).unwrap_or(0) > 24000;
             if let Some(msg) = v.get_mut("msg") {
                 *msg = Value::String(format!("edited: {}", msg.as_str().unwrap_or("")));
             }
@@ -279,15 +280,16 @@ fn run_fanfold(
     let mut answer = None;
     for line in out.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
         let v: Value = serde_json::from_slice(line)?;
-        match v["type"].as_str() {
-            Some("certificate") => cert = Some(v["data"].clone()),
-            Some("answer") => answer = Some(v["data"].clone()),
+        let data = || v.get("data").cloned().unwrap_or(Value::Null);
+        match v.get("type").and_then(Value::as_str) {
+            Some("certificate") => cert = Some(data()),
+            Some("answer") => answer = Some(data()),
             _ => {}
         }
     }
     let cert = cert.context("fanfold run printed no certificate")?;
     let answer = answer.context("fanfold run printed no answer")?;
-    let stats = &cert["stats"];
+    let stats = cert.get("stats").unwrap_or(&Value::Null);
     let phases = stats["phases_ms"]
         .as_array()
         .map(|a| {
@@ -304,13 +306,23 @@ fn run_fanfold(
         cache_hits: stats["cache_hits"].as_u64().unwrap_or(0),
         fold_nodes_reused: stats["fold_nodes_reused"].as_u64().unwrap_or(0),
         fold_nodes_computed: stats["fold_nodes_computed"].as_u64().unwrap_or(0),
-        units: cert["coverage"]["units"].as_u64().unwrap_or(0),
-        routed: cert["routed_by_stage"]
-            .as_object()
+        units: cert
+            .pointer("/coverage/units")
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
+        routed: cert
+            .get("routed_by_stage")
+            .and_then(Value::as_object)
             .map(|m| m.values().filter_map(Value::as_u64).sum())
             .unwrap_or(0),
-        complete: answer["complete"].as_bool().unwrap_or(false),
-        verified: answer["verified"].as_bool().unwrap_or(false),
+        complete: answer
+            .get("complete")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        verified: answer
+            .get("verified")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
     })
 }
 

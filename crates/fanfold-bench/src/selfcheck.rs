@@ -151,7 +151,7 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     let unit_ids: BTreeSet<String> = base
         .facts
         .iter()
-        .map(|f| f.source_ids[0].0.clone())
+        .filter_map(|f| f.source_ids.first().map(|id| id.0.clone()))
         .collect();
     let excluded: u64 = base.certificate.excluded_by_reason.values().sum();
     checks.push(Check {
@@ -263,10 +263,11 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
         .values()
         .map(|c| c.failed.len())
         .sum::<usize>();
-    let leaked = passed
-        .facts
-        .iter()
-        .any(|f| f.source_ids[0].0.starts_with("canary-"));
+    let leaked = passed.facts.iter().any(|f| {
+        f.source_ids
+            .first()
+            .is_some_and(|id| id.0.starts_with("canary-"))
+    });
     checks.push(Check {
         name: "canary_breaker",
         ok: tc.stop.code() == "breaker_tripped"
@@ -463,7 +464,11 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
 
     // statuses_distinct: injected faults end as errors, never negatives, are
     // never cached, and a transient fault recovers through a retry.
-    let mut ids: Vec<UnitId> = base.facts.iter().map(|f| f.source_ids[0].clone()).collect();
+    let mut ids: Vec<UnitId> = base
+        .facts
+        .iter()
+        .filter_map(|f| f.source_ids.first().cloned())
+        .collect();
     ids.sort_by(|a, b| a.0.len().cmp(&b.0.len()).then_with(|| a.cmp(b)));
     let pick = |i: usize| ids.get(i).map(|u| u.0.clone()).unwrap_or_default();
     let kinds = [
@@ -496,7 +501,11 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     let fault_statuses: Vec<Status> = faulty
         .facts
         .iter()
-        .filter(|f| faulted.contains(&f.source_ids[0].0))
+        .filter(|f| {
+            f.source_ids
+                .first()
+                .is_some_and(|id| faulted.contains(&id.0))
+        })
         .map(|f| f.status)
         .collect();
     // A false quote only invalidates outputs that carry evidence; for a
@@ -508,7 +517,7 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     let transient_status = faulty
         .facts
         .iter()
-        .find(|f| f.source_ids[0].0 == transient)
+        .find(|f| f.source_ids.first().is_some_and(|id| id.0 == transient))
         .map(|f| (f.status, f.attempts));
     let mut plan_clean = ctx.plan()?;
     set_backend(&mut plan_clean, Vec::new(), 0);
@@ -903,7 +912,7 @@ fn canary_drill(
         .facts
         .iter()
         .filter(|f| f.stage == "auth_blocker")
-        .filter_map(|f| Some((f.source_ids[0].0.as_str(), f.decision.as_deref()?)))
+        .filter_map(|f| Some((f.source_ids.first()?.0.as_str(), f.decision.as_deref()?)))
         .collect();
     let pick: Vec<(&str, &str)> = decided
         .iter()

@@ -2,7 +2,7 @@
 //! one helper per feature.
 
 // A failed step should fail the test loudly, right there.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -934,7 +934,7 @@ mod embedded {
             .take(6)
             .enumerate()
             .map(|(index, &i)| {
-                let id = routed.table.id(i);
+                let id = routed.table.id(i).expect("a routed unit");
                 let projected = projector
                     .project(id.as_str(), &routed.table.value(i))
                     .expect("projects");

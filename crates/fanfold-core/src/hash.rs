@@ -63,11 +63,10 @@ impl FromStr for ContentHash {
             return Err(ParseHashError(s.to_owned()));
         }
         let mut out = [0u8; 32];
-        for (i, pair) in bytes.chunks(2).enumerate() {
-            let hi = (pair[0] as char).to_digit(16);
-            let lo = (pair[1] as char).to_digit(16);
-            match (hi, lo) {
-                (Some(h), Some(l)) => out[i] = (h * 16 + l) as u8,
+        let (pairs, _) = bytes.as_chunks::<2>();
+        for (slot, &[hi, lo]) in out.iter_mut().zip(pairs) {
+            match ((hi as char).to_digit(16), (lo as char).to_digit(16)) {
+                (Some(h), Some(l)) => *slot = (h * 16 + l) as u8,
                 _ => return Err(ParseHashError(s.to_owned())),
             }
         }

@@ -129,13 +129,15 @@ impl Embedder {
             usage.tokens += enc.get_ids().len() as u64;
             encoded.push(enc.get_ids().to_vec());
         }
-        let mut order: Vec<usize> = (0..texts.len()).collect();
-        order.sort_by_key(|&i| encoded[i].len());
+        let mut order: Vec<(usize, Vec<u32>)> = encoded.into_iter().enumerate().collect();
+        order.sort_by_key(|(_, ids)| ids.len());
         let mut out = vec![Vec::new(); texts.len()];
         for chunk in order.chunks(BATCH) {
-            let rows: Vec<&[u32]> = chunk.iter().map(|&i| encoded[i].as_slice()).collect();
-            for (&i, v) in chunk.iter().zip(self.forward(&rows)?) {
-                out[i] = v;
+            let rows: Vec<&[u32]> = chunk.iter().map(|(_, ids)| ids.as_slice()).collect();
+            for ((i, _), v) in chunk.iter().zip(self.forward(&rows)?) {
+                if let Some(slot) = out.get_mut(*i) {
+                    *slot = v;
+                }
             }
         }
         Ok((out, usage))

@@ -54,6 +54,8 @@ pub enum RunError {
     Bound { unit: String, detail: String },
     #[error("the stored source {hash} is missing chunk {seq}; the store is damaged")]
     MissingChunk { hash: String, seq: usize },
+    #[error("no unit at position {index} of the run's unit table")]
+    NoUnit { index: usize },
     #[error("writing {path}: {source}")]
     Output {
         path: String,
@@ -75,9 +77,10 @@ impl RunError {
             | RunError::Group { .. }
             | RunError::Bound { .. } => ErrorCategory::Input,
             RunError::Backend { .. } | RunError::Embed { .. } => ErrorCategory::Configuration,
-            RunError::Store(_) | RunError::MissingChunk { .. } | RunError::Output { .. } => {
-                ErrorCategory::Execution
-            }
+            RunError::Store(_)
+            | RunError::MissingChunk { .. }
+            | RunError::NoUnit { .. }
+            | RunError::Output { .. } => ErrorCategory::Execution,
         }
     }
 }

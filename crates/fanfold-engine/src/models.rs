@@ -115,7 +115,12 @@ pub fn sha256_file(path: &Path) -> Result<String, ModelError> {
         if n == 0 {
             break;
         }
-        h.update(&buf[..n]);
+        let chunk = buf.get(..n).ok_or_else(|| {
+            io(path)(std::io::Error::other(
+                "read reported more bytes than its buffer holds",
+            ))
+        })?;
+        h.update(chunk);
     }
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
@@ -196,6 +201,16 @@ pub fn ensure_all(
         }
     }
     Ok(models.iter().map(|m| dir.join(m.file)).collect())
+}
+
+/// [`ensure_all`] for a fixed set of files: their local paths, in order.
+pub fn ensure_each<const N: usize>(
+    models: &[ModelFile; N],
+    dir: &Path,
+    log: &dyn Fn(&str),
+) -> Result<[PathBuf; N], ModelError> {
+    ensure_all(models, dir, log)?;
+    Ok(models.each_ref().map(|m| dir.join(m.file)))
 }
 
 fn write_marker(path: &Path, model: &ModelFile) -> Result<(), ModelError> {

@@ -150,14 +150,12 @@ impl Plan {
         }
         for (at, stage) in stages.iter().enumerate() {
             if let Some(reads) = stage.reads_negatives() {
-                check_reads(&stages, at, reads).map_err(&invalid)?;
+                check_reads(&stages, at, stage.name(), reads).map_err(&invalid)?;
             }
             if let Some(reads) = stage.reads_facts() {
-                let there = stages.iter().position(|s| s.name() == reads);
-                if there.is_none_or(|t| {
-                    t >= at
-                        || stages[t].reads_facts().is_some()
-                        || stages[t].reads_negatives().is_some()
+                let there = stages.iter().enumerate().find(|(_, s)| s.name() == reads);
+                if there.is_none_or(|(t, read)| {
+                    t >= at || read.reads_facts().is_some() || read.reads_negatives().is_some()
                 }) {
                     return Err(invalid(format!(
                         "cluster `{}` reads the facts of `{reads}`, which is not a unit stage declared before it",
@@ -166,11 +164,11 @@ impl Plan {
                 }
             }
             for then in stage.targets() {
-                let there = stages.iter().position(|s| s.name() == then);
+                let there = stages.iter().enumerate().find(|(_, s)| s.name() == then);
                 // A stage that reads earlier rungs' negatives passes units
                 // back to a map stage, which may be declared before it.
                 if stage.reads_negatives().is_some() {
-                    if there.is_none_or(|t| stages[t].kind() != "map") {
+                    if there.is_none_or(|(_, next)| next.kind() != "map") {
                         return Err(invalid(format!(
                             "stage `{}` escalates to `{then}`, which is not a map stage",
                             stage.name()
@@ -178,7 +176,7 @@ impl Plan {
                     }
                     continue;
                 }
-                if there.is_none_or(|t| t <= at || stages[t].reads_facts().is_some()) {
+                if there.is_none_or(|(t, next)| t <= at || next.reads_facts().is_some()) {
                     return Err(invalid(format!(
                         "stage `{}` passes units on to `{then}`, which is not a stage declared after it",
                         stage.name()
@@ -597,15 +595,15 @@ fn apply(spec: &mut Spec, o: &Overrides) -> Result<(), String> {
 fn check_reads(
     stages: &[Box<dyn Stage>],
     at: usize,
+    me: &str,
     reads: &crate::stages::NegativeReads,
 ) -> Result<(), String> {
-    let me = stages[at].name();
     for rung in &reads.rungs {
         if rung == fanfold_core::spec::PREFILTER_RUNG {
             continue;
         }
-        match stages.iter().position(|s| s.name() == rung) {
-            Some(t) if t < at && stages[t].reads_negatives().is_none() => {}
+        match stages.iter().enumerate().find(|(_, s)| s.name() == rung) {
+            Some((t, read)) if t < at && read.reads_negatives().is_none() => {}
             Some(_) => {
                 return Err(format!(
                     "audit `{me}` reads rung `{rung}`, which is not a map or embed stage declared before it"

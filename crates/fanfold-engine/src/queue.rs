@@ -305,14 +305,10 @@ impl<'a> StageJob<'a> {
             Some(_) if g.succeeded => None,
             Some(kind) => {
                 g.first_failures.push(kind);
+                let first = g.first_failures.first()?;
                 let same = g.first_failures.len() == FAIL_FAST_CALLS
-                    && g.first_failures.windows(2).all(|w| w[0] == w[1]);
-                same.then(|| {
-                    format!(
-                        "its first {FAIL_FAST_CALLS} calls all failed with {}",
-                        g.first_failures[0]
-                    )
-                })
+                    && g.first_failures.iter().all(|k| k == first);
+                same.then(|| format!("its first {FAIL_FAST_CALLS} calls all failed with {first}"))
             }
         }
     }

@@ -4,7 +4,7 @@
 //! pending on request, and fails single requests inside a batch.
 
 // A failed step should fail the test loudly, right there.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;

@@ -4,7 +4,7 @@
 //! reports usage with cached prompt tokens, and injects faults per unit.
 
 // A failed step should fail the test loudly, right there.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;

@@ -28,10 +28,10 @@ mod corpus;
 
 use corpus::{
     AREAS, AUTH_IN_PASSING, AUTH_NOT_BLOCKER, Area, BLOCKER_STATEMENTS, BOT_TITLES, BOTS, BROWSERS,
-    CAUSE_TEXT, CLOSED_NOTES, DEPLOYMENTS, DOWNGRADE_NOTES, EXPECTED, FEATURE_MOTIVATIONS, IDPS,
-    LEGACY_AUTH, LEGACY_BLOCKER_NOTES, LEGACY_CONTEXT, NEAR_DUP_INTROS, NOISY_AUTH_TOPICS,
-    NOISY_OTHER_TOPICS, NON_ASCII, OPENERS, OTHER_BLOCKERS, PEOPLE, TITLE_QUALIFIERS,
-    UNLABELLED_BLOCKER_STATEMENTS,
+    CAUSE_TEXT, CLOSED_NOTES, CauseText, DEPLOYMENTS, DOWNGRADE_NOTES, EXPECTED,
+    FEATURE_MOTIVATIONS, IDPS, LEGACY_AUTH, LEGACY_BLOCKER_NOTES, LEGACY_CONTEXT, NEAR_DUP_INTROS,
+    NOISY_AUTH_TOPICS, NOISY_OTHER_TOPICS, NON_ASCII, OPENERS, OTHER_BLOCKERS, PEOPLE,
+    TITLE_QUALIFIERS, UNLABELLED_BLOCKER_STATEMENTS,
 };
 
 pub const QUESTION: &str = "Which open issues are release blockers caused by the new authentication path, and what are the three recurring causes?";
@@ -213,7 +213,7 @@ fn plan(seed: u64, count: usize) -> Plan {
         let cause = if i < closed_cookie {
             2
         } else {
-            *rng.pick(&[0usize, 1, 3, 4])
+            rng.pick(&[0usize, 1, 3, 4])
         };
         recent.push(Kind::ClosedAuthBlocker(cause));
     }
@@ -241,15 +241,19 @@ fn plan(seed: u64, count: usize) -> Plan {
 
     let mut kinds: Vec<Kind> = vec![Kind::Filler; count];
     for kind in recent {
-        if let Some(n) = post.pop().or_else(|| pre.pop()) {
-            kinds[(n - 1) as usize] = kind;
+        if let Some(n) = post.pop().or_else(|| pre.pop())
+            && let Some(slot) = kinds.get_mut((n - 1) as usize)
+        {
+            *slot = kind;
         }
     }
     let mut pool: Vec<u64> = post.into_iter().chain(pre).collect();
     rng.shuffle(&mut pool);
     for kind in anytime {
-        if let Some(n) = pool.pop() {
-            kinds[(n - 1) as usize] = kind;
+        if let Some(n) = pool.pop()
+            && let Some(slot) = kinds.get_mut((n - 1) as usize)
+        {
+            *slot = kind;
         }
     }
 
@@ -280,11 +284,12 @@ fn plan(seed: u64, count: usize) -> Plan {
             .filter(|s| s.kind == Kind::Blocker(cause))
             .map(|s| s.number)
             .collect();
-        if ids.len() < 2 {
+        // Every report but the first may echo an earlier one.
+        let Some(later) = ids.get(1..).filter(|l| !l.is_empty()) else {
             continue;
-        }
+        };
         let k = dups_per_cause.min(ids.len() / 2);
-        let chosen: BTreeSet<u64> = rng.sample(&ids[1..], k).into_iter().collect();
+        let chosen: BTreeSet<u64> = rng.sample(later, k).into_iter().collect();
         for &d in &chosen {
             let originals: Vec<u64> = ids
                 .iter()
@@ -294,8 +299,10 @@ fn plan(seed: u64, count: usize) -> Plan {
             if originals.is_empty() {
                 continue;
             }
-            let original = *rng.pick(&originals);
-            slots[(d - 1) as usize].dup_of = Some(original);
+            let original = rng.pick(&originals);
+            if let Some(slot) = slots.get_mut((d - 1) as usize) {
+                slot.dup_of = Some(original);
+            }
         }
     }
 
@@ -305,7 +312,9 @@ fn plan(seed: u64, count: usize) -> Plan {
         .map(|s| s.number)
         .collect();
     for n in rng.sample(&candidates, n_unlabelled) {
-        slots[(n - 1) as usize].unlabelled = true;
+        if let Some(slot) = slots.get_mut((n - 1) as usize) {
+            slot.unlabelled = true;
+        }
     }
 
     Plan { slots, launch }
@@ -327,7 +336,9 @@ fn oracle(seed: u64, count: usize, slots: &[Slot]) -> Oracle {
         match s.kind {
             Kind::Blocker(c) => {
                 blocker_ids.push(s.number);
-                by_cause[c].push(s.number);
+                if let Some(ids) = by_cause.get_mut(c) {
+                    ids.push(s.number);
+                }
                 if s.dup_of.is_some() {
                     add("near_duplicates", s.number);
                 }
@@ -344,16 +355,21 @@ fn oracle(seed: u64, count: usize, slots: &[Slot]) -> Oracle {
             Kind::Filler => {}
         }
     }
-    let mut ranked: Vec<usize> = (0..CAUSES.len())
-        .filter(|&c| !by_cause[c].is_empty())
+    // (cause index, cause, its blockers)
+    let mut ranked: Vec<(usize, &str, &Vec<u64>)> = CAUSES
+        .iter()
+        .zip(&by_cause)
+        .enumerate()
+        .filter(|(_, (_, ids))| !ids.is_empty())
+        .map(|(c, (&cause, ids))| (c, cause, ids))
         .collect();
-    ranked.sort_by_key(|&c| (std::cmp::Reverse(by_cause[c].len()), c));
+    ranked.sort_by_key(|&(c, _, ids)| (std::cmp::Reverse(ids.len()), c));
     let causes = ranked
         .into_iter()
         .take(3)
-        .map(|c| OracleCause {
-            cause: CAUSES[c].to_string(),
-            ids: by_cause[c].clone(),
+        .map(|(_, cause, ids)| OracleCause {
+            cause: cause.to_string(),
+            ids: ids.clone(),
         })
         .collect();
     Oracle {
@@ -443,14 +459,16 @@ fn base64(input: &[u8]) -> String {
     let mut out = String::with_capacity(input.len().div_ceil(3) * 4);
     for chunk in input.chunks(3) {
         let b = [
-            chunk[0],
+            chunk.first().copied().unwrap_or(0),
             chunk.get(1).copied().unwrap_or(0),
             chunk.get(2).copied().unwrap_or(0),
         ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
-                out.push(char::from(BASE64[((n >> (18 - 6 * i)) & 63) as usize]));
+                // Six bits index the 64 digits, so the lookup always hits.
+                let digit = BASE64.get(((n >> (18 - 6 * i)) & 63) as usize);
+                out.push(digit.map_or('=', |&d| char::from(d)));
             } else {
                 out.push('=');
             }
@@ -496,7 +514,7 @@ fn repo(seed: u64, count: usize) -> Repo {
     let label_ids = LABELS
         .iter()
         .map(|_| {
-            let tail: String = (0..6).map(|_| char::from(*rng.pick(URLSAFE))).collect();
+            let tail: String = (0..6).map(|_| char::from(rng.pick(URLSAFE))).collect();
             format!("LA_kwDOHx3Vbc8AAAAB{tail}")
         })
         .collect();
@@ -576,7 +594,7 @@ fn render(
     };
     let author = match draft.author {
         Who::Bot(i) => repo.bots.get(i).cloned().unwrap_or(Value::Null),
-        Who::Person => rng.pick(&repo.people).clone(),
+        Who::Person => rng.pick(&repo.people),
     };
     used_titles.insert(draft.title.clone());
 
@@ -676,7 +694,7 @@ fn log_block(rng: &mut Rng, ctx: &Ctx, lines: &[&str], noise: usize) -> String {
     };
     for line in lines {
         for _ in 0..rng.below(noise as u64 + 1) {
-            let template = *rng.pick(NOISE_LOG);
+            let template = rng.pick(NOISE_LOG);
             let noise_line = fill_placeholders(rng, template);
             push(rng, &mut out, &noise_line);
         }
@@ -695,9 +713,9 @@ fn long_log(rng: &mut Rng, ctx: &Ctx, interesting: &[&str]) -> String {
     while out.len() < target {
         t_ms += rng.range(1, 3_000) as i64;
         let line = if !interesting.is_empty() && rng.chance(12) {
-            (*rng.pick(interesting)).to_string()
+            rng.pick(interesting).to_string()
         } else {
-            let template = *rng.pick(NOISE_LOG);
+            let template = rng.pick(NOISE_LOG);
             fill_placeholders(rng, template)
         };
         let stamp = log_stamp(t_ms.div_euclid(1000), t_ms.rem_euclid(1000) as u64);
@@ -727,7 +745,7 @@ fn env_block(rng: &mut Rng, ctx: &Ctx, auth: Option<bool>) -> String {
 fn maybe_non_ascii(rng: &mut Rng, parts: &mut Vec<String>, percent: u64) {
     if rng.chance(percent) {
         let at = rng.range(1, parts.len() as u64) as usize;
-        parts.insert(at.min(parts.len()), (*rng.pick(NON_ASCII)).to_string());
+        parts.insert(at.min(parts.len()), rng.pick(NON_ASCII).to_string());
     }
 }
 
@@ -742,18 +760,34 @@ const AUTH_TITLE_SUFFIXES: &[&str] = &[
     " for EU tenants",
 ];
 
+/// The text of `cause`, an index into [`CAUSES`]; none for an index past
+/// the table.
+fn cause_text(cause: usize) -> &'static CauseText {
+    const NONE: CauseText = CauseText {
+        specific_titles: &[],
+        vague_titles: &[],
+        sentences: &[],
+        symptoms: &[],
+        steps: &[],
+        logs: &[],
+        fix_notes: &[],
+    };
+    let table: &'static [CauseText] = &CAUSE_TEXT;
+    table.get(cause).unwrap_or(&NONE)
+}
+
 fn blocker_title(seed: u64, number: u64, cause: usize) -> String {
     let mut rng = Rng::derived(seed, STREAM_TITLE, number);
-    let text = &CAUSE_TEXT[cause];
+    let text = cause_text(cause);
     let base = if rng.chance(50) {
-        *rng.pick(text.specific_titles)
+        rng.pick(text.specific_titles)
     } else {
-        *rng.pick(text.vague_titles)
+        rng.pick(text.vague_titles)
     };
     let mut title = base.to_string();
     let names_version = title.contains("rc.") || title.contains("RC");
     if rng.chance(35) && !names_version {
-        let suffix = *rng.pick(AUTH_TITLE_SUFFIXES);
+        let suffix = rng.pick(AUTH_TITLE_SUFFIXES);
         title.push_str(suffix);
     }
     if rng.chance(10) {
@@ -763,7 +797,7 @@ fn blocker_title(seed: u64, number: u64, cause: usize) -> String {
 }
 
 fn blocker(rng: &mut Rng, ctx: &Ctx, slot: &Slot, cause: usize, closed: bool) -> Draft {
-    let text = &CAUSE_TEXT[cause];
+    let text = cause_text(cause);
     let mut title = blocker_title(ctx.seed, slot.number, cause);
     if let Some(original) = slot.dup_of {
         // Reword: a different title for the same problem.
@@ -783,22 +817,24 @@ fn blocker(rng: &mut Rng, ctx: &Ctx, slot: &Slot, cause: usize, closed: bool) ->
         }
     }
 
-    let sentence = *rng.pick(text.sentences);
-    let symptom = *rng.pick(text.symptoms);
-    let steps = *rng.pick(text.steps);
+    let sentence = rng.pick(text.sentences);
+    let symptom = rng.pick(text.symptoms);
+    let steps = rng.pick(text.steps);
     let steps = numbered(steps);
     let picked_logs: Vec<&str> = {
         let k = rng.range(2, text.logs.len().min(5) as u64) as usize;
         let mut idx: Vec<usize> = rng.sample(&(0..text.logs.len()).collect::<Vec<_>>(), k);
         idx.sort_unstable();
-        idx.into_iter().map(|i| text.logs[i]).collect()
+        idx.into_iter()
+            .filter_map(|i| text.logs.get(i).copied())
+            .collect()
     };
     let logs = log_block(rng, ctx, &picked_logs, 2);
     let env = env_block(rng, ctx, Some(true));
     let statement = if slot.unlabelled {
-        *rng.pick(UNLABELLED_BLOCKER_STATEMENTS)
+        rng.pick(UNLABELLED_BLOCKER_STATEMENTS)
     } else {
-        *rng.pick(BLOCKER_STATEMENTS)
+        rng.pick(BLOCKER_STATEMENTS)
     };
     let long = rng.chance(8);
     let cause_late = long && rng.chance(60);
@@ -828,13 +864,13 @@ fn blocker(rng: &mut Rng, ctx: &Ctx, slot: &Slot, cause: usize, closed: bool) ->
             }
             if !inline {
                 let heading =
-                    *rng.pick(&["### Root cause\n\n", "**Analysis:** ", "Edit: found it. "]);
+                    rng.pick(&["### Root cause\n\n", "**Analysis:** ", "Edit: found it. "]);
                 parts.push(format!("{heading}{sentence}"));
             }
             parts.push(statement.to_string());
         }
         1 => {
-            parts.push((*rng.pick(OPENERS)).to_string());
+            parts.push(rng.pick(OPENERS).to_string());
             if cause_late {
                 parts.push(symptom.to_string());
             } else {
@@ -865,7 +901,7 @@ fn blocker(rng: &mut Rng, ctx: &Ctx, slot: &Slot, cause: usize, closed: bool) ->
     }
     maybe_non_ascii(rng, &mut parts, 5);
     if closed {
-        let fix = *rng.pick(text.fix_notes);
+        let fix = rng.pick(text.fix_notes);
         parts.push(rng.pick(CLOSED_NOTES).replace("{fix}", fix));
     }
 
@@ -874,7 +910,7 @@ fn blocker(rng: &mut Rng, ctx: &Ctx, slot: &Slot, cause: usize, closed: bool) ->
         labels.push("release-blocker");
     }
     if slot.unlabelled {
-        labels.push(*rng.pick(&["P1", "P2"]));
+        labels.push(rng.pick(&["P1", "P2"]));
     } else {
         match rng.below(100) {
             0..60 => labels.push("P0"),
@@ -913,11 +949,13 @@ fn blocker(rng: &mut Rng, ctx: &Ctx, slot: &Slot, cause: usize, closed: bool) ->
 
 /// Walks a table by ordinal, marking second passes so repeats read as new
 /// reports rather than copies.
-fn table_entry<T>(table: &'static [T], ctx: &Ctx, slot: &Slot, salt: u64) -> (&'static T, usize) {
-    let offset =
-        (Rng::derived(ctx.seed, STREAM_PLAN, salt).next_u64() % table.len() as u64) as usize;
+/// An empty table gives `T::default()`.
+fn table_entry<T: Copy + Default>(table: &[T], ctx: &Ctx, slot: &Slot, salt: u64) -> (T, usize) {
+    let len = table.len().max(1);
+    let offset = (Rng::derived(ctx.seed, STREAM_PLAN, salt).next_u64() % len as u64) as usize;
     let i = slot.ordinal + offset;
-    (&table[i % table.len()], slot.ordinal / table.len())
+    let entry = table.get(i % len).copied().unwrap_or_default();
+    (entry, slot.ordinal / len)
 }
 
 const REPEAT_SUFFIXES: &[&str] = &[
@@ -938,7 +976,7 @@ fn with_repeat(title: &str, pass: usize, rng: &mut Rng) -> String {
 fn auth_not_blocker(rng: &mut Rng, ctx: &Ctx, slot: &Slot) -> Draft {
     let ((kind, title, para), pass) = table_entry(AUTH_NOT_BLOCKER, ctx, slot, 11);
     let title = with_repeat(title, pass, rng);
-    let mut labels = match *kind {
+    let mut labels = match kind {
         "docs" => vec!["documentation"],
         "feature" => vec!["enhancement"],
         _ => vec!["bug", "P2"],
@@ -946,7 +984,7 @@ fn auth_not_blocker(rng: &mut Rng, ctx: &Ctx, slot: &Slot) -> Draft {
     if rng.chance(85) {
         labels.push("area/auth");
     }
-    if matches!(*kind, "docs" | "cosmetic") && rng.chance(30) {
+    if matches!(kind, "docs" | "cosmetic") && rng.chance(30) {
         labels.push("good first issue");
     }
     if rng.chance(20) {
@@ -955,9 +993,9 @@ fn auth_not_blocker(rng: &mut Rng, ctx: &Ctx, slot: &Slot) -> Draft {
     let body = if rng.chance(5) {
         String::new()
     } else {
-        let mut parts = vec![(*para).to_string()];
-        match *kind {
-            "feature" => parts.push((*rng.pick(FEATURE_MOTIVATIONS)).to_string()),
+        let mut parts = vec![para.to_string()];
+        match kind {
+            "feature" => parts.push(rng.pick(FEATURE_MOTIVATIONS).to_string()),
             "docs" => {}
             _ => {
                 parts.push(format!(
@@ -965,12 +1003,12 @@ fn auth_not_blocker(rng: &mut Rng, ctx: &Ctx, slot: &Slot) -> Draft {
                     env_block(rng, ctx, Some(true))
                 ));
                 parts.push(
-                    (*rng.pick(&[
+                    rng.pick(&[
                         "Not urgent.",
                         "Low priority, just noting it.",
                         "Definitely not a blocker, but worth fixing before GA.",
                         "Nice to have.",
-                    ]))
+                    ])
                     .to_string(),
                 );
             }
@@ -1006,11 +1044,11 @@ fn other_blocker(rng: &mut Rng, ctx: &Ctx, slot: &Slot) -> Draft {
     let area = area_for_label(label);
     let mut parts = Vec::new();
     if rng.chance(40) {
-        parts.push((*rng.pick(OPENERS)).to_string());
+        parts.push(rng.pick(OPENERS).to_string());
     }
-    parts.push((*para).to_string());
+    parts.push(para.to_string());
     if let Some(area) = area {
-        parts.push((*rng.pick(area.details)).to_string());
+        parts.push(rng.pick(area.details).to_string());
         if !area.logs.is_empty() {
             let k = rng.range(1, area.logs.len() as u64) as usize;
             let lines = rng.sample(area.logs, k);
@@ -1022,7 +1060,7 @@ fn other_blocker(rng: &mut Rng, ctx: &Ctx, slot: &Slot) -> Draft {
         }
     }
     parts.push(format!("Environment:\n\n{}", env_block(rng, ctx, None)));
-    parts.push((*rng.pick(OTHER_BLOCKER_STATEMENTS)).to_string());
+    parts.push(rng.pick(OTHER_BLOCKER_STATEMENTS).to_string());
     maybe_non_ascii(rng, &mut parts, 5);
 
     let mut labels = vec!["bug", "release-blocker"];
@@ -1063,19 +1101,19 @@ fn auth_in_passing(rng: &mut Rng, ctx: &Ctx, slot: &Slot) -> Draft {
     let title = with_repeat(title, pass, rng);
     let mut parts = Vec::new();
     if rng.chance(30) {
-        parts.push((*rng.pick(OPENERS)).to_string());
+        parts.push(rng.pick(OPENERS).to_string());
     }
-    parts.push((*para).to_string());
+    parts.push(para.to_string());
     if title.starts_with("Panic in search") || rng.chance(15) {
         parts.push(format!("Trace:\n\n{PASSING_TRACE}"));
     }
     if let Some(area) = area_for_label(label).filter(|_| rng.chance(50)) {
-        parts.push((*rng.pick(area.details)).to_string());
+        parts.push(rng.pick(area.details).to_string());
     }
     parts.push(format!("Environment:\n\n{}", env_block(rng, ctx, None)));
     let blocker = ctx.recent && rng.chance(20);
     if blocker {
-        parts.push((*rng.pick(OTHER_BLOCKER_STATEMENTS)).to_string());
+        parts.push(rng.pick(OTHER_BLOCKER_STATEMENTS).to_string());
     }
     if rng.chance(5) {
         parts.push(long_log(rng, ctx, &[]));
@@ -1123,7 +1161,7 @@ fn legacy(rng: &mut Rng, ctx: &Ctx, slot: &Slot) -> Draft {
     let ((title, para), pass) = table_entry(LEGACY_AUTH, ctx, slot, 14);
     let title = with_repeat(title, pass, rng);
     let blocker = rng.chance(30);
-    let mut parts = vec![(*para).to_string(), (*rng.pick(LEGACY_CONTEXT)).to_string()];
+    let mut parts = vec![para.to_string(), rng.pick(LEGACY_CONTEXT).to_string()];
     if rng.chance(60) {
         let k = rng.range(2, 4) as usize;
         let lines = rng.sample(LEGACY_LOGS, k);
@@ -1134,7 +1172,7 @@ fn legacy(rng: &mut Rng, ctx: &Ctx, slot: &Slot) -> Draft {
         env_block(rng, ctx, Some(false))
     ));
     if blocker {
-        parts.push((*rng.pick(LEGACY_BLOCKER_NOTES)).to_string());
+        parts.push(rng.pick(LEGACY_BLOCKER_NOTES).to_string());
     }
     if rng.chance(5) {
         parts.push(long_log(rng, ctx, LEGACY_LOGS));
@@ -1181,7 +1219,7 @@ fn noisy_false(rng: &mut Rng, ctx: &Ctx, slot: &Slot, auth: bool) -> Draft {
         let env = env_block(rng, ctx, Some(true));
         (
             with_repeat(title, pass, rng),
-            vec![(*para).to_string(), format!("Environment:\n\n{env}")],
+            vec![para.to_string(), format!("Environment:\n\n{env}")],
         )
     } else {
         let ((label, title, para), pass) = table_entry(NOISY_OTHER_TOPICS, ctx, slot, 16);
@@ -1190,19 +1228,19 @@ fn noisy_false(rng: &mut Rng, ctx: &Ctx, slot: &Slot, auth: bool) -> Draft {
         let env = env_block(rng, ctx, None);
         (
             with_repeat(title, pass, rng),
-            vec![(*para).to_string(), format!("Environment:\n\n{env}")],
+            vec![para.to_string(), format!("Environment:\n\n{env}")],
         )
     };
     parts.insert(
         1,
-        (*rng.pick(&[
+        rng.pick(&[
             "Marking as a release blocker until we understand it.",
             "Flagging as blocker for 3.0 just in case.",
             "Adding the release-blocker label so this gets looked at before the RC.",
-        ]))
+        ])
         .to_string(),
     );
-    parts.push((*rng.pick(DOWNGRADE_NOTES)).to_string());
+    parts.push(rng.pick(DOWNGRADE_NOTES).to_string());
     Draft {
         title,
         body: parts.join("\n\n"),
@@ -1245,7 +1283,7 @@ fn filler(rng: &mut Rng, ctx: &Ctx, used_titles: &BTreeSet<String>) -> Draft {
             labels.push("area/ci");
         }
         let bot_index = rng.index(BOTS.len());
-        let title = *rng.pick(BOT_TITLES);
+        let title = rng.pick(BOT_TITLES);
         let body = format!(
             "This issue is maintained automatically.\n\n- generated: {}\n- run: {}\n\n_Do not edit by hand._",
             rfc3339(ctx.created),
@@ -1273,9 +1311,9 @@ fn filler(rng: &mut Rng, ctx: &Ctx, used_titles: &BTreeSet<String>) -> Draft {
     let mut title = String::new();
     for _ in 0..8 {
         title = if kind == 1 {
-            (*rng.pick(area.feature_titles)).to_string()
+            rng.pick(area.feature_titles).to_string()
         } else {
-            let base = *rng.pick(area.bug_titles);
+            let base = rng.pick(area.bug_titles);
             if rng.chance(40) {
                 format!("{base}{}", rng.pick(TITLE_QUALIFIERS))
             } else {
@@ -1318,7 +1356,7 @@ fn filler(rng: &mut Rng, ctx: &Ctx, used_titles: &BTreeSet<String>) -> Draft {
     } else {
         let mut parts = Vec::new();
         if rng.chance(35) {
-            parts.push((*rng.pick(OPENERS)).to_string());
+            parts.push(rng.pick(OPENERS).to_string());
         }
         if kind == 1 {
             parts.push(format!(
@@ -1331,15 +1369,15 @@ fn filler(rng: &mut Rng, ctx: &Ctx, used_titles: &BTreeSet<String>) -> Draft {
             ));
         } else {
             parts.push(format!("{}.", title.trim_end_matches('.')));
-            parts.push((*rng.pick(area.details)).to_string());
+            parts.push(rng.pick(area.details).to_string());
             if rng.chance(60) {
                 let steps = [
-                    format!("Open {}", area_page(area)),
-                    (*rng.pick(&[
+                    format!("Open {}", area_page(&area)),
+                    rng.pick(&[
                         "Do what the title says",
                         "Repeat the action a few times",
                         "Use a workspace with realistic data",
-                    ]))
+                    ])
                     .to_string(),
                     "See the result".to_string(),
                 ];

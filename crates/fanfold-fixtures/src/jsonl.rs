@@ -122,11 +122,11 @@ pub fn write_records(w: &mut impl Write, seed: u64, n: u64) -> std::io::Result<u
         };
 
         msg.clear();
-        let template = *rng.pick(templates);
+        let template = rng.pick(templates);
         fill(&mut rng, &mut msg, template);
-        let service = *rng.pick(SERVICES);
+        let service = rng.pick(SERVICES);
         let user_id = rng.range(1, 250_000);
-        let country = *rng.pick(COUNTRIES);
+        let country = rng.pick(COUNTRIES);
         let mut record = Record {
             id: first_id.wrapping_add(i),
             ts: &ts,

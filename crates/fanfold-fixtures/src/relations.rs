@@ -384,7 +384,7 @@ pub fn generate(seed: u64, count: usize) -> GeneratedRelations {
                     .replace("{pr}", &rng.range(200, 900).to_string())
                     .replace("{minor}", &rng.range(1, 6).to_string()),
             ),
-            Role::ClosedUnfixed => Some((*rng.pick(UNFIXED_NOTES)).to_owned()),
+            Role::ClosedUnfixed => Some(rng.pick(UNFIXED_NOTES).to_owned()),
             Role::OpenPair | Role::Lone => None,
         };
         drafts.push(Draft {
@@ -411,8 +411,7 @@ pub fn generate(seed: u64, count: usize) -> GeneratedRelations {
         }
     }
     let features = count.saturating_sub(drafts.len());
-    for f in 0..features {
-        let title = FEATURES[f % FEATURES.len()];
+    for (f, &title) in FEATURES.iter().cycle().take(features).enumerate() {
         let closed = rng
             .chance(30)
             .then(|| "Closing: shipped in the last release.".to_owned());
@@ -421,10 +420,12 @@ pub fn generate(seed: u64, count: usize) -> GeneratedRelations {
             title: if f < FEATURES.len() {
                 title.to_owned()
             } else {
-                format!(
-                    "{title} ({})",
-                    ["web", "mobile", "desktop"][f / FEATURES.len() % 3]
-                )
+                let platform = match f / FEATURES.len() % 3 {
+                    0 => "web",
+                    1 => "mobile",
+                    _ => "desktop",
+                };
+                format!("{title} ({platform})")
             },
             body: "It would help our team a lot. Is this on the roadmap?".into(),
             closed,

@@ -89,9 +89,11 @@ impl Rng {
         self.below(100) < percent
     }
 
-    /// Only ever called on the static, non-empty word lists of this crate.
-    pub(crate) fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.index(items.len())]
+    /// A uniformly chosen item of `items`. Only ever called on non-empty
+    /// lists; an empty one gives `T::default()`, as `below(0)` gives 0.
+    pub(crate) fn pick<T: Clone + Default>(&mut self, items: &[T]) -> T {
+        let i = self.index(items.len());
+        items.get(i).cloned().unwrap_or_default()
     }
 
     pub(crate) fn shuffle<T>(&mut self, items: &mut [T]) {

@@ -4,7 +4,7 @@ use std::fmt;
 
 use fanfold_model::{BackendError, BackendInfo, CallError, Job, ModelBackend, Request, Usage};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::batch::{
     BatchApi, BatchConfig, BatchHttp, BatchStatus, LineOutcome, invalid_reply, line_error,
@@ -226,20 +226,24 @@ impl Protocol for AnthropicProtocol {
 
     fn body(&self, job: &dyn Job, request: &Request) -> Value {
         let c = &self.config;
-        let mut body = json!({
-            "model": c.model,
-            "max_tokens": request.max_output_tokens,
-            "messages": [{"role": "user", "content": request.suffix}],
-        });
+        let mut body = Map::new();
+        body.insert("model".into(), json!(c.model));
+        body.insert("max_tokens".into(), json!(request.max_output_tokens));
+        body.insert(
+            "messages".into(),
+            json!([{"role": "user", "content": request.suffix}]),
+        );
         if !job.prefix().is_empty() {
-            let mut block = json!({"type": "text", "text": job.prefix()});
+            let mut block = Map::new();
+            block.insert("type".into(), json!("text"));
+            block.insert("text".into(), json!(job.prefix()));
             if c.cache_prefix {
-                block["cache_control"] = json!({"type": "ephemeral"});
+                block.insert("cache_control".into(), json!({"type": "ephemeral"}));
             }
-            body["system"] = json!([block]);
+            body.insert("system".into(), json!([block]));
         }
         if let Some(t) = c.temperature {
-            body["temperature"] = json!(t);
+            body.insert("temperature".into(), json!(t));
         }
         // The job's schema, not the request's: tools come before the system
         // block in the cached prefix, so they must not vary per request.
@@ -248,14 +252,17 @@ impl Protocol for AnthropicProtocol {
         if c.output != OutputMode::Prompt
             && let Some(schema) = schema
         {
-            body["tools"] = json!([{
-                "name": TOOL,
-                "description": "Record the answer. Call this exactly once with the complete answer.",
-                "input_schema": schema,
-            }]);
-            body["tool_choice"] = json!({"type": "tool", "name": TOOL});
+            body.insert(
+                "tools".into(),
+                json!([{
+                    "name": TOOL,
+                    "description": "Record the answer. Call this exactly once with the complete answer.",
+                    "input_schema": schema,
+                }]),
+            );
+            body.insert("tool_choice".into(), json!({"type": "tool", "name": TOOL}));
         }
-        body
+        Value::Object(body)
     }
 
     async fn read(&self, response: reqwest::Response) -> Result<Reply, Fault> {

@@ -239,7 +239,15 @@ impl<P: BatchApi> Transport<P> {
     }
 
     async fn batch_round(&self, job: &dyn Job, cfg: &BatchConfig, requests: Vec<Request>) {
-        let http = self.batch_http();
+        let Some(http) = self.batch_http() else {
+            for request in requests {
+                job.complete(
+                    request,
+                    Err(CallError::Backend("the backend has no endpoint".into())),
+                );
+            }
+            return;
+        };
         let ledger = job.batch_ledger();
         let mut waiting: Waiting = BTreeMap::new();
         let mut fresh: Vec<(String, Value, Request)> = Vec::new();

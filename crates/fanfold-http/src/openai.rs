@@ -6,7 +6,7 @@ use std::fmt;
 use fanfold_model::{BackendError, BackendInfo, CallError, Job, ModelBackend, Request, Usage};
 use futures_util::StreamExt;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::batch::{
     BatchApi, BatchConfig, BatchHttp, BatchStatus, LineOutcome, invalid_reply, line_error,
@@ -257,20 +257,19 @@ impl Protocol for OpenAiProtocol {
             messages.push(json!({"role": "system", "content": job.prefix()}));
         }
         messages.push(json!({"role": "user", "content": request.suffix}));
-        let mut body = json!({
-            "model": c.model,
-            "messages": messages,
-        });
+        let mut body = Map::new();
+        body.insert("model".into(), json!(c.model));
+        body.insert("messages".into(), json!(messages));
         let limit = match c.max_tokens_field {
             MaxTokensField::MaxTokens => "max_tokens",
             MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
         };
-        body[limit] = json!(request.max_output_tokens);
+        body.insert(limit.into(), json!(request.max_output_tokens));
         if let Some(t) = c.temperature {
-            body["temperature"] = json!(t);
+            body.insert("temperature".into(), json!(t));
         }
         if let Some(s) = c.seed {
-            body["seed"] = json!(s);
+            body.insert("seed".into(), json!(s));
         }
         if c.output != OutputMode::Prompt {
             let schema = if c.per_request_schema {
@@ -279,7 +278,7 @@ impl Protocol for OpenAiProtocol {
                 job.output_schema().or(request.schema.as_ref())
             };
             if let Some(schema) = schema {
-                body["response_format"] = if c.output == OutputMode::JsonObject {
+                let format = if c.output == OutputMode::JsonObject {
                     json!({"type": "json_object", "schema": schema})
                 } else {
                     json!({
@@ -287,13 +286,14 @@ impl Protocol for OpenAiProtocol {
                         "json_schema": {"name": SCHEMA_NAME, "schema": schema, "strict": c.strict},
                     })
                 };
+                body.insert("response_format".into(), format);
             }
         }
         if c.stream {
-            body["stream"] = json!(true);
-            body["stream_options"] = json!({"include_usage": true});
+            body.insert("stream".into(), json!(true));
+            body.insert("stream_options".into(), json!({"include_usage": true}));
         }
-        body
+        Value::Object(body)
     }
 
     async fn read(&self, response: reqwest::Response) -> Result<Reply, Fault> {

@@ -444,11 +444,11 @@ impl<P: Protocol> Transport<P> {
     }
 
     /// The primary endpoint's HTTP side, for batch calls: a batch lives at
-    /// one provider account, so pools do not apply.
-    pub(crate) fn batch_http(&self) -> crate::batch::BatchHttp<'_> {
-        // `new` refuses an empty pool, so there is always a first endpoint.
-        let e = &self.endpoints[0];
-        crate::batch::BatchHttp {
+    /// one provider account, so pools do not apply. `new` refuses an empty
+    /// pool, so there is always a first endpoint.
+    pub(crate) fn batch_http(&self) -> Option<crate::batch::BatchHttp<'_>> {
+        let e = self.endpoints.first()?;
+        Some(crate::batch::BatchHttp {
             client: &self.client,
             base: &e.base,
             headers: &e.headers,
@@ -456,7 +456,7 @@ impl<P: Protocol> Transport<P> {
             max_retries: self.cfg.retry.max_retries,
             backoff_base: Duration::from_millis(self.cfg.retry.backoff_base_ms),
             timeout: Duration::from_millis(self.cfg.request_timeout_ms),
-        }
+        })
     }
 
     /// Transport retries per call.

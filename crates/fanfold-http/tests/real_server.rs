@@ -11,7 +11,7 @@
 //! ```
 
 // A failed step should fail the test loudly, right there.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 mod support;
 

@@ -35,7 +35,9 @@ pub fn draft<T: Copy + PartialEq>(
         return opening.iter().take(max).copied().collect();
     }
     for n in (MIN_NGRAM..=MAX_NGRAM.min(out.len())).rev() {
-        let gram = &out[out.len() - n..];
+        let Some(gram) = out.get(out.len() - n..) else {
+            continue;
+        };
         for src in sources {
             if let Some(follows) = last_continuation(src, gram) {
                 return follows.iter().take(max).copied().collect();
@@ -52,10 +54,10 @@ fn last_continuation<'a, T: PartialEq>(src: &'a [T], gram: &[T]) -> Option<&'a [
     if n == 0 || src.len() <= n {
         return None;
     }
-    (0..src.len() - n)
-        .rev()
-        .find(|&i| src[i..i + n] == *gram)
-        .map(|i| &src[i + n..])
+    // A window one longer than the gram has at least one token after it.
+    src.windows(n + 1)
+        .rposition(|w| w.starts_with(gram))
+        .and_then(|i| src.get(i + n..))
 }
 
 #[cfg(test)]

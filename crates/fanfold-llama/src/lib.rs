@@ -436,29 +436,29 @@ impl EmbeddedModel {
                 .collect();
             let mut room =
                 (n_batch as usize).saturating_sub(generating.iter().filter(|g| **g).count());
-            let prompting: Vec<usize> = (0..slots)
-                .filter(|s| state[*s].req.is_some() && !state[*s].pending.is_empty())
-                .collect();
+            let prompting = |s: &Slot| s.req.is_some() && !s.pending.is_empty();
+            let n_prompting = state.iter().filter(|s| prompting(s)).count();
             let mut takes = vec![0usize; slots];
-            if !prompting.is_empty() {
-                let fair = (room / prompting.len()).max(1);
-                for &s in &prompting {
-                    let slot = &state[s];
+            if let Some(share) = room.checked_div(n_prompting) {
+                let fair = share.max(1);
+                for (slot, slot_take) in state.iter().zip(takes.iter_mut()) {
+                    if !prompting(slot) {
+                        continue;
+                    }
                     let mut take = fair.min(room).min(slot.pending.len());
                     if slot.prefix_pending > 0 {
                         take = take.min(slot.prefix_pending);
                     }
-                    takes[s] = take;
+                    *slot_take = take;
                     room -= take;
                 }
             }
-            for (s, slot) in state.iter_mut().enumerate() {
+            let per_slot = generating.iter().zip(&takes);
+            for ((s, slot), (&generates, &take)) in state.iter_mut().enumerate().zip(per_slot) {
                 slot.logits_at = None;
                 slot.draft.clear();
                 let seq = s as i32 + 1;
-                if generating[s]
-                    && let Some(t) = slot.next_input
-                {
+                if generates && let Some(t) = slot.next_input {
                     let _ = batch.add(t, slot.pos, &[seq], true);
                     slot.logits_at = Some(batch.n_tokens() - 1);
                     slot.pos += 1;
@@ -466,7 +466,6 @@ impl EmbeddedModel {
                     room -= add_draft(slot, &mut batch, seq, max, &last_answer);
                     continue;
                 }
-                let take = takes[s];
                 if take == 0 {
                     continue;
                 }

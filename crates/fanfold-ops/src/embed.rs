@@ -215,9 +215,9 @@ impl EmbedStage {
     /// anchor texts, so a reader sees why the unit was kept or dropped.
     pub fn facts(&self, scored: &Scored) -> Value {
         let nearest = |best: Option<(usize, f64)>| {
-            best.map(
-                |(i, s)| serde_json::json!({"text": self.anchors[i].text, "similarity": round4(s)}),
-            )
+            let (i, s) = best?;
+            let anchor = self.anchors.get(i)?;
+            Some(serde_json::json!({"text": anchor.text, "similarity": round4(s)}))
         };
         serde_json::json!({
             "score": round4(scored.score),

@@ -280,7 +280,7 @@ impl SeenKeys {
 /// decimal form (so `7` and `07` stay different ids).
 fn canonical_u64(id: &str) -> Option<u64> {
     let b = id.as_bytes();
-    if b.is_empty() || (b.len() > 1 && b[0] == b'0') || !b.iter().all(u8::is_ascii_digit) {
+    if b.is_empty() || (b.len() > 1 && b.starts_with(b"0")) || !b.iter().all(u8::is_ascii_digit) {
         return None;
     }
     id.parse().ok()
@@ -446,7 +446,7 @@ pub fn partition_reader(
 }
 
 fn line_of(bytes: &[u8], offset: usize) -> u64 {
-    memchr::memchr_iter(b'\n', &bytes[..offset.min(bytes.len())]).count() as u64 + 1
+    memchr::memchr_iter(b'\n', bytes.get(..offset).unwrap_or(bytes)).count() as u64 + 1
 }
 
 fn check_utf8(bytes: &[u8], base: u64, line_base: u64) -> Result<(), PartitionError> {
@@ -465,7 +465,7 @@ fn check_utf8(bytes: &[u8], base: u64, line_base: u64) -> Result<(), PartitionEr
 /// parsed, and editors want an absolute byte offset.
 fn json_error_at(bytes: &[u8], start: usize, e: &serde_json::Error) -> usize {
     let mut line = 1;
-    for (i, b) in bytes[start..].iter().enumerate() {
+    for (i, b) in bytes.iter().skip(start).enumerate() {
         if line == e.line() {
             return start + i + e.column().saturating_sub(1);
         }
@@ -522,7 +522,7 @@ impl<R: BufRead> Window<R> {
     /// The first byte that is not UTF-8 is an error at its source offset;
     /// a character cut by the chunk's end waits for the next read.
     fn validate(&mut self) -> Result<(), PartitionError> {
-        match std::str::from_utf8(&self.buf[self.validated..]) {
+        match std::str::from_utf8(self.buf.get(self.validated..).unwrap_or_default()) {
             Ok(_) => self.validated = self.buf.len(),
             Err(e) if e.error_len().is_none() && !self.eof => self.validated += e.valid_up_to(),
             Err(e) => {
@@ -542,7 +542,10 @@ impl<R: BufRead> Window<R> {
         if at < Self::CHUNK || at * 2 < self.buf.len() {
             return at;
         }
-        self.lines_before += memchr::memchr_iter(b'\n', &self.buf[..at]).count() as u64;
+        let Some(released) = self.buf.get(..at) else {
+            return at;
+        };
+        self.lines_before += memchr::memchr_iter(b'\n', released).count() as u64;
         self.buf.drain(..at);
         self.base += at as u64;
         self.validated -= at;
@@ -551,7 +554,7 @@ impl<R: BufRead> Window<R> {
 
     fn skip_ws(&mut self, mut i: usize) -> Result<usize, PartitionError> {
         loop {
-            while i < self.buf.len() && self.buf[i].is_ascii_whitespace() {
+            while self.buf.get(i).is_some_and(u8::is_ascii_whitespace) {
                 i += 1;
             }
             if i < self.buf.len() || !self.fill()? {
@@ -590,7 +593,7 @@ fn json_array(
     if i == w.buf.len() {
         return Err(PartitionError::Empty);
     }
-    if w.buf[i] != b'[' {
+    if w.buf.get(i) != Some(&b'[') {
         return Err(w.malformed(
             i,
             "expected a JSON array (`[`), the shape `gh ... --json` writes; for one object a line use `type = \"jsonl\"`",
@@ -617,7 +620,9 @@ fn json_array(
                 }
             }
         };
-        let slice = &w.buf[start..end];
+        let Some(slice) = w.buf.get(start..end) else {
+            return Err(w.malformed(start, "an element runs past the read window"));
+        };
         let range = ByteRange {
             start: w.base + start as u64,
             end: w.base + end as u64,
@@ -663,13 +668,15 @@ fn json_array(
 /// escapes are tracked; the value itself is validated by serde afterwards.
 fn scan_value(bytes: &[u8], start: usize) -> Result<usize, (usize, &'static str)> {
     let mut depth = 0usize;
-    let mut i = start;
     let mut in_string = false;
-    while i < bytes.len() {
-        let b = bytes[i];
-        if in_string {
+    // The byte after a backslash in a string is taken as it is.
+    let mut escaped = false;
+    for (i, &b) in bytes.iter().enumerate().skip(start) {
+        if escaped {
+            escaped = false;
+        } else if in_string {
             match b {
-                b'\\' => i += 1,
+                b'\\' => escaped = true,
                 b'"' => {
                     in_string = false;
                     if depth == 0 {
@@ -695,7 +702,6 @@ fn scan_value(bytes: &[u8], start: usize) -> Result<usize, (usize, &'static str)
                 _ => {}
             }
         }
-        i += 1;
     }
     if in_string {
         Err((start, "a string is not closed (truncated input?)"))
@@ -706,12 +712,11 @@ fn scan_value(bytes: &[u8], start: usize) -> Result<usize, (usize, &'static str)
     }
 }
 
-fn trim_line(line: &[u8]) -> &[u8] {
-    let mut end = line.len();
-    while end > 0 && (line[end - 1] == b'\n' || line[end - 1] == b'\r') {
-        end -= 1;
+fn trim_line(mut line: &[u8]) -> &[u8] {
+    while let [rest @ .., b'\n' | b'\r'] = line {
+        line = rest;
     }
-    &line[..end]
+    line
 }
 
 fn csv_rows(
@@ -722,8 +727,10 @@ fn csv_rows(
 ) -> Result<(), PartitionError> {
     let delimiter = match delimiter {
         None => b',',
-        Some(d) if d.len() == 1 => d.as_bytes()[0],
-        Some(d) => return Err(PartitionError::Delimiter(d.to_owned())),
+        Some(d) => match d.as_bytes() {
+            &[b] => b,
+            _ => return Err(PartitionError::Delimiter(d.to_owned())),
+        },
     };
     let mut rdr = csv::ReaderBuilder::new()
         .delimiter(delimiter)
@@ -1209,9 +1216,7 @@ pub mod fast_jsonl {
                 Some(Node::U64(n)) => Shape::Num(Num::from_integral(*n)),
                 Some(Node::I64(n)) => Shape::Num(Num::from_integral(*n)),
                 Some(Node::F64(f)) => Shape::Num(Num::Float(*f)),
-                Some(Node::Str { start, len }) => {
-                    Shape::Str(&self.record.text[*start..*start + *len])
-                }
+                Some(Node::Str { start, len }) => Shape::Str(self.record.bytes(*start, *len)),
                 Some(Node::Arr { .. }) => Shape::Arr,
                 Some(Node::Obj { .. }) => Shape::Obj,
             }
@@ -1450,12 +1455,16 @@ pub mod fast_jsonl {
                     self.eof = true;
                 }
                 // The carried part holds no newline, so only new bytes can.
-                cut = memchr::memrchr(b'\n', &buf[from..]).map(|i| from + i + 1);
+                cut = buf
+                    .get(from..)
+                    .and_then(|new| memchr::memrchr(b'\n', new))
+                    .map(|i| from + i + 1);
             }
             if !self.eof
                 && let Some(cut) = cut
+                && let Some(rest) = buf.get(cut..)
             {
-                self.carry.extend_from_slice(&buf[cut..]);
+                self.carry.extend_from_slice(rest);
                 buf.truncate(cut);
             }
             if buf.is_empty() {
@@ -1542,17 +1551,24 @@ pub mod fast_jsonl {
                 lines: 0,
                 error: None,
             };
+            // `rest` is `data` from `pos` on.
+            let mut rest = data;
             let mut pos = 0;
-            while pos < data.len() {
-                let end = memchr::memchr(b'\n', &data[pos..]).map_or(data.len(), |i| pos + i + 1);
-                let at = pos;
-                pos = end;
+            while !rest.is_empty() {
+                let len = memchr::memchr(b'\n', rest).map_or(rest.len(), |i| i + 1);
+                let (line, tail) = rest.split_at_checked(len).unwrap_or((rest, &[]));
+                rest = tail;
+                let mut at = pos;
+                pos += line.len();
+                let end = pos;
                 out.lines += 1;
-                let mut body = trim_line(&data[at..end]);
+                let mut body = trim_line(line);
                 // A UTF-8 byte order mark before the first line is not data.
-                let mut at = at;
-                if base == 0 && at == 0 && body.starts_with(super::BOM) {
-                    body = &body[super::BOM.len()..];
+                if base == 0
+                    && at == 0
+                    && let Some(after) = body.strip_prefix(super::BOM)
+                {
+                    body = after;
                     at = super::BOM.len();
                 }
                 if body.iter().all(u8::is_ascii_whitespace) {
@@ -1650,9 +1666,14 @@ pub mod fast_jsonl {
             }
         }
 
+        /// The text of a string node; nodes only point into `text`.
+        fn bytes(&self, start: usize, len: usize) -> &[u8] {
+            self.text.get(start..start + len).unwrap_or_default()
+        }
+
         fn str_at(&self, i: usize) -> Option<&[u8]> {
             match self.nodes.get(i) {
-                Some(Node::Str { start, len }) => Some(&self.text[*start..*start + *len]),
+                Some(Node::Str { start, len }) => Some(self.bytes(*start, *len)),
                 _ => None,
             }
         }
@@ -1664,9 +1685,7 @@ pub mod fast_jsonl {
                 Some(Node::U64(n)) => Val::Num(Num::from_integral(*n)),
                 Some(Node::I64(n)) => Val::Num(Num::from_integral(*n)),
                 Some(Node::F64(f)) => Val::Num(Num::Float(*f)),
-                Some(Node::Str { start, len }) => {
-                    Val::utf8_str(self.text[*start..*start + *len].to_vec())
-                }
+                Some(Node::Str { start, len }) => Val::utf8_str(self.bytes(*start, *len).to_vec()),
                 Some(Node::Arr { len, .. }) => {
                     let mut items = Vec::with_capacity(*len);
                     let mut j = i + 1;
@@ -1725,7 +1744,7 @@ pub mod fast_jsonl {
                 },
                 Node::Str { start, len } => {
                     s.bytes.push(b's');
-                    put_bytes(&mut s.bytes, &self.text[start..start + len]);
+                    put_bytes(&mut s.bytes, self.bytes(start, len));
                 }
                 Node::Arr { len, .. } => {
                     s.bytes.push(b'[');
@@ -1749,18 +1768,24 @@ pub mod fast_jsonl {
                         s.fields.push((key, j + 1));
                         j = self.next(j + 1);
                     }
-                    let key = |f: &((usize, usize), usize)| &self.text[f.0.0..f.0.0 + f.0.1];
+                    let key = |f: &((usize, usize), usize)| self.bytes(f.0.0, f.0.1);
                     if i == 0 {
                         self.sort_root_fields(s);
-                    } else {
+                    } else if let Some(fields) = s.fields.get_mut(base..) {
                         // Stable, so a repeated key's occurrences stay in
                         // order and the last one (the value `Value` keeps)
                         // is found.
-                        s.fields[base..].sort_by(|a, b| key(a).cmp(key(b)));
+                        fields.sort_by(|a, b| key(a).cmp(key(b)));
                     }
                     let top = s.fields.len();
+                    // The field at `k` is kept unless the next one repeats
+                    // its key.
                     let kept = |s: &HashScratch, k: usize| {
-                        k + 1 == top || key(&s.fields[k]) != key(&s.fields[k + 1])
+                        k + 1 == top
+                            || match s.fields.get(k..k + 2) {
+                                Some([a, b]) => key(a) != key(b),
+                                _ => true,
+                            }
                     };
                     let distinct = (base..top).filter(|&k| kept(s, k)).count();
                     s.bytes.push(b'o');
@@ -1769,7 +1794,9 @@ pub mod fast_jsonl {
                         if !kept(s, k) {
                             continue;
                         }
-                        let field = s.fields[k];
+                        let Some(&field) = s.fields.get(k) else {
+                            continue;
+                        };
                         s.bytes.push(b's');
                         put_bytes(&mut s.bytes, key(&field));
                         self.encode(field.1, s);
@@ -1785,7 +1812,7 @@ pub mod fast_jsonl {
         /// Lines of one source mostly repeat the previous line's keys in the
         /// same order, so the order found for those keys is reused.
         fn sort_root_fields(&self, s: &mut HashScratch) {
-            let key = |f: &((usize, usize), usize)| &self.text[f.0.0..f.0.0 + f.0.1];
+            let key = |f: &((usize, usize), usize)| self.bytes(f.0.0, f.0.1);
             s.keys.clear();
             for f in &s.fields {
                 put_bytes(&mut s.keys, key(f));
@@ -1795,11 +1822,15 @@ pub mod fast_jsonl {
                 s.root_order.extend(0..s.fields.len());
                 let fields = &s.fields;
                 s.root_order
-                    .sort_by(|&a, &b| key(&fields[a]).cmp(key(&fields[b])));
+                    .sort_by(|&a, &b| fields.get(a).map(key).cmp(&fields.get(b).map(key)));
                 std::mem::swap(&mut s.keys, &mut s.root_keys);
             }
             s.sorted.clear();
-            s.sorted.extend(s.root_order.iter().map(|&k| s.fields[k]));
+            s.sorted.extend(
+                s.root_order
+                    .iter()
+                    .filter_map(|&k| s.fields.get(k).copied()),
+            );
             s.fields.clear();
             s.fields.append(&mut s.sorted);
         }
@@ -1825,7 +1856,7 @@ pub mod fast_jsonl {
         let value = record.root().get(key.as_bytes())?;
         let mut text = Vec::new();
         match record.nodes.get(value.at)? {
-            Node::Str { start, len } => text.extend_from_slice(&record.text[*start..*start + *len]),
+            Node::Str { start, len } => text.extend_from_slice(record.bytes(*start, *len)),
             Node::U64(n) => write_int(false, *n, &mut text),
             Node::I64(n) => write_int(*n < 0, n.unsigned_abs(), &mut text),
             Node::F64(f) => text = serde_json::Number::from_f64(*f)?.to_string().into_bytes(),
@@ -1851,18 +1882,21 @@ pub mod fast_jsonl {
         put_u64(buf, 0);
         text(buf);
         let len = (buf.len() - at - 8) as u64;
-        buf[at..at + 8].copy_from_slice(&len.to_le_bytes());
+        if let Some(slot) = buf.get_mut(at..at + 8) {
+            slot.copy_from_slice(&len.to_le_bytes());
+        }
     }
 
     /// Decimal digits, as `itoa` (which `serde_json::Number` uses) writes
     /// them; u64 arithmetic, as 128-bit division showed in profiles.
     fn write_int(negative: bool, mut m: u64, buf: &mut Vec<u8>) {
+        // u64::MAX has 20 digits.
         let mut digits = [0u8; 20];
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (m % 10) as u8;
+        let mut used = 0;
+        for d in digits.iter_mut().rev() {
+            *d = b'0' + (m % 10) as u8;
             m /= 10;
+            used += 1;
             if m == 0 {
                 break;
             }
@@ -1870,7 +1904,7 @@ pub mod fast_jsonl {
         if negative {
             buf.push(b'-');
         }
-        buf.extend_from_slice(&digits[i..]);
+        buf.extend_from_slice(digits.get(digits.len() - used..).unwrap_or_default());
     }
 
     /// Appends one value to a record.
@@ -1964,7 +1998,9 @@ pub mod fast_jsonl {
                 len += 1;
             }
             let end = self.0.nodes.len();
-            self.0.nodes[at] = Node::Arr { len, end };
+            if let Some(node) = self.0.nodes.get_mut(at) {
+                *node = Node::Arr { len, end };
+            }
             Ok(())
         }
 
@@ -1977,7 +2013,9 @@ pub mod fast_jsonl {
                 len += 1;
             }
             let end = self.0.nodes.len();
-            self.0.nodes[at] = Node::Obj { len, end };
+            if let Some(node) = self.0.nodes.get_mut(at) {
+                *node = Node::Obj { len, end };
+            }
             Ok(())
         }
     }
@@ -2003,7 +2041,12 @@ pub mod fast_jsonl {
             emit: &mut dyn FnMut(FastElement<'_, T>),
         ) -> Result<(), PartitionError> {
             for p in parsed.items {
-                let raw = &data[p.at..p.at + p.bytes.len() as usize];
+                let Some(raw) = data.get(p.at..p.at + p.bytes.len() as usize) else {
+                    return Err(PartitionError::Io(io::Error::other(format!(
+                        "bytes {}..{} lie outside the chunk that was read",
+                        p.bytes.start, p.bytes.end
+                    ))));
+                };
                 emit(self.element(p, raw)?);
             }
             if let Some(mut e) = parsed.error {

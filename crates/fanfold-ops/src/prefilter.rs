@@ -396,7 +396,7 @@ pub mod fast {
                             _ => j += 1,
                         }
                     }
-                    out.push(Tok::Str(b[start..j].to_vec()));
+                    out.push(Tok::Str(b.get(start..j)?.to_vec()));
                     i = j + 1;
                 }
                 b'0'..=b'9' => {

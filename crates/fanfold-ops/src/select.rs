@@ -128,7 +128,7 @@ impl Catalog {
                 let below = match &m.below_floor {
                     Some(name) => {
                         let i = index("below_floor", name)?;
-                        if !matches!(actions[i], Action::Escalate(_) | Action::Abstain) {
+                        if !matches!(actions.get(i), Some(Action::Escalate(_) | Action::Abstain)) {
                             return Err(invalid(format!(
                                 "below_floor `{name}` must be an `escalate` or `abstain` choice: a unit the model is unsure of is not run or excluded on its word"
                             )));

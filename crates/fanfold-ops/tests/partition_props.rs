@@ -17,7 +17,7 @@
 //!   agrees with a JSON array of the same records.
 
 // A failed step should fail the test loudly, right there.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use std::collections::HashSet;
 

@@ -187,7 +187,7 @@ fn answer_ids(
                 .filter(|f| f.status == Status::Positive)
                 .filter_map(|f| {
                     Some((
-                        f.source_ids[0].clone(),
+                        f.source_ids.first()?.clone(),
                         Some(f.facts.pointer(score)?.as_f64()?),
                     ))
                 })
@@ -204,7 +204,7 @@ fn answer_ids(
             let pos: Ranked = facts
                 .iter()
                 .filter(|f| f.status == Status::Positive)
-                .map(|f| (f.source_ids[0].clone(), None))
+                .filter_map(|f| Some((f.source_ids.first()?.clone(), None)))
                 .collect();
             let reached = pos.len() as u64 >= *count;
             (pos, Vec::new(), Some(reached))

@@ -115,8 +115,8 @@ impl Read for ArtifactReader<'_> {
             self.next += 1;
             self.at = 0;
         }
-        let n = buf.len().min(self.current.len() - self.at);
-        buf[..n].copy_from_slice(&self.current[self.at..self.at + n]);
+        let mut rest = self.current.get(self.at..).unwrap_or_default();
+        let n = rest.read(buf)?;
         self.at += n;
         Ok(n)
     }

@@ -373,10 +373,11 @@ fn run_begun(
     stats.truncated_units = facts.iter().filter(|(_, f)| f.truncated_tokens > 0).count() as u64;
 
     // Fold, in source order.
+    let ordinal = |i: usize| routed.table.unit(i).ok().map(|u| u.ordinal);
     facts.sort_by(|(a, fa), (b, fb)| {
-        let oa = routed.table.unit(*a).ordinal;
-        let ob = routed.table.unit(*b).ordinal;
-        oa.cmp(&ob).then_with(|| fa.stage.cmp(&fb.stage))
+        ordinal(*a)
+            .cmp(&ordinal(*b))
+            .then_with(|| fa.stage.cmp(&fb.stage))
     });
     let leaves: Vec<Leaf> = facts.iter().map(|(_, f)| leaf_of(f)).collect();
     let fold = fold_tree(&spec.fold, &leaves, &mut StoreNodes(store));

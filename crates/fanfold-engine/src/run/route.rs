@@ -57,18 +57,28 @@ impl UnitTable {
         self.units.is_empty()
     }
 
-    pub fn unit(&self, i: usize) -> &Unit {
-        &self.units[i]
+    /// The unit at position `i`, one `push` returned.
+    pub fn unit(&self, i: usize) -> Result<&Unit, RunError> {
+        self.units.get(i).ok_or(RunError::NoUnit { index: i })
     }
 
-    pub fn id(&self, i: usize) -> &UnitId {
-        &self.units[i].unit_id
+    pub fn id(&self, i: usize) -> Result<&UnitId, RunError> {
+        Ok(&self.unit(i)?.unit_id)
+    }
+
+    /// The units in table order.
+    pub fn units(&self) -> &[Unit] {
+        &self.units
     }
 
     /// The unit's value. Its text was parsed once already when the source
-    /// was partitioned, so this cannot fail on a unit the table holds.
+    /// was partitioned, so this cannot fail on a unit the table holds; a
+    /// position the table does not hold has none.
     pub fn value(&self, i: usize) -> Value {
-        serde_json::from_slice(&self.json[i]).unwrap_or(Value::Null)
+        self.json
+            .get(i)
+            .and_then(|json| serde_json::from_slice(json).ok())
+            .unwrap_or(Value::Null)
     }
 
     /// Table positions by unit id.

@@ -259,8 +259,8 @@ impl Stage for AuditRunner {
             let hashed: Vec<(usize, ContentHash)> = negatives
                 .units
                 .iter()
-                .map(|&i| (i, ctx.table.unit(i).unit_hash))
-                .collect();
+                .map(|&i| Ok((i, ctx.table.unit(i)?.unit_hash)))
+                .collect::<Result<_, RunError>>()?;
             let order = sample(a.seed, &hashed, self.reads.most);
             let sizes = match a.max_miss_rate {
                 Some(_) => rounds(a.sample, self.reads.most, order.len()),
@@ -269,7 +269,11 @@ impl Stage for AuditRunner {
             let mut judged_to = 0usize;
             let mut audit = None;
             for size in sizes {
-                let round: Vec<usize> = order[judged_to..size].to_vec();
+                // Round sizes never pass the rung's population.
+                let Some(upto) = order.get(..size) else {
+                    break;
+                };
+                let round: Vec<usize> = upto.get(judged_to..).unwrap_or_default().to_vec();
                 judged_to = size;
                 // An empty round (the rung is empty or already whole) loads
                 // no judge.
@@ -284,11 +288,11 @@ impl Stage for AuditRunner {
                 let r = rung_audit(
                     &verdicts,
                     name,
-                    &order[..size],
+                    upto,
                     negatives.population,
                     ctx.table,
                     a.max_miss_rate,
-                );
+                )?;
                 let done = !ran || r.proven != Some(false) || stop.is_some();
                 audit = Some(r);
                 if done {
@@ -297,8 +301,9 @@ impl Stage for AuditRunner {
             }
             if let Some(r) = audit {
                 disagreeing.extend(
-                    order[..r.sampled as usize]
+                    order
                         .iter()
+                        .take(r.sampled as usize)
                         .copied()
                         .filter(|&i| verdicts.status(i, name) == Some(Status::Positive)),
                 );
@@ -352,25 +357,25 @@ fn rung_audit(
     population: u64,
     table: &UnitTable,
     max_miss_rate: Option<f64>,
-) -> RungAudit {
+) -> Result<RungAudit, RunError> {
     let mut judged = 0u64;
     let mut disagreeing = Vec::new();
     for &i in sampled {
         match verdicts.status(i, stage) {
             Some(Status::Positive) => {
                 judged += 1;
-                disagreeing.push(table.id(i).0.clone());
+                disagreeing.push(table.id(i)?.0.clone());
             }
             Some(Status::Negative) => judged += 1,
             _ => {}
         }
     }
     let miss = MissRate::measure(population, judged, disagreeing.len() as u64);
-    RungAudit {
+    Ok(RungAudit {
         proven: max_miss_rate.map(|limit| miss.high <= limit),
         sampled: sampled.len() as u64,
         undecided: sampled.len() as u64 - judged,
         disagreeing,
         miss,
-    }
+    })
 }

@@ -52,7 +52,7 @@ impl Bm25Runner {
         let mut docs = Vec::with_capacity(units.len());
         for &i in units {
             let view = projector
-                .project(table.id(i).as_str(), &table.value(i))
+                .project(table.id(i)?.as_str(), &table.value(i))
                 .map_err(project_err)?;
             docs.push(tokens(&text_of(&view)));
         }
@@ -145,7 +145,7 @@ impl Stage for Bm25Runner {
                 ctx.progress.unit_finished(stage.name(), Status::Positive);
                 continue;
             }
-            let u = ctx.table.unit(i);
+            let u = ctx.table.unit(i)?;
             let status = if kept {
                 Status::Positive
             } else {

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use fanfold_core::spec::{ChunkStageSpec, Execution, Spec};
-use fanfold_core::{ContentHash, Cost, FACT_SCHEMA, FactRecord, StableHash, Status};
+use fanfold_core::{ContentHash, Cost, FACT_SCHEMA, FactRecord, StableHash, Status, Unit};
 use fanfold_ops::chunk::{ChunkStage, Packing};
 use fanfold_ops::view::{INPUT_BUCKET, Projector};
 use fanfold_store::Store;
@@ -77,7 +77,10 @@ impl ChunkRunner {
             .map(|r| {
                 let members: Vec<(&str, ContentHash)> = r
                     .clone()
-                    .filter_map(|k| Some((table.id(*units.get(k)?).as_str(), *inputs.get(k)?)))
+                    .filter_map(|k| {
+                        let id = table.id(*units.get(k)?).ok()?;
+                        Some((id.as_str(), *inputs.get(k)?))
+                    })
                     .collect();
                 self.stage.context_key(&members, model)
             })
@@ -99,7 +102,7 @@ impl ChunkRunner {
         let mut inputs = Vec::with_capacity(units.len());
         let mut bytes = Vec::with_capacity(units.len());
         for &i in units {
-            let id = table.id(i);
+            let id = table.id(i)?;
             let projected = projector
                 .project(id.as_str(), &table.value(i))
                 .map_err(project_err)?;
@@ -184,7 +187,7 @@ impl Stage for ChunkRunner {
             let mut stored = 0;
             for k in range.clone() {
                 let Some(&i) = units.get(k) else { continue };
-                let unit_key = ChunkStage::unit_key(key, table.id(i).as_str());
+                let unit_key = ChunkStage::unit_key(key, table.id(i)?.as_str());
                 if store.get_fact(&unit_key)?.is_some() {
                     stored += 1;
                 }
@@ -218,8 +221,7 @@ impl Stage for ChunkRunner {
         let ledger = ctx.ledger;
         let progress = ctx.progress;
 
-        let fact = |i: usize, key: ContentHash, status: Status| -> FactRecord {
-            let u = table.unit(i);
+        let fact = |u: &Unit, key: ContentHash, status: Status| -> FactRecord {
             FactRecord {
                 schema: FACT_SCHEMA.into(),
                 key,
@@ -242,7 +244,12 @@ impl Stage for ChunkRunner {
                 truncated_tokens: 0,
             }
         };
-        let table_index = |k: usize| units.get(k).copied();
+        // (table position, unit) of the `k`th unit routed here; `layout`
+        // looked every one up already.
+        let table_index = |k: usize| {
+            let i = *units.get(k)?;
+            Some((i, table.unit(i).ok()?))
+        };
 
         // Units no context can hold end here, said plainly: never negative.
         let room = stage.member_bytes_per_context();
@@ -267,10 +274,10 @@ impl Stage for ChunkRunner {
                 )
             }))
         {
-            let (Some(i), Some(input)) = (table_index(k), layout.inputs.get(k)) else {
+            let (Some((i, u)), Some(input)) = (table_index(k), layout.inputs.get(k)) else {
                 continue;
             };
-            let mut f = fact(i, *input, Status::NotRun);
+            let mut f = fact(u, *input, Status::NotRun);
             f.reason = Some(reason);
             ledger.record(i, f, Origin::Derived);
             left_out += 1;
@@ -280,20 +287,19 @@ impl Stage for ChunkRunner {
         let mut pending = Vec::new();
         let mut cached = 0u64;
         for (c, (range, key)) in layout.packing.contexts.iter().zip(&layout.keys).enumerate() {
-            let members: Vec<usize> = range.clone().filter_map(table_index).collect();
+            let members: Vec<(usize, &Unit)> = range.clone().filter_map(table_index).collect();
             let mut stored = Vec::with_capacity(members.len());
-            for &i in &members {
+            for &(i, u) in &members {
                 match ctx
                     .store
-                    .get_fact(&ChunkStage::unit_key(key, table.id(i).as_str()))?
+                    .get_fact(&ChunkStage::unit_key(key, u.unit_id.as_str()))?
                 {
-                    Some(f) => stored.push((i, f)),
+                    Some(f) => stored.push((i, u, f)),
                     None => break,
                 }
             }
             if stored.len() == members.len() {
-                for (i, mut f) in stored {
-                    let u = table.unit(i);
+                for (i, u, mut f) in stored {
                     f.source_ids = vec![u.unit_id.clone()];
                     f.source_hashes = vec![u.unit_hash];
                     ledger.record(i, f, Origin::Cached);
@@ -303,8 +309,8 @@ impl Stage for ChunkRunner {
                 continue;
             }
             ctx.stats.cache_misses += members.len() as u64;
-            let first = members.first().map(|&i| table.id(i).as_str()).unwrap_or("");
-            let last = members.last().map(|&i| table.id(i).as_str()).unwrap_or("");
+            let first = members.first().map_or("", |(_, u)| u.unit_id.as_str());
+            let last = members.last().map_or("", |(_, u)| u.unit_id.as_str());
             pending.push(Pending {
                 index: c,
                 unit_id: format!("{first}..{last}"),
@@ -317,7 +323,7 @@ impl Stage for ChunkRunner {
         ctx.progress
             .stage_started(stage.name(), units.len() as u64, cached + left_out);
 
-        let members_of = |c: usize| -> Vec<usize> {
+        let members_of = |c: usize| -> Vec<(usize, &Unit)> {
             layout
                 .packing
                 .contexts
@@ -331,8 +337,8 @@ impl Stage for ChunkRunner {
             let mut blocks = Vec::new();
             let mut records = Vec::new();
             let mut ids = Vec::new();
-            for i in members_of(c) {
-                let id = table.id(i).as_str();
+            for (i, u) in members_of(c) {
+                let id = u.unit_id.as_str();
                 let projected = projector
                     .project(id, &table.value(i))
                     .unwrap_or(Value::Null);
@@ -371,12 +377,12 @@ impl Stage for ChunkRunner {
                 .and_then(Value::as_array)
                 .map(|l| l.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
-            for (n, i) in members_of(c).into_iter().enumerate() {
+            for (n, (i, u)) in members_of(c).into_iter().enumerate() {
                 if ledger.has(i, stage.name()) {
                     continue;
                 }
-                let id = table.id(i).as_str();
-                let mut f = fact(i, ChunkStage::unit_key(key, id), r.status);
+                let id = u.unit_id.as_str();
+                let mut f = fact(u, ChunkStage::unit_key(key, id), r.status);
                 if r.truncated_tokens > 0 {
                     // The backend cut the context: the records at its end
                     // were never read, so no member's answer is trusted.

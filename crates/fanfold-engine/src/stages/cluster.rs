@@ -397,8 +397,11 @@ impl ClusterRunner {
         let projector = projector(&self.stage.spec).map_err(project_err)?;
         // Facts arrive as their calls finish; the tree is built in source
         // order, so the same facts always make the same contexts.
-        let mut read: Vec<&(usize, FactRecord)> = facts.iter().collect();
-        read.sort_by_key(|(i, _)| table.unit(*i).ordinal);
+        let mut read: Vec<(u64, &FactRecord)> = facts
+            .iter()
+            .map(|(i, f)| Ok((table.unit(*i)?.ordinal, f)))
+            .collect::<Result<_, RunError>>()?;
+        read.sort_by_key(|&(ordinal, _)| ordinal);
         let mut items = Vec::new();
         for (_, f) in read {
             if f.stage != self.stage.spec.reads || !self.stage.reads_status(f.status) {

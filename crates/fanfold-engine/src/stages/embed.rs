@@ -265,14 +265,15 @@ impl Embedders {
             let files = match dir {
                 Some(d) => EmbedderFiles::in_dir(d),
                 None => {
-                    let paths = models::ensure_all(&MINILM_L6_V2, &models::cache_dir(), &|line| {
-                        eprintln!("{line}")
-                    })
-                    .map_err(|e| embed_err(stage, e))?;
+                    let [weights, tokenizer, config] =
+                        models::ensure_each(&MINILM_L6_V2, &models::cache_dir(), &|line| {
+                            eprintln!("{line}")
+                        })
+                        .map_err(|e| embed_err(stage, e))?;
                     EmbedderFiles {
-                        weights: paths[0].clone(),
-                        tokenizer: paths[1].clone(),
-                        config: paths[2].clone(),
+                        weights,
+                        tokenizer,
+                        config,
                     }
                 }
             };
@@ -303,7 +304,7 @@ fn fact_keys(
         .iter()
         .map(|&i| {
             let projected = projector
-                .project(table.id(i).as_str(), &table.value(i))
+                .project(table.id(i)?.as_str(), &table.value(i))
                 .map_err(project_err)?;
             let key = stage.cache_key(projected.key_in(INPUT_BUCKET), model_id);
             Ok((i, key, stage.text(&projected)))
@@ -336,7 +337,7 @@ fn run_stage(
         match store.get_fact(&key)? {
             Some(mut fact) => {
                 out.stats.cached += 1;
-                let u = table.unit(i);
+                let u = table.unit(i)?;
                 fact.source_ids = vec![u.unit_id.clone()];
                 fact.source_hashes = vec![u.unit_hash];
                 decided.push((i, fact, Origin::Cached));
@@ -370,7 +371,7 @@ fn run_stage(
         for ((i, key, _), v) in open.into_iter().zip(unit_vectors) {
             let scored = stage.score(v, anchors);
             let status = stage.decide(&scored);
-            let u = table.unit(i);
+            let u = table.unit(i)?;
             let fact = FactRecord {
                 schema: FACT_SCHEMA.into(),
                 key,
@@ -497,14 +498,21 @@ fn vectors_for(
     for k in &keys {
         vectors.push(store.get_embedding(k)?);
     }
-    let missing: Vec<usize> = (0..texts.len()).filter(|&i| vectors[i].is_none()).collect();
+    // (position, text, key) of each text with no stored vector.
+    let missing: Vec<(usize, &str, ContentHash)> = vectors
+        .iter()
+        .zip(texts.iter().zip(&keys))
+        .enumerate()
+        .filter(|(_, (v, _))| v.is_none())
+        .map(|(i, (_, (&t, &k)))| (i, t, k))
+        .collect();
     stats.vectors_reused += (texts.len() - missing.len()) as u64;
     if !missing.is_empty() {
         let embedder = embedders.get(stage, dir, model_id)?;
         // Stored batch by batch, so a killed run keeps every vector it
         // computed but the last batch's.
         for part in missing.chunks(EMBED_BATCH) {
-            let batch: Vec<&str> = part.iter().map(|&i| texts[i]).collect();
+            let batch: Vec<&str> = part.iter().map(|&(_, t, _)| t).collect();
             let (computed, usage) = embedder.embed(&batch).map_err(|e| embed_err(stage, e))?;
             stats.vectors_computed += computed.len() as u64;
             stats.tokens += usage.tokens;
@@ -512,11 +520,13 @@ fn vectors_for(
             let rows: Vec<_> = part
                 .iter()
                 .zip(&computed)
-                .map(|(&i, v)| (keys[i], v.as_slice()))
+                .map(|(&(_, _, k), v)| (k, v.as_slice()))
                 .collect();
             store.put_embeddings(model_id, &rows)?;
-            for (&i, v) in part.iter().zip(computed) {
-                vectors[i] = Some(v);
+            for (&(i, _, _), v) in part.iter().zip(computed) {
+                if let Some(slot) = vectors.get_mut(i) {
+                    *slot = Some(v);
+                }
             }
         }
     }

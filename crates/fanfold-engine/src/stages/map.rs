@@ -44,13 +44,15 @@ pub(crate) struct UnitViews<'a> {
 impl Views for UnitViews<'_> {
     fn view(&self, i: usize) -> Result<Value, RunError> {
         self.projector
-            .project(self.table.id(i).as_str(), &self.table.value(i))
+            .project(self.table.id(i)?.as_str(), &self.table.value(i))
             .map_err(project_err)
     }
 
     fn cites(&self, i: usize) -> (Vec<UnitId>, Vec<ContentHash>) {
-        let u = self.table.unit(i);
-        (vec![u.unit_id.clone()], vec![u.unit_hash])
+        self.table
+            .unit(i)
+            .map(|u| (vec![u.unit_id.clone()], vec![u.unit_hash]))
+            .unwrap_or_default()
     }
 }
 
@@ -446,7 +448,7 @@ impl MapRunner {
         let mut pending = Vec::new();
         let mut cached = 0u64;
         for &i in &units {
-            let unit = table.unit(i);
+            let unit = table.unit(i)?;
             let value = table.value(i);
             let projected = views.view(i)?;
             let key = stage.cache_key(projected.key_in(INPUT_BUCKET), &model);
@@ -546,10 +548,11 @@ impl MapRunner {
             latency_ms: r.usage.latency_ms,
             calls: u64::from(r.attempts),
         };
-        let make_fact = |i: usize, r: &UnitResult| -> FactRecord {
-            let u = table.unit(i);
+        // `None` only for a position the table does not hold.
+        let make_fact = |i: usize, r: &UnitResult| -> Option<FactRecord> {
             let (source_ids, source_hashes) = views.cites(i);
-            let key = keys.get(&i).copied().unwrap_or(u.unit_hash);
+            // The unit's own hash is cited first.
+            let key = keys.get(&i).or(source_hashes.first()).copied()?;
             let (decision, facts_v, confidence, evidence, choice_scores) = match &r.interpreted {
                 Some(it) => (
                     it.decision.clone(),
@@ -560,7 +563,7 @@ impl MapRunner {
                 ),
                 None => (None, Value::Null, None, Vec::new(), Vec::new()),
             };
-            FactRecord {
+            Some(FactRecord {
                 schema: FACT_SCHEMA.into(),
                 key,
                 source_ids,
@@ -580,7 +583,7 @@ impl MapRunner {
                 attempts: r.attempts,
                 reducer_path: Vec::new(),
                 truncated_tokens: r.truncated_tokens,
-            }
+            })
         };
         let ledger = ctx.ledger;
         let progress = ctx.progress;
@@ -601,18 +604,21 @@ impl MapRunner {
             if ledger.has(i, stage.name()) {
                 return;
             }
-            let fact = make_fact(i, r);
+            let Some(fact) = make_fact(i, r) else {
+                return;
+            };
             // A score above the unit's declared bound voids the pruning
             // proof; the controller stops pruning and the run says so.
             if let (Some(p), Some(&bound)) = (score_pointer, bounds.get(&i))
                 && let Some(score) = fact.facts.pointer(p).and_then(Value::as_f64)
                 && score > bound
+                && let Ok(id) = table.id(i)
             {
                 ledger
                     .controller()
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .bound_violated(table.id(i).as_str(), score, bound);
+                    .bound_violated(id.as_str(), score, bound);
             }
             for &f in followers.get(&i).map(Vec::as_slice).unwrap_or_default() {
                 let mut shared = fact.clone();
@@ -653,7 +659,10 @@ impl MapRunner {
                     ),
                     None => ("", Value::Null),
                 },
-                None => (table.id(i).as_str(), views.view(i).unwrap_or(Value::Null)),
+                None => (
+                    table.id(i).map_or("", |id| id.as_str()),
+                    views.view(i).unwrap_or(Value::Null),
+                ),
             };
             Prompt {
                 suffix: stage.suffix(id, &projected),

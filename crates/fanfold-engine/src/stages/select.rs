@@ -133,7 +133,7 @@ impl SelectRunner {
         let projector = self.projector()?;
         let mut out = Vec::with_capacity(units.len());
         for &i in units {
-            let id = table.id(i).as_str();
+            let id = table.id(i)?.as_str();
             let view = projector
                 .project(id, &table.value(i))
                 .map_err(project_err)?;
@@ -331,7 +331,7 @@ impl Stage for SelectRunner {
         for (i, pick) in self.rule_picks(ctx.table, &units)? {
             let blank = Selection {
                 stage: name.to_owned(),
-                unit_id: ctx.table.id(i).0.clone(),
+                unit_id: ctx.table.id(i)?.0.clone(),
                 choice: String::new(),
                 action: String::new(),
                 decided_by: String::new(),
@@ -455,7 +455,7 @@ impl Stage for SelectRunner {
                 Action::Abstain => Some(Status::Abstain),
             };
             if let Some(status) = status {
-                ended.push((i, self.derived_fact(ctx.table, i, &sel, status, action)));
+                ended.push((i, self.derived_fact(ctx.table, i, &sel, status, action)?));
             }
             report.selections.push((i, sel));
         }
@@ -522,8 +522,8 @@ impl SelectRunner {
         sel: &Selection,
         status: Status,
         action: &Action,
-    ) -> FactRecord {
-        let u = table.unit(i);
+    ) -> Result<FactRecord, RunError> {
+        let u = table.unit(i)?;
         let mut h = StableHasher::new(Bucket::Selection);
         h.field("select", &self.definition);
         h.field("unit", &u.unit_hash);
@@ -535,7 +535,7 @@ impl SelectRunner {
             }
             _ => format!("select `{}` chose `{}`", self.spec.name, sel.choice),
         };
-        FactRecord {
+        Ok(FactRecord {
             schema: FACT_SCHEMA.into(),
             key: h.finish(),
             source_ids: vec![u.unit_id.clone()],
@@ -562,6 +562,6 @@ impl SelectRunner {
             attempts: 0,
             reducer_path: Vec::new(),
             truncated_tokens: 0,
-        }
+        })
     }
 }

@@ -160,16 +160,19 @@ impl WidenRunner {
         embedders: Option<&mut Embedders>,
     ) -> Result<(Grouping, usize), RunError> {
         let all: Vec<usize> = (0..table.len()).collect();
-        let err = |i: usize, detail: String| RunError::Group {
-            stage: self.spec.name.clone(),
-            unit: table.id(i).to_string(),
-            detail,
+        let err = |i: usize, detail: String| match table.id(i) {
+            Ok(id) => RunError::Group {
+                stage: self.spec.name.clone(),
+                unit: id.to_string(),
+                detail,
+            },
+            Err(e) => e,
         };
         let eval = |program: &JqProgram, i: usize| -> Result<Option<Value>, RunError> {
             program
                 .first_json(
                     to_val(&table.value(i)),
-                    Site::new("widen group", table.id(i).as_str()),
+                    Site::new("widen group", table.id(i)?.as_str()),
                 )
                 .map_err(|e| err(i, e.to_string()))
         };
@@ -225,7 +228,7 @@ impl WidenRunner {
         units: &[usize],
     ) -> Result<(HashMap<usize, Vec<usize>>, WidenReport), RunError> {
         let projector = self.judge.projector()?;
-        let ordinals: Vec<u64> = (0..table.len()).map(|i| table.unit(i).ordinal).collect();
+        let ordinals: Vec<u64> = table.units().iter().map(|u| u.ordinal).collect();
         let groups = Groups::new(grouping, &ordinals);
         let mut report = WidenReport {
             group: self.relate.describe(),
@@ -244,10 +247,11 @@ impl WidenRunner {
                     if let Some(&t) = sizes.get(&m) {
                         return Ok(t);
                     }
+                    let id = table.id(m)?.as_str();
                     let view = projector
-                        .project(table.id(m).as_str(), &table.value(m))
+                        .project(id, &table.value(m))
                         .map_err(super::map::project_err)?;
-                    let bytes = view.to_string().len() + table.id(m).as_str().len() + 24;
+                    let bytes = view.to_string().len() + id.len() + 24;
                     let t = (bytes as u64).div_ceil(BYTES_PER_TOKEN);
                     sizes.insert(m, t);
                     Ok(t)
@@ -281,7 +285,7 @@ impl WidenedViews<'_> {
 
     fn project(&self, i: usize) -> Result<Value, RunError> {
         self.projector
-            .project(self.table.id(i).as_str(), &self.table.value(i))
+            .project(self.table.id(i)?.as_str(), &self.table.value(i))
             .map_err(super::map::project_err)
     }
 }
@@ -291,11 +295,12 @@ impl Views for WidenedViews<'_> {
         let members = self
             .members(i)
             .iter()
-            .map(|&m| Ok((self.table.id(m).to_string(), self.project(m)?)))
+            .map(|&m| Ok((self.table.id(m)?.to_string(), self.project(m)?)))
             .collect::<Result<Vec<_>, RunError>>()?;
+        let id = self.table.id(i)?;
         widened_view(self.project(i)?, members).map_err(|e| RunError::Group {
             stage: self.stage.to_owned(),
-            unit: self.table.id(i).to_string(),
+            unit: id.to_string(),
             detail: e.to_string(),
         })
     }
@@ -303,10 +308,8 @@ impl Views for WidenedViews<'_> {
     fn cites(&self, i: usize) -> (Vec<UnitId>, Vec<ContentHash>) {
         std::iter::once(i)
             .chain(self.members(i).iter().copied())
-            .map(|m| {
-                let u = self.table.unit(m);
-                (u.unit_id.clone(), u.unit_hash)
-            })
+            .filter_map(|m| self.table.unit(m).ok())
+            .map(|u| (u.unit_id.clone(), u.unit_hash))
             .unzip()
     }
 }

@@ -894,6 +894,7 @@ pub(super) const CLOSED_NOTES: &[&str] = &[
 ];
 
 /// Filler areas: ordinary bugs and requests that never touch authentication.
+#[derive(Clone, Default)]
 pub(super) struct Area {
     pub name: &'static str,
     pub label: Option<&'static str>,

@@ -2,7 +2,7 @@
 //! 127.0.0.1:0 that speaks just enough of both APIs and injects faults per
 //! unit, plus a raw TCP server that drops every connection unanswered.
 
-#![allow(dead_code)]
+#![allow(dead_code, clippy::indexing_slicing)]
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
