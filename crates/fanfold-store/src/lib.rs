@@ -459,9 +459,7 @@ impl Store {
             .map_err(sql)?;
         // Tables, application id and schema row in one transaction: another
         // process opening the same new file sees none of them or all.
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(sql)?;
+        let tx = conn.transaction().map_err(sql)?;
         tx.execute_batch(SCHEMA).map_err(sql)?;
         if app != APPLICATION_ID {
             tx.pragma_update(None, "application_id", APPLICATION_ID)
@@ -1263,9 +1261,7 @@ impl Store {
         let now = now_ms() as i64;
         let host = this_host();
         let mut conn = self.conn();
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(|e| self.sql(e))?;
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
         let gone: Vec<String> = {
             let mut st = tx
                 .prepare("SELECT run_id, pid FROM runs WHERE finished_ms IS NULL AND host = ?1")

@@ -551,8 +551,10 @@ impl MapRunner {
         // `None` only for a position the table does not hold.
         let make_fact = |i: usize, r: &UnitResult| -> Option<FactRecord> {
             let (source_ids, source_hashes) = views.cites(i);
-            // The unit's own hash is cited first.
-            let key = keys.get(&i).or(source_hashes.first()).copied()?;
+            let key = match keys.get(&i) {
+                Some(key) => *key,
+                None => table.unit(i).ok()?.unit_hash,
+            };
             let (decision, facts_v, confidence, evidence, choice_scores) = match &r.interpreted {
                 Some(it) => (
                     it.decision.clone(),
