@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, anyhow, ensure};
 use fanfold_engine::Plan;
 use fanfold_engine::run::route::Routed;
-use fanfold_llama::{EmbeddedModel, LlamaConfig};
+use fanfold_llama::{Attention, EmbeddedModel, LlamaConfig};
 use fanfold_model::{DecisionField, Request};
 use fanfold_ops::map::MapStage;
 use fanfold_ops::view::Projector;
@@ -132,6 +132,7 @@ struct Setup {
     /// Read the decision from the scores of its values instead of
     /// generating it.
     choice_only: bool,
+    attention: Attention,
 }
 
 fn run_config(
@@ -148,10 +149,12 @@ fn run_config(
         share,
         draft_tokens,
         choice_only,
+        attention,
     } = setup;
     let mut cfg = LlamaConfig::new(model_path.to_owned());
     cfg.share_prefix = share;
     cfg.draft_tokens = draft_tokens;
+    cfg.attention = attention;
     cfg.slot_tokens = 1024;
     let model = EmbeddedModel::load(cfg)?;
     let mut job = QueueJob::new(prefix, reqs.to_vec(), slots).with_schema(schema.clone());
@@ -226,6 +229,35 @@ fn decision_only(stage: &MapStage) -> Result<MapStage> {
         ..stage.spec.clone()
     };
     Ok(MapStage::new(spec, stage.rubric.clone(), schema)?)
+}
+
+/// The prefix sweep's wall time and the slot sweep's throughput, as SVG.
+fn write_sweep_plots(dir: &Path, prefix_sweep: &[Measured], slot_sweep: &[Measured]) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let prefix_svg = dir.join("fabric-prefix-sweep.svg");
+    let points: Vec<(f64, f64)> = prefix_sweep
+        .iter()
+        .map(|m| (m.prefix_tokens as f64, m.wall_s))
+        .collect();
+    std::fs::write(
+        &prefix_svg,
+        svg_chart(
+            "Wall time vs shared prefix length",
+            "prefix tokens",
+            "wall s",
+            &points,
+        ),
+    )?;
+    let slots_svg = dir.join("fabric-slot-sweep.svg");
+    let points: Vec<(f64, f64)> = slot_sweep
+        .iter()
+        .map(|m| (m.slots as f64, m.units_per_s()))
+        .collect();
+    std::fs::write(
+        &slots_svg,
+        svg_chart("Throughput vs slots", "slots", "units/s", &points),
+    )?;
+    Ok(())
 }
 
 /// A line chart as SVG, written by hand to keep the build small.
@@ -315,12 +347,16 @@ pub fn main(args: FabricArgs) -> Result<()> {
     let prefix = stage.prefix();
 
     eprintln!("throughput limit of this machine on this model:");
-    let limit =
-        fanfold_llama::throughput_limit(&model_path, args.slots).map_err(|e| anyhow!("{e}"))?;
-    eprintln!(
-        "  prompt {:.0} tokens/s, batched generation ({} seqs) {:.0} tokens/s",
-        limit.prompt_tps, args.slots, limit.generation_tps
-    );
+    let limit_at = |depth: usize, attention: Attention| {
+        let limit = fanfold_llama::throughput_limit(&model_path, args.slots, depth, attention)
+            .map_err(|e| anyhow!("{e}"))?;
+        eprintln!(
+            "  {attention:?} at depth {depth}: prompt {:.0} tokens/s, batched generation ({} seqs) {:.0} tokens/s",
+            limit.prompt_tps, args.slots, limit.generation_tps
+        );
+        Ok::<_, anyhow::Error>(limit)
+    };
+    let limit = limit_at(0, Attention::PerSequence)?;
 
     // Drafting is measured against the default (off) at this length.
     const DRAFT: usize = 8;
@@ -330,17 +366,32 @@ pub fn main(args: FabricArgs) -> Result<()> {
         share: true,
         draft_tokens: draft,
         choice_only: false,
+        attention: Attention::PerSequence,
     };
     let run = |label: &str, prefix: &str, setup: Setup| {
         run_config(&model_path, label, prefix, schema, measured, None, setup)
     };
     eprintln!("side by side on {} units:", measured.len());
     let shared = run("shared prefix", prefix, base)?;
+    // The limits again at the depth the slots work at: a unit's prompt is
+    // evaluated after the shared prefix, its answer generated after the
+    // prefix and the unit.
+    let depth = shared.prefix_tokens as usize;
+    let deep_limit = limit_at(depth, Attention::PerSequence)?;
+    let unified_limit = limit_at(depth, Attention::UnifiedWithoutFlash)?;
     let drafted = run(
         &format!("shared prefix, drafting {DRAFT} tokens"),
         prefix,
         Setup {
             draft_tokens: DRAFT,
+            ..base
+        },
+    )?;
+    let unified = run(
+        "shared prefix, unified KV, flash attention off",
+        prefix,
+        Setup {
+            attention: Attention::UnifiedWithoutFlash,
             ..base
         },
     )?;
@@ -413,31 +464,10 @@ pub fn main(args: FabricArgs) -> Result<()> {
         )?);
     }
 
-    std::fs::create_dir_all(&args.plot_dir)
-        .with_context(|| format!("creating {}", args.plot_dir.display()))?;
-    let prefix_svg = args.plot_dir.join("fabric-prefix-sweep.svg");
-    let points: Vec<(f64, f64)> = prefix_sweep
-        .iter()
-        .map(|m| (m.prefix_tokens as f64, m.wall_s))
-        .collect();
-    std::fs::write(
-        &prefix_svg,
-        svg_chart(
-            "Wall time vs shared prefix length",
-            "prefix tokens",
-            "wall s",
-            &points,
-        ),
-    )?;
-    let slots_svg = args.plot_dir.join("fabric-slot-sweep.svg");
-    let points: Vec<(f64, f64)> = slot_sweep
-        .iter()
-        .map(|m| (m.slots as f64, m.units_per_s()))
-        .collect();
-    std::fs::write(
-        &slots_svg,
-        svg_chart("Throughput vs slots", "slots", "units/s", &points),
-    )?;
+    // Without sweeps the plots of an earlier run are left as they are.
+    if !args.no_sweeps {
+        write_sweep_plots(&args.plot_dir, &prefix_sweep, &slot_sweep)?;
+    }
 
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -483,7 +513,9 @@ pub fn main(args: FabricArgs) -> Result<()> {
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     let header = "| configuration | slots | prefix tokens | prompt tokens evaluated | prompt tokens reused | generated | wall s | units/s | tokens/s |\n|---|---|---|---|---|---|---|---|---|";
     let _ = writeln!(md, "{header}");
-    for m in [&shared, &drafted, &naive, &single, &decided, &scored] {
+    for m in [
+        &shared, &drafted, &unified, &naive, &single, &decided, &scored,
+    ] {
         let _ = writeln!(md, "{}", row(m));
     }
     let same = drafted
@@ -528,8 +560,11 @@ pub fn main(args: FabricArgs) -> Result<()> {
     );
     // The fastest this work could go here: every prompt token at the
     // prompt limit, every generated token at the batched-generation limit.
-    let ideal_s = shared.prompt_evaluated as f64 / limit.prompt_tps.max(1e-9)
-        + shared.generated as f64 / limit.generation_tps.max(1e-9);
+    let ideal = |m: &Measured, l: &fanfold_llama::ThroughputLimit| {
+        m.prompt_evaluated as f64 / l.prompt_tps.max(1e-9)
+            + m.generated as f64 / l.generation_tps.max(1e-9)
+    };
+    let ideal_s = ideal(&shared, &limit);
     let _ = writeln!(
         md,
         "\nShared vs naive: **{:.2}x** fewer prompt tokens evaluated, **{:.2}x** less wall time. Shared vs one slot: **{:.2}x** less wall time. Aggregate throughput of the shared run: {:.0} tokens/s, **{:.0}%** of the prompt-throughput limit; against the limits for its mix of work ({:.1} s for its prompt tokens at the prompt limit and its generated tokens at the batched-generation limit) it ran at **{:.0}%**.\n",
@@ -543,6 +578,27 @@ pub fn main(args: FabricArgs) -> Result<()> {
         100.0 * ratio(shared.tokens_per_s(), limit.prompt_tps),
         ideal_s,
         100.0 * ratio(ideal_s, shared.wall_s)
+    );
+    let deep_ideal_s = ideal(&shared, &deep_limit);
+    let unified_ideal_s = ideal(&unified, &unified_limit);
+    let same_unified = unified
+        .texts
+        .iter()
+        .filter(|t| shared.texts.contains(t))
+        .count();
+    let _ = writeln!(
+        md,
+        "At the depth the slots work at (the cache already {depth} tokens deep: the shared prefix), the same limits are prompt **{:.0} tokens/s** and batched generation **{:.0} tokens/s**; against those, the shared run's mix of work needs {deep_ideal_s:.1} s and it ran at **{:.0}%**. With one unified KV cache and flash attention off, the limits at that depth are prompt {:.0} tokens/s and generation {:.0} tokens/s; the shared run in that layout took **{:.2}x** the default layout's wall time ({:.1} s against {:.1} s), at {:.0}% of its own limits ({unified_ideal_s:.1} s), with answers byte-identical to the default layout's for **{same_unified} of {}** units.\n",
+        deep_limit.prompt_tps,
+        deep_limit.generation_tps,
+        100.0 * ratio(deep_ideal_s, shared.wall_s),
+        unified_limit.prompt_tps,
+        unified_limit.generation_tps,
+        ratio(unified.wall_s, shared.wall_s),
+        unified.wall_s,
+        shared.wall_s,
+        100.0 * ratio(unified_ideal_s, unified.wall_s),
+        shared.texts.len()
     );
     let key = field.key.as_str();
     let decisions = |m: &Measured| -> Vec<(usize, Option<String>)> {
@@ -575,27 +631,36 @@ pub fn main(args: FabricArgs) -> Result<()> {
         decided.decode_calls,
         by_generation.len()
     );
-    let _ = writeln!(
-        md,
-        "Prefix sweep (few-shot examples in the shared prefix; {} slots): [plot](fabric-prefix-sweep.svg)\n",
-        args.slots
-    );
-    let _ = writeln!(md, "{header}");
-    for m in &prefix_sweep {
-        let _ = writeln!(md, "{}", row(m));
+    if args.no_sweeps {
+        let _ = writeln!(
+            md,
+            "The prefix and slot sweeps were not run (`--no-sweeps`)."
+        );
+    } else {
+        let _ = writeln!(
+            md,
+            "Prefix sweep (few-shot examples in the shared prefix; {} slots): [plot](fabric-prefix-sweep.svg)\n",
+            args.slots
+        );
+        let _ = writeln!(md, "{header}");
+        for m in &prefix_sweep {
+            let _ = writeln!(md, "{}", row(m));
+        }
+        let _ = writeln!(
+            md,
+            "\nSlot sweep (shared prefix): [plot](fabric-slot-sweep.svg)\n"
+        );
+        let _ = writeln!(md, "{header}");
+        for m in &slot_sweep {
+            let _ = writeln!(md, "{}", row(m));
+        }
     }
-    let _ = writeln!(
-        md,
-        "\nSlot sweep (shared prefix): [plot](fabric-slot-sweep.svg)\n"
-    );
-    let _ = writeln!(md, "{header}");
-    for m in &slot_sweep {
-        let _ = writeln!(md, "{}", row(m));
-    }
-    let errors: usize = [&shared, &drafted, &naive, &single, &decided, &scored]
-        .iter()
-        .map(|m| m.errors)
-        .sum::<usize>()
+    let errors: usize = [
+        &shared, &drafted, &unified, &naive, &single, &decided, &scored,
+    ]
+    .iter()
+    .map(|m| m.errors)
+    .sum::<usize>()
         + prefix_sweep
             .iter()
             .chain(&slot_sweep)

@@ -11,9 +11,9 @@
 //! FA=off KVU=1 target/release/examples/kv_probe MODEL.gguf
 //! ```
 //!
-//! `throughput_limit` measures generation at a depth of 512; the fabric's
-//! slots run at the depth of the shared prefix plus the unit, which this
-//! shows the price of. Each figure is one timed batch or 24 steps: run it
+//! `throughput_limit` measures at one depth and layout its caller names
+//! (`bench fabric` takes an empty cache and the shared prefix's depth);
+//! this probe sweeps the depth under more settings. Each figure is one timed batch or 24 steps: run it
 //! several times, alternating settings, on a quiet machine.
 use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
 use llama_cpp_2::llama_backend::LlamaBackend;

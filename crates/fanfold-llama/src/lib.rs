@@ -67,7 +67,35 @@ pub struct LlamaConfig {
     /// drafted token costs about half a decode step to check, about what
     /// the drafts save at the acceptance seen here.
     pub draft_tokens: usize,
+    /// How the slots' keys and values are held and attended.
+    pub attention: Attention,
 }
+
+/// The KV layout and attention kernel of a job's context.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Attention {
+    /// One KV stream per sequence, so a token attends only to its own
+    /// sequence's cells; flash attention as llama.cpp chooses.
+    #[default]
+    PerSequence,
+    /// One KV cache for every sequence, flash attention off: a token's
+    /// attention spans every slot's cells, masked, as one matrix product.
+    UnifiedWithoutFlash,
+}
+
+impl Attention {
+    fn apply(self, params: LlamaContextParams) -> LlamaContextParams {
+        match self {
+            Attention::PerSequence => params.with_kv_unified(false),
+            Attention::UnifiedWithoutFlash => params
+                .with_kv_unified(true)
+                .with_flash_attention_policy(FLASH_ATTENTION_OFF),
+        }
+    }
+}
+
+/// llama.cpp's `LLAMA_FLASH_ATTN_TYPE_DISABLED`.
+const FLASH_ATTENTION_OFF: i32 = 0;
 
 impl LlamaConfig {
     pub fn new(model_path: PathBuf) -> LlamaConfig {
@@ -79,6 +107,7 @@ impl LlamaConfig {
             share_prefix: true,
             model_id: None,
             draft_tokens: 0,
+            attention: Attention::default(),
         }
     }
 }
@@ -272,9 +301,8 @@ impl EmbeddedModel {
         };
         let n_batch = self.cfg.n_batch.max(16);
         let share = self.cfg.share_prefix;
-        // One KV stream per sequence (not one unified cache): a token then
-        // attends only to its own sequence's cells, not to every slot's.
-        // Sequence 0 holds the prefix; forking copies it into a slot's stream.
+        // Sequence 0 holds the prefix; forking copies it into a slot's
+        // cells (its own KV stream, by default).
         let per_seq = prefix.len() as u32 + self.cfg.slot_tokens;
         let n_ctx = (slots as u32 + 1) * per_seq;
         let threads = self.cfg.threads.unwrap_or_else(|| {
@@ -287,9 +315,9 @@ impl EmbeddedModel {
             .with_n_batch(n_batch)
             .with_n_ubatch(n_batch)
             .with_n_seq_max(slots as u32 + 1)
-            .with_kv_unified(false)
             .with_n_threads(threads)
             .with_n_threads_batch(threads);
+        let params = self.cfg.attention.apply(params);
         let mut ctx = self
             .model
             .new_context(backend, params)
@@ -922,7 +950,17 @@ pub struct ThroughputLimit {
     pub generation_tps: f64,
 }
 
-pub fn throughput_limit(model_path: &Path, seqs: usize) -> Result<ThroughputLimit, LlamaError> {
+/// Measures the limits with the KV cache already `depth` tokens deep: one
+/// 512-token prompt batch evaluated at positions `depth..depth + 512`, then
+/// 32 generation steps of `seqs` sequences forked from there. Attention
+/// costs grow with depth, so the limit a run is judged by should be taken
+/// at the depth its slots work at.
+pub fn throughput_limit(
+    model_path: &Path,
+    seqs: usize,
+    depth: usize,
+    attention: Attention,
+) -> Result<ThroughputLimit, LlamaError> {
     const PROMPT: usize = 512;
     const STEPS: usize = 32;
     let backend = backend()?;
@@ -936,32 +974,43 @@ pub fn throughput_limit(model_path: &Path, seqs: usize) -> Result<ThroughputLimi
     let threads = std::thread::available_parallelism()
         .map(|n| n.get() as i32)
         .unwrap_or(2);
-    let per_seq = (PROMPT + STEPS + 16) as u32;
+    let per_seq = (depth + PROMPT + STEPS + 16) as u32;
     let params = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(per_seq * (seqs as u32 + 1)))
         .with_n_batch(PROMPT as u32)
         .with_n_ubatch(PROMPT as u32)
         .with_n_seq_max(seqs as u32 + 1)
-        .with_kv_unified(false)
         .with_n_threads(threads)
         .with_n_threads_batch(threads);
     let mut ctx = model
-        .new_context(backend, params)
+        .new_context(backend, attention.apply(params))
         .map_err(|e| fail(e.to_string()))?;
     let n_vocab = model.n_vocab().max(1000);
     let mut batch = LlamaBatch::new(PROMPT, seqs as i32 + 1);
-    for i in 0..PROMPT {
-        let token = LlamaToken::new(100 + (i as i32 * 37) % (n_vocab - 100));
-        batch
-            .add(token, i as i32, &[0], i + 1 == PROMPT)
-            .map_err(|e| fail(e.to_string()))?;
-    }
-    // One warm-up decode, then the measured one on a cleared cache.
-    ctx.decode(&mut batch).map_err(|e| fail(e.to_string()))?;
+    // Filler prompt tokens for sequence 0 at positions `from..to`.
+    let mut fill = |ctx: &mut LlamaContext<'_>, from: usize, to: usize| {
+        for chunk_start in (from..to).step_by(PROMPT) {
+            batch.clear();
+            let chunk_end = (chunk_start + PROMPT).min(to);
+            for i in chunk_start..chunk_end {
+                let token = LlamaToken::new(100 + (i as i32 * 37) % (n_vocab - 100));
+                batch
+                    .add(token, i as i32, &[0], i + 1 == chunk_end)
+                    .map_err(|e| fail(e.to_string()))?;
+            }
+            ctx.decode(&mut batch).map_err(|e| fail(e.to_string()))?;
+        }
+        Ok::<(), LlamaError>(())
+    };
+    // One warm-up batch, then the measured one on a cleared cache filled
+    // to `depth`.
+    fill(&mut ctx, 0, PROMPT)?;
     ctx.clear_kv_cache();
+    fill(&mut ctx, 0, depth)?;
     let started = Instant::now();
-    ctx.decode(&mut batch).map_err(|e| fail(e.to_string()))?;
+    fill(&mut ctx, depth, depth + PROMPT)?;
     let prompt_tps = PROMPT as f64 / started.elapsed().as_secs_f64();
+    let mut batch = LlamaBatch::new(PROMPT, seqs as i32 + 1);
     for s in 1..=seqs {
         fork(&mut ctx, s as i32).map_err(fail)?;
     }
@@ -972,7 +1021,7 @@ pub fn throughput_limit(model_path: &Path, seqs: usize) -> Result<ThroughputLimi
             batch
                 .add(
                     LlamaToken::new(200 + step as i32),
-                    (PROMPT + step) as i32,
+                    (depth + PROMPT + step) as i32,
                     &[s as i32],
                     true,
                 )
