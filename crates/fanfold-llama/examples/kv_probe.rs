@@ -13,8 +13,9 @@
 //!
 //! `throughput_limit` measures at one depth and layout its caller names
 //! (`bench fabric` takes an empty cache and the shared prefix's depth);
-//! this probe sweeps the depth under more settings. Each figure is one timed batch or 24 steps: run it
-//! several times, alternating settings, on a quiet machine.
+//! this probe sweeps the depth under more settings. Each figure is one
+//! timed batch or 24 steps: run it several times, alternating settings, on
+//! a quiet machine.
 use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;

@@ -29,9 +29,6 @@ use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 
 mod draft;
-mod grammar;
-
-use grammar::schema_to_grammar;
 
 /// Temperature of retries; first attempts are greedy.
 const RETRY_TEMPERATURE: f32 = 0.7;
@@ -254,7 +251,7 @@ impl EmbeddedModel {
     fn grammar(&self, job: &dyn Job) -> Result<Option<String>, BackendError> {
         match job.output_schema() {
             None => Ok(None),
-            Some(schema) => schema_to_grammar(schema)
+            Some(schema) => llama_cpp_2::json_schema_to_grammar(&schema.to_string())
                 .map(Some)
                 .map_err(|e| BackendError::Setup(format!("output schema to grammar: {e}"))),
         }
@@ -417,7 +414,7 @@ impl EmbeddedModel {
                             .schema
                             .as_ref()
                             .filter(|_| opening.is_none())
-                            .and_then(|s| schema_to_grammar(s).ok());
+                            .and_then(|s| llama_cpp_2::json_schema_to_grammar(&s.to_string()).ok());
                         let decoding_grammar = match opening {
                             Some(_) => None,
                             None => unit_grammar.as_ref().or(grammar.as_ref()),
