@@ -55,6 +55,14 @@ impl Measured {
     fn tokens_per_s(&self) -> f64 {
         (self.prompt_evaluated + self.generated) as f64 / self.wall_s.max(1e-9)
     }
+    /// How many of this run's answers are byte-identical to `other`'s for
+    /// the same unit.
+    fn same_answers(&self, other: &Measured) -> usize {
+        self.texts
+            .iter()
+            .filter(|t| other.texts.contains(t))
+            .count()
+    }
 }
 
 /// The example's units and what its prefilter did with them: the same
@@ -518,11 +526,7 @@ pub fn main(args: FabricArgs) -> Result<()> {
     ] {
         let _ = writeln!(md, "{}", row(m));
     }
-    let same = drafted
-        .texts
-        .iter()
-        .filter(|t| shared.texts.contains(t))
-        .count();
+    let same = drafted.same_answers(&shared);
     let _ = writeln!(
         md,
         "\nWhere the shared run's model time went, by decode batch size (tokens evaluated in one call):\n\n| batch tokens | calls | tokens | decode s | ms per token |\n|---|---:|---:|---:|---:|"
@@ -581,11 +585,7 @@ pub fn main(args: FabricArgs) -> Result<()> {
     );
     let deep_ideal_s = ideal(&shared, &deep_limit);
     let unified_ideal_s = ideal(&unified, &unified_limit);
-    let same_unified = unified
-        .texts
-        .iter()
-        .filter(|t| shared.texts.contains(t))
-        .count();
+    let same_unified = unified.same_answers(&shared);
     let _ = writeln!(
         md,
         "At the depth the slots work at (the cache already {depth} tokens deep: the shared prefix), the same limits are prompt **{:.0} tokens/s** and batched generation **{:.0} tokens/s**; against those, the shared run's mix of work needs {deep_ideal_s:.1} s and it ran at **{:.0}%**. With one unified KV cache and flash attention off, the limits at that depth are prompt {:.0} tokens/s and generation {:.0} tokens/s; the shared run in that layout took **{:.2}x** the default layout's wall time ({:.1} s against {:.1} s), at {:.0}% of its own limits ({unified_ideal_s:.1} s), with answers byte-identical to the default layout's for **{same_unified} of {}** units.\n",

@@ -714,7 +714,7 @@ fn spec_schema_is_shipped_and_current() {
 // units and assert structure, never labels.
 
 mod embedded {
-    use fanfold_llama::{EmbeddedModel, LlamaConfig};
+    use fanfold_llama::{Attention, EmbeddedModel, LlamaConfig};
     use fanfold_model::{CallError, Completion, ModelBackend, Request};
     use fanfold_testkit::QueueJob;
     use serde_json::{Value, json};
@@ -724,6 +724,10 @@ mod embedded {
     }
 
     fn model_with(share_prefix: bool, slot_tokens: u32) -> EmbeddedModel {
+        model_in(share_prefix, slot_tokens, Attention::default())
+    }
+
+    fn model_in(share_prefix: bool, slot_tokens: u32, attention: Attention) -> EmbeddedModel {
         let path = fanfold_engine::models::ensure(
             &fanfold_engine::models::SMOLLM2_135M,
             &fanfold_engine::models::cache_dir(),
@@ -733,6 +737,7 @@ mod embedded {
         let mut cfg = LlamaConfig::new(path);
         cfg.share_prefix = share_prefix;
         cfg.slot_tokens = slot_tokens;
+        cfg.attention = attention;
         EmbeddedModel::load(cfg).expect("loads")
     }
 
@@ -912,6 +917,36 @@ mod embedded {
         // Naive evaluates the prefix for every unit; shared evaluates it once.
         assert_eq!(prompt(&b), prompt(&a) + 2 * prefix_len);
         assert!(b.iter().all(|(_, c)| c.usage.cached_tokens == 0));
+    }
+
+    /// One unified KV cache without flash attention changes how attention
+    /// is computed, not what a job is: every unit answers under the schema,
+    /// and the prompt tokens evaluated and reused are the default layout's.
+    #[test]
+    fn the_unified_layout_answers_under_the_same_contract() {
+        let unified = log_job(&LINES[..4], 2, usize::MAX);
+        model_in(true, 768, Attention::UnifiedWithoutFlash)
+            .run(&unified)
+            .expect("runs");
+        let default = log_job(&LINES[..4], 2, usize::MAX);
+        model(true).run(&default).expect("runs");
+        let (a, _) = results(&unified);
+        let (b, _) = results(&default);
+        assert_eq!(a.len(), 4);
+        for (id, c) in &a {
+            let v: Value = serde_json::from_str(&c.text).expect("JSON under the grammar");
+            assert!(
+                matches!(v["decision"].as_str(), Some("yes" | "no")),
+                "{id}: {}",
+                c.text
+            );
+        }
+        let usage = |r: &[(String, Completion)]| {
+            r.iter()
+                .map(|(id, c)| (id.clone(), c.usage.prompt_tokens, c.usage.cached_tokens))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(usage(&a), usage(&b));
     }
 
     /// Drafting changes how many decode steps an answer takes, not the
