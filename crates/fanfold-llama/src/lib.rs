@@ -985,7 +985,7 @@ pub fn throughput_limit(
     let n_vocab = model.n_vocab().max(1000);
     let mut batch = LlamaBatch::new(PROMPT, seqs as i32 + 1);
     // Filler prompt tokens for sequence 0 at positions `from..to`.
-    let mut fill = |ctx: &mut LlamaContext<'_>, from: usize, to: usize| {
+    let fill = |ctx: &mut LlamaContext<'_>, batch: &mut LlamaBatch, from: usize, to: usize| {
         for chunk_start in (from..to).step_by(PROMPT) {
             batch.clear();
             let chunk_end = (chunk_start + PROMPT).min(to);
@@ -995,19 +995,18 @@ pub fn throughput_limit(
                     .add(token, i as i32, &[0], i + 1 == chunk_end)
                     .map_err(|e| fail(e.to_string()))?;
             }
-            ctx.decode(&mut batch).map_err(|e| fail(e.to_string()))?;
+            ctx.decode(batch).map_err(|e| fail(e.to_string()))?;
         }
         Ok::<(), LlamaError>(())
     };
     // One warm-up batch, then the measured one on a cleared cache filled
     // to `depth`.
-    fill(&mut ctx, 0, PROMPT)?;
+    fill(&mut ctx, &mut batch, 0, PROMPT)?;
     ctx.clear_kv_cache();
-    fill(&mut ctx, 0, depth)?;
+    fill(&mut ctx, &mut batch, 0, depth)?;
     let started = Instant::now();
-    fill(&mut ctx, depth, depth + PROMPT)?;
+    fill(&mut ctx, &mut batch, depth, depth + PROMPT)?;
     let prompt_tps = PROMPT as f64 / started.elapsed().as_secs_f64();
-    let mut batch = LlamaBatch::new(PROMPT, seqs as i32 + 1);
     for s in 1..=seqs {
         fork(&mut ctx, s as i32).map_err(fail)?;
     }
