@@ -20,12 +20,21 @@ def causes: [
 ];
 def sentence($re): [(.body // "") | match("[^.\n]*(" + $re + ")[^.\n]*"; "i") | .string] | first;
 # A cluster context (`items` at a `level`) is themed by the first cause
-# its quote names; themes are merged by label.
+# its quote names; themes are merged by label. Each label's first item is
+# its exemplar.
 def theme_of: (.view.quote // "") as $q | ([causes[] | select(.[1] as $re | $q | test($re; "i")) | .[0]] | first) // "other";
-def themes(key; count): [group_by(key)[] | {label: (.[0] | key), members: map(.id), count: count, exemplars: [.[0].id], dissent: []}];
+def position($x): . as $a | first(range($a | length) | select($a[.] == $x));
+def themes(key):
+  . as $items
+  | (map(key) | unique) as $labels
+  | {themes: $labels,
+     assign: (reduce range($items | length) as $n ({};
+       ($items[$n] | key) as $k
+       | . + {($items[$n].id): {
+           theme: (($labels | position($k)) + 1),
+           as: (if any($items[:$n][]; key == $k) then "member" else "exemplar" end)}}))};
 if has("items") and has("level") then
-  if .level == 0 then {themes: (.items | themes(theme_of; length)), outliers: []}
-  else {themes: (.items | themes(.view.theme; map(.facts) | add)), outliers: []} end
+  if .level == 0 then .items | themes(theme_of) else .items | themes(.view.theme) end
 else
 . as $u
 | [causes[] | select(.[1] as $re | $u | text | test($re; "i"))] as $hits

@@ -2930,11 +2930,14 @@ max_attempts = 2
 }
 
 /// Groups facts by their topic, and themes by their label: one theme per
-/// topic, whatever the order or the grouping. `COUNT` is what it says a
-/// theme holds.
-const THEME_BY_TOPIC: &str = r#"def themes(key; COUNT): [group_by(key)[] | {label: (.[0] | key), members: map(.id), count: COUNT, exemplars: [.[0].id], dissent: []}];
-if .level == 0 then {themes: (.items | themes(.view.topic; length)), outliers: []}
-else {themes: (.items | themes(.view.theme; map(.facts) | add)), outliers: []} end"#;
+/// topic, whatever the order or the grouping; each topic's first item is
+/// its exemplar.
+const THEME_BY_TOPIC: &str = r#"def position($x): . as $a | first(range($a | length) | select($a[.] == $x));
+def themes(key): . as $items | (map(key) | unique) as $labels
+  | {themes: $labels, assign: (reduce range($items | length) as $n ({}; ($items[$n] | key) as $k
+      | . + {($items[$n].id): {theme: (($labels | position($k)) + 1),
+                               as: (if any($items[:$n][]; key == $k) then "member" else "exemplar" end)}}))};
+if .level == 0 then .items | themes(.view.topic) else .items | themes(.view.theme) end"#;
 
 fn cluster_of(c: &Value) -> &Value {
     &c["stats"]["clusters"]["themes"]
@@ -3008,15 +3011,15 @@ fn a_cluster_stage_themes_the_facts_and_an_edit_recomputes_only_its_branch() {
 }
 
 #[test]
-fn a_cluster_answer_with_a_wrong_count_or_a_foreign_id_is_an_error_never_a_theme() {
+fn a_cluster_answer_naming_an_unlabelled_theme_or_a_foreign_id_is_an_error_never_a_theme() {
     for (themer, says) in [
         (
-            // Every theme claims one fact more than it holds.
-            r#"{themes: [.items | group_by(.view.topic)[] | {label: .[0].view.topic, members: map(.id), count: (length + 1), exemplars: [], dissent: []}], outliers: []}"#,
-            "its members hold",
+            // Every fact in a second theme that has no label.
+            r#"{themes: ["x"], assign: (.items | map({key: .id, value: {theme: 2, as: "member"}}) | from_entries)}"#,
+            "but 1 were named",
         ),
         (
-            r#"{themes: [{label: "x", members: ["999"], count: 1, exemplars: [], dissent: []}], outliers: []}"#,
+            r#"{themes: ["x"], assign: {"999": {theme: 1, as: "member"}}}"#,
             "not one this context showed",
         ),
     ] {
@@ -3062,7 +3065,7 @@ fn reorder_stress_measures_the_drift_of_theme_memberships_against_a_bound() {
     assert_eq!(s["drift"], 0.0, "{s}");
 
     // A themer that groups by position: its themes move with the order.
-    let by_position = r#"{themes: [.items | to_entries | group_by(.key % 2)[] | map(.value) | {label: "half \(.[0].id)", members: map(.id), count: (map(.facts) | add), exemplars: [], dissent: []}], outliers: []}"#;
+    let by_position = r#"{themes: ["one half", "the other"], assign: (.items | to_entries | map({key: .value.id, value: {theme: (.key % 2 + 1), as: "member"}}) | from_entries)}"#;
     let f = cluster_fixture(stress, by_position, 40);
     let o = f.run(&[]);
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));

@@ -1,17 +1,21 @@
 //! The cluster operator: a model reducer that reads facts, never raw units,
 //! and proposes themes nobody enumerated. Facts are shown `fan_in` at a
-//! time; each context answers with themes (a label, member ids, a count,
-//! exemplars, dissent) and outliers. The themes of one level are the items
-//! of the next, merged `fan_in` at a time, until one context holds them all.
+//! time; each context names up to `max_themes` labels and then places
+//! every item it was shown: in a theme (as a member, an exemplar, or
+//! dissent that contradicts it) or in none (an outlier). The themes of one
+//! level are the items of the next, merged `fan_in` at a time, until one
+//! context holds them all.
 //!
-//! Nothing a model says is taken on trust: every id must be one the context
-//! showed, a fact belongs to at most one theme of a context, and every count
-//! is recounted from the members. An answer that fails any of these is
-//! refused like malformed JSON (retried, then an error of that node). Keys,
-//! prompts, the checks and the level-by-level bookkeeping live here; the
-//! engine runs the calls.
+//! The answer places items rather than listing members, so its shape is
+//! the check: the schema names every id shown exactly once, in order, and
+//! a grammar-constrained model cannot repeat, skip or invent one. Nothing
+//! else is taken on trust: an id the context did not show, an item left
+//! unplaced or a theme number without a label is refused like malformed
+//! JSON (retried, then an error of that node), and every count is
+//! fanfold's own, from the members. Keys, prompts, the checks and the
+//! level-by-level bookkeeping live here; the engine runs the calls.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 
 use fanfold_core::spec::{ClusterStageSpec, DecisionSpec, MapStageSpec};
@@ -22,7 +26,7 @@ use serde_json::{Value, json};
 use crate::map::{Interpreted, Invalid, MapSpecError, MapStage, strip_fences};
 
 /// Version of the context layout below; part of every cluster key.
-pub const CLUSTER_TEMPLATE: &str = "cluster-prompt-v1";
+pub const CLUSTER_TEMPLATE: &str = "cluster-prompt-v2";
 
 /// The most exemplars a theme names.
 pub const MAX_EXEMPLARS: usize = 2;
@@ -63,7 +67,7 @@ pub struct ProposedTheme {
     pub label: String,
     /// Ids of the context's items.
     pub members: Vec<String>,
-    /// The count the model stated; equal to the members' facts.
+    /// The facts its members hold, counted here, never read from a model.
     pub count: u64,
     pub exemplars: Vec<String>,
     pub dissent: Vec<String>,
@@ -167,11 +171,7 @@ impl ClusterStage {
             breaker: None,
             widen: None,
         };
-        let turn = MapStage::new(
-            turn_spec,
-            rubric,
-            output_schema(spec.max_themes, &json!({"type": "string"})),
-        )?;
+        let turn = MapStage::new(turn_spec, rubric, output_schema(spec.max_themes, None))?;
         let mut h = StableHasher::new(Bucket::ClusterDef);
         h.field("name", &spec.name)
             .field("version", &spec.version)
@@ -259,26 +259,29 @@ impl ClusterStage {
         let most = self.spec.max_themes;
         if merging {
             s.push_str(&format!(
-                "\nMerge the themes above that are the same theme into at most {most} themes. `members` lists the ids of the themes merged; `count` is the sum of their facts. A theme that matches no other may stay out of every theme.\n"
+                "\nThe themes above may repeat one another. Name at most {most} themes in `themes`, a short label each. Then place every theme above in `assign`, in the order shown: `theme` is the number of the new theme it belongs to (1 for the first label), or 0 for a theme that matches no other; `as` is `member`, or `exemplar` for the one that shows the new theme best.\n"
             ));
         } else {
             s.push_str(&format!(
-                "\nGroup the facts above into at most {most} themes. `members` lists the ids of a theme's facts and `count` how many there are; `exemplars` names at most {MAX_EXEMPLARS} of its members; `dissent` names facts that contradict it. List facts that fit no theme in `outliers`. A fact belongs to at most one theme.\n"
+                "\nName at most {most} themes in `themes`, a short label each. Then place every fact above in `assign`, in the order shown: `theme` is the number of its theme (1 for the first label), or 0 for a fact that fits no theme; `as` is `member`, `exemplar` for at most {MAX_EXEMPLARS} members that show the theme best, or `dissent` for a fact that speaks of the theme but contradicts it.\n"
             ));
         }
         s
     }
 
-    /// The output schema narrowed to one context: only its ids can be named.
+    /// The output schema narrowed to one context: `assign` holds exactly
+    /// its ids, in the order shown, so a grammar-constrained model can
+    /// neither skip an item, repeat one, nor name one it was not shown.
     pub fn schema_for(&self, items: &[Item]) -> Value {
         let ids: Vec<&str> = items.iter().map(|i| i.id.as_str()).collect();
-        output_schema(self.spec.max_themes, &json!({"enum": ids}))
+        output_schema(self.spec.max_themes, Some(&ids))
     }
 
     /// Reads one context's answer against the items it showed. Refused:
-    /// no JSON, the wrong shape, an id the context did not show, a fact in
-    /// two themes, an exemplar outside its theme, dissent from inside it,
-    /// and a count that is not the members' count of facts.
+    /// no JSON, the wrong shape, an id the context did not show, an item
+    /// it showed left unplaced, a theme number no label was given for, and
+    /// an answer that places nothing in any theme. Counts are never read
+    /// from the model: a theme's count is the facts its members hold.
     pub fn interpret(&self, raw: &str, items: &[Item]) -> Result<Interpreted, Invalid> {
         let answer = self.check(raw, items)?;
         Ok(Interpreted {
@@ -296,117 +299,100 @@ impl ClusterStage {
         let out: Value = serde_json::from_str(strip_fences(raw))
             .map_err(|e| Invalid::MalformedJson(e.to_string()))?;
         let schema = |d: String| Invalid::Schema(d);
-        let by_id: HashMap<&str, &Item> = items.iter().map(|i| (i.id.as_str(), i)).collect();
-        let known = |v: &Value, what: &str| -> Result<String, Invalid> {
-            let id = match v {
-                Value::String(s) => s.clone(),
-                Value::Number(n) => n.to_string(),
-                other => return Err(schema(format!("{what}: {other} is not an id"))),
-            };
-            if by_id.contains_key(id.as_str()) {
-                Ok(id)
-            } else {
-                Err(schema(format!(
-                    "{what}: id {id:?} is not one this context showed"
-                )))
-            }
-        };
-        let ids = |v: Option<&Value>, what: &str| -> Result<Vec<String>, Invalid> {
-            let Some(v) = v else { return Ok(Vec::new()) };
-            let list = v
-                .as_array()
-                .ok_or_else(|| schema(format!("{what} must be an array of ids")))?;
-            let mut out: Vec<String> = Vec::with_capacity(list.len());
-            for v in list {
-                let id = known(v, what)?;
-                if !out.contains(&id) {
-                    out.push(id);
-                }
-            }
-            Ok(out)
-        };
-        let themes = out
+        let labels = out
             .get("themes")
             .and_then(Value::as_array)
-            .ok_or_else(|| schema("`themes` must be an array".into()))?;
-        // An empty answer is the cheapest a model can give and says
-        // nothing: a context of facts proposes at least one theme.
-        if themes.is_empty() {
+            .ok_or_else(|| schema("`themes` must be an array of labels".into()))?;
+        if labels.is_empty() {
             return Err(schema(
                 "no theme proposed: a context proposes at least one".into(),
             ));
         }
-        if themes.len() > self.spec.max_themes {
+        if labels.len() > self.spec.max_themes {
             return Err(schema(format!(
                 "{} themes, more than the {} allowed",
-                themes.len(),
+                labels.len(),
                 self.spec.max_themes
             )));
         }
-        let mut placed: BTreeMap<String, String> = BTreeMap::new();
-        let mut answer = NodeAnswer::default();
-        for t in themes {
-            let label = t
-                .get("label")
-                .and_then(Value::as_str)
+        let mut themes = Vec::with_capacity(labels.len());
+        for l in labels {
+            let label = l
+                .as_str()
                 .map(str::trim)
                 .filter(|l| !l.is_empty())
-                .ok_or_else(|| schema("a theme has no label".into()))?;
-            let label: String = label.chars().take(MAX_LABEL_CHARS).collect();
-            let what = format!("theme {label:?}");
-            let members = ids(t.get("members"), &format!("{what} members"))?;
-            if members.is_empty() {
-                return Err(schema(format!("{what} has no members")));
-            }
-            for m in &members {
-                if let Some(other) = placed.insert(m.clone(), label.clone()) {
-                    return Err(schema(format!(
-                        "{m:?} is a member of both {other:?} and {label:?}"
-                    )));
-                }
-            }
-            let recount: u64 = members
-                .iter()
-                .filter_map(|m| by_id.get(m.as_str()))
-                .map(|i| i.leaves.len() as u64)
-                .sum();
-            let count = t
-                .get("count")
-                .and_then(Value::as_u64)
-                .ok_or_else(|| schema(format!("{what} states no count")))?;
-            if count != recount {
-                return Err(schema(format!(
-                    "{what} states {count} facts, its members hold {recount}"
-                )));
-            }
-            let exemplars = ids(t.get("exemplars"), &format!("{what} exemplars"))?;
-            if let Some(e) = exemplars.iter().find(|e| !members.contains(e)) {
-                return Err(schema(format!(
-                    "{what}: exemplar {e:?} is not one of its members"
-                )));
-            }
-            if exemplars.len() > MAX_EXEMPLARS {
-                return Err(schema(format!(
-                    "{what} names more than {MAX_EXEMPLARS} exemplars"
-                )));
-            }
-            let dissent = ids(t.get("dissent"), &format!("{what} dissent"))?;
-            if let Some(d) = dissent.iter().find(|d| members.contains(d)) {
-                return Err(schema(format!(
-                    "{what}: {d:?} cannot both belong to it and contradict it"
-                )));
-            }
-            answer.themes.push(ProposedTheme {
-                label,
-                members,
-                count,
-                exemplars,
-                dissent,
+                .ok_or_else(|| schema(format!("theme label {l} is not a non-empty string")))?;
+            themes.push(ProposedTheme {
+                label: label.chars().take(MAX_LABEL_CHARS).collect(),
+                members: Vec::new(),
+                count: 0,
+                exemplars: Vec::new(),
+                dissent: Vec::new(),
             });
         }
-        answer.outliers = ids(out.get("outliers"), "outliers")?;
-        if let Some(o) = answer.outliers.iter().find(|o| placed.contains_key(*o)) {
-            return Err(schema(format!("{o:?} is both an outlier and a member")));
+        let assign = out
+            .get("assign")
+            .and_then(Value::as_object)
+            .ok_or_else(|| schema("`assign` must be an object keyed by the ids shown".into()))?;
+        if let Some(foreign) = assign.keys().find(|k| !items.iter().any(|i| &i.id == *k)) {
+            return Err(schema(format!(
+                "assign: id {foreign:?} is not one this context showed"
+            )));
+        }
+        let mut answer = NodeAnswer::default();
+        for item in items {
+            let place = assign
+                .get(&item.id)
+                .ok_or_else(|| schema(format!("assign: {:?} was shown but not placed", item.id)))?;
+            let theme = place
+                .get("theme")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| schema(format!("assign: {:?} has no theme number", item.id)))?;
+            let role = place.get("as").and_then(Value::as_str).unwrap_or("member");
+            if !["member", "exemplar", "dissent"].contains(&role) {
+                return Err(schema(format!(
+                    "assign: {:?} is placed as {role:?}, not member, exemplar or dissent",
+                    item.id
+                )));
+            }
+            let n = themes.len();
+            let Some(index) = theme.checked_sub(1) else {
+                if item.label.is_none() {
+                    answer.outliers.push(item.id.clone());
+                }
+                continue;
+            };
+            let t = usize::try_from(index)
+                .ok()
+                .and_then(|i| themes.get_mut(i))
+                .ok_or_else(|| {
+                    schema(format!(
+                        "assign: {:?} is placed in theme {theme}, but {n} were named",
+                        item.id
+                    ))
+                })?;
+            if role == "dissent" {
+                t.dissent.push(item.id.clone());
+                continue;
+            }
+            // Exemplars are a presentation hint: beyond the first few a
+            // theme's members are simply members.
+            if role == "exemplar" && t.exemplars.len() < MAX_EXEMPLARS {
+                t.exemplars.push(item.id.clone());
+            }
+            t.members.push(item.id.clone());
+            t.count += item.leaves.len() as u64;
+        }
+        // A label no item was placed under is no theme.
+        answer.themes = themes
+            .into_iter()
+            .filter(|t| !t.members.is_empty())
+            .collect();
+        if answer.themes.is_empty() {
+            return Err(schema(
+                "no item placed in any theme: a context proposes at least one theme of one member"
+                    .into(),
+            ));
         }
         Ok(answer)
     }
@@ -517,42 +503,46 @@ impl ClusterStage {
     }
 }
 
-/// The schema of a context's answer; `id` is what an id may be (any
-/// string in the shared prefix, the context's own ids once narrowed).
-fn output_schema(max_themes: usize, id: &Value) -> Value {
-    let ids = |least: usize, most: Option<usize>| {
-        let mut v = json!({"type": "array", "items": id, "uniqueItems": true});
-        if let (true, Some(o)) = (least > 0, v.as_object_mut()) {
-            o.insert("minItems".into(), json!(least));
+/// The schema of a context's answer: up to `max_themes` labels, then every
+/// item's place. `ids` narrows `assign` to one context's ids, all required
+/// in the order shown; without it (the shared prefix) any id may appear.
+fn output_schema(max_themes: usize, ids: Option<&[&str]>) -> Value {
+    let place = json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["theme", "as"],
+        "properties": {
+            "theme": {"enum": (0..=max_themes).collect::<Vec<_>>()},
+            "as": {"enum": ["member", "exemplar", "dissent"]},
         }
-        if let (Some(n), Some(o)) = (most, v.as_object_mut()) {
-            o.insert("maxItems".into(), json!(n));
+    });
+    let assign = match ids {
+        Some(ids) => {
+            let properties: serde_json::Map<String, Value> = ids
+                .iter()
+                .map(|id| ((*id).to_owned(), place.clone()))
+                .collect();
+            json!({
+                "type": "object",
+                "additionalProperties": false,
+                "required": ids,
+                "properties": properties,
+            })
         }
-        v
+        None => json!({"type": "object", "additionalProperties": place}),
     };
     json!({
         "type": "object",
         "additionalProperties": false,
-        "required": ["themes", "outliers"],
+        "required": ["themes", "assign"],
         "properties": {
             "themes": {
                 "type": "array",
                 "minItems": 1,
                 "maxItems": max_themes,
-                "items": {
-                    "type": "object",
-                    "additionalProperties": false,
-                    "required": ["label", "members", "count", "exemplars", "dissent"],
-                    "properties": {
-                        "label": {"type": "string", "minLength": 1, "maxLength": MAX_LABEL_CHARS},
-                        "members": ids(1, None),
-                        "count": {"type": "integer", "minimum": 1},
-                        "exemplars": ids(0, Some(MAX_EXEMPLARS)),
-                        "dissent": ids(0, None),
-                    }
-                }
+                "items": {"type": "string", "minLength": 1, "maxLength": MAX_LABEL_CHARS},
             },
-            "outliers": ids(0, None),
+            "assign": assign,
         }
     })
 }
@@ -651,55 +641,97 @@ mod tests {
     fn an_answer_is_checked_against_what_the_context_showed() {
         let s = stage();
         let items = facts(&["1", "2", "3", "4"]);
+        let place = |theme: u64, role: &str| json!({"theme": theme, "as": role});
         let ok = s
             .check(
-                r#"{"themes": [{"label": "a", "members": ["1", 2], "count": 2, "exemplars": ["1"], "dissent": ["3"]}], "outliers": ["4"]}"#,
+                &json!({"themes": ["a", "never used"], "assign": {
+                    "1": place(1, "exemplar"), "2": place(1, "member"),
+                    "3": place(1, "dissent"), "4": place(0, "member"),
+                }})
+                .to_string(),
                 &items,
             )
             .unwrap();
+        // The unused label is no theme; the count is the members' own.
+        assert_eq!(ok.themes.len(), 1);
         assert_eq!(ok.themes[0].members, vec!["1", "2"]);
+        assert_eq!(ok.themes[0].count, 2);
+        assert_eq!(ok.themes[0].exemplars, vec!["1"]);
+        assert_eq!(ok.themes[0].dissent, vec!["3"]);
         assert_eq!(ok.outliers, vec!["4"]);
+        let all = |theme: u64| {
+            json!({"1": place(theme, "member"), "2": place(theme, "member"),
+                   "3": place(theme, "member"), "4": place(theme, "member")})
+        };
         for (bad, says) in [
             (
-                r#"{"themes": [{"label": "a", "members": ["9"], "count": 1}]}"#,
+                json!({"themes": ["a"], "assign": {"1": place(1, "member"), "9": place(1, "member")}}),
                 "not one this context showed",
             ),
             (
-                r#"{"themes": [{"label": "a", "members": ["1", "2"], "count": 3}]}"#,
-                "states 3 facts, its members hold 2",
+                json!({"themes": ["a"], "assign": {"1": place(1, "member")}}),
+                "\"2\" was shown but not placed",
             ),
             (
-                r#"{"themes": [{"label": "a", "members": ["1"], "count": 1}, {"label": "b", "members": ["1"], "count": 1}]}"#,
-                "member of both",
+                json!({"themes": ["a"], "assign": all(2)}),
+                "placed in theme 2, but 1 were named",
             ),
             (
-                r#"{"themes": [{"label": "a", "members": ["1"], "count": 1, "exemplars": ["2"]}]}"#,
-                "not one of its members",
+                json!({"themes": ["a"], "assign": all(0)}),
+                "no item placed in any theme",
             ),
             (
-                r#"{"themes": [{"label": "a", "members": ["1"], "count": 1, "dissent": ["1"]}]}"#,
-                "both belong to it and contradict it",
-            ),
-            (
-                r#"{"themes": [{"label": "a", "members": ["1"], "count": 1}], "outliers": ["1"]}"#,
-                "both an outlier and a member",
-            ),
-            (
-                r#"{"themes": [{"label": "a", "members": ["1"], "count": 1}, {"label": "b", "members": ["2"], "count": 1}, {"label": "c", "members": ["3"], "count": 1}]}"#,
+                json!({"themes": ["a", "b", "c"], "assign": all(1)}),
                 "more than the 2 allowed",
             ),
+            (json!({"themes": [], "assign": all(1)}), "no theme proposed"),
             (
-                r#"{"themes": [{"members": ["1"], "count": 1}]}"#,
-                "no label",
+                json!({"themes": [" "], "assign": all(1)}),
+                "not a non-empty string",
+            ),
+            (
+                json!({"themes": ["a"], "assign": {"1": place(1, "boss"), "2": place(1, "member"),
+                       "3": place(1, "member"), "4": place(1, "member")}}),
+                "not member, exemplar or dissent",
             ),
         ] {
-            let e = s.check(bad, &items).unwrap_err().to_string();
+            let e = s.check(&bad.to_string(), &items).unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");
         }
         assert!(matches!(
             s.check("some themes", &items),
             Err(Invalid::MalformedJson(_))
         ));
+    }
+
+    #[test]
+    fn the_narrowed_schema_requires_every_id_shown_in_order_and_nothing_else() {
+        let s = stage();
+        let schema = s.schema_for(&facts(&["b", "a"]));
+        let assign = &schema["properties"]["assign"];
+        assert_eq!(assign["required"], json!(["b", "a"]));
+        let keys: Vec<&String> = assign["properties"].as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["b", "a"]);
+        assert_eq!(assign["additionalProperties"], false);
+        assert_eq!(
+            assign["properties"]["a"]["properties"]["theme"]["enum"],
+            json!([0, 1, 2])
+        );
+    }
+
+    #[test]
+    fn exemplars_beyond_the_first_few_are_members() {
+        let s = stage();
+        let items = facts(&["1", "2", "3"]);
+        let e = json!({"theme": 1, "as": "exemplar"});
+        let ok = s
+            .check(
+                &json!({"themes": ["a"], "assign": {"1": e, "2": e, "3": e}}).to_string(),
+                &items,
+            )
+            .unwrap();
+        assert_eq!(ok.themes[0].exemplars, vec!["1", "2"]);
+        assert_eq!(ok.themes[0].members, vec!["1", "2", "3"]);
     }
 
     #[test]
@@ -733,11 +765,22 @@ mod tests {
         assert_eq!((t1.id.as_str(), t1.leaves.len()), ("T1", 3));
         assert_eq!(t1.exemplars, vec!["2"]);
         assert_eq!(t1.dissent, vec!["5"]);
-        // Merging T1 and T2 must state 4 facts, not 2 themes.
-        let merged = r#"{"themes": [{"label": "z", "members": ["T1", "T2"], "count": 2}]}"#;
-        assert!(s.check(merged, &level.items).is_err());
-        let merged = r#"{"themes": [{"label": "z", "members": ["T1", "T2"], "count": 4, "exemplars": ["T1"]}]}"#;
-        let answer = s.check(merged, &level.items).unwrap();
+        // Merging T1 and T2 holds 4 facts, not 2 themes.
+        let merged = json!({"themes": ["z"], "assign": {
+            "T1": {"theme": 1, "as": "exemplar"}, "T2": {"theme": 1, "as": "member"},
+        }});
+        let answer = s.check(&merged.to_string(), &level.items).unwrap();
+        assert_eq!(answer.themes[0].count, 4);
+        // A theme left out of a merge is no outlier: it is carried up.
+        let apart = json!({"themes": ["z"], "assign": {
+            "T1": {"theme": 1, "as": "member"}, "T2": {"theme": 0, "as": "member"},
+        }});
+        assert!(
+            s.check(&apart.to_string(), &level.items)
+                .unwrap()
+                .outliers
+                .is_empty()
+        );
         let key2 = ContentHash::of_bytes(b"m");
         let top = ClusterStage::next_level(&level.items, &[(0..2, key2, Some(answer))]);
         assert_eq!(top.items.len(), 1);
