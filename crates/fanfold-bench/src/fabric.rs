@@ -41,6 +41,11 @@ struct Measured {
     wall_s: f64,
     errors: usize,
     decode_calls: u64,
+    /// Time in decode calls, and choosing tokens under the grammar.
+    decode_us: u64,
+    sample_us: u64,
+    samples: u64,
+    full_vocab_samples: u64,
     drafted: u64,
     accepted: u64,
     by_batch: [fanfold_llama::BatchCost; fanfold_llama::BATCH_BUCKETS.len()],
@@ -189,6 +194,10 @@ fn run_config(
         prefix_tokens: stats.prefix_tokens,
         wall_s,
         decode_calls: stats.decode_calls,
+        decode_us: stats.by_batch.iter().map(|b| b.micros).sum(),
+        sample_us: stats.sample_us,
+        samples: stats.samples,
+        full_vocab_samples: stats.full_vocab_samples,
         drafted: stats.drafted,
         accepted: stats.accepted,
         by_batch: stats.by_batch,
@@ -551,6 +560,20 @@ pub fn main(args: FabricArgs) -> Result<()> {
             cost.ms_per_token()
         );
     }
+    let decode_s = shared.decode_us as f64 / 1e6;
+    let sample_s = shared.sample_us as f64 / 1e6;
+    let share = |x: f64| 100.0 * ratio(x, shared.wall_s);
+    let _ = writeln!(
+        md,
+        "\nThe shared run's wall time by activity: decode calls {decode_s:.1} s ({:.0}%); choosing tokens under the grammar {sample_s:.2} s ({:.1}%: {} tokens chosen, {} of them needing the full vocabulary because the grammar refused the argmax); everything else (prompts, tokenizing, scheduling) {:.1} s ({:.0}%). A faster grammar engine (llama.cpp's `llguidance` sampler) replaces only the choosing, so on this work it could save at most {sample_s:.2} s of {:.1} s.",
+        share(decode_s),
+        share(sample_s),
+        shared.samples,
+        shared.full_vocab_samples,
+        (shared.wall_s - decode_s - sample_s).max(0.0),
+        share((shared.wall_s - decode_s - sample_s).max(0.0)),
+        shared.wall_s
+    );
     let _ = writeln!(
         md,
         "\nDrafting (up to {DRAFT} tokens a step, looked up in the unit and the job's last answer, kept only where greedy decoding agrees; the default is {draft}, off): {} tokens drafted, {} accepted ({:.0}%); {} decode calls against {} without drafting, **{:.2}x** the wall time of the undrafted run. Answers byte-identical to the undrafted run: **{same} of {}**.",
