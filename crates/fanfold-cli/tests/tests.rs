@@ -869,6 +869,12 @@ mod embedded {
             let v: Value =
                 serde_json::from_str(&c.text).unwrap_or_else(|e| panic!("{id}: {e}: {}", c.text));
             assert!(validator.is_valid(&v), "{id}: {}", c.text);
+            // The grammar allows no whitespace between JSON tokens.
+            assert_eq!(
+                serde_json::to_string(&v).ok().as_ref(),
+                Some(&c.text),
+                "{id}"
+            );
             assert!(c.usage.completion_tokens > 0 && c.usage.prompt_tokens > 0);
         }
     }

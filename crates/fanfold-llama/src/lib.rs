@@ -255,7 +255,7 @@ impl EmbeddedModel {
     fn grammar(&self, job: &dyn Job) -> Result<Option<String>, BackendError> {
         match job.output_schema() {
             None => Ok(None),
-            Some(schema) => llama_cpp_2::json_schema_to_grammar(&schema.to_string())
+            Some(schema) => schema_grammar(schema)
                 .map(Some)
                 .map_err(|e| BackendError::Setup(format!("output schema to grammar: {e}"))),
         }
@@ -418,7 +418,7 @@ impl EmbeddedModel {
                             .schema
                             .as_ref()
                             .filter(|_| opening.is_none())
-                            .and_then(|s| llama_cpp_2::json_schema_to_grammar(&s.to_string()).ok());
+                            .and_then(|s| schema_grammar(s).ok());
                         let decoding_grammar = match opening {
                             Some(_) => None,
                             None => unit_grammar.as_ref().or(grammar.as_ref()),
@@ -868,6 +868,35 @@ fn fork(ctx: &mut LlamaContext<'_>, seq: i32) -> Result<(), String> {
 /// at a moderate temperature instead: repeating a greedy answer that failed
 /// validation would fail the same way.
 /// Returns the token and whether the full vocabulary had to be searched.
+/// The grammar of answers valid under `schema`, in compact JSON.
+///
+/// llama.cpp's converter lets whitespace follow every JSON token (its
+/// `space` rule: nothing, a blank, or newlines and an indent), and a small
+/// chat model takes it: it pretty-prints, spending one decode step on each
+/// newline and indent, and every structural token after a value is a
+/// choice between the token and whitespace instead of the only
+/// continuation. Whitespace between JSON tokens carries nothing, so the
+/// grammar allows none; whitespace inside strings is untouched.
+pub fn schema_grammar(schema: &serde_json::Value) -> Result<String, String> {
+    let grammar =
+        llama_cpp_2::json_schema_to_grammar(&schema.to_string()).map_err(|e| e.to_string())?;
+    Ok(compact_json_grammar(&grammar))
+}
+
+/// `grammar` with its `space` rule allowing only the empty string.
+fn compact_json_grammar(grammar: &str) -> String {
+    let mut out = String::with_capacity(grammar.len());
+    for line in grammar.lines() {
+        if line.starts_with("space ::=") {
+            out.push_str("space ::= \"\"");
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
+}
+
 fn sample(
     ctx: &LlamaContext<'_>,
     at: i32,
@@ -1036,4 +1065,36 @@ pub fn throughput_limit(
         prompt_tps,
         generation_tps,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_schema_grammar_allows_no_whitespace_between_json_tokens() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "required": ["decision", "quote"],
+            "properties": {"decision": {"enum": ["yes", "no"]}, "quote": {"type": "string"}}
+        });
+        let grammar = schema_grammar(&schema).unwrap();
+        let space: Vec<&str> = grammar
+            .lines()
+            .filter(|l| l.starts_with("space ::="))
+            .collect();
+        assert_eq!(space, ["space ::= \"\""], "{grammar}");
+        // Every other rule is the converter's own.
+        let original = llama_cpp_2::json_schema_to_grammar(&schema.to_string()).unwrap();
+        assert_eq!(
+            original
+                .lines()
+                .filter(|l| !l.starts_with("space ::="))
+                .count(),
+            grammar
+                .lines()
+                .filter(|l| !l.starts_with("space ::="))
+                .count()
+        );
+    }
 }
