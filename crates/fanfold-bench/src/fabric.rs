@@ -562,6 +562,7 @@ pub fn main(args: FabricArgs) -> Result<()> {
     }
     let decode_s = shared.decode_us as f64 / 1e6;
     let sample_s = shared.sample_us as f64 / 1e6;
+    let rest_s = (shared.wall_s - decode_s - sample_s).max(0.0);
     let share = |x: f64| 100.0 * ratio(x, shared.wall_s);
     let _ = writeln!(
         md,
@@ -570,8 +571,8 @@ pub fn main(args: FabricArgs) -> Result<()> {
         share(sample_s),
         shared.samples,
         shared.full_vocab_samples,
-        (shared.wall_s - decode_s - sample_s).max(0.0),
-        share((shared.wall_s - decode_s - sample_s).max(0.0)),
+        rest_s,
+        share(rest_s),
         shared.wall_s
     );
     let _ = writeln!(
