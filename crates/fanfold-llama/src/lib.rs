@@ -29,6 +29,7 @@ use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 
 mod draft;
+mod grammar;
 
 /// Temperature of retries; first attempts are greedy.
 const RETRY_TEMPERATURE: f32 = 0.7;
@@ -872,8 +873,7 @@ fn fork(ctx: &mut LlamaContext<'_>, seq: i32) -> Result<(), String> {
 /// continuation. Whitespace between JSON tokens carries nothing, so the
 /// grammar allows none; whitespace inside strings is untouched.
 pub fn schema_grammar(schema: &serde_json::Value) -> Result<String, String> {
-    let grammar =
-        llama_cpp_2::json_schema_to_grammar(&schema.to_string()).map_err(|e| e.to_string())?;
+    let grammar = grammar::schema_to_grammar(schema)?;
     Ok(compact_json_grammar(&grammar))
 }
 
@@ -1085,7 +1085,7 @@ mod tests {
             .collect();
         assert_eq!(space, ["space ::= \"\""], "{grammar}");
         // Every other rule is the converter's own.
-        let original = llama_cpp_2::json_schema_to_grammar(&schema.to_string()).unwrap();
+        let original = grammar::schema_to_grammar(&schema).unwrap();
         let others = |g: &str| -> Vec<String> {
             g.lines()
                 .filter(|l| !l.starts_with("space ::="))
