@@ -21,9 +21,11 @@
 //!
 //! Every model strategy reads what the example's prefilter keeps: the
 //! comparison is of what follows the free filter. Quality is scored
-//! against the fixture's oracle, which no run reads, on two halves of the
+//! against the example's oracle, which no run reads, on two halves of the
 //! records split by a seeded hash of the id. Figures from a scripted or
 //! replayed backend are marked [SIMULATED] and make no quality claim.
+//! What the ladder needs of an example beyond its spec is in the
+//! example's `ladder.toml` ([`LadderConfig`]).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -44,8 +46,9 @@ use crate::report::{cpu_model, load_average, utc_date, write_marked_section};
 pub struct LadderArgs {
     pub example: PathBuf,
     pub report: PathBuf,
-    /// Where the measured rows go as JSON, for `fanfold report ladder`.
-    pub json: PathBuf,
+    /// Where the measured rows go as JSON, for `fanfold report ladder`;
+    /// `docs/<name>[-<backend>].json` when absent.
+    pub json: Option<PathBuf>,
     pub slots: usize,
     /// The strategies to run, by name; all when empty.
     pub only: Vec<String>,
@@ -53,12 +56,154 @@ pub struct LadderArgs {
     /// its own.
     pub backend: Option<String>,
     pub split_seed: u64,
+    /// The input file, in place of the spec's.
+    pub input: Option<PathBuf>,
 }
 
-/// The example's stage names the variants are built from.
-const EMBED: &str = "auth_similarity";
-const JUDGE: &str = "auth_blocker";
-const ANSWER: &str = "blockers";
+/// What the ladder needs of an example beyond its spec, from the
+/// `ladder.toml` beside it: the stages the variants are built from, the
+/// BM25 query, the deterministic candidates and where the oracle is.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LadderConfig {
+    /// The report's section in `docs/benchmarks.md` and the rows' file
+    /// name in `docs/` (`-<backend>` appended for another backend).
+    pub name: String,
+    /// What one unit is called in the report, singular and plural.
+    pub unit: String,
+    pub units: String,
+    /// The embedding rung, the model judge (a map stage) and the reducer
+    /// whose set is the answer.
+    pub embed: String,
+    pub judge: String,
+    pub answer: String,
+    /// The BM25 rung's query: the question and the rubric's key terms.
+    pub bm25_query: String,
+    /// The last prefilter rule the deterministic strategy may add: a unit
+    /// is kept only when `keep` holds. Chosen on the development split.
+    pub candidates: Vec<Candidate>,
+    pub oracle: OracleSource,
+    /// A caveat the report states under the table, in the example's words.
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Candidate {
+    pub label: String,
+    pub keep: String,
+}
+
+/// Where the true answer is, read by the scorer alone.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OracleSource {
+    /// A JSON file beside the example; `pointer` names the array of the
+    /// answer's unit ids.
+    Ids { file: PathBuf, pointer: String },
+    /// A column of the CSV input: the rows whose value is not `negative`
+    /// are the answer, keyed by the spec's partition key. No strategy may
+    /// read the column: the ladder refuses a spec or a candidate that names
+    /// it.
+    Column { column: String, negative: String },
+}
+
+impl LadderConfig {
+    pub fn read(example: &Path) -> Result<Self> {
+        let path = example.join("ladder.toml");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("{}", path.display()))
+    }
+}
+
+/// The answer's unit ids, from the oracle alone.
+fn read_truth(
+    cfg: &LadderConfig,
+    example: &Path,
+    spec: &Spec,
+    spec_text: &str,
+) -> Result<BTreeSet<String>> {
+    match &cfg.oracle {
+        OracleSource::Ids { file, pointer } => {
+            let path = example.join(file);
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("parsing {}", path.display()))?;
+            let ids = v
+                .pointer(pointer)
+                .and_then(serde_json::Value::as_array)
+                .ok_or_else(|| anyhow!("{}: no array at {pointer}", path.display()))?;
+            ids.iter()
+                .map(|id| match id {
+                    serde_json::Value::String(s) => Ok(s.clone()),
+                    serde_json::Value::Number(n) => Ok(n.to_string()),
+                    other => Err(anyhow!("{}: {pointer} holds {other}", path.display())),
+                })
+                .collect()
+        }
+        OracleSource::Column { column, negative } => {
+            let leaks = spec_text.contains(column.as_str())
+                || cfg.bm25_query.contains(column.as_str())
+                || cfg
+                    .candidates
+                    .iter()
+                    .any(|c| c.keep.contains(column.as_str()));
+            if leaks {
+                bail!(
+                    "the oracle's column `{column}` is named in the spec, the BM25 query or a candidate: a strategy could read the answer"
+                );
+            }
+            let fanfold_core::spec::PartitionSpec::Csv { key, delimiter, .. } =
+                &spec.input.partition
+            else {
+                bail!("a column oracle needs a csv input");
+            };
+            let key = key
+                .as_deref()
+                .ok_or_else(|| anyhow!("a column oracle needs the csv partition's `key`"))?;
+            let path = example.join(
+                spec.input
+                    .path
+                    .as_deref()
+                    .ok_or_else(|| anyhow!("no input file: pass --input"))?,
+            );
+            let delimiter = match delimiter.as_deref().map(str::as_bytes) {
+                None => b',',
+                Some([d]) => *d,
+                Some(_) => bail!("the csv delimiter must be one byte"),
+            };
+            let mut reader = csv::ReaderBuilder::new()
+                .delimiter(delimiter)
+                .from_path(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let headers = reader
+                .headers()
+                .with_context(|| format!("{}: header row", path.display()))?
+                .clone();
+            let at = |name: &str| {
+                headers
+                    .iter()
+                    .position(|h| h == name)
+                    .ok_or_else(|| anyhow!("{}: no column `{name}`", path.display()))
+            };
+            let (key_at, label_at) = (at(key)?, at(column)?);
+            let mut truth = BTreeSet::new();
+            for (n, row) in reader.records().enumerate() {
+                let row = row.with_context(|| format!("{}: row {}", path.display(), n + 2))?;
+                let (Some(id), Some(label)) = (row.get(key_at), row.get(label_at)) else {
+                    bail!("{}: row {} is short", path.display(), n + 2);
+                };
+                if label != negative {
+                    truth.insert(id.to_owned());
+                }
+            }
+            Ok(truth)
+        }
+    }
+}
 
 /// Every strategy, in the order the report lists them.
 pub const STRATEGIES: [&str; 10] = [
@@ -74,39 +219,16 @@ pub const STRATEGIES: [&str; 10] = [
     "adaptive",
 ];
 
-/// The BM25 rung's stage, its query (the question and the rubric's key
-/// terms), and the development recall its cut-off must keep.
+/// The BM25 rung's stage, and the development recall its cut-off must
+/// keep.
 const BM25: &str = "keyword_rank";
-const BM25_QUERY: &str = "release blocker 3.0 new authentication path auth/v2 new_auth_path OIDC SSO login token refresh session cookie redirect";
 const BM25_RECALL: f64 = 0.95;
-/// The share of the development split's blockers the embedding top-k
+/// The share of the development split's positives the embedding top-k
 /// keeps, which sets its k.
 const TOP_K_RECALL: f64 = 0.95;
 
 /// The embedded model's context window: SmolLM2's trained length.
 const WINDOW_TOKENS: u64 = 8192;
-
-/// The last prefilter rule the deterministic strategy may add, by name: a
-/// unit is kept only when the expression holds.
-const CANDIDATES: [(&str, &str); 5] = [
-    ("the example's prefilter alone", "true"),
-    (
-        "+ the release-blocker label",
-        r#"any((.labels // [])[]; .name == "release-blocker")"#,
-    ),
-    (
-        "+ words of the new path",
-        r#"((.title // "") + " " + (.body // "")) | test("auth/v2|new_auth_path|OIDC|new login"; "i")"#,
-    ),
-    (
-        "+ label and words of the new path",
-        r#"any((.labels // [])[]; .name == "release-blocker") and (((.title // "") + " " + (.body // "")) | test("auth/v2|new_auth_path|OIDC|new login"; "i"))"#,
-    ),
-    (
-        "+ (label or blocking prose) and new path, not legacy, not downgraded",
-        r#"((.title // "") + " " + (.body // "")) as $t | (any((.labels // [])[]; .name == "release-blocker") or ($t | test("block(s|ing)? (the )?3\\.0|release blocker"; "i"))) and ($t | test("auth/v2|new_auth_path|OIDC|new login"; "i")) and ($t | test("auth/v1|LDAP|not a (release )?blocker|downgrading"; "i") | not)"#,
-    ),
-];
 
 /// Precision, recall and the misses on one half of the records.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -151,6 +273,17 @@ pub struct Row {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Ladder {
     pub example: String,
+    /// What the records are called, how many the input holds, and how
+    /// many of them the oracle's answer holds.
+    #[serde(default)]
+    pub units: String,
+    #[serde(default)]
+    pub records: usize,
+    #[serde(default)]
+    pub positives: usize,
+    /// The example's caveat (`ladder.toml`'s `note`).
+    #[serde(default)]
+    pub note: Option<String>,
     pub date: String,
     pub cores: usize,
     pub cpu: String,
@@ -229,9 +362,24 @@ pub fn main(args: &LadderArgs) -> Result<()> {
     let spec_path = args.example.join("spec.toml");
     let text = std::fs::read_to_string(&spec_path)
         .with_context(|| format!("reading {}", spec_path.display()))?;
-    let base = Spec::from_toml(&text).map_err(|e| anyhow!("{}: {e}", spec_path.display()))?;
-    let oracle = crate::selfcheck::read_oracle(&args.example.join("oracle.json"))?;
-    let truth: BTreeSet<String> = oracle.blocker_ids.iter().map(u64::to_string).collect();
+    let mut base = Spec::from_toml(&text).map_err(|e| anyhow!("{}: {e}", spec_path.display()))?;
+    if let Some(input) = &args.input {
+        // Data kept outside the project (its licence may forbid a copy).
+        let input =
+            std::path::absolute(input).with_context(|| format!("resolving {}", input.display()))?;
+        base.input.path = Some(input.display().to_string());
+    }
+    let cfg = LadderConfig::read(&args.example)?;
+    let truth = read_truth(&cfg, &args.example, &base, &text)?;
+    let ctx = Example {
+        cfg: &cfg,
+        base: &base,
+        spec_path: &spec_path,
+        dir: &args.example,
+        truth: &truth,
+        seed: args.split_seed,
+    };
+    let records = ctx.records()?;
     for name in &args.only {
         if !STRATEGIES.contains(&name.as_str()) {
             bail!("no strategy `{name}`; known: {}", STRATEGIES.join(", "));
@@ -242,6 +390,10 @@ pub fn main(args: &LadderArgs) -> Result<()> {
     let seed = args.split_seed;
     let mut ladder = Ladder {
         example: args.example.display().to_string(),
+        units: cfg.units.clone(),
+        records,
+        positives: truth.len(),
+        note: cfg.note.clone(),
         date: utc_date(SystemTime::now()),
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         cpu: cpu_model(),
@@ -255,30 +407,19 @@ pub fn main(args: &LadderArgs) -> Result<()> {
     for strategy in STRATEGIES.into_iter().filter(|s| chosen(s)) {
         eprintln!("bench ladder: {strategy}");
         if strategy.starts_with("embed-top-k") && top_k.is_none() {
-            top_k = Some(tune_top_k(
-                &base,
-                &spec_path,
-                &args.example,
-                tmp.path(),
-                &truth,
-                seed,
-            )?);
+            top_k = Some(tune_top_k(&ctx, tmp.path())?);
         }
         let row = if strategy == "deterministic" {
-            deterministic(&base, &spec_path, &args.example, &truth, seed, &mut ladder)?
+            deterministic(&ctx, &mut ladder)?
         } else if strategy == "bm25" {
-            bm25(&base, &spec_path, &args.example, tmp.path(), &truth, seed)?
+            bm25(&ctx, tmp.path())?
         } else {
             let (row, report) = run_model_strategy(
-                &base,
-                &spec_path,
-                &args.example,
+                &ctx,
                 strategy,
                 args.backend.as_deref(),
                 args.slots,
                 tmp.path(),
-                &truth,
-                seed,
                 top_k,
             )?;
             if ladder.backend.is_empty()
@@ -294,51 +435,93 @@ pub fn main(args: &LadderArgs) -> Result<()> {
         ladder.simulated |= row.simulated;
         ladder.rows.push(row);
     }
-    let json = serde_json::to_string_pretty(&ladder).context("serialising the ladder")?;
-    if let Some(dir) = args.json.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    std::fs::write(&args.json, json + "\n")
-        .with_context(|| format!("writing {}", args.json.display()))?;
-    let section = render(&ladder, &args.json, args.backend.as_deref());
-    print!("{section}");
     // A run on another backend keeps its own section beside the default's.
     let name = match &args.backend {
-        None => "ladder".to_owned(),
-        Some(b) => format!("ladder-{b}"),
+        None => cfg.name.clone(),
+        Some(b) => format!("{}-{b}", cfg.name),
     };
+    let json_path = args
+        .json
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("docs/{name}.json")));
+    let json = serde_json::to_string_pretty(&ladder).context("serialising the ladder")?;
+    if let Some(dir) = json_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&json_path, json + "\n")
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let section = render(&ladder, &json_path, args.backend.as_deref());
+    print!("{section}");
     write_marked_section(&args.report, &name, &section)
+}
+
+/// One example as every strategy reads it: its spec, the ladder's config
+/// and the oracle's answer.
+pub struct Example<'a> {
+    pub cfg: &'a LadderConfig,
+    pub base: &'a Spec,
+    pub spec_path: &'a Path,
+    pub dir: &'a Path,
+    pub truth: &'a BTreeSet<String>,
+    pub seed: u64,
+}
+
+impl Example<'_> {
+    fn plan(&self, spec: Spec) -> Result<Plan> {
+        Ok(Plan::from_spec(spec, self.spec_path, self.dir)?)
+    }
+
+    fn input(&self) -> Result<PathBuf> {
+        Ok(self.dir.join(
+            self.base
+                .input
+                .path
+                .as_deref()
+                .ok_or_else(|| anyhow!("the example's spec names no input file: pass --input"))?,
+        ))
+    }
+
+    /// How many records the input holds, as the engine partitions it.
+    fn records(&self) -> Result<usize> {
+        let plan = self.plan(self.base.clone())?;
+        let routed = fanfold_engine::run::route_source(
+            &plan,
+            &Source::File(self.input()?),
+            fanfold_ops::partition::DEFAULT_MAX_UNIT_BYTES,
+        )?;
+        Ok(routed.coverage.units as usize)
+    }
+
+    fn score(&self, answer: &BTreeSet<String>, dev: bool) -> Score {
+        score(answer, self.truth, |id| is_dev(self.seed, id) == dev)
+    }
 }
 
 /// Runs one model strategy of the example in a fresh store under `dir`:
 /// its measured row, and the run's report.
-#[allow(clippy::too_many_arguments)]
 pub fn run_model_strategy(
-    base: &Spec,
-    spec_path: &Path,
-    example: &Path,
+    ex: &Example<'_>,
     strategy: &str,
     backend: Option<&str>,
     slots: usize,
     dir: &Path,
-    truth: &BTreeSet<String>,
-    seed: u64,
     top_k: Option<usize>,
 ) -> Result<(Row, RunReport)> {
-    let (spec, what) = variant(base, strategy, backend, top_k)?;
-    let plan = Plan::from_spec(spec, spec_path, example)?;
+    let (spec, what) = variant(ex.cfg, ex.base, strategy, backend, top_k)?;
+    let plan = ex.plan(spec)?;
     let mut opts = RunOptions::new(dir.join(format!("{strategy}.sqlite")));
     opts.slots = slots;
     opts.out_dir = Some(dir.join(strategy));
     let started = Instant::now();
     let report = fanfold_engine::run(&plan, &opts, &NoProgress)?;
     let wall_s = started.elapsed().as_secs_f64();
-    let row = measured(strategy, what, &report, wall_s, truth, seed);
+    let row = measured(ex, strategy, what, &report, wall_s);
     Ok((row, report))
 }
 
 /// The spec a model strategy runs, and what it runs in words.
 fn variant(
+    cfg: &LadderConfig,
     base: &Spec,
     strategy: &str,
     backend: Option<&str>,
@@ -351,17 +534,17 @@ fn variant(
         .stages
         .iter()
         .find_map(|s| match s {
-            StageSpec::Map(m) if m.name == JUDGE => Some(m.clone()),
+            StageSpec::Map(m) if m.name == cfg.judge => Some(m.clone()),
             _ => None,
         })
-        .ok_or_else(|| anyhow!("the example has no map stage `{JUDGE}`"))?;
+        .ok_or_else(|| anyhow!("the example has no map stage `{}`", cfg.judge))?;
     let model_backend = backend.unwrap_or(&judge.backend).to_owned();
     if !spec.backends.contains_key(&model_backend) {
         bail!("the example declares no backend `{model_backend}`");
     }
     let chunk = |size: Option<usize>, contexts: Option<usize>| {
         StageSpec::Chunk(ChunkStageSpec {
-            name: JUDGE.into(),
+            name: cfg.judge.clone(),
             version: 1,
             rubric: "chunk.md".into(),
             fields: judge.fields.clone(),
@@ -379,15 +562,15 @@ fn variant(
     };
     let plan = match strategy {
         "embed" => {
-            spec.stages.retain(|s| s.name() == EMBED);
+            spec.stages.retain(|s| s.name() == cfg.embed);
             for s in &mut spec.stages {
                 if let StageSpec::Embed(e) = s {
                     e.then = None;
                 }
             }
             for r in &mut spec.fold.reducers {
-                if r.name == ANSWER {
-                    r.stage = Some(EMBED.into());
+                if r.name == cfg.answer {
+                    r.stage = Some(cfg.embed.clone());
                 }
             }
             drop_themes(&mut spec);
@@ -397,10 +580,10 @@ fn variant(
             let k = top_k.ok_or_else(|| anyhow!("{strategy} needs its k"))?;
             let judged = strategy == "embed-top-k-judge";
             if !judged {
-                spec.stages.retain(|s| s.name() == EMBED);
+                spec.stages.retain(|s| s.name() == cfg.embed);
                 for r in &mut spec.fold.reducers {
-                    if r.name == ANSWER {
-                        r.stage = Some(EMBED.into());
+                    if r.name == cfg.answer {
+                        r.stage = Some(cfg.embed.clone());
                     }
                 }
                 drop_themes(&mut spec);
@@ -415,7 +598,8 @@ fn variant(
                 }
             }
             format!(
-                "prefilter, then the {k} issues most like the question by embedding (k keeps {:.0} % of the development split's blockers){}",
+                "prefilter, then the {k} {} most like the question by embedding (k keeps {:.0} % of the development split's positives){}",
+                cfg.units,
                 TOP_K_RECALL * 100.0,
                 if judged {
                     ", each judged in its own micro-context"
@@ -429,7 +613,8 @@ fn variant(
             spec.stages = vec![chunk(Some(k), None)];
             drop_themes(&mut spec);
             format!(
-                "prefilter, then contexts of up to {k} issues (and {WINDOW_TOKENS} tokens); the model lists the blockers' ids"
+                "prefilter, then contexts of up to {k} {} (and {WINDOW_TOKENS} tokens); the model lists the matching ids",
+                cfg.units
             )
         }
         "long" => {
@@ -440,10 +625,16 @@ fn variant(
             )
         }
         "micro" => {
-            spec.stages.retain(|s| s.name() == JUDGE);
-            "prefilter, then one micro-context per issue (shared prefix)".to_owned()
+            spec.stages.retain(|s| s.name() == cfg.judge);
+            format!(
+                "prefilter, then one micro-context per {} (shared prefix)",
+                cfg.unit
+            )
         }
-        "adaptive" => "prefilter, embedding rung, then one micro-context per issue".to_owned(),
+        "adaptive" => format!(
+            "prefilter, embedding rung, then one micro-context per {}",
+            cfg.unit
+        ),
         other => bail!("no strategy `{other}`"),
     };
     // Reducers of a stage the strategy does not run have nothing to read.
@@ -488,33 +679,27 @@ fn variant(
 /// the query, through the engine. A first run scores every unit; the
 /// cut-off is the highest score that keeps `BM25_RECALL` of the
 /// development split's blockers, and a second run applies it.
-fn bm25(
-    base: &Spec,
-    spec_path: &Path,
-    example: &Path,
-    dir: &Path,
-    truth: &BTreeSet<String>,
-    seed: u64,
-) -> Result<Row> {
-    let project = base.stages.iter().find_map(|s| match s {
-        StageSpec::Map(m) if m.name == JUDGE => Some(m.project.clone()),
+fn bm25(ex: &Example<'_>, dir: &Path) -> Result<Row> {
+    let cfg = ex.cfg;
+    let project = ex.base.stages.iter().find_map(|s| match s {
+        StageSpec::Map(m) if m.name == cfg.judge => Some(m.project.clone()),
         _ => None,
     });
     let with_threshold = |threshold: f64| {
-        let mut spec = base.clone();
+        let mut spec = ex.base.clone();
         spec.stages = vec![StageSpec::Bm25(Bm25StageSpec {
             name: BM25.into(),
             version: 1,
             fields: Vec::new(),
             project: project.clone().flatten(),
-            query: BM25_QUERY.into(),
+            query: cfg.bm25_query.clone(),
             threshold,
             then: None,
             k1: 1.2,
             b: 0.75,
         })];
         for r in &mut spec.fold.reducers {
-            if r.name == ANSWER {
+            if r.name == cfg.answer {
                 r.stage = Some(BM25.into());
             }
         }
@@ -526,7 +711,7 @@ fn bm25(
         spec
     };
     let run = |spec: Spec, name: &str| -> Result<(RunReport, f64)> {
-        let plan = Plan::from_spec(spec, spec_path, example)?;
+        let plan = ex.plan(spec)?;
         let mut opts = RunOptions::new(dir.join(format!("{name}.sqlite")));
         opts.out_dir = Some(dir.join(name));
         let started = Instant::now();
@@ -541,7 +726,7 @@ fn bm25(
         .filter(|f| f.stage == BM25)
         .filter_map(|f| {
             let id = f.source_ids.first()?.as_str();
-            (truth.contains(id) && is_dev(seed, id))
+            (ex.truth.contains(id) && is_dev(ex.seed, id))
                 .then(|| f.facts.get("score").and_then(serde_json::Value::as_f64))
                 .flatten()
         })
@@ -554,15 +739,14 @@ fn bm25(
         .unwrap_or(0.0);
     let (report, wall_s) = run(with_threshold(cutoff), "bm25")?;
     Ok(measured(
+        ex,
         "bm25",
         format!(
-            "prefilter, then BM25 against the question and the rubric's key terms; cut-off {cutoff:.2} keeps {:.0} % of the development split's blockers",
+            "prefilter, then BM25 against the question and the rubric's key terms; cut-off {cutoff:.2} keeps {:.0} % of the development split's positives",
             BM25_RECALL * 100.0
         ),
         &report,
         wall_s,
-        truth,
-        seed,
     ))
 }
 
@@ -573,31 +757,24 @@ const OPEN_THRESHOLD: f64 = -10.0;
 /// The smallest k whose top-k by embedding score holds `TOP_K_RECALL` of
 /// the development split's blockers, from one scan of every routed unit's
 /// score (ties at the cut are all counted in).
-fn tune_top_k(
-    base: &Spec,
-    spec_path: &Path,
-    example: &Path,
-    dir: &Path,
-    truth: &BTreeSet<String>,
-    seed: u64,
-) -> Result<usize> {
-    let (mut spec, _) = variant(base, "embed", None, None)?;
+fn tune_top_k(ex: &Example<'_>, dir: &Path) -> Result<usize> {
+    let (mut spec, _) = variant(ex.cfg, ex.base, "embed", None, None)?;
     for s in &mut spec.stages {
         if let StageSpec::Embed(e) = s {
             e.threshold = OPEN_THRESHOLD;
         }
     }
-    let plan = Plan::from_spec(spec, spec_path, example)?;
+    let plan = ex.plan(spec)?;
     let opts = RunOptions::new(dir.join("top-k-scan.sqlite"));
     let scan = fanfold_engine::run(&plan, &opts, &NoProgress)?;
     let scored: Vec<(f64, bool)> = scan
         .facts
         .iter()
-        .filter(|f| f.stage == EMBED)
+        .filter(|f| f.stage == ex.cfg.embed)
         .filter_map(|f| {
             let id = f.source_ids.first()?.as_str();
             let score = f.facts.get("score")?.as_f64()?;
-            Some((score, truth.contains(id) && is_dev(seed, id)))
+            Some((score, ex.truth.contains(id) && is_dev(ex.seed, id)))
         })
         .collect();
     let mut dev: Vec<f64> = scored.iter().filter(|(_, d)| *d).map(|(s, _)| *s).collect();
@@ -622,31 +799,19 @@ fn drop_themes(spec: &mut Spec) {
 /// The deterministic strategy: the example's prefilter and one more rule,
 /// chosen on the development split. Its answer is what the rules keep; it
 /// runs through the engine's own partition and prefilter.
-fn deterministic(
-    base: &Spec,
-    spec_path: &Path,
-    example: &Path,
-    truth: &BTreeSet<String>,
-    seed: u64,
-    ladder: &mut Ladder,
-) -> Result<Row> {
-    let input = example.join(
-        base.input
-            .path
-            .as_deref()
-            .ok_or_else(|| anyhow!("the example's spec names no input file"))?,
-    );
+fn deterministic(ex: &Example<'_>, ladder: &mut Ladder) -> Result<Row> {
+    let input = ex.input()?;
     let mut best: Option<(f64, usize, BTreeSet<String>, f64)> = None;
-    for (n, (label, when)) in CANDIDATES.iter().enumerate() {
-        let mut spec = base.clone();
+    for (n, candidate) in ex.cfg.candidates.iter().enumerate() {
+        let mut spec = ex.base.clone();
         spec.prefilter.push(PrefilterRule {
             name: "tuned".into(),
-            when: format!("({when}) | not"),
+            when: format!("({}) | not", candidate.keep),
             action: PrefilterAction::Exclude,
             reason: None,
             stage: None,
         });
-        let plan = Plan::from_spec(spec, spec_path, example)?;
+        let plan = ex.plan(spec)?;
         let started = Instant::now();
         let routed = fanfold_engine::run::route_source(
             &plan,
@@ -660,19 +825,19 @@ fn deterministic(
             .flatten()
             .map(|&i| Ok(routed.table.id(i)?.as_str().to_owned()))
             .collect::<Result<_, fanfold_engine::RunError>>()?;
-        let dev = score(&kept, truth, |id| is_dev(seed, id)).f1;
-        ladder.candidates.push(((*label).to_owned(), dev));
+        let dev = ex.score(&kept, true).f1;
+        ladder.candidates.push((candidate.label.clone(), dev));
         if best.as_ref().is_none_or(|b| dev > b.0) {
             best = Some((dev, n, kept, wall));
         }
     }
     let (_, n, kept, wall_s) = best.ok_or_else(|| anyhow!("no deterministic candidate ran"))?;
-    let label = CANDIDATES.get(n).map_or("", |c| c.0);
+    let label = ex.cfg.candidates.get(n).map_or("", |c| c.label.as_str());
     Ok(Row {
         strategy: "deterministic".into(),
         plan: format!("jq rules only: {label} (chosen on the development split)"),
-        dev: score(&kept, truth, |id| is_dev(seed, id)),
-        held_out: score(&kept, truth, |id| !is_dev(seed, id)),
+        dev: ex.score(&kept, true),
+        held_out: ex.score(&kept, false),
         wall_s,
         complete: true,
         ..Row::default()
@@ -681,12 +846,11 @@ fn deterministic(
 
 /// A model strategy's row, from its run's report.
 fn measured(
+    ex: &Example<'_>,
     strategy: &str,
     plan: String,
     report: &RunReport,
     wall_s: f64,
-    truth: &BTreeSet<String>,
-    seed: u64,
 ) -> Row {
     let c = &report.certificate;
     let answer: BTreeSet<String> = report
@@ -725,8 +889,8 @@ fn measured(
     Row {
         strategy: strategy.to_owned(),
         plan,
-        dev: score(&answer, truth, |id| is_dev(seed, id)),
-        held_out: score(&answer, truth, |id| !is_dev(seed, id)),
+        dev: ex.score(&answer, true),
+        held_out: ex.score(&answer, false),
         model_calls: c.stats.model_calls,
         prompt_tokens: c.stats.cost.prompt_tokens,
         cached_tokens: c.stats.cost.cached_tokens,
@@ -775,7 +939,7 @@ fn render(l: &Ladder, json: &Path, backend: Option<&str>) -> String {
     );
     let _ = writeln!(
         s,
-        "`fanfold bench ladder` on `{}`, {} cores ({}), load {}, {}; backend {}, {} slots; every strategy in a fresh store, one after the other in one run (raw rows in `{}`, plotted by `fanfold report ladder`). Quality is scored against the fixture's oracle, which no run reads, on two halves of the 1,000 issues split by a seeded hash of the id (seed {}): the deterministic strategy's last rule is chosen on the development half; the held-out half is scored once.\n",
+        "`fanfold bench ladder` on `{}`, {} cores ({}), load {}, {}; backend {}, {} slots; every strategy in a fresh store, one after the other in one run (raw rows in `{}`, plotted by `fanfold report ladder`). Quality is scored against the example's oracle, which no run reads ({} positives), on two halves of the {} {} split by a seeded hash of the id (seed {}): the deterministic strategy's last rule and the cut-offs of BM25 and the embedding top-k are chosen on the development half; the held-out half is scored once.\n",
         l.example,
         l.cores,
         l.cpu,
@@ -784,6 +948,9 @@ fn render(l: &Ladder, json: &Path, backend: Option<&str>) -> String {
         l.backend_label(),
         l.slots,
         json.display(),
+        l.positives,
+        l.records,
+        l.units,
         l.split_seed,
     );
     if l.simulated {
@@ -849,10 +1016,9 @@ fn render(l: &Ladder, json: &Path, backend: Option<&str>) -> String {
             let _ = writeln!(s, "- {label}: {f1:.2}");
         }
     }
-    let _ = writeln!(
-        s,
-        "\nThe example's prefilter and its embed threshold were written on the whole fixture before this split existed, so every strategy's held-out figure inherits that; only the deterministic strategy's last rule is tuned here."
-    );
+    if let Some(note) = &l.note {
+        let _ = writeln!(s, "\n{note}");
+    }
     s
 }
 

@@ -104,15 +104,15 @@ pub struct RelationsCliArgs {
 
 #[derive(Args)]
 pub struct LadderCliArgs {
-    /// The issue-triage example folder (its `spec.toml`, `chunk.md` and
-    /// oracle).
+    /// The example folder: its `spec.toml`, `ladder.toml` (stages, BM25
+    /// query, rule candidates, oracle) and `chunk.md`.
     #[arg(long, default_value = "examples/issue-triage")]
     example: PathBuf,
     #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
     report: PathBuf,
     /// Where the measured rows go, for `fanfold report ladder`
-    /// [default: docs/ladder.json, or docs/ladder-BACKEND.json with
-    /// `--backend`].
+    /// [default: docs/NAME.json, NAME from `ladder.toml`, or
+    /// docs/NAME-BACKEND.json with `--backend`].
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
     #[arg(long, default_value_t = 4)]
@@ -129,6 +129,10 @@ pub struct LadderCliArgs {
     /// Seeds the development / held-out split of the records.
     #[arg(long, default_value_t = 7)]
     split_seed: u64,
+    /// The input file, in place of the spec's: data kept outside the
+    /// project, e.g. loghub's BGL sample for `examples/bgl-alerts`.
+    #[arg(long, value_name = "FILE")]
+    input: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -214,14 +218,12 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
             ladder::main(&ladder::LadderArgs {
                 example: a.example,
                 report: a.report,
-                json: a.json.unwrap_or_else(|| match &a.backend {
-                    None => PathBuf::from("docs/ladder.json"),
-                    Some(b) => PathBuf::from(format!("docs/ladder-{b}.json")),
-                }),
+                json: a.json,
                 slots: a.slots,
                 only: a.only,
                 backend: a.backend,
                 split_seed: a.split_seed,
+                input: a.input,
             })?;
             Ok(ExitCode::SUCCESS)
         }

@@ -664,19 +664,17 @@ fn coarse_rungs(ctx: &Ctx, example: &Path, blockers: &BTreeSet<String>) -> Resul
         .map_err(|e| anyhow!("{}: {e}", spec_path.display()))?;
     let dir = ctx.tmp.path().join("ladder");
     std::fs::create_dir_all(&dir)?;
+    let cfg = crate::ladder::LadderConfig::read(example)?;
+    let ex = crate::ladder::Example {
+        cfg: &cfg,
+        base: &base,
+        spec_path: &spec_path,
+        dir: example,
+        truth: blockers,
+        seed: 7,
+    };
     let run = |strategy: &str| {
-        crate::ladder::run_model_strategy(
-            &base,
-            &spec_path,
-            example,
-            strategy,
-            Some("scripted"),
-            4,
-            &dir,
-            blockers,
-            7,
-            None,
-        )
+        crate::ladder::run_model_strategy(&ex, strategy, Some("scripted"), 4, &dir, None)
     };
     let (chunks, chunk_run) = run("chunk-10")?;
     let (long, long_run) = run("long")?;

@@ -3523,3 +3523,93 @@ top_k = 2
     ids.sort();
     assert_eq!(ids, ["0", "1"]);
 }
+
+/// loghub's BGL sample where the data's own README keeps it beside the
+/// project (tests may read it there; nothing copies it in).
+fn bgl_sample() -> Option<PathBuf> {
+    let path = repo().join("../shared/data/loghub-2k/BGL/BGL_2k.log_structured.csv");
+    if path.is_file() {
+        Some(path)
+    } else {
+        eprintln!("skipped: loghub's BGL sample is not at {}", path.display());
+        None
+    }
+}
+
+/// The ladder on real log lines: the oracle is loghub's labels, read by
+/// the scorer alone, and an example whose rules name the label column is
+/// refused before anything runs.
+#[test]
+fn the_ladder_scores_log_lines_against_labels_no_strategy_reads() {
+    let Some(input) = bgl_sample() else { return };
+    let out = tempfile::tempdir().expect("out");
+    let rows = out.path().join("ladder-bgl.json");
+    let o = run(bin()
+        .current_dir(repo())
+        .args(["bench", "ladder", "--example", "examples/bgl-alerts"])
+        .arg("--input")
+        .arg(&input)
+        .args(["--backend", "scripted"])
+        .args(["--only", "deterministic,bm25,chunk-10,micro"])
+        .arg("--report")
+        .arg(out.path().join("benchmarks.md"))
+        .arg("--json")
+        .arg(&rows));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ladder: Value =
+        serde_json::from_str(&std::fs::read_to_string(&rows).expect("rows")).expect("json");
+    // The sample's 2,000 lines and its 143 alert lines (loghub's README).
+    assert_eq!(ladder["records"], 2000);
+    assert_eq!(ladder["positives"], 143);
+    assert_eq!(ladder["units"], "lines");
+    let strategies = ladder["rows"].as_array().expect("rows");
+    assert_eq!(strategies.len(), 4);
+    for r in strategies {
+        let dev = &r["dev"]["positives"];
+        let held = &r["held_out"]["positives"];
+        assert_eq!(
+            dev.as_u64().unwrap_or(0) + held.as_u64().unwrap_or(0),
+            143,
+            "{r}"
+        );
+    }
+    let micro = strategies
+        .iter()
+        .find(|r| r["strategy"] == "micro")
+        .expect("micro");
+    assert!(micro["model_calls"].as_u64().unwrap_or(0) > 0, "{micro}");
+    assert_eq!(micro["simulated"], true);
+    let md = std::fs::read_to_string(out.path().join("benchmarks.md")).expect("report");
+    assert!(md.contains("2000 lines"), "{md}");
+    assert!(md.contains("[SIMULATED]"), "{md}");
+
+    // The same example with a rule that reads the labels is refused.
+    let leaky = tempfile::tempdir().expect("example");
+    for f in std::fs::read_dir(repo().join("examples/bgl-alerts")).expect("example") {
+        let f = f.expect("entry").path();
+        std::fs::copy(&f, leaky.path().join(f.file_name().expect("name"))).expect("copy");
+    }
+    let cfg = std::fs::read_to_string(leaky.path().join("ladder.toml")).expect("cfg");
+    std::fs::write(
+        leaky.path().join("ladder.toml"),
+        cfg + "\n[[candidates]]\nlabel = \"the answer\"\nkeep = '.Label != \"-\"'\n",
+    )
+    .expect("write");
+    let o = run(bin()
+        .args(["bench", "ladder", "--example"])
+        .arg(leaky.path())
+        .arg("--input")
+        .arg(&input)
+        .args(["--backend", "scripted", "--only", "deterministic"])
+        .arg("--report")
+        .arg(out.path().join("leaky.md"))
+        .arg("--json")
+        .arg(out.path().join("leaky.json")));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("a strategy could read the answer"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!out.path().join("leaky.json").exists());
+}
