@@ -107,16 +107,7 @@ impl Mock {
 }
 
 fn user_message(body: &Value) -> Option<(String, Value)> {
-    let content = body["messages"]
-        .as_array()?
-        .iter()
-        .find(|m| m["role"] == "user")?["content"]
-        .as_str()?;
-    let (id, _) = content.strip_prefix("Record ")?.split_once(':')?;
-    let id = id.trim_matches('"');
-    let (_, rest) = content.split_once("```json\n")?;
-    let (record, _) = rest.rsplit_once("\n```")?;
-    Some((id.to_owned(), serde_json::from_str(record).ok()?))
+    fanfold_testkit::wire::record_of(fanfold_testkit::wire::user_content(body)?)
 }
 
 fn json_response(status: StatusCode, v: Value) -> Response {
@@ -126,28 +117,6 @@ fn json_response(status: StatusCode, v: Value) -> Response {
         v.to_string(),
     )
         .into_response()
-}
-
-/// The JSONL file of a `multipart/form-data` upload.
-fn multipart_file(headers: &HeaderMap, body: &[u8]) -> Option<Vec<u8>> {
-    let ct = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
-    let boundary = ct.split("boundary=").nth(1)?.trim_matches('"');
-    let text = String::from_utf8_lossy(body);
-    let delimiter = format!("--{boundary}");
-    let mut purpose_batch = false;
-    let mut file = None;
-    for part in text.split(&delimiter) {
-        let Some((head, content)) = part.split_once("\r\n\r\n") else {
-            continue;
-        };
-        let content = content.strip_suffix("\r\n").unwrap_or(content);
-        if head.contains("name=\"purpose\"") {
-            purpose_batch = content == "batch";
-        } else if head.contains("name=\"file\"") {
-            file = Some(content.as_bytes().to_vec());
-        }
-    }
-    file.filter(|_| purpose_batch)
 }
 
 async fn handle(
@@ -166,7 +135,7 @@ async fn handle(
     match (method.as_str(), segments.as_slice()) {
         // OpenAI.
         ("POST", ["v1", "files"]) => {
-            let Some(file) = multipart_file(&headers, &body) else {
+            let Some(file) = fanfold_testkit::wire::multipart_batch_file(&headers, &body) else {
                 return json_response(StatusCode::BAD_REQUEST, json!({"error": "no batch file"}));
             };
             let mut files = st.files.lock().expect("files");
