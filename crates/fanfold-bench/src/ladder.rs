@@ -17,6 +17,8 @@
 //! - `long`: one context as wide as the model's window; what it cannot
 //!   hold is `not_run`, never negative;
 //! - `micro`: one context per unit, shared prefix;
+//! - `batch`: the same contexts sent as one provider batch (a loopback
+//!   Batch API in front of the same model, where the backend has none);
 //! - `adaptive`: the example's ladder (prefilter, embed, micro-context).
 //!
 //! Every model strategy reads what the example's prefilter keeps: the
@@ -34,13 +36,14 @@ use std::time::{Instant, SystemTime};
 
 use anyhow::{Context, Result, anyhow, bail};
 use fanfold_core::spec::{
-    BackendSpec, Bm25StageSpec, ChunkStageSpec, ContractSpec, PrefilterAction, PrefilterRule, Spec,
-    StageSpec,
+    BackendSpec, Bm25StageSpec, ChunkStageSpec, ContractSpec, Execution, PrefilterAction,
+    PrefilterRule, Spec, StageSpec,
 };
 use fanfold_core::{ContentHash, Status};
 use fanfold_engine::{NoProgress, Plan, RunOptions, RunReport, Source};
 use serde::{Deserialize, Serialize};
 
+use crate::provider::LoopbackBatches;
 use crate::report::{cpu_model, load_average, utc_date, write_marked_section};
 
 pub struct LadderArgs {
@@ -206,7 +209,7 @@ fn read_truth(
 }
 
 /// Every strategy, in the order the report lists them.
-pub const STRATEGIES: [&str; 10] = [
+pub const STRATEGIES: [&str; 11] = [
     "deterministic",
     "bm25",
     "embed",
@@ -216,6 +219,7 @@ pub const STRATEGIES: [&str; 10] = [
     "chunk-50",
     "long",
     "micro",
+    "batch",
     "adaptive",
 ];
 
@@ -414,14 +418,18 @@ pub fn main(args: &LadderArgs) -> Result<()> {
         } else if strategy == "bm25" {
             bm25(&ctx, tmp.path())?
         } else {
-            let (row, report) = run_model_strategy(
-                &ctx,
-                strategy,
-                args.backend.as_deref(),
-                args.slots,
-                tmp.path(),
-                top_k,
-            )?;
+            let (row, report) = if strategy == "batch" {
+                batch(&ctx, args.backend.as_deref(), args.slots, tmp.path())?
+            } else {
+                run_model_strategy(
+                    &ctx,
+                    strategy,
+                    args.backend.as_deref(),
+                    args.slots,
+                    tmp.path(),
+                    top_k,
+                )?
+            };
             if ladder.backend.is_empty()
                 && let Some(b) = report.certificate.backends.first()
             {
@@ -471,6 +479,18 @@ impl Example<'_> {
         Ok(Plan::from_spec(spec, self.spec_path, self.dir)?)
     }
 
+    /// Runs `spec` in a fresh store `<dir>/<name>.sqlite`: the report and
+    /// the wall time.
+    fn run(&self, spec: Spec, name: &str, slots: usize, dir: &Path) -> Result<(RunReport, f64)> {
+        let plan = self.plan(spec)?;
+        let mut opts = RunOptions::new(dir.join(format!("{name}.sqlite")));
+        opts.slots = slots;
+        opts.out_dir = Some(dir.join(name));
+        let started = Instant::now();
+        let report = fanfold_engine::run(&plan, &opts, &NoProgress)?;
+        Ok((report, started.elapsed().as_secs_f64()))
+    }
+
     fn input(&self) -> Result<PathBuf> {
         Ok(self.dir.join(
             self.base
@@ -508,14 +528,68 @@ pub fn run_model_strategy(
     top_k: Option<usize>,
 ) -> Result<(Row, RunReport)> {
     let (spec, what) = variant(ex.cfg, ex.base, strategy, backend, top_k)?;
-    let plan = ex.plan(spec)?;
-    let mut opts = RunOptions::new(dir.join(format!("{strategy}.sqlite")));
-    opts.slots = slots;
-    opts.out_dir = Some(dir.join(strategy));
-    let started = Instant::now();
-    let report = fanfold_engine::run(&plan, &opts, &NoProgress)?;
-    let wall_s = started.elapsed().as_secs_f64();
+    let (report, wall_s) = ex.run(spec, strategy, slots, dir)?;
     let row = measured(ex, strategy, what, &report, wall_s);
+    Ok((row, report))
+}
+
+/// The backend for the batch strategy: a loopback provider with OpenAI's
+/// Batch API in front of the model the other strategies ran on.
+const LOOPBACK: &str = "loopback_batches";
+
+/// Provider batching: the micro-context strategy with its requests sent as
+/// one provider batch. An `openai` or `anthropic` backend takes it through
+/// its own batch API; any other model is put behind [`LoopbackBatches`], so
+/// the batch path runs for real on the same model and the row says so.
+fn batch(
+    ex: &Example<'_>,
+    backend: Option<&str>,
+    slots: usize,
+    dir: &Path,
+) -> Result<(Row, RunReport)> {
+    let (mut spec, micro) = variant(ex.cfg, ex.base, "micro", backend, None)?;
+    let name = spec
+        .stages
+        .iter()
+        .find_map(|s| s.model_turn().map(|(b, _)| b.to_owned()))
+        .ok_or_else(|| anyhow!("the micro strategy has no model stage"))?;
+    let declared = spec
+        .backends
+        .get(&name)
+        .cloned()
+        .ok_or_else(|| anyhow!("the example declares no backend `{name}`"))?;
+    let mut provider = None;
+    let what = if matches!(declared, BackendSpec::Openai(_) | BackendSpec::Anthropic(_)) {
+        format!("{micro}, sent as provider batches through `{name}`'s batch API")
+    } else {
+        let model = fanfold_engine::backends::build(&declared, ex.dir, Execution::Online)?;
+        let loopback = LoopbackBatches::start(model, slots)?;
+        let table = format!(
+            "type = \"openai\"\nmodel = {model:?}\nbase_url = {url:?}\noutput = \"json_object\"\nper_unit_schema = true\nbatch_poll_ms = 100\nbatch_poll_max_ms = 1000\n",
+            model = loopback.model().model_id,
+            url = loopback.base_url(),
+        );
+        let spec_of: BackendSpec =
+            toml::from_str(&table).context("the loopback provider's backend")?;
+        spec.backends.insert(LOOPBACK.into(), spec_of);
+        let what = format!(
+            "{micro}, sent as one provider batch (OpenAI's Batch API on a loopback server whose model is `{name}`, {}: the same answers and tokens, none of a real provider's queueing or discount)",
+            loopback.model().model_id
+        );
+        provider = Some(loopback);
+        what
+    };
+    for s in &mut spec.stages {
+        if let Some(turn) = s.model_turn_mut() {
+            if provider.is_some() {
+                *turn.backend = LOOPBACK.into();
+            }
+            *turn.execution = Execution::Batch;
+        }
+    }
+    let (report, wall_s) = ex.run(spec, "batch", slots, dir)?;
+    let mut row = measured(ex, "batch", what, &report, wall_s);
+    row.simulated |= provider.as_ref().is_some_and(|p| p.model().simulated);
     Ok((row, report))
 }
 
@@ -710,14 +784,8 @@ fn bm25(ex: &Example<'_>, dir: &Path) -> Result<Row> {
             .retain(|r| r.stage.as_ref().is_none_or(|s| names.contains(s)));
         spec
     };
-    let run = |spec: Spec, name: &str| -> Result<(RunReport, f64)> {
-        let plan = ex.plan(spec)?;
-        let mut opts = RunOptions::new(dir.join(format!("{name}.sqlite")));
-        opts.out_dir = Some(dir.join(name));
-        let started = Instant::now();
-        let report = fanfold_engine::run(&plan, &opts, &NoProgress)?;
-        Ok((report, started.elapsed().as_secs_f64()))
-    };
+    // No model runs here: one slot is as good as any.
+    let run = |spec: Spec, name: &str| ex.run(spec, name, 1, dir);
     // Scores are never negative: a cut-off below zero keeps everything.
     let (scan, _) = run(with_threshold(-1.0), "bm25-scan")?;
     let mut dev_blockers: Vec<f64> = scan

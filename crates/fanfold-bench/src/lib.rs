@@ -15,6 +15,7 @@ mod http;
 mod incremental;
 pub mod ladder;
 pub mod page;
+pub mod provider;
 mod relations;
 pub mod report;
 mod scale;
@@ -119,7 +120,7 @@ pub struct LadderCliArgs {
     slots: usize,
     /// Run only these strategies (comma-separated): deterministic, bm25, embed,
     /// embed-top-k, embed-top-k-judge,
-    /// chunk-10, chunk-50, long, micro, adaptive.
+    /// chunk-10, chunk-50, long, micro, batch, adaptive.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Run every model strategy on this backend of the spec (e.g.

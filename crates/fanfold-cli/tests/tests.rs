@@ -3550,7 +3550,7 @@ fn the_ladder_scores_log_lines_against_labels_no_strategy_reads() {
         .arg("--input")
         .arg(&input)
         .args(["--backend", "scripted"])
-        .args(["--only", "deterministic,bm25,chunk-10,micro"])
+        .args(["--only", "deterministic,bm25,chunk-10,micro,batch"])
         .arg("--report")
         .arg(out.path().join("benchmarks.md"))
         .arg("--json")
@@ -3563,7 +3563,7 @@ fn the_ladder_scores_log_lines_against_labels_no_strategy_reads() {
     assert_eq!(ladder["positives"], 143);
     assert_eq!(ladder["units"], "lines");
     let strategies = ladder["rows"].as_array().expect("rows");
-    assert_eq!(strategies.len(), 4);
+    assert_eq!(strategies.len(), 5);
     for r in strategies {
         let dev = &r["dev"]["positives"];
         let held = &r["held_out"]["positives"];
@@ -3579,6 +3579,21 @@ fn the_ladder_scores_log_lines_against_labels_no_strategy_reads() {
         .expect("micro");
     assert!(micro["model_calls"].as_u64().unwrap_or(0) > 0, "{micro}");
     assert_eq!(micro["simulated"], true);
+    // The same contexts through the batch path (upload, create, poll, read
+    // back by custom_id) on a loopback provider with the same model: the
+    // same calls and the same answers.
+    let batch = strategies
+        .iter()
+        .find(|r| r["strategy"] == "batch")
+        .expect("batch");
+    assert_eq!(batch["model_calls"], micro["model_calls"], "{batch}");
+    assert_eq!(batch["dev"], micro["dev"]);
+    assert_eq!(batch["held_out"], micro["held_out"]);
+    assert_eq!(batch["simulated"], true);
+    assert!(
+        batch["plan"].as_str().unwrap_or("").contains("loopback"),
+        "{batch}"
+    );
     let md = std::fs::read_to_string(out.path().join("benchmarks.md")).expect("report");
     assert!(md.contains("2000 lines"), "{md}");
     assert!(md.contains("[SIMULATED]"), "{md}");
