@@ -1003,7 +1003,8 @@ fn render(l: &Ladder, json: &Path, backend: Option<&str>) -> String {
         .unwrap_or_default();
     let _ = writeln!(
         s,
-        "## The ladder: every strategy on the same question{on}{tag}\n"
+        "## The ladder on `{}`: every strategy on the same question{on}{tag}\n",
+        l.example
     );
     let _ = writeln!(
         s,
