@@ -15,10 +15,10 @@ use anyhow::{Context, Result};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use fanfold_model::{BackendInfo, CallError, ModelBackend, Request};
-use fanfold_testkit::wire::{multipart_batch_file, record_of, user_content};
+use fanfold_testkit::wire::{json_reply as reply, multipart_batch_file, record_of, user_content};
 use fanfold_testkit::{QueueJob, Server};
 use serde_json::{Value, json};
 
@@ -69,15 +69,6 @@ impl LoopbackBatches {
     pub fn model(&self) -> &BackendInfo {
         &self.info
     }
-}
-
-fn reply(status: StatusCode, v: Value) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        v.to_string(),
-    )
-        .into_response()
 }
 
 async fn handle(

@@ -2817,19 +2817,34 @@ fn a_run_report_renders_in_a_browser_with_every_citation_resolving() {
     assert!(md.contains(&format!("## Answer: {items} items")));
 }
 
+/// `fanfold bench ladder` on the scripted backend with `args`, from the
+/// repository, writing its report to `<out>/<name>.md` and its rows to
+/// `<out>/<name>.json`: the command's output and where the rows are.
+fn scripted_ladder(out: &Path, name: &str, args: &[&std::ffi::OsStr]) -> (Output, PathBuf) {
+    let rows = out.join(format!("{name}.json"));
+    let o = run(bin()
+        .current_dir(repo())
+        .args(["bench", "ladder", "--backend", "scripted"])
+        .args(args)
+        .arg("--report")
+        .arg(out.join(format!("{name}.md")))
+        .arg("--json")
+        .arg(&rows));
+    (o, rows)
+}
+
 #[test]
 fn a_ladder_report_plots_every_strategy_and_marks_the_frontier() {
     let Some(browser) = chromium() else { return };
     let out = tempfile::tempdir().expect("out");
-    let rows = out.path().join("ladder.json");
-    let o = run(bin()
-        .current_dir(repo())
-        .args(["bench", "ladder", "--backend", "scripted"])
-        .args(["--only", "deterministic,bm25,chunk-10,long,micro"])
-        .arg("--report")
-        .arg(out.path().join("benchmarks.md"))
-        .arg("--json")
-        .arg(&rows));
+    let (o, rows) = scripted_ladder(
+        out.path(),
+        "ladder",
+        &[
+            "--only".as_ref(),
+            "deterministic,bm25,chunk-10,long,micro".as_ref(),
+        ],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let ladder: Value =
         serde_json::from_str(&std::fs::read_to_string(&rows).expect("rows")).expect("json");
@@ -3543,18 +3558,18 @@ fn bgl_sample() -> Option<PathBuf> {
 fn the_ladder_scores_log_lines_against_labels_no_strategy_reads() {
     let Some(input) = bgl_sample() else { return };
     let out = tempfile::tempdir().expect("out");
-    let rows = out.path().join("ladder-bgl.json");
-    let o = run(bin()
-        .current_dir(repo())
-        .args(["bench", "ladder", "--example", "examples/bgl-alerts"])
-        .arg("--input")
-        .arg(&input)
-        .args(["--backend", "scripted"])
-        .args(["--only", "deterministic,bm25,chunk-10,micro,batch"])
-        .arg("--report")
-        .arg(out.path().join("benchmarks.md"))
-        .arg("--json")
-        .arg(&rows));
+    let (o, rows) = scripted_ladder(
+        out.path(),
+        "ladder-bgl",
+        &[
+            "--example".as_ref(),
+            "examples/bgl-alerts".as_ref(),
+            "--input".as_ref(),
+            input.as_os_str(),
+            "--only".as_ref(),
+            "deterministic,bm25,chunk-10,micro,batch".as_ref(),
+        ],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let ladder: Value =
         serde_json::from_str(&std::fs::read_to_string(&rows).expect("rows")).expect("json");
@@ -3594,7 +3609,7 @@ fn the_ladder_scores_log_lines_against_labels_no_strategy_reads() {
         batch["plan"].as_str().unwrap_or("").contains("loopback"),
         "{batch}"
     );
-    let md = std::fs::read_to_string(out.path().join("benchmarks.md")).expect("report");
+    let md = std::fs::read_to_string(out.path().join("ladder-bgl.md")).expect("report");
     assert!(md.contains("2000 lines"), "{md}");
     assert!(md.contains("[SIMULATED]"), "{md}");
 
@@ -3610,16 +3625,18 @@ fn the_ladder_scores_log_lines_against_labels_no_strategy_reads() {
         cfg + "\n[[candidates]]\nlabel = \"the answer\"\nkeep = '.Label != \"-\"'\n",
     )
     .expect("write");
-    let o = run(bin()
-        .args(["bench", "ladder", "--example"])
-        .arg(leaky.path())
-        .arg("--input")
-        .arg(&input)
-        .args(["--backend", "scripted", "--only", "deterministic"])
-        .arg("--report")
-        .arg(out.path().join("leaky.md"))
-        .arg("--json")
-        .arg(out.path().join("leaky.json")));
+    let (o, _) = scripted_ladder(
+        out.path(),
+        "leaky",
+        &[
+            "--example".as_ref(),
+            leaky.path().as_os_str(),
+            "--input".as_ref(),
+            input.as_os_str(),
+            "--only".as_ref(),
+            "deterministic".as_ref(),
+        ],
+    );
     assert!(!o.status.success());
     assert!(
         stderr(&o).contains("a strategy could read the answer"),

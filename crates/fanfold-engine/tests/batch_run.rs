@@ -110,14 +110,7 @@ fn user_message(body: &Value) -> Option<(String, Value)> {
     fanfold_testkit::wire::record_of(fanfold_testkit::wire::user_content(body)?)
 }
 
-fn json_response(status: StatusCode, v: Value) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        v.to_string(),
-    )
-        .into_response()
-}
+use fanfold_testkit::wire::json_reply as json_response;
 
 async fn handle(
     State(st): State<Arc<MockState>>,

@@ -1,7 +1,18 @@
-//! What mock providers read out of fanfold's requests.
+//! What mock providers read out of fanfold's requests, and their replies.
 
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde_json::Value;
+
+/// A JSON response, as providers send them.
+pub fn json_reply(status: StatusCode, v: Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
 
 /// The user message of a chat request body (OpenAI's `messages` or
 /// Anthropic's `params`), when it is a string.
