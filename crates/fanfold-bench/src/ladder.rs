@@ -105,10 +105,9 @@ pub enum OracleSource {
     /// A JSON file beside the example; `pointer` names the array of the
     /// answer's unit ids.
     Ids { file: PathBuf, pointer: String },
-    /// A column of the CSV input: the rows whose value is not `negative`
-    /// are the answer, keyed by the spec's partition key. No strategy may
-    /// read the column: the ladder refuses a spec or a candidate that names
-    /// it.
+    /// A field of every input record (a CSV column): the units whose value
+    /// is not `negative` are the answer. No strategy may read the field:
+    /// the ladder refuses a spec, query or candidate that names it.
     Column { column: String, negative: String },
 }
 
@@ -159,49 +158,39 @@ fn read_truth(
                     "the oracle's column `{column}` is named in the spec, the BM25 query or a candidate: a strategy could read the answer"
                 );
             }
-            let fanfold_core::spec::PartitionSpec::Csv { key, delimiter, .. } =
-                &spec.input.partition
-            else {
-                bail!("a column oracle needs a csv input");
-            };
-            let key = key
-                .as_deref()
-                .ok_or_else(|| anyhow!("a column oracle needs the csv partition's `key`"))?;
             let path = example.join(
                 spec.input
                     .path
                     .as_deref()
                     .ok_or_else(|| anyhow!("no input file: pass --input"))?,
             );
-            let delimiter = match delimiter.as_deref().map(str::as_bytes) {
-                None => b',',
-                Some([d]) => *d,
-                Some(_) => bail!("the csv delimiter must be one byte"),
-            };
-            let mut reader = csv::ReaderBuilder::new()
-                .delimiter(delimiter)
-                .from_path(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let headers = reader
-                .headers()
-                .with_context(|| format!("{}: header row", path.display()))?
-                .clone();
-            let at = |name: &str| {
-                headers
-                    .iter()
-                    .position(|h| h == name)
-                    .ok_or_else(|| anyhow!("{}: no column `{name}`", path.display()))
-            };
-            let (key_at, label_at) = (at(key)?, at(column)?);
+            let bytes =
+                std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            // The engine's own partitioner, so the ids are the ones the
+            // strategies' answers name.
             let mut truth = BTreeSet::new();
-            for (n, row) in reader.records().enumerate() {
-                let row = row.with_context(|| format!("{}: row {}", path.display(), n + 2))?;
-                let (Some(id), Some(label)) = (row.get(key_at), row.get(label_at)) else {
-                    bail!("{}: row {} is short", path.display(), n + 2);
-                };
-                if label != negative {
-                    truth.insert(id.to_owned());
-                }
+            let mut missing = None;
+            fanfold_ops::partition::partition(
+                &spec.input.partition,
+                &bytes,
+                fanfold_ops::partition::PartitionOptions::default(),
+                |e| {
+                    if let fanfold_ops::partition::Element::Unit(u) = e {
+                        match u.value.get(column).and_then(serde_json::Value::as_str) {
+                            Some(label) if label != negative => {
+                                truth.insert(u.unit.unit_id.as_str().to_owned());
+                            }
+                            Some(_) => {}
+                            None => {
+                                missing.get_or_insert_with(|| u.unit.unit_id.as_str().to_owned());
+                            }
+                        }
+                    }
+                },
+            )
+            .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+            if let Some(id) = missing {
+                bail!("{}: unit {id} has no `{column}`", path.display());
             }
             Ok(truth)
         }
