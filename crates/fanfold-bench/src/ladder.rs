@@ -12,14 +12,16 @@
 //!   split;
 //! - `embed`: the embedding rung alone (similarity against the stage's
 //!   texts, no generation);
-//! - `chunk-10`, `chunk-50`: coarse contexts of up to k units, the model
-//!   listing the matching ids;
+//! - `chunk-10`, `chunk-50`, `chunk-200`: coarse contexts of up to k
+//!   units (and the window), the model listing the matching ids;
 //! - `long`: one context as wide as the model's window; what it cannot
 //!   hold is `not_run`, never negative;
 //! - `micro`: one context per unit, shared prefix;
 //! - `batch`: the same contexts sent as one provider batch (a loopback
 //!   Batch API in front of the same model, where the backend has none);
-//! - `adaptive`: the example's ladder (prefilter, embed, micro-context).
+//! - `adaptive`: the example's ladder as declared (prefilter, embed,
+//!   micro-context, and a `widen` stage where the spec has one); the other
+//!   strategies judge each unit once, without widening.
 //!
 //! Every model strategy reads what the example's prefilter keeps: the
 //! comparison is of what follows the free filter. Quality is scored
@@ -198,7 +200,7 @@ fn read_truth(
 }
 
 /// Every strategy, in the order the report lists them.
-pub const STRATEGIES: [&str; 11] = [
+pub const STRATEGIES: [&str; 12] = [
     "deterministic",
     "bm25",
     "embed",
@@ -206,6 +208,7 @@ pub const STRATEGIES: [&str; 11] = [
     "embed-top-k-judge",
     "chunk-10",
     "chunk-50",
+    "chunk-200",
     "long",
     "micro",
     "batch",
@@ -548,9 +551,11 @@ fn batch(
         .cloned()
         .ok_or_else(|| anyhow!("the example declares no backend `{name}`"))?;
     let mut provider = None;
-    let what = if matches!(declared, BackendSpec::Openai(_) | BackendSpec::Anthropic(_)) {
+    let what = if fanfold_engine::backends::offers_batch_api(&declared)? {
         format!("{micro}, sent as provider batches through `{name}`'s batch API")
     } else {
+        // No batch API of its own (the embedded model, a local server):
+        // the loopback provider sends each request of a batch to it.
         let model = fanfold_engine::backends::build(&declared, ex.dir, Execution::Online)?;
         let loopback = LoopbackBatches::start(model, slots)?;
         let table = format!(
@@ -671,8 +676,8 @@ fn variant(
                 }
             )
         }
-        "chunk-10" | "chunk-50" => {
-            let k = if strategy == "chunk-10" { 10 } else { 50 };
+        "chunk-10" | "chunk-50" | "chunk-200" => {
+            let k: usize = strategy["chunk-".len()..].parse()?;
             spec.stages = vec![chunk(Some(k), None)];
             drop_themes(&mut spec);
             format!(
@@ -694,12 +699,30 @@ fn variant(
                 cfg.unit
             )
         }
-        "adaptive" => format!(
-            "prefilter, embedding rung, then one micro-context per {}",
-            cfg.unit
-        ),
+        "adaptive" => {
+            let widened = spec.stages.iter().any(|s| matches!(s, StageSpec::Widen(_)));
+            format!(
+                "prefilter, embedding rung, then one micro-context per {}{}",
+                cfg.unit,
+                if widened {
+                    " (what it cannot decide alone judged again beside its related units)"
+                } else {
+                    ""
+                }
+            )
+        }
         other => bail!("no strategy `{other}`"),
     };
+    // Widening is the adaptive rung's: every other strategy judges each
+    // unit once, in the context its plan names.
+    if strategy != "adaptive" {
+        spec.stages.retain(|s| !matches!(s, StageSpec::Widen(_)));
+        for s in &mut spec.stages {
+            if let StageSpec::Map(m) = s {
+                m.widen = None;
+            }
+        }
+    }
     // Reducers of a stage the strategy does not run have nothing to read.
     let names: BTreeSet<String> = spec.stages.iter().map(|s| s.name().to_owned()).collect();
     spec.fold
@@ -728,7 +751,7 @@ fn variant(
         }
     }
     // The embedded model's slots must hold a whole context.
-    if matches!(strategy, "chunk-10" | "chunk-50" | "long") {
+    if strategy.starts_with("chunk-") || strategy == "long" {
         for b in spec.backends.values_mut() {
             if let BackendSpec::Llama { slot_tokens, .. } = b {
                 *slot_tokens = (*slot_tokens).max(WINDOW_TOKENS as u32);
@@ -943,6 +966,12 @@ fn measured(
         .max()
         .unwrap_or(0);
     let count = |s: Status| report.facts.iter().filter(|f| f.status == s).count() as u64;
+    let plan = if c.stats.widens.is_empty() {
+        plan
+    } else {
+        let widened: u64 = c.stats.widens.values().map(|w| w.units).sum();
+        format!("{plan}; {widened} {} widened", ex.cfg.units)
+    };
     Row {
         strategy: strategy.to_owned(),
         plan,

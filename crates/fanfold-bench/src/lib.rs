@@ -120,7 +120,7 @@ pub struct LadderCliArgs {
     slots: usize,
     /// Run only these strategies (comma-separated): deterministic, bm25, embed,
     /// embed-top-k, embed-top-k-judge,
-    /// chunk-10, chunk-50, long, micro, batch, adaptive.
+    /// chunk-10, chunk-50, chunk-200, long, micro, batch, adaptive.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Run every model strategy on this backend of the spec (e.g.

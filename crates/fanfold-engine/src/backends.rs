@@ -102,6 +102,25 @@ pub fn build(
     }
 }
 
+/// Whether the backend `spec` declares takes batches through a provider's
+/// own batch API: Anthropic's always does; an OpenAI-compatible endpoint
+/// is asked (most local servers have none); the others never do.
+pub fn offers_batch_api(spec: &BackendSpec) -> Result<bool, BackendError> {
+    match spec {
+        BackendSpec::Openai(h) => {
+            let mut cfg = OpenAiConfig::new(h.model.clone(), Vec::new());
+            cfg.transport = transport(h)?;
+            OpenAiBackend::new(cfg)?
+                .offers_batch_api()
+                .map_err(BackendError::Setup)
+        }
+        BackendSpec::Anthropic(_) => Ok(true),
+        BackendSpec::Scripted { .. } | BackendSpec::Replay { .. } | BackendSpec::Llama { .. } => {
+            Ok(false)
+        }
+    }
+}
+
 /// A backend's identity, from the spec alone: the embedded model is named
 /// by its pinned hash (or its file's hash) and is never loaded or fetched
 /// here. Everything that changes what a backend answers is in it: the

@@ -61,6 +61,26 @@ impl OpenAiBackend {
     pub fn stats(&self) -> HttpStats {
         self.transport.stats()
     }
+
+    /// Whether the primary endpoint serves the Batch API: a listing of its
+    /// batches (`GET /batches?limit=1`) answers. Servers that speak only
+    /// `/chat/completions` (llama.cpp's, llama-cpp-python's) answer 404 or
+    /// 405; any other failure is an error, since no request would fare
+    /// better.
+    pub fn offers_batch_api(&self) -> Result<bool, String> {
+        let http = self
+            .transport
+            .batch_http()
+            .ok_or_else(|| "the backend has no endpoint".to_owned())?;
+        let url = http.url("/batches?limit=1");
+        match self.transport.block_on(http.get_json(&url)) {
+            Ok(_) => Ok(true),
+            Err(Fault::Status {
+                status: 404 | 405, ..
+            }) => Ok(false),
+            Err(fault) => Err(format!("GET {url}: {}", self.transport.fault_error(&fault))),
+        }
+    }
 }
 
 impl fmt::Debug for OpenAiBackend {
