@@ -48,6 +48,9 @@ struct Measured {
     full_vocab_samples: u64,
     drafted: u64,
     accepted: u64,
+    forced: u64,
+    forced_accepted: u64,
+    ended_early: u64,
     by_batch: [fanfold_llama::BatchCost; fanfold_llama::BATCH_BUCKETS.len()],
     /// Each unit's answer, by request index.
     texts: Vec<(usize, String)>,
@@ -142,6 +145,8 @@ struct Setup {
     /// Fork a shared prefix (otherwise every unit evaluates its whole prompt).
     share: bool,
     draft_tokens: usize,
+    /// Jump forward over the text the grammar forces.
+    jump_forward: bool,
     /// Read the decision from the scores of its values instead of
     /// generating it.
     choice_only: bool,
@@ -161,12 +166,14 @@ fn run_config(
         slots,
         share,
         draft_tokens,
+        jump_forward,
         choice_only,
         attention,
     } = setup;
     let mut cfg = LlamaConfig::new(model_path.to_owned());
     cfg.share_prefix = share;
     cfg.draft_tokens = draft_tokens;
+    cfg.jump_forward = jump_forward;
     cfg.attention = attention;
     cfg.slot_tokens = 1024;
     let model = EmbeddedModel::load(cfg)?;
@@ -200,6 +207,9 @@ fn run_config(
         full_vocab_samples: stats.full_vocab_samples,
         drafted: stats.drafted,
         accepted: stats.accepted,
+        forced: stats.forced,
+        forced_accepted: stats.forced_accepted,
+        ended_early: stats.ended_early,
         by_batch: stats.by_batch,
         ..Measured::default()
     };
@@ -216,12 +226,15 @@ fn run_config(
     }
     m.texts.sort();
     eprintln!(
-        "  {label}: {:.1}s, {} prompt tokens evaluated, {} reused, {} generated, {} decode calls, {} drafted, {} accepted",
+        "  {label}: {:.1}s, {} prompt tokens evaluated, {} reused, {} generated, {} decode calls, {} forced ({} accepted, {} ends), {} drafted, {} accepted",
         m.wall_s,
         m.prompt_evaluated,
         m.prompt_reused,
         m.generated,
         m.decode_calls,
+        m.forced,
+        m.forced_accepted,
+        m.ended_early,
         m.drafted,
         m.accepted
     );
@@ -377,11 +390,13 @@ pub fn main(args: FabricArgs) -> Result<()> {
 
     // Drafting is measured against the default (off) at this length.
     const DRAFT: usize = 8;
-    let draft = LlamaConfig::new(PathBuf::new()).draft_tokens;
+    let defaults = LlamaConfig::new(PathBuf::new());
+    let draft = defaults.draft_tokens;
     let base = Setup {
         slots: args.slots,
         share: true,
         draft_tokens: draft,
+        jump_forward: defaults.jump_forward,
         choice_only: false,
         attention: Attention::PerSequence,
     };
@@ -396,6 +411,14 @@ pub fn main(args: FabricArgs) -> Result<()> {
     let depth = shared.prefix_tokens as usize;
     let deep_limit = limit_at(depth, Attention::PerSequence)?;
     let unified_limit = limit_at(depth, Attention::UnifiedWithoutFlash)?;
+    let stepwise = run(
+        "shared prefix, step by step (no jump-forward)",
+        prefix,
+        Setup {
+            jump_forward: false,
+            ..base
+        },
+    )?;
     let drafted = run(
         &format!("shared prefix, drafting {DRAFT} tokens"),
         prefix,
@@ -531,7 +554,7 @@ pub fn main(args: FabricArgs) -> Result<()> {
     let header = "| configuration | slots | prefix tokens | prompt tokens evaluated | prompt tokens reused | generated | wall s | units/s | tokens/s |\n|---|---|---|---|---|---|---|---|---|";
     let _ = writeln!(md, "{header}");
     for m in [
-        &shared, &drafted, &unified, &naive, &single, &decided, &scored,
+        &shared, &stepwise, &drafted, &unified, &naive, &single, &decided, &scored,
     ] {
         let _ = writeln!(md, "{}", row(m));
     }
@@ -575,9 +598,26 @@ pub fn main(args: FabricArgs) -> Result<()> {
         share(rest_s),
         shared.wall_s
     );
+    let same_stepwise = stepwise.same_answers(&shared);
+    let sampled = shared.generated.saturating_sub(shared.forced_accepted);
     let _ = writeln!(
         md,
-        "\nDrafting (up to {DRAFT} tokens a step, looked up in the unit and the job's last answer, kept only where greedy decoding agrees; the default is {draft}, off): {} tokens drafted, {} accepted ({:.0}%); {} decode calls against {} without drafting, **{:.2}x** the wall time of the undrafted run. Answers byte-identical to the undrafted run: **{same} of {}**.",
+        "\nJump-forward (the default): where the grammar allows one continuation only, its text is drafted whole into the slot's next batch and checked there by greedy decoding, and an answer whose grammar allows only its end finishes without another step. Of the shared run's {} generated tokens, {} were forced text taken in a batch ({} drafted, {:.0}% accepted; the rest were split into other tokens by the model) and {sampled} were chosen one decode step at a time; {} answers ended without a step. {} decode calls against {} step by step (`jump_forward = false`), **{:.2}x** its wall time ({:.1} s against {:.1} s). Answers byte-identical to step-by-step decoding: **{same_stepwise} of {}**.",
+        shared.generated,
+        shared.forced_accepted,
+        shared.forced,
+        100.0 * ratio(shared.forced_accepted as f64, shared.forced as f64),
+        shared.ended_early,
+        shared.decode_calls,
+        stepwise.decode_calls,
+        ratio(shared.wall_s, stepwise.wall_s),
+        shared.wall_s,
+        stepwise.wall_s,
+        shared.texts.len()
+    );
+    let _ = writeln!(
+        md,
+        "\nDrafting (up to {DRAFT} tokens a step, looked up in the unit and the job's last answer, kept only where greedy decoding agrees, after the forced text; the default is {draft}, off): {} tokens drafted, {} accepted ({:.0}%); {} decode calls against {} without drafting, **{:.2}x** the wall time of the undrafted run. Answers byte-identical to the undrafted run: **{same} of {}**.",
         drafted.drafted,
         drafted.accepted,
         100.0 * ratio(drafted.accepted as f64, drafted.drafted as f64),
@@ -587,15 +627,17 @@ pub fn main(args: FabricArgs) -> Result<()> {
         shared.texts.len()
     );
     // The fastest this work could go here: every prompt token at the
-    // prompt limit, every generated token at the batched-generation limit.
+    // prompt limit, every token chosen by a decode step at the
+    // batched-generation limit, and the forced text taken in a batch at
+    // the prompt limit, as it is evaluated like a prompt.
     let ideal = |m: &Measured, l: &fanfold_llama::ThroughputLimit| {
-        m.prompt_evaluated as f64 / l.prompt_tps.max(1e-9)
-            + m.generated as f64 / l.generation_tps.max(1e-9)
+        (m.prompt_evaluated + m.forced_accepted) as f64 / l.prompt_tps.max(1e-9)
+            + m.generated.saturating_sub(m.forced_accepted) as f64 / l.generation_tps.max(1e-9)
     };
     let ideal_s = ideal(&shared, &limit);
     let _ = writeln!(
         md,
-        "\nShared vs naive: **{:.2}x** fewer prompt tokens evaluated, **{:.2}x** less wall time. Shared vs one slot: **{:.2}x** less wall time. Aggregate throughput of the shared run: {:.0} tokens/s, **{:.0}%** of the prompt-throughput limit; against the limits for its mix of work ({:.1} s for its prompt tokens at the prompt limit and its generated tokens at the batched-generation limit) it ran at **{:.0}%**.\n",
+        "\nShared vs naive: **{:.2}x** fewer prompt tokens evaluated, **{:.2}x** less wall time. Shared vs one slot: **{:.2}x** less wall time. Aggregate throughput of the shared run: {:.0} tokens/s, **{:.0}%** of the prompt-throughput limit; against the limits for its mix of work ({:.1} s for its prompt tokens and forced text at the prompt limit and the tokens it chose step by step at the batched-generation limit) it ran at **{:.0}%**.\n",
         ratio(
             naive.prompt_evaluated as f64,
             shared.prompt_evaluated as f64
@@ -680,7 +722,7 @@ pub fn main(args: FabricArgs) -> Result<()> {
         }
     }
     let errors: usize = [
-        &shared, &drafted, &unified, &naive, &single, &decided, &scored,
+        &shared, &stepwise, &drafted, &unified, &naive, &single, &decided, &scored,
     ]
     .iter()
     .map(|m| m.errors)

@@ -955,13 +955,13 @@ mod embedded {
         assert_eq!(usage(&a), usage(&b));
     }
 
-    /// Drafting changes how many decode steps an answer takes, not the
-    /// choices: on the example's own units, with each quote narrowed to the
-    /// unit's sentences, the drafted and undrafted runs write the same bytes.
-    /// (Batch shapes round differently, so on other units a near tie may
-    /// fall the other way; `bench fabric` counts how often.)
-    #[test]
-    fn drafted_answers_are_the_greedy_answers() {
+    /// The answers to six of the example's own units (each quote narrowed
+    /// to the unit's sentences) on the embedded model set up by
+    /// `configure`, with what the job measured.
+    fn example_answers(
+        slots: usize,
+        configure: impl Fn(&mut EmbeddedModel),
+    ) -> (Vec<(String, String)>, fanfold_llama::JobStats) {
         let plan =
             fanfold_engine::Plan::load(&super::repo().join("examples/issue-triage/spec.toml"))
                 .expect("the example loads");
@@ -1008,20 +1008,26 @@ mod embedded {
             key: "decision".into(),
             choices: vec!["blocker".into(), "not_blocker".into(), "unsure".into()],
         };
-        let answer = |draft_tokens: usize| {
-            let mut m = model(true);
-            m.set_draft_tokens(draft_tokens);
-            let job = QueueJob::new(stage.prefix(), requests.clone(), 2)
-                .with_schema(stage.schema.clone())
-                .with_decision(decision.clone());
-            let stats = m.run_job(&job).expect("runs");
-            let (done, _) = results(&job);
-            let texts: Vec<(String, String)> =
-                done.into_iter().map(|(id, c)| (id, c.text)).collect();
-            (texts, stats)
-        };
-        let (plain, plain_stats) = answer(0);
-        let (drafted, stats) = answer(8);
+        let mut m = model(true);
+        configure(&mut m);
+        let job = QueueJob::new(stage.prefix(), requests, slots)
+            .with_schema(stage.schema.clone())
+            .with_decision(decision);
+        let stats = m.run_job(&job).expect("runs");
+        let (done, _) = results(&job);
+        let texts = done.into_iter().map(|(id, c)| (id, c.text)).collect();
+        (texts, stats)
+    }
+
+    /// Drafting changes how many decode steps an answer takes, not the
+    /// choices: on the example's own units the drafted and undrafted runs
+    /// write the same bytes. (Batch shapes round differently, so on other
+    /// units a near tie may fall the other way; `bench fabric` counts how
+    /// often.)
+    #[test]
+    fn drafted_answers_are_the_greedy_answers() {
+        let (plain, plain_stats) = example_answers(2, |m| m.set_draft_tokens(0));
+        let (drafted, stats) = example_answers(2, |m| m.set_draft_tokens(8));
         assert_eq!(plain_stats.drafted, 0);
         assert!(stats.accepted > 0, "{stats:?}");
         assert!(
@@ -1029,6 +1035,43 @@ mod embedded {
             "{stats:?} vs {plain_stats:?}"
         );
         assert_eq!(drafted, plain);
+    }
+
+    /// Jump-forward takes the text the grammar forces in one batch and
+    /// finishes an answer whose rest is forced: fewer decode steps, the
+    /// bytes of decoding one step at a time. llama.cpp's CPU kernels round
+    /// differently in batches of other shapes, so a near tie between two
+    /// allowed tokens can fall either way under any change of schedule:
+    /// units whose step-by-step answer changes with the slot count alone
+    /// are such ties, and are left out of the comparison.
+    #[test]
+    fn jumping_over_forced_text_writes_the_stepwise_answers() {
+        let (stepwise, step_stats) = example_answers(1, |m| m.set_jump_forward(false));
+        let (two_slots, _) = example_answers(2, |m| m.set_jump_forward(false));
+        let (jumped, stats) = example_answers(1, |m| m.set_jump_forward(true));
+        assert_eq!(step_stats.forced, 0);
+        assert_eq!(step_stats.ended_early, 0);
+        assert!(stats.forced_accepted > 0, "{stats:?}");
+        assert!(stats.forced_accepted <= stats.forced, "{stats:?}");
+        assert!(stats.jumped > 0, "{stats:?}");
+        // An answer that closes its JSON ends in forced text (one cut off
+        // by its token budget does not).
+        let closed = jumped
+            .iter()
+            .filter(|(_, t)| serde_json::from_str::<Value>(t).is_ok())
+            .count() as u64;
+        assert!(closed > 0, "{jumped:?}");
+        assert_eq!(stats.ended_early, closed, "{stats:?}");
+        assert!(
+            stats.decode_calls < step_stats.decode_calls,
+            "{stats:?} vs {step_stats:?}"
+        );
+        let stable: Vec<&(String, String)> =
+            stepwise.iter().filter(|a| two_slots.contains(a)).collect();
+        assert!(stable.len() >= 3, "{stepwise:?} vs {two_slots:?}");
+        for answer in stable {
+            assert!(jumped.contains(answer), "{answer:?} not in {jumped:?}");
+        }
     }
 
     #[test]

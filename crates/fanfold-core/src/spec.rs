@@ -832,6 +832,13 @@ pub enum BackendSpec {
         /// fabric` measures whether it pays on a machine.
         #[serde(default = "default_draft_tokens")]
         draft_tokens: usize,
+        /// Jump forward over the text the output grammar forces (the JSON
+        /// between an answer's values, and its end): drafted whole into
+        /// one batch and checked there by greedy decoding, instead of one
+        /// decode step per token. On by default; like `draft_tokens` an
+        /// execution setting, not part of the cache key.
+        #[serde(default = "default_jump_forward")]
+        jump_forward: bool,
     },
     /// An OpenAI-compatible `/v1/chat/completions` endpoint: vLLM,
     /// llama.cpp's `llama-server`, Ollama, OpenAI.
@@ -953,6 +960,10 @@ fn default_n_batch() -> u32 {
 
 fn default_draft_tokens() -> usize {
     0
+}
+
+fn default_jump_forward() -> bool {
+    true
 }
 
 fn default_slot_tokens() -> u32 {

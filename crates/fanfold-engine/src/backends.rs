@@ -51,6 +51,7 @@ pub fn build(
             n_batch,
             slot_tokens,
             draft_tokens,
+            jump_forward,
         } => {
             let identity = identity(spec, spec_dir, execution)?;
             let path = match model {
@@ -65,6 +66,7 @@ pub fn build(
             cfg.n_batch = *n_batch;
             cfg.slot_tokens = *slot_tokens;
             cfg.draft_tokens = *draft_tokens;
+            cfg.jump_forward = *jump_forward;
             cfg.model_id = Some(identity.model_id);
             let model = EmbeddedModel::load(cfg).map_err(|e| BackendError::Setup(e.to_string()))?;
             Ok(Box::new(model))

@@ -9,6 +9,7 @@
 //! here, on the Rust side: llama.cpp's own perf counters miss batched and
 //! copied tokens.
 
+use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -29,6 +30,7 @@ use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 
 mod draft;
+mod forced;
 mod grammar;
 
 /// Temperature of retries; first attempts are greedy.
@@ -65,6 +67,11 @@ pub struct LlamaConfig {
     /// drafted token costs about half a decode step to check, about what
     /// the drafts save at the acceptance seen here.
     pub draft_tokens: usize,
+    /// Jump forward over the text the grammar forces (the JSON between an
+    /// answer's values, its end): it is drafted whole into the slot's next
+    /// batch and checked there by greedy decoding, so answers do not change
+    /// beyond the batch shape's rounding.
+    pub jump_forward: bool,
     /// How the slots' keys and values are held and attended.
     pub attention: Attention,
 }
@@ -105,6 +112,7 @@ impl LlamaConfig {
             share_prefix: true,
             model_id: None,
             draft_tokens: 0,
+            jump_forward: true,
             attention: Attention::default(),
         }
     }
@@ -154,6 +162,9 @@ pub struct EmbeddedModel {
     model: LlamaModel,
     model_id: String,
     cfg: LlamaConfig,
+    /// The grammar probe for jump-forward, made on the first job that
+    /// needs it.
+    forced: OnceLock<forced::Forced>,
 }
 
 /// What one job measured, beyond per-unit usage.
@@ -177,6 +188,14 @@ pub struct JobStats {
     /// decoding chose too (each saved one decode step of its slot).
     pub drafted: u64,
     pub accepted: u64,
+    /// Tokens of forced text drafted ahead (jump-forward), and of them the
+    /// ones greedy decoding chose too.
+    pub forced: u64,
+    pub forced_accepted: u64,
+    /// Answers finished where the grammar forced the rest of them, and the
+    /// tokens of that rest (as the tokenizer splits it), never decoded.
+    pub ended_early: u64,
+    pub jumped: u64,
     /// Units answered from the scores of their decision's values alone.
     pub scored: u64,
     /// Decode time by batch size: where the model's time goes.
@@ -219,12 +238,18 @@ impl EmbeddedModel {
             model,
             model_id,
             cfg,
+            forced: OnceLock::new(),
         })
     }
 
     /// Sets how far slots draft ahead (0: off).
     pub fn set_draft_tokens(&mut self, n: usize) {
         self.cfg.draft_tokens = n;
+    }
+
+    /// Turns jump-forward over forced text on or off.
+    pub fn set_jump_forward(&mut self, on: bool) {
+        self.cfg.jump_forward = on;
     }
 
     pub fn path(&self) -> &Path {
@@ -280,6 +305,8 @@ impl EmbeddedModel {
         let prefix = vocab.tokenize(prefix_text.as_bytes(), vocab.should_add_bos(), true);
         let tail = vocab.tokenize(tail_text.as_bytes(), false, true);
         let grammar = self.grammar(job)?;
+        let forced = (self.cfg.jump_forward && grammar.is_some())
+            .then(|| self.forced.get_or_init(|| forced::Forced::new(&self.model)));
         let scorer = job
             .decision()
             .and_then(|d| ChoiceScorer::new(&self.model, d));
@@ -350,6 +377,9 @@ impl EmbeddedModel {
         // The job's last finished answer: where the JSON between values is
         // drafted from.
         let mut last_answer: Vec<LlamaToken> = Vec::new();
+        // Forced text, and the tokens the model split it into when it
+        // last wrote it: drafted again in its own split.
+        let mut learned: HashMap<Vec<u8>, Vec<LlamaToken>> = HashMap::new();
         let mut batch = LlamaBatch::new(n_batch as usize, slots as i32 + 1);
         loop {
             // A cancelled job abandons its in-flight units between decode
@@ -437,10 +467,15 @@ impl EmbeddedModel {
                             },
                             None => None,
                         };
+                        let ahead = match (forced, &sampler) {
+                            (Some(f), Some(g)) => f.ahead(g),
+                            _ => forced::Ahead::default(),
+                        };
                         *slot = Slot {
                             pending,
                             prefix_pending,
                             pos,
+                            ahead,
                             sampler,
                             started: Some(Instant::now()),
                             req: Some(req),
@@ -496,7 +531,7 @@ impl EmbeddedModel {
                     slot.logits_at = Some(batch.n_tokens() - 1);
                     slot.pos += 1;
                     let max = self.draft_room(slot).min(room);
-                    room -= add_draft(slot, &mut batch, seq, max, &last_answer);
+                    room -= self.add_draft(slot, &mut batch, seq, max, &learned, &last_answer);
                     continue;
                 }
                 if take == 0 {
@@ -516,7 +551,7 @@ impl EmbeddedModel {
                 if slot.pending.is_empty() {
                     // The prompt ends here: draft the answer's opening.
                     let max = self.draft_room(slot).min(room);
-                    room -= add_draft(slot, &mut batch, seq, max, &last_answer);
+                    room -= self.add_draft(slot, &mut batch, seq, max, &learned, &last_answer);
                 }
             }
             stats.largest_batch = stats.largest_batch.max(batch.n_tokens() as u64);
@@ -582,6 +617,7 @@ impl EmbeddedModel {
                     continue;
                 }
                 let drafted = std::mem::take(&mut slot.draft);
+                let forced_drafts = std::mem::take(&mut slot.forced_drafts);
                 let mut accepted = 0;
                 let mut finished = None;
                 for j in 0..=drafted.len() {
@@ -603,6 +639,9 @@ impl EmbeddedModel {
                         && !vocab.is_eog(t)
                     {
                         s.accept(t);
+                        if let Some(f) = forced {
+                            slot.ahead = f.ahead(s);
+                        }
                     }
                     stats.sample_us += t0.elapsed().as_micros() as u64;
                     stats.samples += 1;
@@ -622,8 +661,26 @@ impl EmbeddedModel {
                         Some(t) => {
                             slot.out.extend(vocab.token_to_piece(t, false, None));
                             slot.tokens.push(t);
+                            slot.piece_ends.push(slot.out.len());
                             slot.generated += 1;
+                            learn(slot, &mut learned);
                             if slot.generated >= max_output {
+                                finished = Some(Ok(()));
+                                break;
+                            }
+                            // The rest of the answer is forced: greedy
+                            // decoding could write no other bytes, even one
+                            // byte a token within the answer's budget.
+                            if slot.ahead.ends
+                                && slot.generated as usize + slot.ahead.text.len()
+                                    <= max_output as usize
+                            {
+                                let rest = std::mem::take(&mut slot.ahead.text);
+                                let tokens = vocab.tokenize(&rest, false, false).len() as u32;
+                                slot.out.extend_from_slice(&rest);
+                                slot.generated += tokens;
+                                stats.jumped += u64::from(tokens);
+                                stats.ended_early += 1;
                                 finished = Some(Ok(()));
                                 break;
                             }
@@ -638,8 +695,11 @@ impl EmbeddedModel {
                         }
                     }
                 }
-                stats.drafted += drafted.len() as u64;
-                stats.accepted += accepted as u64;
+                let forced_accepted = accepted.min(forced_drafts);
+                stats.forced += forced_drafts as u64;
+                stats.forced_accepted += forced_accepted as u64;
+                stats.drafted += (drafted.len() - forced_drafts) as u64;
+                stats.accepted += (accepted - forced_accepted) as u64;
                 let Some(result) = finished else {
                     // Drafts past the first disagreement were evaluated into
                     // the slot's KV; drop them so the next input follows the
@@ -697,13 +757,107 @@ impl EmbeddedModel {
             return 0;
         }
         match &slot.req {
-            Some(req) if req.attempt <= 1 => self
-                .cfg
-                .draft_tokens
-                .min((req.max_output_tokens.saturating_sub(slot.generated + 1)) as usize),
+            Some(req) if req.attempt <= 1 => {
+                req.max_output_tokens.saturating_sub(slot.generated + 1) as usize
+            }
             _ => 0,
         }
     }
+
+    /// Drafts up to `max` tokens for `slot` and appends them to the batch
+    /// right after its last input, each with logits: first the text its
+    /// grammar forces (jump-forward), then up to `draft_tokens` looked up
+    /// in the unit and the job's last answer. Returns how many.
+    fn add_draft(
+        &self,
+        slot: &mut Slot,
+        batch: &mut LlamaBatch,
+        seq: i32,
+        max: usize,
+        learned: &HashMap<Vec<u8>, Vec<LlamaToken>>,
+        last_answer: &[LlamaToken],
+    ) -> usize {
+        let mut draft = Vec::new();
+        if max > 0 && !slot.ahead.text.is_empty() {
+            let text = &slot.ahead.text;
+            draft = match learned.get(text) {
+                Some(tokens) => tokens.clone(),
+                None => {
+                    // Until the model has written this text once, its split
+                    // is a guess: the tokenizer's, a few tokens of it.
+                    if slot.watch.is_none() {
+                        slot.watch = Some(Watch {
+                            text: text.clone(),
+                            from_byte: slot.out.len(),
+                            from_token: slot.tokens.len(),
+                        });
+                    }
+                    let mut guess = self.model.vocab().tokenize(text, false, false);
+                    guess.truncate(UNLEARNED_FORCED_TOKENS);
+                    guess
+                }
+            };
+            draft.truncate(max);
+        }
+        let forced_drafts = draft.len();
+        let lookup = self.cfg.draft_tokens.min(max - forced_drafts);
+        if lookup > 0 {
+            let mut seen = slot.tokens.clone();
+            seen.extend_from_slice(&draft);
+            draft.extend(draft::draft(
+                &seen,
+                &[&slot.unit, last_answer],
+                last_answer,
+                lookup,
+            ));
+        }
+        let mut added = 0;
+        for t in &draft {
+            if batch.add(*t, slot.pos, &[seq], true).is_err() {
+                break;
+            }
+            slot.pos += 1;
+            added += 1;
+        }
+        draft.truncate(added);
+        slot.forced_drafts = forced_drafts.min(added);
+        slot.draft = draft;
+        added
+    }
+}
+
+/// Most tokens of forced text drafted in the tokenizer's split, before the
+/// model has shown its own: a wrong split wastes every token after it.
+const UNLEARNED_FORCED_TOKENS: usize = 4;
+
+/// Forced text a slot is writing, watched until the model has split it.
+struct Watch {
+    text: Vec<u8>,
+    from_byte: usize,
+    from_token: usize,
+}
+
+/// Once the slot's output covers the forced text it watches, remembers
+/// the tokens that spell it (or the longest run of them that ends inside
+/// it) as the model's split of that text.
+fn learn(slot: &mut Slot, learned: &mut HashMap<Vec<u8>, Vec<LlamaToken>>) {
+    let Some(w) = &slot.watch else { return };
+    let end = w.from_byte + w.text.len();
+    if slot.out.len() < end {
+        return;
+    }
+    let within = slot
+        .piece_ends
+        .iter()
+        .skip(w.from_token)
+        .take_while(|e| **e <= end)
+        .count();
+    if let Some(tokens) = slot.tokens.get(w.from_token..w.from_token + within)
+        && !tokens.is_empty()
+    {
+        learned.insert(w.text.clone(), tokens.to_vec());
+    }
+    slot.watch = None;
 }
 
 /// What one finished unit cost. The shared prefix was evaluated once; it is
@@ -743,28 +897,6 @@ fn best_choice(scores: &[(String, f64)]) -> Option<&str> {
     best.map(|(v, _)| v.as_str())
 }
 
-/// Drafts up to `max` tokens for `slot` and appends them to the batch right
-/// after its last input, each with logits. Returns how many.
-fn add_draft(
-    slot: &mut Slot,
-    batch: &mut LlamaBatch,
-    seq: i32,
-    max: usize,
-    last_answer: &[LlamaToken],
-) -> usize {
-    slot.draft = draft::draft(&slot.tokens, &[&slot.unit, last_answer], last_answer, max);
-    let mut added = 0;
-    for t in &slot.draft {
-        if batch.add(*t, slot.pos, &[seq], true).is_err() {
-            break;
-        }
-        slot.pos += 1;
-        added += 1;
-    }
-    slot.draft.truncate(added);
-    added
-}
-
 #[derive(Default)]
 struct Slot {
     req: Option<Request>,
@@ -791,6 +923,14 @@ struct Slot {
     tokens: Vec<LlamaToken>,
     /// Tokens drafted after the slot's last input in the current batch.
     draft: Vec<LlamaToken>,
+    /// Of `draft`, how many lead it as the grammar's forced text.
+    forced_drafts: usize,
+    /// The text the grammar forces after the last token accepted.
+    ahead: forced::Ahead,
+    /// Forced text whose split by the model is not known yet.
+    watch: Option<Watch>,
+    /// `out`'s length after each of `tokens`.
+    piece_ends: Vec<usize>,
     /// The answer is read from the scores after the prompt, not generated.
     choice_only: bool,
 }
@@ -964,6 +1104,10 @@ impl ModelBackend for EmbeddedModel {
             truncated_units = stats.truncated_units,
             drafted = stats.drafted,
             accepted = stats.accepted,
+            forced = stats.forced,
+            forced_accepted = stats.forced_accepted,
+            ended_early = stats.ended_early,
+            jumped = stats.jumped,
             scored = stats.scored,
             "llama job finished"
         );
