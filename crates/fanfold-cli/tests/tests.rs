@@ -1701,6 +1701,139 @@ fn a_dead_endpoint_stops_the_stage_after_three_calls() {
     assert!(md.contains("stopped itself"), "{md}");
 }
 
+/// A mock OpenAI endpoint that answers every request with `status` after
+/// `delay_ms` (a long delay is a server that hangs).
+fn sick_server(status: u16, delay_ms: u64) -> fanfold_testkit::Server {
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || async move {
+            tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+            fanfold_testkit::wire::json_reply(
+                axum::http::StatusCode::from_u16(status).unwrap(),
+                serde_json::json!({"error": {"message": "injected"}}),
+            )
+        }),
+    );
+    fanfold_testkit::Server::start(app).expect("mock server")
+}
+
+/// An endpoint that is not there ends the run promptly with the default
+/// retries and breaker: refused before it ever answered, it is set aside
+/// at once, and the run names the URL, says it is incomplete and exits 3.
+#[test]
+fn a_closed_port_with_default_retries_ends_the_run_promptly() {
+    let port = closed_port();
+    let f = Fixture::new(
+        JSON_ARRAY,
+        &format!(
+            "[backends.dead]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"http://127.0.0.1:{port}/v1\"\n"
+        ),
+    );
+    f.input(&flagged_rows(30));
+    let started = std::time::Instant::now();
+    let o = run_within(
+        bin()
+            .arg("run")
+            .arg(f.path("spec.toml"))
+            .arg("--store")
+            .arg(f.path("store.sqlite"))
+            .arg("--out")
+            .arg(f.path("out"))
+            .args(["--backend", "dead", "--slots", "4"]),
+        std::time::Duration::from_secs(60),
+    );
+    let took = started.elapsed();
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+    let c = f.certificate();
+    assert_eq!(c["stop"]["reason"], "breaker_tripped", "{}", c["stop"]);
+    let detail = c["stop"]["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains(&format!("127.0.0.1:{port}")) && detail.contains("could not be reached"),
+        "{detail}"
+    );
+    let err = stderr(&o);
+    assert!(
+        err.contains("INCOMPLETE") && err.contains(&format!("127.0.0.1:{port}")),
+        "{err}"
+    );
+}
+
+/// A server that answers only 500s gives up without waiting out its
+/// breaker's cool-down: the stage stops on its first failing calls, and
+/// the calls still in flight are abandoned, not retried.
+#[test]
+fn a_server_that_only_fails_stops_the_stage_without_waiting_on_its_breaker() {
+    let server = sick_server(500, 0);
+    let f = Fixture::new(
+        JSON_ARRAY,
+        &format!(
+            "[backends.sick]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\n",
+            server.openai_url()
+        ),
+    );
+    f.input(&flagged_rows(30));
+    let started = std::time::Instant::now();
+    let o = run_within(
+        bin()
+            .arg("run")
+            .arg(f.path("spec.toml"))
+            .arg("--store")
+            .arg(f.path("store.sqlite"))
+            .arg("--out")
+            .arg(f.path("out"))
+            .args(["--backend", "sick", "--slots", "4"]),
+        std::time::Duration::from_secs(120),
+    );
+    let took = started.elapsed();
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    // The breaker's cool-down is 30 s: a run that waited on it takes longer.
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+    let c = f.certificate();
+    assert_eq!(c["stop"]["reason"], "breaker_tripped", "{}", c["stop"]);
+    assert!(
+        c["stop"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("http_status 500")),
+        "{}",
+        c["stop"]
+    );
+}
+
+/// A server that hangs cannot hold a run past its wall budget: calls in
+/// flight are abandoned at the limit, and the answer says why.
+#[test]
+fn a_hanging_server_ends_the_run_at_its_wall_budget() {
+    let server = sick_server(200, 3_600_000);
+    let f = Fixture::new(
+        JSON_ARRAY,
+        &format!(
+            "[budget]\nmax_wall_secs = 3\n[backends.hang]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\n",
+            server.openai_url()
+        ),
+    );
+    f.input(&flagged_rows(8));
+    let o = run_within(
+        bin()
+            .arg("run")
+            .arg(f.path("spec.toml"))
+            .arg("--store")
+            .arg(f.path("store.sqlite"))
+            .arg("--out")
+            .arg(f.path("out"))
+            .args(["--backend", "hang", "--slots", "2"]),
+        // The request timeout is 120 s: only the wall budget ends it sooner.
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let c = f.certificate();
+    assert_eq!(c["stop"]["reason"], "budget_exhausted", "{}", c["stop"]);
+    assert_eq!(c["stop"]["budget"], "wall_secs", "{}", c["stop"]);
+    assert_eq!(c["statuses"]["positive"], 0);
+    let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
+    assert!(md.starts_with("# INCOMPLETE"), "{md}");
+}
+
 /// A judge whose rubric is wrong (the script inverts the decision) trips
 /// its breaker on the canaries within the window; the right one passes
 /// them, and canaries never reach the answer.
@@ -2144,6 +2277,121 @@ fn two_processes_on_one_store_pay_for_each_unit_once() {
     }
     assert_eq!(calls, units, "{calls} calls for {units} units");
     assert_eq!(f.fact_count(), units as u64);
+}
+
+/// A mock OpenAI endpoint that judges a record's `flag` after its
+/// `delay_ms` and counts the calls it answered for each unit.
+fn counting_judge() -> (
+    fanfold_testkit::Server,
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+) {
+    use axum::extract::State;
+    use std::sync::{Arc, Mutex};
+    type Calls = Arc<Mutex<std::collections::HashMap<String, usize>>>;
+    async fn judge(
+        State(calls): State<Calls>,
+        body: axum::body::Bytes,
+    ) -> axum::response::Response {
+        let body: Value = serde_json::from_slice(&body).unwrap_or_default();
+        let content = fanfold_testkit::wire::user_content(&body).unwrap_or_default();
+        let Some((id, record)) = fanfold_testkit::wire::record_of(content) else {
+            return fanfold_testkit::wire::json_reply(
+                axum::http::StatusCode::BAD_REQUEST,
+                serde_json::json!({"error": {"message": "unrecognised request"}}),
+            );
+        };
+        *calls.lock().unwrap().entry(id).or_default() += 1;
+        let delay = record["delay_ms"].as_u64().unwrap_or(0);
+        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+        let decision = if record["flag"] == true { "yes" } else { "no" };
+        let answer = serde_json::json!({"decision": decision}).to_string();
+        fanfold_testkit::wire::json_reply(
+            axum::http::StatusCode::OK,
+            fanfold_testkit::wire::openai_chat_reply("m", &answer, content.len()),
+        )
+    }
+    let calls: Calls = Arc::default();
+    let app = axum::Router::new()
+        .route("/v1/chat/completions", axum::routing::post(judge))
+        .with_state(calls.clone());
+    (
+        fanfold_testkit::Server::start(app).expect("mock server"),
+        calls,
+    )
+}
+
+/// Four processes on one store with an HTTP backend and several slots
+/// each: every unit is called once between them, every process ends, and
+/// they give the same answer. A run waiting for a unit another run holds
+/// must keep completing its own requests in flight, or each waits on the
+/// other's leases forever.
+#[test]
+fn four_processes_on_one_store_with_an_http_backend_all_finish() {
+    let (server, calls) = counting_judge();
+    let f = Fixture::new(
+        JSON_ARRAY,
+        &format!(
+            "[backends.http]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\n",
+            server.openai_url()
+        ),
+    );
+    let units: usize = 48;
+    let rows: Vec<Value> = (0..units)
+        .map(|i| serde_json::json!({"id": i, "flag": i % 3 == 0, "delay_ms": 20 + (i % 5) * 10}))
+        .collect();
+    f.input(&serde_json::to_vec(&rows).expect("rows"));
+    let processes = 4;
+    let mut children: Vec<_> = (0..processes)
+        .map(|n| {
+            let log = std::fs::File::create(f.path(&format!("err{n}.log"))).expect("log");
+            bin()
+                .arg("run")
+                .arg(f.path("spec.toml"))
+                .arg("--store")
+                .arg(f.path("store.sqlite"))
+                .arg("--out")
+                .arg(f.path(&format!("out{n}")))
+                .args(["--backend", "http", "--slots", "4", "--json"])
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("starts")
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let limit = std::time::Duration::from_secs(120);
+    let mut codes = vec![None; processes];
+    while codes.iter().any(Option::is_none) {
+        for (n, child) in children.iter_mut().enumerate() {
+            if codes[n].is_none()
+                && let Some(status) = child.try_wait().expect("wait")
+            {
+                codes[n] = Some(status.code());
+            }
+        }
+        if started.elapsed() > limit {
+            for c in &mut children {
+                let _ = c.kill();
+            }
+            panic!("processes still running after {limit:?}: {codes:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut answers = Vec::new();
+    for (n, code) in codes.iter().enumerate() {
+        let err = std::fs::read_to_string(f.path(&format!("err{n}.log"))).unwrap_or_default();
+        assert_eq!(*code, Some(Some(0)), "run {n}: {err}");
+        let answer =
+            std::fs::read_to_string(f.path(&format!("out{n}/answer.json"))).expect("answer");
+        let v: Value = serde_json::from_str(&answer).expect("json");
+        answers.push(v["items"].clone());
+    }
+    assert_eq!(answers[0].as_array().map(Vec::len), Some(units.div_ceil(3)));
+    assert!(answers.iter().all(|a| a == &answers[0]), "{answers:?}");
+    let calls = calls.lock().unwrap();
+    assert_eq!(calls.len(), units, "every unit called");
+    let repeats: Vec<_> = calls.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(repeats.is_empty(), "called more than once: {repeats:?}");
 }
 
 /// An input that does not parse leaves nothing in the store, and `gc`

@@ -8,10 +8,14 @@ use std::time::Instant;
 
 use fanfold_core::Status;
 use fanfold_core::spec::{BreakerSpec, BudgetSpec, ContractSpec};
-use fanfold_model::{BatchLedger, CallError, Completion, DecisionField, Job, Request, Usage};
+use fanfold_model::{BatchLedger, CallError, Completion, DecisionField, Job, Next, Request, Usage};
 use fanfold_ops::contract::{Budget, Controller, StopReason};
 use fanfold_ops::map::{Interpreted, MapStage};
 use serde_json::Value;
+
+/// How soon a backend that found every slot taken asks again, when it
+/// asks without blocking (a completion usually frees one sooner).
+const SLOT_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// What a usage costs in US dollars; `None` when the backend is unpriced.
 pub type PriceFn<'a> = dyn Fn(&Usage) -> Option<f64> + Sync + 'a;
@@ -120,6 +124,17 @@ impl BudgetPool {
         self.started.elapsed().as_millis() as u64
     }
 
+    /// The wall budget's stop, once it is spent.
+    pub fn wall_spent(&self) -> Option<StopReason> {
+        let limit = self.limits.max_wall_secs?;
+        let secs = self.started.elapsed().as_secs();
+        (secs >= limit).then_some(StopReason::BudgetExhausted {
+            budget: Budget::WallSecs,
+            limit,
+            used: secs,
+        })
+    }
+
     fn try_reserve(&self, r: Reservation) -> Result<(), StopReason> {
         let tokens = r.tokens;
         let mut s = self.lock();
@@ -141,15 +156,8 @@ impl BudgetPool {
                 used: s.tokens,
             });
         }
-        if let Some(limit) = self.limits.max_wall_secs {
-            let secs = self.started.elapsed().as_secs();
-            if secs >= limit {
-                return Err(StopReason::BudgetExhausted {
-                    budget: Budget::WallSecs,
-                    limit,
-                    used: secs,
-                });
-            }
+        if let Some(stop) = self.wall_spent() {
+            return Err(stop);
         }
         if let Some(limit) = self.limits.max_usd
             && s.usd + s.reserved_usd + r.usd > limit
@@ -206,6 +214,8 @@ struct Guard {
     canary_failures: Vec<(String, String, String)>,
     /// The kinds of the first calls, while none has succeeded.
     first_failures: Vec<String>,
+    /// What the first of them said (the URL and cause, for a backend).
+    first_message: Option<String>,
     succeeded: bool,
 }
 
@@ -295,7 +305,7 @@ impl<'a> StageJob<'a> {
     /// Records one call's outcome for the fail-fast rule; the reason to
     /// stop, if this call is the last of the first calls that all failed
     /// the same way.
-    fn watch_call(&self, state: &mut State, failure: Option<String>) -> Option<String> {
+    fn watch_call(&self, state: &mut State, failure: Option<(String, String)>) -> Option<String> {
         let g = &mut state.guard;
         match failure {
             None => {
@@ -303,12 +313,18 @@ impl<'a> StageJob<'a> {
                 None
             }
             Some(_) if g.succeeded => None,
-            Some(kind) => {
+            Some((kind, message)) => {
                 g.first_failures.push(kind);
+                g.first_message.get_or_insert(message);
                 let first = g.first_failures.first()?;
                 let same = g.first_failures.len() == FAIL_FAST_CALLS
                     && g.first_failures.iter().all(|k| k == first);
-                same.then(|| format!("its first {FAIL_FAST_CALLS} calls all failed with {first}"))
+                same.then(|| {
+                    format!(
+                        "its first {FAIL_FAST_CALLS} calls all failed with {first} ({})",
+                        g.first_message.as_deref().unwrap_or_default()
+                    )
+                })
             }
         }
     }
@@ -494,78 +510,27 @@ impl<'a> StageJob<'a> {
         ended
     }
 
-    fn finish_unit(
-        &self,
-        state: &mut State,
-        index: usize,
-        mut r: UnitResult,
-    ) -> (usize, UnitResult) {
-        // The controller learns of the result from the fact ledger, through
-        // `on_finish`: one place, for cached and computed facts alike.
-        r.usage = state.usage.remove(&index).unwrap_or_default();
-        (index, r)
-    }
-}
-
-impl Job for StageJob<'_> {
-    fn prefix(&self) -> &str {
-        self.stage.prefix()
-    }
-
-    fn slots(&self) -> usize {
-        self.slots
-    }
-
-    /// In-flight units are abandoned only when none of their results can
-    /// change the answer or the declared limit is time: a threshold proven,
-    /// or the wall budget spent. Under top_k an opened unit's bound is at
-    /// least every unopened one's, so it must finish; calls and tokens of a
-    /// spent budget were reserved before sending, so those finish too.
-    fn is_cancelled(&self) -> bool {
-        match &self.lock().stop {
-            Some(StopReason::ContractSatisfied { .. }) => !matches!(
-                self.controller
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .contract(),
-                ContractSpec::TopK { .. }
-            ),
-            Some(StopReason::BudgetExhausted { budget, .. }) => *budget == Budget::WallSecs,
-            _ => false,
-        }
-    }
-
-    fn output_schema(&self) -> Option<&Value> {
-        Some(&self.stage.schema)
-    }
-
-    fn batch_ledger(&self) -> Option<&dyn BatchLedger> {
-        self.ledger
-    }
-
-    fn decision(&self) -> Option<&DecisionField> {
-        // Only a top-level decision key can be found in the generated text.
-        (self.interpreter.is_none() && self.stage.spec.decision.pointer.matches('/').count() == 1)
-            .then_some(&self.decision)
-    }
-
-    fn choice_only(&self) -> bool {
-        self.stage.choice_only() && self.decision().is_some()
-    }
-
-    fn next(&self) -> Option<Request> {
+    /// The next unit to open. With `block`, waits for a free slot and for
+    /// units other runs hold; without, says how long to wait instead, so a
+    /// backend whose own completions run on the asking thread keeps them
+    /// going.
+    fn take(&self, block: bool) -> Next {
         let mut ended = Vec::new();
         let request = {
             let mut state = self.lock();
             // Slots are enforced here: a backend asking for more than it may
             // hold waits for a completion.
-            while state.in_flight >= self.slots {
-                state = self
-                    .slot_free
-                    .wait(state)
-                    .unwrap_or_else(|e| e.into_inner());
-            }
             loop {
+                if state.in_flight >= self.slots {
+                    if !block {
+                        break Next::Later(SLOT_POLL);
+                    }
+                    state = self
+                        .slot_free
+                        .wait(state)
+                        .unwrap_or_else(|e| e.into_inner());
+                    continue;
+                }
                 if state.stop.is_none()
                     && self
                         .halt
@@ -583,7 +548,7 @@ impl Job for StageJob<'_> {
                     });
                 }
                 if state.stop.is_some() && state.queue.iter().all(|p| p.attempt == 1) {
-                    break None;
+                    break Next::Done;
                 }
                 let best_unopened = state
                     .queue
@@ -617,11 +582,15 @@ impl Job for StageJob<'_> {
                     .position(|p| p.not_before.is_none_or(|t| t <= now));
                 let Some(mut p) = ready.and_then(|at| state.queue.remove(at)) else {
                     let Some(wake) = state.queue.iter().filter_map(|p| p.not_before).min() else {
-                        break None;
+                        break Next::Done;
                     };
+                    let after = wake.saturating_duration_since(now);
+                    if !block {
+                        break Next::Later(after);
+                    }
                     state = self
                         .slot_free
-                        .wait_timeout(state, wake.saturating_duration_since(now))
+                        .wait_timeout(state, after)
                         .map(|(s, _)| s)
                         .unwrap_or_else(|e| e.into_inner().0);
                     continue;
@@ -650,33 +619,12 @@ impl Job for StageJob<'_> {
                 if let Err(stop) = self.budget.try_reserve(estimate) {
                     p.prompt = Some(prompt);
                     state.queue.push_front(p);
-                    let reason = format!("budget_exhausted:{}", stop_budget(&stop));
-                    // Retries that cannot be paid for end as errors, not negatives.
-                    let retries: Vec<Pending> = state
-                        .queue
-                        .iter()
-                        .filter(|p| p.attempt > 1)
-                        .cloned()
-                        .collect();
-                    state.queue.retain(|p| p.attempt == 1);
-                    for r in retries {
-                        let res = UnitResult {
-                            status: Status::Error,
-                            interpreted: None,
-                            reason: Some(format!("retry not run: {reason}")),
-                            attempts: r.attempt - 1,
-                            usage: Usage::default(),
-                            truncated_tokens: 0,
-                        };
-                        ended.push(self.finish_unit(&mut state, r.index, res));
-                    }
-                    ended.extend(self.drain_unopened(&mut state, Status::NotRun, &reason));
-                    state.stop.get_or_insert(stop);
-                    break None;
+                    ended.extend(self.stop_for_budget(&mut state, stop));
+                    break Next::Done;
                 }
                 state.in_flight += 1;
                 state.max_in_flight = state.max_in_flight.max(state.in_flight);
-                break Some(Request {
+                break Next::Request(Request {
                     index: p.index,
                     unit_id: p.unit_id,
                     suffix: prompt.suffix,
@@ -693,6 +641,121 @@ impl Job for StageJob<'_> {
         request
     }
 
+    /// Stops the stage on a spent budget: queued retries end as errors
+    /// (never negatives), unopened units `not_run`.
+    fn stop_for_budget(&self, state: &mut State, stop: StopReason) -> Vec<(usize, UnitResult)> {
+        let reason = format!("budget_exhausted:{}", stop_budget(&stop));
+        let retries: Vec<Pending> = state
+            .queue
+            .iter()
+            .filter(|p| p.attempt > 1)
+            .cloned()
+            .collect();
+        state.queue.retain(|p| p.attempt == 1);
+        let mut ended = Vec::new();
+        for r in retries {
+            let res = UnitResult {
+                status: Status::Error,
+                interpreted: None,
+                reason: Some(format!("retry not run: {reason}")),
+                attempts: r.attempt - 1,
+                usage: Usage::default(),
+                truncated_tokens: 0,
+            };
+            ended.push(self.finish_unit(state, r.index, res));
+        }
+        ended.extend(self.drain_unopened(state, Status::NotRun, &reason));
+        state.stop.get_or_insert(stop);
+        ended
+    }
+
+    fn finish_unit(
+        &self,
+        state: &mut State,
+        index: usize,
+        mut r: UnitResult,
+    ) -> (usize, UnitResult) {
+        // The controller learns of the result from the fact ledger, through
+        // `on_finish`: one place, for cached and computed facts alike.
+        r.usage = state.usage.remove(&index).unwrap_or_default();
+        (index, r)
+    }
+}
+
+impl Job for StageJob<'_> {
+    fn prefix(&self) -> &str {
+        self.stage.prefix()
+    }
+
+    fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// In-flight units are abandoned only when none of their results can
+    /// change the answer, the declared limit is time, or the stage gave up:
+    /// a threshold proven, the wall budget spent (checked here, so calls
+    /// stuck on a sick endpoint see it without a new unit being asked
+    /// for), or the breaker tripped (nothing waits on a dead endpoint's
+    /// retries). Under top_k an opened unit's bound is at least every
+    /// unopened one's, so it must finish; calls and tokens of a spent
+    /// budget were reserved before sending, so those finish too.
+    fn is_cancelled(&self) -> bool {
+        let (cancelled, ended) = {
+            let mut state = self.lock();
+            let mut ended = Vec::new();
+            if state.stop.is_none()
+                && let Some(stop) = self.budget.wall_spent()
+            {
+                ended = self.stop_for_budget(&mut state, stop);
+            }
+            let cancelled = match &state.stop {
+                Some(StopReason::ContractSatisfied { .. }) => !matches!(
+                    self.controller
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .contract(),
+                    ContractSpec::TopK { .. }
+                ),
+                Some(StopReason::BudgetExhausted { budget, .. }) => *budget == Budget::WallSecs,
+                Some(StopReason::BreakerTripped { .. }) => true,
+                _ => false,
+            };
+            (cancelled, ended)
+        };
+        for (i, r) in &ended {
+            (self.on_finish)(*i, r);
+        }
+        cancelled
+    }
+
+    fn output_schema(&self) -> Option<&Value> {
+        Some(&self.stage.schema)
+    }
+
+    fn batch_ledger(&self) -> Option<&dyn BatchLedger> {
+        self.ledger
+    }
+
+    fn decision(&self) -> Option<&DecisionField> {
+        // Only a top-level decision key can be found in the generated text.
+        (self.interpreter.is_none() && self.stage.spec.decision.pointer.matches('/').count() == 1)
+            .then_some(&self.decision)
+    }
+
+    fn choice_only(&self) -> bool {
+        self.stage.choice_only() && self.decision().is_some()
+    }
+
+    fn next(&self) -> Option<Request> {
+        match self.take(true) {
+            Next::Request(r) => Some(r),
+            Next::Later(_) | Next::Done => None,
+        }
+    }
+
+    fn poll_next(&self) -> Next {
+        self.take(false)
+    }
     fn complete(&self, req: Request, result: Result<Completion, CallError>) {
         let reserved = self.reservation(&req.suffix);
         let used = result
@@ -744,7 +807,10 @@ impl Job for StageJob<'_> {
                 return;
             }
             let truncated_tokens = result.as_ref().map_or(0, |c| c.truncated_tokens);
-            let call_failure = result.as_ref().err().map(failure_kind);
+            let call_failure = result
+                .as_ref()
+                .err()
+                .map(|e| (failure_kind(e), e.to_string()));
             let unit_id = req.unit_id.clone();
             let mut tripped = self
                 .watch_call(&mut state, call_failure)

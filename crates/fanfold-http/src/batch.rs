@@ -18,7 +18,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use fanfold_model::{
-    BackendError, BatchLedger, BatchSlot, BatchState, CallError, Completion, Job, Request,
+    BackendError, BatchLedger, BatchSlot, BatchState, CallError, Completion, Job, Next, Request,
     SubmittedBatch,
 };
 use reqwest::header::{CONTENT_TYPE, HeaderMap};
@@ -26,6 +26,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::secret::ApiKey;
+
+/// Longest the batch loop sleeps before asking a job that had nothing to
+/// open again.
+const POLL_CAP: Duration = Duration::from_millis(50);
 use crate::transport::{Fault, Protocol, Reply, Transport, excerpt, parse_json};
 
 /// How a batch is submitted and waited for.
@@ -220,14 +224,20 @@ impl<P: BatchApi> Transport<P> {
     pub(crate) fn run_batch(&self, job: &dyn Job, cfg: &BatchConfig) -> Result<(), BackendError> {
         self.block_on(async {
             loop {
-                // `next` blocks once the job's slots are held, so pull no
-                // more than that; the engine gives a batch stage a slot
-                // per unit.
+                // Pull no more than the job's slots (the engine gives a
+                // batch stage a slot per unit), and never wait for a unit
+                // another run holds while this round's requests are held
+                // unsent: that run may be waiting on ours.
                 let mut requests = Vec::new();
-                while requests.len() < job.slots().max(1)
-                    && let Some(r) = job.next()
-                {
-                    requests.push(r);
+                while requests.len() < job.slots().max(1) {
+                    match job.poll_next() {
+                        Next::Request(r) => requests.push(r),
+                        Next::Done => break,
+                        Next::Later(d) if requests.is_empty() => {
+                            tokio::time::sleep(d.clamp(Duration::from_millis(1), POLL_CAP)).await;
+                        }
+                        Next::Later(_) => break,
+                    }
                 }
                 if requests.is_empty() {
                     break;
@@ -542,7 +552,7 @@ pub(crate) fn result_lines(bytes: &[u8], what: &str) -> Result<Vec<(String, Valu
 /// A reply the protocol's parser refused, as the unit's error.
 pub(crate) fn invalid_reply(f: Fault) -> CallError {
     match f {
-        Fault::Invalid(m) | Fault::Truncated(m) | Fault::Connection(m) => {
+        Fault::Invalid(m) | Fault::Truncated(m) | Fault::Unreachable(m) | Fault::Connection(m) => {
             CallError::InvalidResponse(m)
         }
         other => CallError::InvalidResponse(format!("{other:?}")),

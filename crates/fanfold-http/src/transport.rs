@@ -12,7 +12,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use fanfold_model::{BackendError, CallError, Completion, Job, Request, Usage, approx_tokens};
+use fanfold_model::{
+    BackendError, CallError, Completion, Job, Next, Request, Usage, approx_tokens,
+};
 use reqwest::header::HeaderMap;
 use serde::Serialize;
 use tokio::sync::{Semaphore, SemaphorePermit};
@@ -50,6 +52,9 @@ pub(crate) enum Fault {
         retry_after: Option<Duration>,
     },
     Timeout,
+    /// No connection was made: refused, or the host did not resolve.
+    Unreachable(String),
+    /// Connected, then reset or closed before the response headers.
     Connection(String),
     Truncated(String),
     Invalid(String),
@@ -62,7 +67,9 @@ impl Fault {
     pub(crate) fn retryable(&self) -> bool {
         match self {
             Fault::Status { status, .. } => *status == 408 || *status == 429 || *status >= 500,
-            Fault::Timeout | Fault::Connection(_) | Fault::Truncated(_) => true,
+            Fault::Timeout | Fault::Unreachable(_) | Fault::Connection(_) | Fault::Truncated(_) => {
+                true
+            }
             Fault::Invalid(_) => false,
         }
     }
@@ -71,7 +78,11 @@ impl Fault {
     fn is_endpoint_failure(&self) -> bool {
         match self {
             Fault::Status { status, .. } => *status >= 500,
-            Fault::Timeout | Fault::Connection(_) | Fault::Truncated(_) | Fault::Invalid(_) => true,
+            Fault::Timeout
+            | Fault::Unreachable(_)
+            | Fault::Connection(_)
+            | Fault::Truncated(_)
+            | Fault::Invalid(_) => true,
         }
     }
 
@@ -100,6 +111,7 @@ impl Fault {
                 retry_after,
             },
             Fault::Timeout => Fault::Timeout,
+            Fault::Unreachable(m) => Fault::Unreachable(key.scrub(&m)),
             Fault::Connection(m) => Fault::Connection(key.scrub(&m)),
             Fault::Truncated(m) => Fault::Truncated(key.scrub(&m)),
             Fault::Invalid(m) => Fault::Invalid(key.scrub(&m)),
@@ -174,6 +186,8 @@ pub(crate) fn classify(e: &reqwest::Error) -> Fault {
         Fault::Timeout
     } else if e.is_body() || e.is_decode() {
         Fault::Truncated(msg)
+    } else if e.is_connect() {
+        Fault::Unreachable(msg)
     } else {
         Fault::Connection(msg)
     }
@@ -182,8 +196,15 @@ pub(crate) fn classify(e: &reqwest::Error) -> Fault {
 struct EndpointState {
     budget: Budget,
     breaker: Breaker,
-    /// Set when the endpoint answered 401, 403 or 404; cleared each run.
+    /// Set when the endpoint answered 401, 403 or 404, or could not be
+    /// reached before it ever answered; cleared each run.
     disabled: Option<CallError>,
+    /// It has answered at least once since the backend was built: a
+    /// connection that fails after that is a sick endpoint (breaker and
+    /// retries), before it a dead one (set aside at once).
+    answered: bool,
+    /// The error its last failed attempt ended in.
+    last_failure: Option<CallError>,
 }
 
 struct Endpoint {
@@ -287,7 +308,9 @@ struct Lease<'a> {
 impl Lease<'_> {
     fn success(&mut self) {
         self.reported = true;
-        self.endpoint.lock().breaker.success();
+        let mut st = self.endpoint.lock();
+        st.breaker.success();
+        st.answered = true;
     }
 
     fn failure(&mut self) {
@@ -309,6 +332,33 @@ impl Drop for Lease<'_> {
         if !self.reported {
             self.endpoint.lock().breaker.neutral(self.probe);
         }
+    }
+}
+
+/// Longest a worker sleeps before asking a job that had nothing to open
+/// again: another worker's completion may free a slot or a unit sooner.
+const NEXT_POLL: Duration = Duration::from_millis(50);
+
+/// The job's next request, waiting without blocking the thread: the
+/// workers share it, and a unit another run holds must not keep this run's
+/// answers in flight from being completed (two runs would each wait on
+/// the other's leases forever).
+async fn next_request(job: &dyn Job) -> Option<Request> {
+    loop {
+        match job.poll_next() {
+            Next::Request(r) => return Some(r),
+            Next::Done => return None,
+            Next::Later(d) => {
+                tokio::time::sleep(d.clamp(Duration::from_millis(1), NEXT_POLL)).await
+            }
+        }
+    }
+}
+
+/// Ends once the job is cancelled.
+async fn cancelled(job: &dyn Job) {
+    while !job.is_cancelled() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -410,6 +460,8 @@ impl<P: Protocol> Transport<P> {
                         Duration::from_millis(cfg.breaker.cooldown_ms),
                     ),
                     disabled: None,
+                    answered: false,
+                    last_failure: None,
                 }),
                 requests: AtomicU64::new(0),
                 failures: AtomicU64::new(0),
@@ -485,6 +537,20 @@ impl<P: Protocol> Transport<P> {
         bump(&c.completion_tokens, reply.usage.completion_tokens);
     }
 
+    /// What the pool's most recent failed attempt ended in, for a request
+    /// that never got to send one.
+    fn last_failure(&self) -> Option<CallError> {
+        self.endpoints
+            .iter()
+            .find_map(|e| e.lock().last_failure.clone())
+    }
+
+    /// Whether any endpoint of the pool has answered since the backend was
+    /// built.
+    fn ever_answered(&self) -> bool {
+        self.endpoints.iter().any(|e| e.lock().answered)
+    }
+
     /// The first endpoint's `host[:port]`, for the model id.
     pub(crate) fn primary_host(&self) -> &str {
         self.endpoints.first().map_or("", |e| e.host.as_str())
@@ -520,9 +586,9 @@ impl<P: Protocol> Transport<P> {
     /// `min(job.slots(), total endpoint concurrency)` workers.
     ///
     /// Each worker holds at most one request, and there are no more workers
-    /// than slots, so `job.next()` (which blocks while all slots are held)
-    /// never blocks this thread while another worker's request is in
-    /// flight.
+    /// than slots; a worker with nothing to take sleeps on the runtime
+    /// (`next_request`), never blocking the thread the other workers'
+    /// requests complete on.
     pub(crate) fn run(&self, job: &dyn Job) -> Result<(), BackendError> {
         for e in &self.endpoints {
             // A key or URL fixed between runs gets another chance. Budgets
@@ -534,7 +600,7 @@ impl<P: Protocol> Transport<P> {
         let workers = job.slots().max(1).min(capacity.max(1));
         self.runtime.block_on(async {
             if self.cfg.warm_up
-                && let Some(request) = job.next()
+                && let Some(request) = next_request(job).await
             {
                 let result = if job.is_cancelled() {
                     Err(CallError::Cancelled)
@@ -565,7 +631,7 @@ impl<P: Protocol> Transport<P> {
         // Drain until the job has nothing more, even once cancelled: the
         // engine hands out queued retries after a stop and expects each
         // back through `complete`.
-        while let Some(request) = job.next() {
+        while let Some(request) = next_request(job).await {
             let result = if job.is_cancelled() {
                 Err(CallError::Cancelled)
             } else {
@@ -606,6 +672,7 @@ impl<P: Protocol> Transport<P> {
         let mut rate_limited: u32 = 0;
         let mut last: Option<Fault> = None;
         let mut last_retry_after: Option<Duration> = None;
+        let mut set_aside: Option<CallError> = None;
         while attempts <= retry.max_retries {
             if job.is_cancelled() {
                 return Err(CallError::Cancelled);
@@ -615,6 +682,18 @@ impl<P: Protocol> Transport<P> {
                 Acquired::Cancelled => return Err(CallError::Cancelled),
                 Acquired::Disabled(e) => return Err(e),
                 Acquired::OpenUntil(t) => {
+                    // A pool that never answered and opened its breakers is
+                    // not coming up for this request: fail it now rather
+                    // than wait out a cool-down (the stage's fail-fast rule
+                    // then stops the stage).
+                    if !self.ever_answered() {
+                        if last.is_none()
+                            && let Some(e) = self.last_failure()
+                        {
+                            return Err(e);
+                        }
+                        break;
+                    }
                     // Waiting out a cool-down uses up an attempt, so a pool
                     // that stays down fails its requests in bounded time.
                     attempts += 1;
@@ -646,10 +725,21 @@ impl<P: Protocol> Transport<P> {
             bump(&self.counters.requests, 1);
             bump(&endpoint.requests, 1);
             let started = Instant::now();
-            let outcome = match tokio::time::timeout(timeout, self.attempt(endpoint, &body)).await {
-                Ok(o) => o,
-                Err(_) => Err((Fault::Timeout, None)),
-            };
+            // The attempt races the job's cancellation: a hanging or
+            // dripping server must not hold a run past its wall budget or a
+            // stage that has given up.
+            let attempt =
+                std::pin::pin!(tokio::time::timeout(timeout, self.attempt(endpoint, &body)));
+            let outcome =
+                match futures_util::future::select(attempt, std::pin::pin!(cancelled(job))).await {
+                    futures_util::future::Either::Left((Ok(o), _)) => o,
+                    futures_util::future::Either::Left((Err(_), _)) => Err((Fault::Timeout, None)),
+                    futures_util::future::Either::Right(((), _)) => {
+                        // Sent, so perhaps billed: the reservation stands.
+                        lease.neutral();
+                        return Err(CallError::Cancelled);
+                    }
+                };
             // The attempt that answered, from send to parsed body; time
             // spent waiting for budget or after failed attempts is not the
             // model's and is left out.
@@ -674,6 +764,8 @@ impl<P: Protocol> Transport<P> {
             };
             if fault.is_endpoint_failure() {
                 lease.failure();
+                endpoint.lock().last_failure =
+                    Some(self.to_error(&fault, attempts, rate_limited, last_retry_after));
             } else {
                 lease.neutral();
             }
@@ -719,12 +811,25 @@ impl<P: Protocol> Transport<P> {
                 // records the cause and a later run retries.
                 return Err(self.to_error(&fault, attempts, rate_limited, retry_after));
             }
-            if fault.disables_endpoint() {
-                let err = self.to_error(&fault, attempts, rate_limited, last_retry_after);
+            // Refused or unresolvable before it ever answered: an endpoint
+            // that is not there, which retries and cool-downs would only
+            // wait on.
+            let unreachable = match &fault {
+                Fault::Unreachable(m) if !endpoint.lock().answered => Some(m.clone()),
+                _ => None,
+            };
+            if fault.disables_endpoint() || unreachable.is_some() {
+                let err = match &unreachable {
+                    Some(m) => {
+                        CallError::Connection(format!("{} could not be reached: {m}", endpoint.url))
+                    }
+                    None => self.to_error(&fault, attempts, rate_limited, last_retry_after),
+                };
                 tracing::warn!(endpoint = %endpoint.host, error = %err, "endpoint set aside for this run");
-                endpoint.lock().disabled = Some(err);
+                endpoint.lock().disabled = Some(err.clone());
                 // Another endpoint of the pool may still serve; `acquire`
                 // reports the cause once none is left.
+                set_aside = Some(err);
                 last = Some(fault);
                 continue;
             }
@@ -740,9 +845,10 @@ impl<P: Protocol> Transport<P> {
                 return Err(CallError::Cancelled);
             }
         }
-        Err(match &last {
-            Some(f) => self.to_error(f, attempts, rate_limited, last_retry_after),
-            None => CallError::CircuitOpen(format!(
+        Err(match (set_aside, &last) {
+            (Some(e), _) => e,
+            (None, Some(f)) => self.to_error(f, attempts, rate_limited, last_retry_after),
+            (None, None) => CallError::CircuitOpen(format!(
                 "{} endpoint(s) stayed open through {attempts} attempts",
                 self.endpoints.len()
             )),
@@ -781,7 +887,7 @@ impl<P: Protocol> Transport<P> {
             Fault::Timeout => CallError::Timeout {
                 ms: self.cfg.request_timeout_ms,
             },
-            Fault::Connection(m) => CallError::Connection(m.clone()),
+            Fault::Unreachable(m) | Fault::Connection(m) => CallError::Connection(m.clone()),
             Fault::Truncated(m) => CallError::Truncated(m.clone()),
             Fault::Invalid(m) => CallError::InvalidResponse(m.clone()),
         }

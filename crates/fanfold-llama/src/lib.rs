@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use fanfold_model::{
-    BackendError, BackendInfo, CallError, Completion, Job, ModelBackend, Request, Usage,
+    BackendError, BackendInfo, CallError, Completion, Job, ModelBackend, Next, Request, Usage,
 };
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::context::params::LlamaContextParams;
@@ -396,11 +396,23 @@ impl EmbeddedModel {
             }
             // Refill free slots the moment they free. The queue is asked
             // again every round: a failed answer comes back as a retry.
+            // While any slot is busy the queue is asked without blocking:
+            // this loop is what completes those slots, and a unit another
+            // run holds must not stall them (that run may wait on ours).
+            let mut busy = state.iter().any(|s| s.req.is_some());
             for (s, slot) in state.iter_mut().enumerate() {
                 if slot.req.is_some() {
                     continue;
                 }
-                match job.next() {
+                let next = if busy {
+                    match job.poll_next() {
+                        Next::Request(r) => Some(r),
+                        Next::Later(_) | Next::Done => None,
+                    }
+                } else {
+                    job.next()
+                };
+                match next {
                     None => break,
                     Some(req) => {
                         let seq = s as i32 + 1;
@@ -484,6 +496,7 @@ impl EmbeddedModel {
                             choice_only: opening.is_some(),
                             ..Slot::default()
                         };
+                        busy = true;
                     }
                 }
             }

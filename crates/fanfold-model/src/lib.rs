@@ -36,6 +36,18 @@ pub struct Request {
     pub schema: Option<serde_json::Value>,
 }
 
+/// What a job has for a backend that asks without blocking.
+#[derive(Debug)]
+pub enum Next {
+    Request(Request),
+    /// Nothing can be opened now (every queued unit is held by another run
+    /// sharing the store, or every slot is taken): ask again after at most
+    /// this long, or sooner once a request of this job completes.
+    Later(std::time::Duration),
+    /// No more work.
+    Done,
+}
+
 /// Token counts and time as the backend measured them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
@@ -173,8 +185,22 @@ pub trait Job: Sync {
     /// Most requests the backend may hold at once.
     fn slots(&self) -> usize;
     /// The next request, or `None` when there is no more work (queue empty,
-    /// budget spent, or the contract cancelled the rest).
+    /// budget spent, or the contract cancelled the rest). It may block until
+    /// a unit can be opened: only a backend with nothing of this job in
+    /// flight on the calling thread may call it.
     fn next(&self) -> Option<Request>;
+    /// The next request without blocking. A backend whose requests in
+    /// flight are completed by the thread that asks for more (an HTTP
+    /// worker loop, a decode loop) must ask this way: a blocked `next`
+    /// would starve the very completions that free what it waits for.
+    /// The default suits a job that only ever waits on its own
+    /// completions from other threads: it asks `next`.
+    fn poll_next(&self) -> Next {
+        match self.next() {
+            Some(r) => Next::Request(r),
+            None => Next::Done,
+        }
+    }
     /// Hands back one result. May queue a retry that a later `next` returns.
     fn complete(&self, request: Request, result: Result<Completion, CallError>);
     /// True once queued and in-flight work should be abandoned.

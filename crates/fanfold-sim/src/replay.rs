@@ -166,6 +166,12 @@ impl Job for RecordingJob<'_> {
     fn next(&self) -> Option<Request> {
         self.inner.next()
     }
+    fn poll_next(&self) -> fanfold_model::Next {
+        self.inner.poll_next()
+    }
+    fn choice_only(&self) -> bool {
+        self.inner.choice_only()
+    }
     fn is_cancelled(&self) -> bool {
         self.inner.is_cancelled()
     }

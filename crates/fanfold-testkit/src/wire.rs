@@ -14,6 +14,20 @@ pub fn json_reply(status: StatusCode, v: Value) -> Response {
         .into_response()
 }
 
+/// An OpenAI chat completion whose message is `content`, with usage
+/// counted at about four bytes a token.
+pub fn openai_chat_reply(model: &str, content: &str, prompt_bytes: usize) -> Value {
+    let prompt = (prompt_bytes / 4) as u64;
+    let completion = (content.len() / 4 + 1) as u64;
+    serde_json::json!({
+        "id": "chatcmpl-test", "object": "chat.completion", "model": model,
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                  "total_tokens": prompt + completion}
+    })
+}
+
 /// The user message of a chat request body (OpenAI's `messages` or
 /// Anthropic's `params`), when it is a string.
 pub fn user_content(body: &Value) -> Option<&str> {
