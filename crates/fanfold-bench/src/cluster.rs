@@ -51,7 +51,14 @@ pub fn main(args: &ClusterArgs) -> Result<()> {
     let report = fanfold_engine::run(&plan, &opts, &NoProgress)?;
     let wall_s = started.elapsed().as_secs_f64();
     let c = &report.certificate;
-    let Some(k) = c.stats.clusters.get(CLUSTER) else {
+    let Some(k) = c
+        .stats
+        .reports
+        .get::<fanfold_engine::stages::cluster::ClusterReport>(
+            fanfold_engine::stages::cluster::REPORT,
+            CLUSTER,
+        )
+    else {
         return Err(anyhow!("select.toml has no cluster stage `{CLUSTER}`"));
     };
     let phase = c
@@ -62,7 +69,7 @@ pub fn main(args: &ClusterArgs) -> Result<()> {
         .map_or(0.0, |(_, ms)| *ms as f64 / 1000.0);
     let backend = backends_label(c);
     let section = render(
-        k,
+        &k,
         &label,
         &RunFigures {
             backend,

@@ -231,7 +231,12 @@ fn measure(change: &Change, report: &RunReport, base: &RunReport, wall_s: f64) -
         leaves,
         ideal_calls,
         calls: s.model_calls,
-        vectors: s.embed.values().map(|e| e.vectors_computed).sum(),
+        vectors: s
+            .reports
+            .all::<fanfold_engine::stages::embed::EmbedStats>(fanfold_engine::stages::embed::REPORT)
+            .values()
+            .map(|e| e.vectors_computed)
+            .sum(),
         nodes: s.fold_nodes_computed,
         depth: s.fold_depth,
         wall_s,

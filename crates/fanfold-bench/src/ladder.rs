@@ -966,10 +966,23 @@ fn measured(
         .max()
         .unwrap_or(0);
     let count = |s: Status| report.facts.iter().filter(|f| f.status == s).count() as u64;
-    let plan = if c.stats.widens.is_empty() {
+    let plan = if c
+        .stats
+        .reports
+        .all::<fanfold_engine::stages::widen::WidenReport>(fanfold_engine::stages::widen::REPORT)
+        .is_empty()
+    {
         plan
     } else {
-        let widened: u64 = c.stats.widens.values().map(|w| w.units).sum();
+        let widened: u64 = c
+            .stats
+            .reports
+            .all::<fanfold_engine::stages::widen::WidenReport>(
+                fanfold_engine::stages::widen::REPORT,
+            )
+            .values()
+            .map(|w| w.units)
+            .sum();
         format!("{plan}; {widened} {} widened", ex.cfg.units)
     };
     Row {

@@ -175,11 +175,22 @@ fn render(runs: &[Measured], blockers: &BTreeSet<String>, slots: usize) -> Strin
     line(String::new());
     // The routing's choices by what the oracle says the unit is.
     for m in runs {
-        let Some(sel) = m.report.certificate.stats.selects.get(SELECT) else {
+        let Some(sel) = m
+            .report
+            .certificate
+            .stats
+            .reports
+            .get::<fanfold_engine::stages::select::SelectReport>(
+            fanfold_engine::stages::select::REPORT,
+            SELECT,
+        ) else {
             continue;
         };
         let mut by: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
-        for (_, s) in &sel.selections {
+        for s in fanfold_engine::stages::select::selections(&m.report.files)
+            .iter()
+            .filter(|s| s.stage == SELECT)
+        {
             let e = by
                 .entry((s.choice.clone(), s.decided_by.clone()))
                 .or_default();

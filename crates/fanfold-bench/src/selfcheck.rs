@@ -98,7 +98,13 @@ fn kept(r: &RunReport) -> u64 {
 
 /// Kept units an embed stage dropped before any model saw them.
 fn dropped(r: &RunReport) -> u64 {
-    r.certificate.stats.embed.values().map(|e| e.dropped).sum()
+    r.certificate
+        .stats
+        .reports
+        .all::<fanfold_engine::stages::embed::EmbedStats>(fanfold_engine::stages::embed::REPORT)
+        .values()
+        .map(|e| e.dropped)
+        .sum()
 }
 
 /// Kept units that reached the model stage.
@@ -211,7 +217,11 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     // audit_interval: the example's audit measured every rung it names,
     // each interval holds its rate (exact when the whole rung was judged),
     // and the seeded sample is the same on the rerun.
-    let audits = &base.certificate.stats.audits;
+    let audits = &base
+        .certificate
+        .stats
+        .reports
+        .all::<fanfold_engine::stages::audit::AuditReport>(fanfold_engine::stages::audit::REPORT);
     let mut audit_ok = !audits.is_empty();
     let mut audit_figures = Vec::new();
     for (name, a) in audits {
@@ -235,12 +245,26 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
             ));
         }
     }
-    audit_ok &= again.certificate.stats.audits.len() == audits.len()
-        && again.certificate.stats.audits.iter().all(|(n, a)| {
-            audits
-                .get(n)
-                .is_some_and(|b| b.rungs == a.rungs && a.calls == 0)
-        });
+    audit_ok &= again
+        .certificate
+        .stats
+        .reports
+        .all::<fanfold_engine::stages::audit::AuditReport>(fanfold_engine::stages::audit::REPORT)
+        .len()
+        == audits.len()
+        && again
+            .certificate
+            .stats
+            .reports
+            .all::<fanfold_engine::stages::audit::AuditReport>(
+                fanfold_engine::stages::audit::REPORT,
+            )
+            .iter()
+            .all(|(n, a)| {
+                audits
+                    .get(n)
+                    .is_some_and(|b| b.rungs == a.rungs && a.calls == 0)
+            });
     checks.push(Check {
         name: "audit_interval",
         ok: audit_ok,
@@ -259,7 +283,8 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     let pc = &passed.certificate;
     let wrong = tc
         .stats
-        .canaries
+        .reports
+        .all::<fanfold_engine::stages::map::CanaryReport>(fanfold_engine::stages::map::REPORT)
         .values()
         .map(|c| c.failed.len())
         .sum::<usize>();
@@ -274,14 +299,14 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
             && tc.stats.model_calls <= CANARY_WINDOW as u64 + CANARIES as u64
             && wrong >= 1
             && pc.stop.code() == "completed"
-            && pc.stats.canaries.values().all(|c| c.failed.is_empty() && c.sent == CANARIES as u64)
+            && pc.stats.reports.all::<fanfold_engine::stages::map::CanaryReport>(fanfold_engine::stages::map::REPORT).values().all(|c| c.failed.is_empty() && c.sent == CANARIES as u64)
             && !leaked,
         simulated: false,
         figure: format!(
             "wrong expectations: stopped ({}) after {} model calls, window {CANARY_WINDOW} + {CANARIES} canaries; right expectations: {} canaries passed, run completed with {} calls, no canary in the answer's facts",
             tc.stop.code(),
             tc.stats.model_calls,
-            pc.stats.canaries.values().map(|c| c.sent).sum::<u64>(),
+            pc.stats.reports.all::<fanfold_engine::stages::map::CanaryReport>(fanfold_engine::stages::map::REPORT).values().map(|c| c.sent).sum::<u64>(),
             pc.stats.model_calls
         ),
     });
@@ -307,7 +332,12 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     let changed = ctx.run(&plan, &store_a, Some(Source::File(edited_path)), None)?;
     let s3 = &changed.certificate.stats;
     let one_path = s3.fold_nodes_computed == u64::from(s3.fold_depth);
-    let reembedded: u64 = s3.embed.values().map(|e| e.vectors_computed).sum();
+    let reembedded: u64 = s3
+        .reports
+        .all::<fanfold_engine::stages::embed::EmbedStats>(fanfold_engine::stages::embed::REPORT)
+        .values()
+        .map(|e| e.vectors_computed)
+        .sum();
     // And a rubric change: only the stage keyed by the rubric recomputes.
     let copy = ctx.tmp.path().join("example-copy");
     std::fs::create_dir_all(&copy)?;
@@ -329,8 +359,15 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     let s4 = &rubric_run.certificate.stats;
     // An edited unit may enter an audit's sample (its hash and its status
     // changed); those judge calls are counted apart from the stages'.
-    let audit_calls =
-        |s: &fanfold_engine::report::RunStats| -> u64 { s.audits.values().map(|a| a.calls).sum() };
+    let audit_calls = |s: &fanfold_engine::report::RunStats| -> u64 {
+        s.reports
+            .all::<fanfold_engine::stages::audit::AuditReport>(
+                fanfold_engine::stages::audit::REPORT,
+            )
+            .values()
+            .map(|a| a.calls)
+            .sum()
+    };
     let (a3, a4) = (audit_calls(s3), audit_calls(s4));
     checks.push(Check {
         name: "precise_invalidation",
@@ -682,14 +719,16 @@ fn coarse_rungs(ctx: &Ctx, example: &Path, blockers: &BTreeSet<String>) -> Resul
     let contexts = chunk_run
         .certificate
         .stats
-        .chunks
+        .reports
+        .all::<fanfold_engine::stages::chunk::ChunkReport>(fanfold_engine::stages::chunk::REPORT)
         .values()
         .map(|c| c.contexts)
         .sum::<u64>();
     let held = long_run
         .certificate
         .stats
-        .chunks
+        .reports
+        .all::<fanfold_engine::stages::chunk::ChunkReport>(fanfold_engine::stages::chunk::REPORT)
         .values()
         .map(|c| c.largest)
         .sum::<u64>();
@@ -739,9 +778,11 @@ fn group_invalidation(ctx: &mut Ctx, example: &Path) -> Result<Check> {
     let widened = |r: &RunReport| {
         r.certificate
             .stats
-            .widens
-            .get("with_related")
-            .cloned()
+            .reports
+            .get::<fanfold_engine::stages::widen::WidenReport>(
+                fanfold_engine::stages::widen::REPORT,
+                "with_related",
+            )
             .ok_or_else(|| anyhow!("the relations example's widen stage did not report"))
     };
     let before = widened(&first)?;
@@ -828,10 +869,11 @@ fn cluster_invalidation(ctx: &mut Ctx, example: &Path, issues: &[Value]) -> Resu
     let Some(before) = first
         .certificate
         .stats
-        .clusters
-        .get("cause_themes")
-        .cloned()
-    else {
+        .reports
+        .get::<fanfold_engine::stages::cluster::ClusterReport>(
+        fanfold_engine::stages::cluster::REPORT,
+        "cause_themes",
+    ) else {
         return Err(anyhow!("the cluster stage did not report"));
     };
     let given: BTreeSet<&str> = first
@@ -865,7 +907,14 @@ fn cluster_invalidation(ctx: &mut Ctx, example: &Path, issues: &[Value]) -> Resu
         serde_json::to_string_pretty(&edited)?,
     )?;
     let second = ctx.run(&plan, &store, None, None)?;
-    let Some(after) = second.certificate.stats.clusters.get("cause_themes") else {
+    let Some(after) = second
+        .certificate
+        .stats
+        .reports
+        .get::<fanfold_engine::stages::cluster::ClusterReport>(
+        fanfold_engine::stages::cluster::REPORT,
+        "cause_themes",
+    ) else {
         return Err(anyhow!("the cluster stage did not report on the rerun"));
     };
     let path = u64::from(after.levels);
@@ -1055,19 +1104,26 @@ backend = "router"
     let store = ctx.store("select");
     let report = ctx.run(&plan, &store, None, None)?;
     let c = &report.certificate;
-    let Some(r) = c.stats.selects.get("route") else {
+    let Some(r) = c
+        .stats
+        .reports
+        .get::<fanfold_engine::stages::select::SelectReport>(
+            fanfold_engine::stages::select::REPORT,
+            "route",
+        )
+    else {
         return Err(anyhow!("the select stage did not report"));
     };
     let catalog = ["judge", "legacy", "unsure"];
-    let inside = r
-        .selections
+    let selections = fanfold_engine::stages::select::selections(&report.files);
+    let inside = !selections.is_empty()
+        && selections
+            .iter()
+            .all(|s| catalog.contains(&s.choice.as_str()));
+    let hijacked: Vec<&str> = selections
         .iter()
-        .all(|(_, s)| catalog.contains(&s.choice.as_str()));
-    let hijacked: Vec<&str> = r
-        .selections
-        .iter()
-        .filter(|(_, s)| planted.contains(&s.unit_id))
-        .map(|(_, s)| s.decided_by.as_str())
+        .filter(|s| planted.contains(&s.unit_id))
+        .map(|s| s.decided_by.as_str())
         .collect();
     let sent = r
         .chosen

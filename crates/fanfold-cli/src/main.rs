@@ -533,11 +533,8 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         writeln!(out)?;
     } else {
         print!("{}", fanfold_engine::output::markdown(&report));
-        let selections = if report.certificate.stats.selects.is_empty() {
-            ""
-        } else {
-            ", selections.jsonl"
-        };
+        // Files the stages added beside the answer (a select's selections).
+        let selections: String = report.files.iter().map(|(n, _)| format!(", {n}")).collect();
         println!(
             "\nwrote {}/answer.json, answer.md, facts.jsonl, certificate.json{selections}",
             out.display()
@@ -653,7 +650,9 @@ fn confusion(run: &std::path::Path) -> Result<()> {
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let cert: fanfold_engine::report::Certificate = serde_json::from_str(&text)
         .with_context(|| format!("{} is not a fanfold certificate", path.display()))?;
-    if cert.stats.selects.is_empty() {
+    use fanfold_engine::stages::select::{REPORT, SelectReport};
+    let selects = cert.stats.reports.all::<SelectReport>(REPORT);
+    if selects.is_empty() {
         bail!(
             "{}: the run has no select stage, so there is no confusion to show",
             path.display()
@@ -662,8 +661,11 @@ fn confusion(run: &std::path::Path) -> Result<()> {
     if cert.simulated {
         println!("[SIMULATED] the choices come from a scripted or replayed backend\n");
     }
-    for (name, report) in &cert.stats.selects {
-        println!("{}", fanfold_engine::output::confusion_table(name, report));
+    for (name, report) in &selects {
+        println!(
+            "{}",
+            fanfold_engine::stages::select::confusion_table(name, report)
+        );
     }
     Ok(())
 }

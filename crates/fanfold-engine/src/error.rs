@@ -3,6 +3,10 @@
 use fanfold_ops::partition::PartitionError;
 use fanfold_store::StoreError;
 
+use fanfold_ops::embed::EmbedSpecError;
+use fanfold_ops::map::MapSpecError;
+use fanfold_ops::prefilter::PrefilterError;
+
 use crate::source::SourceError;
 
 #[derive(Debug, thiserror::Error)]
@@ -89,9 +93,9 @@ impl ErrorCategory {
     /// The exit code `fanfold run` ends with for a failure of this kind.
     pub fn exit_code(self) -> u8 {
         match self {
-            ErrorCategory::Input => crate::report::EXIT_INPUT,
-            ErrorCategory::Configuration => crate::report::EXIT_CONFIGURATION,
-            ErrorCategory::Execution => crate::report::EXIT_FAILED,
+            ErrorCategory::Input => EXIT_INPUT,
+            ErrorCategory::Configuration => EXIT_CONFIGURATION,
+            ErrorCategory::Execution => EXIT_FAILED,
         }
     }
 }
@@ -104,4 +108,56 @@ pub enum ErrorCategory {
     Configuration,
     /// The store or the output folder failed.
     Execution,
+}
+
+/// `fanfold run` exits with this when the input or a jq expression is at
+/// fault.
+pub const EXIT_INPUT: u8 = 5;
+/// `fanfold run` exits with this when a backend or model could not be set
+/// up.
+pub const EXIT_CONFIGURATION: u8 = 6;
+/// `fanfold run` exits with this for any other failure (store, outputs).
+pub const EXIT_FAILED: u8 = 2;
+/// `fanfold run` exits with this when the answer is incomplete.
+pub const EXIT_INCOMPLETE: u8 = 3;
+/// `fanfold run` exits with this when verification failed.
+pub const EXIT_VERIFY_FAILED: u8 = 4;
+
+/// A spec that cannot become a plan, with the file and the name at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("reading spec {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("spec {path}: {detail}")]
+    Parse { path: String, detail: String },
+    #[error("spec {path}: {detail}")]
+    Invalid { path: String, detail: String },
+    #[error("spec {path}: reading {what} {file}: {source}")]
+    File {
+        path: String,
+        what: &'static str,
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("spec {path}: {file} is not JSON: {detail}")]
+    Json {
+        path: String,
+        file: String,
+        detail: String,
+    },
+    #[error("spec {path}: {source}")]
+    Map { path: String, source: MapSpecError },
+    #[error("spec {path}: {source}")]
+    Embed {
+        path: String,
+        source: EmbedSpecError,
+    },
+    #[error("spec {path}: {source}")]
+    Prefilter {
+        path: String,
+        source: Box<PrefilterError>,
+    },
 }

@@ -5,6 +5,7 @@
 pub mod backends;
 pub mod batches;
 pub mod error;
+pub mod kit;
 pub mod models;
 pub mod output;
 pub mod plan;
@@ -20,13 +21,4 @@ pub use report::{EXIT_INCOMPLETE, EXIT_VERIFY_FAILED, RunReport};
 pub use run::{RunOptions, run};
 pub use source::{Source, SourceError};
 
-/// Receives progress while a run goes. The CLI draws bars from it; tests
-/// and `--json` runs pass [`NoProgress`].
-pub trait Progress: Sync {
-    fn stage_started(&self, _stage: &str, _units: u64, _cached: u64) {}
-    fn unit_finished(&self, _stage: &str, _status: fanfold_core::Status) {}
-    fn stage_finished(&self, _stage: &str) {}
-}
-
-pub struct NoProgress;
-impl Progress for NoProgress {}
+pub use kit::{NoProgress, Progress};

@@ -76,12 +76,8 @@ pub fn write_all(dir: &Path, report: &RunReport) -> Result<(), RunError> {
     write("answer.md", markdown(report))?;
     // Facts are streamed to the file: a run may hold many thousands.
     write_jsonl(dir, "facts.jsonl", report.facts.iter())?;
-    let selects = &report.certificate.stats.selects;
-    if !selects.is_empty() {
-        let selections = selects
-            .values()
-            .flat_map(|r| r.selections.iter().map(|(_, s)| s));
-        write_jsonl(dir, "selections.jsonl", selections)?;
+    for (name, lines) in &report.files {
+        write_jsonl(dir, name, lines.iter())?;
     }
     Ok(())
 }
@@ -116,57 +112,6 @@ fn write_jsonl<T: serde::Serialize>(
 
 /// A select's choices as a table: who chose, and what the chosen stages
 /// said of the units sent to them.
-pub fn confusion_table(name: &str, r: &crate::stages::select::SelectReport) -> String {
-    use fanfold_core::Status;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "select `{name}`: {} units, {} scorer calls, {} cached, {} moved by the confidence floor, {} undecided\n",
-        r.units, r.calls, r.cached, r.below_floor, r.undecided
-    );
-    let _ = writeln!(
-        out,
-        "| choice | by rule | by model | otherwise | then positive | negative | abstain | error | not run |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-    );
-    for (choice, by) in &r.chosen {
-        let rule: u64 = by
-            .iter()
-            .filter(|(k, _)| k.starts_with("rule:"))
-            .map(|(_, n)| n)
-            .sum();
-        let get = |k: &str| by.get(k).copied().unwrap_or(0);
-        let c = r.confusion.get(choice);
-        let cell = |st: Status| match c {
-            Some(m) => m.get(&st).copied().unwrap_or(0).to_string(),
-            None => "-".to_owned(),
-        };
-        let _ = writeln!(
-            out,
-            "| {} | {rule} | {} | {} | {} | {} | {} | {} | {} |",
-            md_text(choice),
-            get("model"),
-            get("otherwise"),
-            cell(Status::Positive),
-            cell(Status::Negative),
-            cell(Status::Abstain),
-            cell(Status::Error),
-            cell(Status::NotRun),
-        );
-    }
-    for (choice, ids) in &r.disagreements {
-        let _ = writeln!(
-            out,
-            "\n- sent as `{}`, then judged negative: {}",
-            md_text(choice),
-            ids.iter()
-                .map(|i| md_text(i))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
-    out
-}
-
 fn pretty<T: serde::Serialize>(v: &T) -> String {
     let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
     s.push('\n');
@@ -249,68 +194,8 @@ pub fn markdown(report: &RunReport) -> String {
             );
         }
     }
-    for (name, cluster) in &c.stats.clusters {
-        out.push_str(&cluster_section(name, cluster, &sim));
-    }
-    for (name, select) in &c.stats.selects {
-        let _ = writeln!(
-            out,
-            "\n## Routing: select `{name}`{sim}\n\nEach unit took one choice of the spec's catalog, by a rule or by the model scoring the choices. The right-hand columns are what the chosen stage then said (every selection is in `selections.jsonl`).\n"
-        );
-        out.push_str(&confusion_table(name, select));
-    }
-    for (name, audit) in &c.stats.audits {
-        let _ = writeln!(
-            out,
-            "\n## What was thrown away: audit `{name}`{sim}\n\nA seeded sample of each rung's negatives, judged again independently. The miss rate is the share the judge says should have been kept, with its 95 % interval{}.\n",
-            match audit.max_miss_rate {
-                Some(r) => format!("; the answer needs at most {:.1} %", r * 100.0),
-                None => String::new(),
-            }
-        );
-        let _ = writeln!(
-            out,
-            "| rung | thrown away | judged | disagreed | miss rate | 95 % interval | missed at most | shown |\n|---|---:|---:|---:|---:|---|---:|---|"
-        );
-        for (rung, r) in &audit.rungs {
-            let m = &r.miss;
-            let _ = writeln!(
-                out,
-                "| {rung} | {} | {} | {} | {:.1} % | {:.1}–{:.1} % | {} | {} |",
-                m.population,
-                m.judged,
-                m.disagreements,
-                m.rate * 100.0,
-                m.low * 100.0,
-                m.high * 100.0,
-                m.missed_at_most(),
-                match r.proven {
-                    Some(true) => "yes",
-                    Some(false) => "**no**",
-                    None => "-",
-                }
-            );
-        }
-        for (rung, r) in &audit.rungs {
-            if !r.disagreeing.is_empty() {
-                let _ = writeln!(
-                    out,
-                    "\n- `{rung}` disagreements: {}",
-                    r.disagreeing
-                        .iter()
-                        .map(|i| md_text(i))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-            }
-        }
-        if let Some(to) = &audit.escalate {
-            let _ = writeln!(
-                out,
-                "- {} disagreements were sent to `{to}` and judged there; {} judge calls",
-                audit.escalated, audit.calls
-            );
-        }
+    for section in &report.sections {
+        out.push_str(section);
     }
     let s = &a.statuses;
     let _ = writeln!(out, "\n## Accounting\n");
@@ -352,18 +237,8 @@ pub fn markdown(report: &RunReport) -> String {
         .map(|(p, ms)| format!("{p} {ms} ms"))
         .collect();
     let _ = writeln!(out, "- wall {} ms: {}", st.wall_ms, phases.join(", "));
-    for (name, w) in &st.widens {
-        let _ = writeln!(
-            out,
-            "- widen `{name}` ({}): {} units judged again, {} with related units ({} shown, {} left out by the token bound), {} with none found; {} reused",
-            md_text(&w.group),
-            w.units,
-            w.widened,
-            w.members_shown,
-            w.left_out,
-            w.alone,
-            w.cached
-        );
+    for line in &report.accounting {
+        let _ = writeln!(out, "- {line}");
     }
     if st.truncated_units > 0 {
         let _ = writeln!(
@@ -398,94 +273,6 @@ pub fn markdown(report: &RunReport) -> String {
         let _ = writeln!(out, "  - abstains to read back: {}", ids.join(", "));
     }
     let _ = writeln!(out, "\nRun `{}`.", report.run_id);
-    out
-}
-
-/// A cluster stage's themes as answer.md shows them: each theme with its
-/// recounted size and every member cited, then what fits no theme, the
-/// contexts that failed and the reorder stress.
-fn cluster_section(name: &str, c: &crate::stages::cluster::ClusterReport, sim: &str) -> String {
-    let ids = |v: &[fanfold_core::UnitId]| -> String {
-        v.iter()
-            .map(|i| format!("#{}", md_text(&i.0)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "\n## Themes: cluster `{name}`{sim}\n\nProposed by the model from the {} facts of `{}`, {} at a time over {} levels ({} contexts, {} reused). Counts are fanfold's own, from the members.\n",
-        c.facts, c.reads, c.fan_in, c.levels, c.nodes, c.cached_nodes
-    );
-    for (n, t) in c.themes.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "{}. **{}** — {} {}: {}",
-            n + 1,
-            md_text(&t.label),
-            t.count,
-            if t.count == 1 { "fact" } else { "facts" },
-            ids(&t.members)
-        );
-        if !t.exemplars.is_empty() {
-            let _ = writeln!(out, "   - exemplars: {}", ids(&t.exemplars));
-        }
-        if !t.dissent.is_empty() {
-            let _ = writeln!(out, "   - dissent: {}", ids(&t.dissent));
-        }
-    }
-    if c.themes.is_empty() {
-        let _ = writeln!(out, "No theme was found.");
-    }
-    for (what, list) in [
-        ("Outliers (fit no theme)", &c.outliers),
-        ("Placed in no theme", &c.unthemed),
-        ("**In no theme: their context failed**", &c.failed),
-    ] {
-        if !list.is_empty() {
-            let _ = writeln!(out, "\n{what}: {}", ids(list));
-        }
-    }
-    for e in &c.errors {
-        let _ = writeln!(
-            out,
-            "- context at level {} ({}..{}) failed: {}",
-            e.level,
-            md_text(&e.first),
-            md_text(&e.last),
-            md_text(&e.reason)
-        );
-    }
-    if c.unmerged {
-        let _ = writeln!(
-            out,
-            "\nThe merge stopped narrowing: the themes above were never all compared in one context."
-        );
-    }
-    if let Some(why) = &c.stress_skipped {
-        let _ = writeln!(out, "\nReorder stress not run: {}.", md_text(why));
-    }
-    if let Some(s) = &c.stress {
-        let verdict = if s.drift <= s.max_drift {
-            "within"
-        } else {
-            "**above**"
-        };
-        let _ = writeln!(
-            out,
-            "\nReorder stress: the largest drift over {} reductions is {:.2}, {verdict} the declared {:.2}.\n\n| order | fan-in | themes | drift | failed contexts |\n|---:|---:|---:|---:|---:|",
-            s.runs.len(),
-            s.drift,
-            s.max_drift
-        );
-        for r in &s.runs {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {:.2} | {} |",
-                r.order, r.fan_in, r.themes, r.drift, r.errors
-            );
-        }
-    }
     out
 }
 

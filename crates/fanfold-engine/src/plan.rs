@@ -8,50 +8,11 @@ use std::path::{Path, PathBuf};
 
 use fanfold_core::spec::{BackendSpec, ContractSpec, Execution, ReducerKind, Spec};
 use fanfold_core::{ContentHash, StableHash};
-use fanfold_ops::embed::EmbedSpecError;
-use fanfold_ops::map::MapSpecError;
-use fanfold_ops::prefilter::{Prefilter, PrefilterError};
+use fanfold_ops::prefilter::Prefilter;
 
+pub use crate::error::PlanError;
+use crate::kit::{BuildContext, Reads, Stage};
 use crate::source::Source;
-use crate::stages::{BuildContext, Stage};
-
-#[derive(Debug, thiserror::Error)]
-pub enum PlanError {
-    #[error("reading spec {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("spec {path}: {detail}")]
-    Parse { path: String, detail: String },
-    #[error("spec {path}: {detail}")]
-    Invalid { path: String, detail: String },
-    #[error("spec {path}: reading {what} {file}: {source}")]
-    File {
-        path: String,
-        what: &'static str,
-        file: String,
-        source: std::io::Error,
-    },
-    #[error("spec {path}: {file} is not JSON: {detail}")]
-    Json {
-        path: String,
-        file: String,
-        detail: String,
-    },
-    #[error("spec {path}: {source}")]
-    Map { path: String, source: MapSpecError },
-    #[error("spec {path}: {source}")]
-    Embed {
-        path: String,
-        source: EmbedSpecError,
-    },
-    #[error("spec {path}: {source}")]
-    Prefilter {
-        path: String,
-        source: Box<PrefilterError>,
-    },
-}
 
 pub struct Plan {
     pub spec: Spec,
@@ -149,26 +110,32 @@ impl Plan {
             stages.push(crate::stages::build(decl, &mut ctx)?);
         }
         for (at, stage) in stages.iter().enumerate() {
-            if let Some(reads) = stage.reads_negatives() {
+            let shape = stage.shape();
+            if let Some(reads) = shape.reads_negatives() {
                 check_reads(&stages, at, stage.name(), reads).map_err(&invalid)?;
             }
-            if let Some(reads) = stage.reads_facts() {
+            if let Some(reads) = shape.reads_facts() {
                 let there = stages.iter().enumerate().find(|(_, s)| s.name() == reads);
-                if there.is_none_or(|(t, read)| {
-                    t >= at || read.reads_facts().is_some() || read.reads_negatives().is_some()
-                }) {
+                if there
+                    .is_none_or(|(t, read)| t >= at || !matches!(read.shape().reads, Reads::Units))
+                {
                     return Err(invalid(format!(
                         "cluster `{}` reads the facts of `{reads}`, which is not a unit stage declared before it",
                         stage.name()
                     )));
                 }
             }
-            for then in stage.targets() {
+            for then in shape.targets() {
                 let there = stages.iter().enumerate().find(|(_, s)| s.name() == then);
                 // A stage that reads earlier rungs' negatives passes units
                 // back to a map stage, which may be declared before it.
-                if stage.reads_negatives().is_some() {
-                    if there.is_none_or(|(_, next)| next.kind() != "map") {
+                if shape.reads_negatives().is_some() {
+                    // Its units come back to be decided again by a model.
+                    let decides = |next: &dyn Stage| {
+                        let s = next.shape();
+                        matches!(s.reads, Reads::Units) && s.backend().is_some()
+                    };
+                    if there.is_none_or(|(_, next)| !decides(next.as_ref())) {
                         return Err(invalid(format!(
                             "stage `{}` escalates to `{then}`, which is not a map stage",
                             stage.name()
@@ -176,7 +143,7 @@ impl Plan {
                     }
                     continue;
                 }
-                if there.is_none_or(|(t, next)| t <= at || next.reads_facts().is_some()) {
+                if there.is_none_or(|(t, next)| t <= at || next.shape().reads_facts().is_some()) {
                     return Err(invalid(format!(
                         "stage `{}` passes units on to `{then}`, which is not a stage declared after it",
                         stage.name()
@@ -349,7 +316,8 @@ impl Plan {
     /// audit reads, one per seed.
     pub fn exclusion_samples(&self) -> Vec<(u64, usize)> {
         let mut by_seed: BTreeMap<u64, usize> = BTreeMap::new();
-        for reads in self.stages.iter().filter_map(|s| s.reads_negatives()) {
+        let shapes: Vec<_> = self.stages.iter().map(|s| s.shape()).collect();
+        for reads in shapes.iter().filter_map(|s| s.reads_negatives()) {
             if reads
                 .rungs
                 .iter()
@@ -596,14 +564,14 @@ fn check_reads(
     stages: &[Box<dyn Stage>],
     at: usize,
     me: &str,
-    reads: &crate::stages::NegativeReads,
+    reads: &crate::kit::NegativeReads,
 ) -> Result<(), String> {
     for rung in &reads.rungs {
         if rung == fanfold_core::spec::PREFILTER_RUNG {
             continue;
         }
         match stages.iter().enumerate().find(|(_, s)| s.name() == rung) {
-            Some((t, read)) if t < at && read.reads_negatives().is_none() => {}
+            Some((t, read)) if t < at && read.shape().reads_negatives().is_none() => {}
             Some(_) => {
                 return Err(format!(
                     "audit `{me}` reads rung `{rung}`, which is not a map or embed stage declared before it"

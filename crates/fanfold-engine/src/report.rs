@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use fanfold_core::{ContentHash, Cost, FactRecord, StatusCounts, UnitId};
+use fanfold_core::{ContentHash, FactRecord, StatusCounts, UnitId};
 use fanfold_model::BackendInfo;
 use fanfold_ops::contract::StopReason;
 use fanfold_ops::fold::FoldOutcome;
@@ -11,65 +11,7 @@ use fanfold_ops::partition::Coverage;
 use fanfold_ops::verify::VerifyReport;
 use serde::{Deserialize, Serialize};
 
-use crate::stages::embed::EmbedStats;
-
-/// Figures a run measured about itself.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct RunStats {
-    pub model_calls: u64,
-    pub cache_hits: u64,
-    pub cache_misses: u64,
-    /// Units a backend cut to fit its window; each such fact says by how
-    /// many tokens (`truncated_tokens`).
-    #[serde(default)]
-    pub truncated_units: u64,
-    /// Units whose projected input equalled another unit's in the same
-    /// stage of this run: they share that unit's call instead of their own.
-    #[serde(default)]
-    pub deduplicated: u64,
-    pub slots: usize,
-    pub max_in_flight: usize,
-    pub fold_depth: u32,
-    pub fold_nodes_computed: u64,
-    pub fold_nodes_reused: u64,
-    /// Units whose facts were computed (not reused) in this run.
-    pub recomputed_units: Vec<String>,
-    pub cost: Cost,
-    pub wall_ms: u64,
-    /// Wall time of each phase of the run, in order: source, route
-    /// (partition, prefilter and their store writes, streamed together),
-    /// one entry per stage (`embed:NAME`, `map:NAME`), fold, answer, verify.
-    pub phases_ms: Vec<(String, u64)>,
-    /// What each embed stage did.
-    #[serde(default)]
-    pub embed: BTreeMap<String, EmbedStats>,
-    /// What each audit stage measured of the rungs it checked.
-    #[serde(default)]
-    pub audits: BTreeMap<String, crate::stages::audit::AuditReport>,
-    /// What each select stage chose, by whom, and what the stages it chose
-    /// said of those units.
-    #[serde(default)]
-    pub selects: BTreeMap<String, crate::stages::select::SelectReport>,
-    /// What each map stage's canaries showed, when it sent any.
-    #[serde(default)]
-    pub canaries: BTreeMap<String, crate::stages::map::CanaryReport>,
-    /// How each chunk stage packed its units into contexts.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub chunks: BTreeMap<String, crate::stages::chunk::ChunkReport>,
-    /// Per BM25 stage: units scored and kept.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub bm25: BTreeMap<String, crate::stages::bm25::Bm25Report>,
-    /// Per cluster stage: its themes, checks and reorder stress.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub clusters: BTreeMap<String, crate::stages::cluster::ClusterReport>,
-    /// Per widen stage: units widened and the members their contexts showed.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub widens: BTreeMap<String, crate::stages::widen::WidenReport>,
-    /// The process's peak resident memory when the certificate was
-    /// written (Linux `VmHWM`), in KiB; absent where the OS does not say.
-    #[serde(default)]
-    pub peak_rss_kib: Option<u64>,
-}
+pub use crate::kit::RunStats;
 
 /// This process's peak resident memory in KiB, from `/proc/self/status`.
 pub fn peak_rss_kib() -> Option<u64> {
@@ -175,6 +117,12 @@ pub struct RunReport {
     pub certificate: Certificate,
     pub facts: Vec<FactRecord>,
     pub fold: FoldOutcome,
+    /// The stages' own sections of answer.md, in spec order.
+    pub sections: Vec<String>,
+    /// The stages' own lines under answer.md's Accounting.
+    pub accounting: Vec<String>,
+    /// Files the stages add beside the answer: (file name, JSON lines).
+    pub files: Vec<(String, Vec<serde_json::Value>)>,
 }
 
 impl RunReport {
@@ -192,15 +140,6 @@ impl RunReport {
     }
 }
 
-/// `fanfold run` exits with this when the input or a jq expression is at
-/// fault.
-pub const EXIT_INPUT: u8 = 5;
-/// `fanfold run` exits with this when a backend or model could not be set
-/// up.
-pub const EXIT_CONFIGURATION: u8 = 6;
-/// `fanfold run` exits with this for any other failure (store, outputs).
-pub const EXIT_FAILED: u8 = 2;
-/// `fanfold run` exits with this when the answer is incomplete.
-pub const EXIT_INCOMPLETE: u8 = 3;
-/// `fanfold run` exits with this when verification failed.
-pub const EXIT_VERIFY_FAILED: u8 = 4;
+pub use crate::error::{
+    EXIT_CONFIGURATION, EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INPUT, EXIT_VERIFY_FAILED,
+};

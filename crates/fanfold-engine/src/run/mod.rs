@@ -11,7 +11,6 @@
 
 pub mod answer;
 pub mod ingest;
-pub mod ledger;
 pub mod route;
 pub mod verify;
 
@@ -27,15 +26,11 @@ use serde_json::{Value, json};
 
 use crate::Progress;
 use crate::error::RunError;
+use crate::kit::{Backends, FactLedger, NegativeReads, Negatives, RungUnits, Shared, StageContext};
 use crate::plan::{Plan, Routing};
 use crate::queue::BudgetPool;
 use crate::report::{Answer, Certificate, RunReport, RunSettingsReport, RunStats};
 use crate::source::Source;
-use crate::stages::{
-    Backends, NegativeReads, Negatives, RungUnits, StageContext, embed::Embedders,
-};
-
-use ledger::FactLedger;
 
 /// How a run is carried out; none of these change what a fact means.
 #[derive(Clone, Debug)]
@@ -236,7 +231,12 @@ fn run_begun(
         ..RunStats::default()
     };
     let mut backends = Backends::new(opts.record.clone());
-    let mut embedders = Embedders::default();
+    let mut shared = Shared::default();
+    for stage in &plan.stages {
+        if let Some(key) = stage.report_key() {
+            stats.reports.declare(key);
+        }
+    }
     let mut stop = StopReason::Completed;
     let mut queued: BTreeMap<String, Vec<usize>> = routed.by_stage.clone();
     // What each stage received: from the prefilter, or passed on by a stage
@@ -252,10 +252,11 @@ fn run_begun(
         for stage in &plan.stages {
             // A model reducer reads the answer's facts once they are all
             // known, below.
-            if stage.reads_facts().is_some() {
+            let shape = stage.shape();
+            if shape.reads_facts().is_some() {
                 continue;
             }
-            let reads = stage.reads_negatives();
+            let reads = shape.reads_negatives();
             let tripped = matches!(stop, StopReason::BreakerTripped { .. });
             let units = match reads {
                 // An audit of a run a breaker stopped would measure rungs
@@ -284,7 +285,7 @@ fn run_begun(
                 budget: &budget,
                 ledger: &ledger,
                 backends: &mut backends,
-                embedders: &mut embedders,
+                shared: &mut shared,
                 progress,
                 stats: &mut stats,
                 negatives: &negatives,
@@ -296,7 +297,7 @@ fn run_begun(
             {
                 stop = s;
             }
-            if let Some(then) = stage.then() {
+            if let Some(then) = shape.then {
                 if reads.is_some() {
                     escalated.extend(outcome.passed.iter().map(|&i| (i, then.to_owned())));
                 }
@@ -337,12 +338,16 @@ fn run_begun(
     }
     // Model reducers: they read the answer's facts, never raw units. A
     // run a breaker stopped has no answer worth reducing.
-    for stage in plan.stages.iter().filter(|s| s.reads_facts().is_some()) {
+    for stage in plan
+        .stages
+        .iter()
+        .filter(|s| s.shape().reads_facts().is_some())
+    {
         if matches!(stop, StopReason::BreakerTripped { .. }) {
             break;
         }
         let reducer_ledger =
-            FactLedger::new(store, Controller::new(crate::stages::no_contract()), None);
+            FactLedger::new(store, Controller::new(crate::kit::no_contract()), None);
         let mut ctx = StageContext {
             spec,
             spec_dir: &plan.spec_dir,
@@ -353,7 +358,7 @@ fn run_begun(
             budget: &budget,
             ledger: &reducer_ledger,
             backends: &mut backends,
-            embedders: &mut embedders,
+            shared: &mut shared,
             progress,
             stats: &mut stats,
             negatives: &Negatives::default(),
@@ -401,11 +406,8 @@ fn run_begun(
         &routed.rejected_by_reason,
         answered.reached,
     );
-    for (name, audit) in &stats.audits {
-        incomplete.extend(audit.shortfalls(name));
-    }
-    for (name, cluster) in &stats.clusters {
-        incomplete.extend(cluster.shortfalls(name));
+    for stage in &plan.stages {
+        incomplete.extend(stage.shortfalls(&stats));
     }
     // Units pruned before a bound was broken were pruned on a false proof.
     if !totals.violations.is_empty() && statuses.cancelled > 0 {
@@ -423,7 +425,7 @@ fn run_begun(
         .iter()
         .map(|i| i.unit_id.clone())
         .chain(answered.themes.iter().flat_map(|t| t.ids.iter().cloned()))
-        .chain(stats.clusters.values().flat_map(|c| c.cited().cloned()))
+        .chain(plan.stages.iter().flat_map(|s| s.cited(&stats)))
         .collect();
     // A widened answer also stands on the members its context showed.
     let shown: Vec<UnitId> = facts
@@ -531,12 +533,41 @@ fn run_begun(
     store.finish_run(run_id, stop.code(), &cert_json)?;
     drop(cert_json);
 
+    // What each stage adds to the outputs, in spec order; stages of one
+    // kind that write the same file share it.
+    let label = if simulated {
+        format!(" {}", crate::output::SIMULATED)
+    } else {
+        String::new()
+    };
+    let sections = plan
+        .stages
+        .iter()
+        .filter_map(|s| s.answer_section(&certificate.stats, &label))
+        .collect();
+    let accounting = plan
+        .stages
+        .iter()
+        .filter_map(|s| s.accounting(&certificate.stats))
+        .collect();
+    let mut files: Vec<(String, Vec<Value>)> = Vec::new();
+    for stage in &plan.stages {
+        for (name, lines) in stage.output_files(&certificate.stats) {
+            match files.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, all)) => all.extend(lines),
+                None => files.push((name, lines)),
+            }
+        }
+    }
     let report = RunReport {
         run_id: run_id.to_owned(),
         answer,
         certificate,
         facts,
         fold,
+        sections,
+        accounting,
+        files,
     };
     if let Some(dir) = &opts.out_dir {
         crate::output::write_all(dir, &report)?;
@@ -698,7 +729,7 @@ pub fn explain_routing(
             if let Some(calls) = stage.planned_calls(&routed.table, &units)? {
                 r.calls.insert(name.to_owned(), calls);
             }
-            if let Some(then) = stage.then() {
+            if let Some(then) = stage.shape().then {
                 *r.undecided_before.entry(then.to_owned()).or_insert(0) += units.len() as u64;
             }
             continue;
@@ -711,7 +742,7 @@ pub fn explain_routing(
         if let Some(calls) = count.calls {
             r.calls.insert(name.to_owned(), calls);
         }
-        if let Some(then) = stage.then() {
+        if let Some(then) = stage.shape().then {
             *r.undecided_before.entry(then.to_owned()).or_insert(0) +=
                 units.len() as u64 - count.cached;
             let next = queued.entry(then.to_owned()).or_default();

@@ -27,11 +27,14 @@ use fanfold_store::Store;
 use serde::{Deserialize, Serialize};
 
 use super::map::MapRunner;
-use super::{BuildContext, CachedCount, NegativeReads, Stage, StageContext, StageOutcome};
+use crate::error::PlanError;
 use crate::error::RunError;
-use crate::plan::PlanError;
-use crate::run::ledger::FactLedger;
-use crate::run::route::UnitTable;
+use crate::kit::UnitTable;
+use crate::kit::ledger::FactLedger;
+use crate::kit::{
+    BuildContext, CachedCount, Calls, NegativeReads, Outputs, Reads, RunStats, Shape, Stage,
+    StageContext, StageOutcome,
+};
 
 pub struct AuditRunner {
     pub spec: AuditStageSpec,
@@ -88,6 +91,9 @@ impl AuditRunner {
 }
 
 /// What an audit found, for the certificate and answer.md.
+/// The key of audit stages' reports in the run's stats.
+pub const REPORT: &str = "audits";
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct AuditReport {
     /// The rate the run had to prove, if one was declared.
@@ -162,16 +168,16 @@ impl Stage for AuditRunner {
         h.finish()
     }
 
-    fn then(&self) -> Option<&str> {
-        self.spec.escalate.as_deref()
-    }
-
-    fn backend(&self) -> Option<&str> {
-        Some(&self.spec.judge.backend)
-    }
-
-    fn reads_negatives(&self) -> Option<&NegativeReads> {
-        Some(&self.reads)
+    fn shape(&self) -> Shape<'_> {
+        Shape {
+            reads: Reads::Negatives(&self.reads),
+            calls: Calls::Model {
+                backend: &self.spec.judge.backend,
+            },
+            outputs: Outputs::Stored,
+            then: self.spec.escalate.as_deref(),
+            sends: Vec::new(),
+        }
     }
 
     fn explain(&self, spec: &Spec, out: &mut String) {
@@ -237,7 +243,7 @@ impl Stage for AuditRunner {
         let a = &self.spec;
         let name = a.name.as_str();
         // Every sampled unit is judged: the judge runs under no contract.
-        let judge_spec = super::uncontracted(ctx.spec);
+        let judge_spec = crate::kit::uncontracted(ctx.spec);
         let verdicts = FactLedger::new(
             ctx.store,
             Controller::new(judge_spec.contract.clone()),
@@ -336,12 +342,29 @@ impl Stage for AuditRunner {
             "audited",
             &serde_json::to_value(&report).unwrap_or_default(),
         )?;
-        ctx.stats.audits.insert(name.to_owned(), report);
+        ctx.stats.reports.put(REPORT, name, &report);
         Ok(StageOutcome {
             passed,
             stop,
             ..StageOutcome::default()
         })
+    }
+
+    fn report_key(&self) -> Option<&'static str> {
+        Some(REPORT)
+    }
+
+    fn shortfalls(&self, stats: &RunStats) -> Vec<String> {
+        stats
+            .reports
+            .get::<AuditReport>(REPORT, self.name())
+            .map(|r| r.shortfalls(self.name()))
+            .unwrap_or_default()
+    }
+
+    fn answer_section(&self, stats: &RunStats, simulated: &str) -> Option<String> {
+        let r = stats.reports.get::<AuditReport>(REPORT, self.name())?;
+        Some(audit_section(self.name(), &r, simulated))
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
@@ -378,4 +401,63 @@ fn rung_audit(
         disagreeing,
         miss,
     })
+}
+
+/// An audit's section of answer.md: each rung's miss rate with its
+/// interval, the disagreements, and where they were sent.
+fn audit_section(name: &str, audit: &AuditReport, sim: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n## What was thrown away: audit `{name}`{sim}\n\nA seeded sample of each rung's negatives, judged again independently. The miss rate is the share the judge says should have been kept, with its 95 % interval{}.\n",
+        match audit.max_miss_rate {
+            Some(r) => format!("; the answer needs at most {:.1} %", r * 100.0),
+            None => String::new(),
+        }
+    );
+    let _ = writeln!(
+        out,
+        "| rung | thrown away | judged | disagreed | miss rate | 95 % interval | missed at most | shown |\n|---|---:|---:|---:|---:|---|---:|---|"
+    );
+    for (rung, r) in &audit.rungs {
+        let m = &r.miss;
+        let _ = writeln!(
+            out,
+            "| {rung} | {} | {} | {} | {:.1} % | {:.1}–{:.1} % | {} | {} |",
+            m.population,
+            m.judged,
+            m.disagreements,
+            m.rate * 100.0,
+            m.low * 100.0,
+            m.high * 100.0,
+            m.missed_at_most(),
+            match r.proven {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "-",
+            }
+        );
+    }
+    for (rung, r) in &audit.rungs {
+        if !r.disagreeing.is_empty() {
+            let _ = writeln!(
+                out,
+                "\n- `{rung}` disagreements: {}",
+                r.disagreeing
+                    .iter()
+                    .map(|i| crate::output::md_text(i))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    if let Some(to) = &audit.escalate {
+        let _ = writeln!(
+            out,
+            "- {} disagreements were sent to `{to}` and judged there; {} judge calls",
+            audit.escalated, audit.calls
+        );
+    }
+    out
 }

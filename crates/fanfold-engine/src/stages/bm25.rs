@@ -16,17 +16,20 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::map::project_err;
-use super::{BuildContext, CachedCount, Stage, StageContext, StageOutcome};
+use crate::error::PlanError;
 use crate::error::RunError;
-use crate::plan::PlanError;
-use crate::run::ledger::Origin;
-use crate::run::route::UnitTable;
+use crate::kit::UnitTable;
+use crate::kit::ledger::Origin;
+use crate::kit::{BuildContext, CachedCount, Outputs, Shape, Stage, StageContext, StageOutcome};
 
 pub struct Bm25Runner {
     pub stage: Bm25Stage,
 }
 
 /// What one BM25 stage did, for the certificate.
+/// The key of BM25 stages' reports in the run's stats.
+pub const REPORT: &str = "bm25";
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Bm25Report {
     pub units: u64,
@@ -73,8 +76,11 @@ impl Stage for Bm25Runner {
         self.stage.definition_hash()
     }
 
-    fn then(&self) -> Option<&str> {
-        self.stage.spec.then.as_deref()
+    fn shape(&self) -> Shape<'_> {
+        Shape {
+            then: self.stage.spec.then.as_deref(),
+            ..Shape::units(Outputs::Derived)
+        }
     }
 
     fn explain(&self, _spec: &Spec, out: &mut String) {
@@ -86,7 +92,7 @@ impl Stage for Bm25Runner {
             sp.version,
             sp.k1,
             sp.b,
-            super::sees(sp.project.as_deref(), &sp.fields),
+            crate::kit::sees(sp.project.as_deref(), &sp.fields),
             self.stage.terms.join(", "),
             sp.threshold,
             sp.then
@@ -190,9 +196,10 @@ impl Stage for Bm25Runner {
         }
         let mut sorted = scores.clone();
         sorted.sort_by(f64::total_cmp);
-        ctx.stats.bm25.insert(
-            stage.name().to_owned(),
-            Bm25Report {
+        ctx.stats.reports.put(
+            REPORT,
+            stage.name(),
+            &Bm25Report {
                 units: units.len() as u64,
                 kept: scores.iter().filter(|s| **s >= sp.threshold).count() as u64,
                 threshold: sp.threshold,
@@ -205,6 +212,10 @@ impl Stage for Bm25Runner {
             passed,
             ..StageOutcome::default()
         })
+    }
+
+    fn report_key(&self) -> Option<&'static str> {
+        Some(REPORT)
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

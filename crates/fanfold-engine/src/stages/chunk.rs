@@ -15,13 +15,15 @@ use fanfold_store::Store;
 use serde_json::{Value, json};
 
 use super::map::{model_params, project_err};
-use super::{BuildContext, CachedCount, Stage, StageContext, StageOutcome};
 use crate::batches::StoreLedger;
+use crate::error::PlanError;
 use crate::error::RunError;
-use crate::plan::PlanError;
+use crate::kit::UnitTable;
+use crate::kit::ledger::Origin;
+use crate::kit::{
+    BuildContext, CachedCount, Calls, Outputs, Shape, Stage, StageContext, StageOutcome,
+};
 use crate::queue::{Pending, Prompt, StageJob, UnitResult};
-use crate::run::ledger::Origin;
-use crate::run::route::UnitTable;
 
 pub struct ChunkRunner {
     pub stage: ChunkStage,
@@ -126,13 +128,18 @@ impl Stage for ChunkRunner {
         self.stage.definition_hash()
     }
 
-    fn backend(&self) -> Option<&str> {
-        Some(&self.stage.spec.backend)
+    fn shape(&self) -> Shape<'_> {
+        Shape {
+            calls: Calls::Model {
+                backend: &self.stage.spec.backend,
+            },
+            ..Shape::units(Outputs::Stored)
+        }
     }
 
     fn explain(&self, spec: &Spec, out: &mut String) {
         let sp = &self.stage.spec;
-        let (backend, simulated) = super::backend_label(spec, &sp.backend);
+        let (backend, simulated) = crate::kit::backend_label(spec, &sp.backend);
         let size = sp
             .size
             .map_or("as many as fit".to_owned(), |n| n.to_string());
@@ -148,7 +155,7 @@ impl Stage for ChunkRunner {
             backend,
             sp.max_attempts,
             sp.max_output_tokens,
-            super::sees(sp.project.as_deref(), &sp.fields)
+            crate::kit::sees(sp.project.as_deref(), &sp.fields)
         );
         let _ = writeln!(
             out,
@@ -173,7 +180,7 @@ impl Stage for ChunkRunner {
         units: &[usize],
     ) -> Result<CachedCount, RunError> {
         let sp = &self.stage.spec;
-        let info = match super::cached_identity(spec, spec_dir, &sp.backend, sp.execution) {
+        let info = match crate::kit::cached_identity(spec, spec_dir, &sp.backend, sp.execution) {
             Ok(info) => info,
             Err(count) => return Ok(count),
         };
@@ -453,27 +460,37 @@ impl Stage for ChunkRunner {
         }
         ctx.progress.stage_finished(stage.name());
         ctx.stats.max_in_flight = ctx.stats.max_in_flight.max(max_in_flight);
-        let chunks = ctx.stats.chunks.entry(stage.name().to_owned()).or_default();
-        chunks.contexts = layout.packing.contexts.len() as u64;
-        chunks.too_large = layout.packing.too_large.len() as u64;
-        chunks.outside_window = layout.packing.outside.len() as u64;
-        chunks.largest = layout
-            .packing
-            .contexts
-            .iter()
-            .map(|r| r.len() as u64)
-            .max()
-            .unwrap_or(0);
+        let packing = &layout.packing;
+        ctx.stats
+            .reports
+            .update(REPORT, stage.name(), |chunks: &mut ChunkReport| {
+                chunks.contexts = packing.contexts.len() as u64;
+                chunks.too_large = packing.too_large.len() as u64;
+                chunks.outside_window = packing.outside.len() as u64;
+                chunks.largest = packing
+                    .contexts
+                    .iter()
+                    .map(|r| r.len() as u64)
+                    .max()
+                    .unwrap_or(0);
+            });
         Ok(StageOutcome {
             stop,
             ..StageOutcome::default()
         })
     }
 
+    fn report_key(&self) -> Option<&'static str> {
+        Some(REPORT)
+    }
+
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
 }
+
+/// The key of chunk stages' reports in the run's stats.
+pub const REPORT: &str = "chunks";
 
 /// How a chunk stage laid its units out, for the certificate.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]

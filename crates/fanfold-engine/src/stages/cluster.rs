@@ -21,17 +21,23 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::map::{model_params, project_err};
-use super::{BuildContext, CachedCount, Stage, StageContext, StageOutcome};
+use crate::error::PlanError;
 use crate::error::RunError;
-use crate::plan::PlanError;
+use crate::kit::UnitTable;
+use crate::kit::{
+    BuildContext, CachedCount, Calls, Outputs, Reads, RunStats, Shape, Stage, StageContext,
+    StageOutcome,
+};
 use crate::queue::{BudgetPool, Pending, Prompt, StageJob, UnitResult};
-use crate::run::route::UnitTable;
 
 pub struct ClusterRunner {
     pub stage: ClusterStage,
 }
 
 /// What the stage found, for the certificate, answer.md and verify.
+/// The key of cluster stages' reports in the run's stats.
+pub const REPORT: &str = "clusters";
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClusterReport {
     /// The stage whose facts were read.
@@ -296,7 +302,7 @@ impl Reducer<'_> {
                 .push((c, r.clone()));
         };
         // A reducer answers no question of its own: no contract bears on it.
-        let controller = Mutex::new(Controller::new(super::no_contract()));
+        let controller = Mutex::new(Controller::new(crate::kit::no_contract()));
         let slots = match stage.spec.execution {
             Execution::Online => self.slots,
             Execution::Batch => pending.len(),
@@ -444,17 +450,23 @@ impl Stage for ClusterRunner {
         self.stage.definition_hash()
     }
 
-    fn backend(&self) -> Option<&str> {
-        Some(&self.stage.spec.backend)
-    }
-
-    fn reads_facts(&self) -> Option<&str> {
-        Some(&self.stage.spec.reads)
+    fn shape(&self) -> Shape<'_> {
+        Shape {
+            reads: Reads::Facts {
+                of: &self.stage.spec.reads,
+            },
+            calls: Calls::Model {
+                backend: &self.stage.spec.backend,
+            },
+            outputs: Outputs::Stored,
+            then: None,
+            sends: Vec::new(),
+        }
     }
 
     fn explain(&self, spec: &Spec, out: &mut String) {
         let sp = &self.stage.spec;
-        let (backend, simulated) = super::backend_label(spec, &sp.backend);
+        let (backend, simulated) = crate::kit::backend_label(spec, &sp.backend);
         let _ = writeln!(
             out,
             "  {} cluster v{} backend={}({}){simulated} attempts={} max_output_tokens={}\n    reads the {} facts of `{}`, each as `{}`",
@@ -611,7 +623,7 @@ impl Stage for ClusterRunner {
         };
         ctx.stats.model_calls += calls;
         ctx.stats.cost.add(&cost);
-        ctx.stats.clusters.insert(stage.name().to_owned(), report);
+        ctx.stats.reports.put(REPORT, stage.name(), &report);
         ctx.progress.stage_finished(stage.name());
         Ok(StageOutcome {
             stop,
@@ -619,7 +631,124 @@ impl Stage for ClusterRunner {
         })
     }
 
+    fn report_key(&self) -> Option<&'static str> {
+        Some(REPORT)
+    }
+
+    fn shortfalls(&self, stats: &RunStats) -> Vec<String> {
+        stats
+            .reports
+            .get::<ClusterReport>(REPORT, self.name())
+            .map(|r| r.shortfalls(self.name()))
+            .unwrap_or_default()
+    }
+
+    fn cited(&self, stats: &RunStats) -> Vec<UnitId> {
+        stats
+            .reports
+            .get::<ClusterReport>(REPORT, self.name())
+            .map(|r| r.cited().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn answer_section(&self, stats: &RunStats, simulated: &str) -> Option<String> {
+        let r = stats.reports.get::<ClusterReport>(REPORT, self.name())?;
+        Some(cluster_section(self.name(), &r, simulated))
+    }
+
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+}
+
+/// A cluster stage's themes as answer.md shows them: each theme with its
+/// recounted size and every member cited, then what fits no theme, the
+/// contexts that failed and the reorder stress.
+fn cluster_section(name: &str, c: &ClusterReport, sim: &str) -> String {
+    let ids = |v: &[fanfold_core::UnitId]| -> String {
+        v.iter()
+            .map(|i| format!("#{}", crate::output::md_text(&i.0)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n## Themes: cluster `{name}`{sim}\n\nProposed by the model from the {} facts of `{}`, {} at a time over {} levels ({} contexts, {} reused). Counts are fanfold's own, from the members.\n",
+        c.facts, c.reads, c.fan_in, c.levels, c.nodes, c.cached_nodes
+    );
+    for (n, t) in c.themes.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "{}. **{}** — {} {}: {}",
+            n + 1,
+            crate::output::md_text(&t.label),
+            t.count,
+            if t.count == 1 { "fact" } else { "facts" },
+            ids(&t.members)
+        );
+        if !t.exemplars.is_empty() {
+            let _ = writeln!(out, "   - exemplars: {}", ids(&t.exemplars));
+        }
+        if !t.dissent.is_empty() {
+            let _ = writeln!(out, "   - dissent: {}", ids(&t.dissent));
+        }
+    }
+    if c.themes.is_empty() {
+        let _ = writeln!(out, "No theme was found.");
+    }
+    for (what, list) in [
+        ("Outliers (fit no theme)", &c.outliers),
+        ("Placed in no theme", &c.unthemed),
+        ("**In no theme: their context failed**", &c.failed),
+    ] {
+        if !list.is_empty() {
+            let _ = writeln!(out, "\n{what}: {}", ids(list));
+        }
+    }
+    for e in &c.errors {
+        let _ = writeln!(
+            out,
+            "- context at level {} ({}..{}) failed: {}",
+            e.level,
+            crate::output::md_text(&e.first),
+            crate::output::md_text(&e.last),
+            crate::output::md_text(&e.reason)
+        );
+    }
+    if c.unmerged {
+        let _ = writeln!(
+            out,
+            "\nThe merge stopped narrowing: the themes above were never all compared in one context."
+        );
+    }
+    if let Some(why) = &c.stress_skipped {
+        let _ = writeln!(
+            out,
+            "\nReorder stress not run: {}.",
+            crate::output::md_text(why)
+        );
+    }
+    if let Some(s) = &c.stress {
+        let verdict = if s.drift <= s.max_drift {
+            "within"
+        } else {
+            "**above**"
+        };
+        let _ = writeln!(
+            out,
+            "\nReorder stress: the largest drift over {} reductions is {:.2}, {verdict} the declared {:.2}.\n\n| order | fan-in | themes | drift | failed contexts |\n|---:|---:|---:|---:|---:|",
+            s.runs.len(),
+            s.drift,
+            s.max_drift
+        );
+        for r in &s.runs {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.2} | {} |",
+                r.order, r.fan_in, r.themes, r.drift, r.errors
+            );
+        }
+    }
+    out
 }

@@ -20,12 +20,12 @@ use fanfold_store::Store;
 use serde::{Deserialize, Serialize};
 
 use super::map::project_err;
-use super::{BuildContext, CachedCount, Stage, StageContext, StageOutcome};
+use crate::error::PlanError;
 use crate::error::RunError;
+use crate::kit::UnitTable;
+use crate::kit::ledger::Origin;
+use crate::kit::{BuildContext, CachedCount, Outputs, Shape, Stage, StageContext, StageOutcome};
 use crate::models::{self, MINILM_L6_V2};
-use crate::plan::PlanError;
-use crate::run::ledger::Origin;
-use crate::run::route::UnitTable;
 
 pub struct EmbedRunner {
     pub stage: EmbedStage,
@@ -67,14 +67,17 @@ impl Stage for EmbedRunner {
         self.stage.definition_hash()
     }
 
-    fn then(&self) -> Option<&str> {
-        self.stage.spec.then.as_deref()
+    fn shape(&self) -> Shape<'_> {
+        Shape {
+            then: self.stage.spec.then.as_deref(),
+            ..Shape::units(Outputs::Stored)
+        }
     }
 
     fn explain(&self, _spec: &Spec, out: &mut String) {
         let e = &self.stage;
         let sp = &e.spec;
-        let sees = super::sees(sp.project.as_deref(), &sp.fields);
+        let sees = crate::kit::sees(sp.project.as_deref(), &sp.fields);
         let positives = e
             .anchors
             .iter()
@@ -157,7 +160,7 @@ impl Stage for EmbedRunner {
             ctx.table,
             &units,
             ctx.store,
-            ctx.embedders,
+            embedders(ctx, &self.stage)?,
         )?;
         for (i, fact, origin) in outcome.ended {
             ctx.progress.unit_finished(name, fact.status);
@@ -174,12 +177,16 @@ impl Stage for EmbedRunner {
             "embedded",
             &serde_json::json!({"stage": name, "stats": outcome.stats}),
         )?;
-        ctx.stats.embed.insert(name.to_owned(), outcome.stats);
+        ctx.stats.reports.put(REPORT, name, &outcome.stats);
         ctx.progress.stage_finished(name);
         Ok(StageOutcome {
             passed: outcome.passed,
             ..StageOutcome::default()
         })
+    }
+
+    fn report_key(&self) -> Option<&'static str> {
+        Some(REPORT)
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
@@ -237,6 +244,19 @@ pub fn embedder_identity(
             Ok((Some(dir), format!("{name}@{}", &hash[..16])))
         }
     }
+}
+
+/// The key of embed stages' reports in the run's stats.
+pub const REPORT: &str = "embed";
+
+/// The run's loaded embedders, shared by every stage that embeds.
+pub(crate) fn embedders<'c>(
+    ctx: &'c mut StageContext<'_>,
+    stage: &EmbedStage,
+) -> Result<&'c mut Embedders, RunError> {
+    ctx.shared
+        .get::<Embedders>()
+        .ok_or_else(|| embed_err(stage, "the run's embedders are not reachable"))
 }
 
 fn embed_err(

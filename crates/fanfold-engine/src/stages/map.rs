@@ -17,13 +17,15 @@ use fanfold_ops::view::{INPUT_BUCKET, Projector};
 use fanfold_store::Store;
 use serde_json::Value;
 
-use super::{BuildContext, CachedCount, Stage, StageContext, StageOutcome};
 use crate::batches::StoreLedger;
+use crate::error::PlanError;
 use crate::error::RunError;
-use crate::plan::PlanError;
+use crate::kit::UnitTable;
+use crate::kit::ledger::Origin;
+use crate::kit::{
+    BuildContext, CachedCount, Calls, Outputs, Shape, Stage, StageContext, StageOutcome,
+};
 use crate::queue::{Pending, Prompt, StageJob, UnitResult};
-use crate::run::ledger::Origin;
-use crate::run::route::UnitTable;
 
 /// What a map turn shows each unit, and what the unit's fact cites: the
 /// stage's own projection of the unit by default; a widen stage's view of
@@ -129,6 +131,9 @@ fn read_canaries(
     }
     Ok(out)
 }
+
+/// The key of map stages' canary reports in the run's stats.
+pub const REPORT: &str = "canaries";
 
 /// What a stage's canaries showed, for the certificate.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -277,22 +282,25 @@ impl Stage for MapRunner {
         self.stage.definition_hash()
     }
 
-    fn backend(&self) -> Option<&str> {
-        Some(&self.stage.spec.backend)
+    fn shape(&self) -> Shape<'_> {
+        Shape {
+            calls: Calls::Model {
+                backend: &self.stage.spec.backend,
+            },
+            sends: self
+                .stage
+                .spec
+                .widen
+                .iter()
+                .map(|w| w.stage.as_str())
+                .collect(),
+            ..Shape::units(Outputs::Stored)
+        }
     }
 
-    fn targets(&self) -> Vec<&str> {
-        self.stage
-            .spec
-            .widen
-            .iter()
-            .map(|w| w.stage.as_str())
-            .collect()
-    }
-
-    fn evidence_view(&self) -> Option<super::EvidenceView> {
+    fn evidence_view(&self) -> Option<crate::kit::EvidenceView> {
         let sp = &self.stage.spec;
-        Some(super::EvidenceView {
+        Some(crate::kit::EvidenceView {
             project: sp.project.clone(),
             fields: sp.fields.clone(),
             widened: false,
@@ -301,8 +309,8 @@ impl Stage for MapRunner {
 
     fn explain(&self, spec: &Spec, out: &mut String) {
         let sp = &self.stage.spec;
-        let (backend, simulated) = super::backend_label(spec, &sp.backend);
-        let sees = super::sees(sp.project.as_deref(), &sp.fields);
+        let (backend, simulated) = crate::kit::backend_label(spec, &sp.backend);
+        let sees = crate::kit::sees(sp.project.as_deref(), &sp.fields);
         let execution = match sp.execution {
             Execution::Online => "",
             Execution::Batch => " execution=batch",
@@ -367,6 +375,10 @@ impl Stage for MapRunner {
         self.run_views(ctx, units, &views)
     }
 
+    fn report_key(&self) -> Option<&'static str> {
+        Some(REPORT)
+    }
+
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
@@ -383,7 +395,7 @@ impl MapRunner {
         views: &dyn Views,
     ) -> Result<CachedCount, RunError> {
         let sp = &self.stage.spec;
-        let info = match super::cached_identity(spec, spec_dir, &sp.backend, sp.execution) {
+        let info = match crate::kit::cached_identity(spec, spec_dir, &sp.backend, sp.execution) {
             Ok(info) => info,
             Err(count) => return Ok(count),
         };
@@ -736,13 +748,12 @@ impl MapRunner {
             let (spend, sent) = canary_spend.into_inner().unwrap_or_else(|e| e.into_inner());
             ctx.stats.model_calls += spend.calls;
             ctx.stats.cost.add(&spend);
-            let report = ctx
-                .stats
-                .canaries
-                .entry(stage.name().to_owned())
-                .or_default();
-            report.sent += sent;
-            report.failed.extend(canary_failures);
+            ctx.stats
+                .reports
+                .update(REPORT, stage.name(), |report: &mut CanaryReport| {
+                    report.sent += sent;
+                    report.failed.extend(canary_failures);
+                });
         }
         let mut outcome = StageOutcome {
             stop,

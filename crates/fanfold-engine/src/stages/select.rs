@@ -34,12 +34,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::map::{MapRunner, project_err};
-use super::{BuildContext, CachedCount, Stage, StageContext, StageOutcome};
+use crate::error::PlanError;
 use crate::error::RunError;
-use crate::plan::PlanError;
-use crate::report::RunStats;
-use crate::run::ledger::{FactLedger, Origin};
-use crate::run::route::UnitTable;
+use crate::kit::RunStats;
+use crate::kit::UnitTable;
+use crate::kit::ledger::{FactLedger, Origin};
+use crate::kit::{
+    BuildContext, CachedCount, Calls, Outputs, Shape, Stage, StageContext, StageOutcome,
+};
 
 /// The most unit ids listed per confusion pair in the certificate; every
 /// selection is in `selections.jsonl`.
@@ -50,6 +52,10 @@ pub struct SelectRunner {
     catalog: Catalog,
     scorer: Option<MapRunner>,
     definition: ContentHash,
+    /// This run's selections by table position, in table order: made by
+    /// `run`, given what the chosen stages said by `review`, and written
+    /// to `selections.jsonl`.
+    selections: std::sync::Mutex<Vec<(usize, Selection)>>,
 }
 
 impl SelectRunner {
@@ -115,6 +121,7 @@ impl SelectRunner {
             spec: s.clone(),
             catalog,
             scorer,
+            selections: std::sync::Mutex::default(),
         })
     }
 
@@ -154,6 +161,23 @@ impl SelectRunner {
 /// A unit and the (rule, choice) that decided it, if one did.
 type RulePick = (usize, Option<(usize, usize)>);
 
+/// Where every select stage's selections are written, one a line.
+pub const SELECTIONS_FILE: &str = "selections.jsonl";
+
+/// The key of select stages' reports in the run's stats.
+pub const REPORT: &str = "selects";
+
+/// The selections a run wrote (its `RunReport::files`), every select
+/// stage's, in the order written.
+pub fn selections(files: &[(String, Vec<serde_json::Value>)]) -> Vec<Selection> {
+    files
+        .iter()
+        .filter(|(name, _)| name == SELECTIONS_FILE)
+        .flat_map(|(_, lines)| lines)
+        .filter_map(|v| Selection::deserialize(v).ok())
+        .collect()
+}
+
 /// One unit's choice, as `selections.jsonl` lists it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Selection {
@@ -167,16 +191,16 @@ pub struct Selection {
     /// Rules tried that did not decide the unit.
     pub rules_failed: u32,
     /// The model's own pick, when the confidence floor moved the unit.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub below_floor_of: Option<String>,
     /// The probability of the model's pick, where the backend scored it.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confidence: Option<f64>,
     /// Every choice's probability, where the backend scored them.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alternatives: Vec<ChoiceScore>,
     /// What the chosen stage said of the unit, for `run` and `escalate`.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub downstream: Option<Status>,
     /// Whether a simulated backend made the choice.
     #[serde(skip)]
@@ -203,10 +227,6 @@ pub struct SelectReport {
     /// Per choice: the units its stage called negative (the first
     /// [`LISTED`] in table order).
     pub disagreements: BTreeMap<String, Vec<String>>,
-    /// Every unit's selection, in table order; written to
-    /// `selections.jsonl`, not to the certificate.
-    #[serde(skip)]
-    pub selections: Vec<(usize, Selection)>,
 }
 
 impl Stage for SelectRunner {
@@ -222,12 +242,19 @@ impl Stage for SelectRunner {
         self.definition
     }
 
-    fn targets(&self) -> Vec<&str> {
-        self.catalog.targets()
-    }
-
-    fn backend(&self) -> Option<&str> {
-        self.spec.model.as_ref().map(|m| m.backend.as_str())
+    fn shape(&self) -> Shape<'_> {
+        // Its rules' choices are made again by every run; the scorer's
+        // answers are stored.
+        Shape {
+            calls: match &self.spec.model {
+                Some(m) => Calls::Model {
+                    backend: m.backend.as_str(),
+                },
+                None => Calls::Nothing,
+            },
+            sends: self.catalog.targets(),
+            ..Shape::units(Outputs::Stored)
+        }
     }
 
     fn explain(&self, spec: &Spec, out: &mut String) {
@@ -237,7 +264,7 @@ impl Stage for SelectRunner {
             "  {} select v{}\n    sees {}",
             s.name,
             s.version,
-            super::sees(s.project.as_deref(), &s.fields)
+            crate::kit::sees(s.project.as_deref(), &s.fields)
         );
         let choices: Vec<String> = s
             .choices
@@ -257,7 +284,7 @@ impl Stage for SelectRunner {
             let _ = writeln!(out, "    rule {}: `{}` -> {}", r.name, r.when, r.choose);
         }
         if let (Some(m), Some(scorer)) = (&s.model, &self.scorer) {
-            let (backend, simulated) = super::backend_label(spec, &m.backend);
+            let (backend, simulated) = crate::kit::backend_label(spec, &m.backend);
             let floor = match (m.min_confidence, &m.below_floor) {
                 (Some(c), Some(to)) => format!("; below {c} -> {to}"),
                 _ => String::new(),
@@ -325,6 +352,7 @@ impl Stage for SelectRunner {
             units: units.len() as u64,
             ..SelectReport::default()
         };
+        let mut selections = Vec::with_capacity(units.len());
         // (table position, choice, selection without its choice's words)
         let mut picked: Vec<(usize, usize, Selection)> = Vec::with_capacity(units.len());
         let mut residual = Vec::new();
@@ -363,7 +391,7 @@ impl Stage for SelectRunner {
         let mut stop = None;
         let mut scored: BTreeMap<usize, FactRecord> = BTreeMap::new();
         if let (Some(scorer), false) = (&self.scorer, residual.is_empty()) {
-            let inner_spec = super::uncontracted(ctx.spec);
+            let inner_spec = crate::kit::uncontracted(ctx.spec);
             let verdicts = FactLedger::new(
                 ctx.store,
                 Controller::new(inner_spec.contract.clone()),
@@ -457,19 +485,21 @@ impl Stage for SelectRunner {
             if let Some(status) = status {
                 ended.push((i, self.derived_fact(ctx.table, i, &sel, status, action)?));
             }
-            report.selections.push((i, sel));
+            selections.push((i, sel));
         }
         for (i, fact) in ended {
             ctx.ledger.record(i, fact, Origin::Derived);
         }
-        ctx.stats.selects.insert(name.to_owned(), report);
+        ctx.stats.reports.put(REPORT, name, &report);
+        *self.selections.lock().unwrap_or_else(|e| e.into_inner()) = selections;
         Ok(outcome)
     }
 
     fn review(&self, facts: &[(usize, FactRecord)], stats: &mut RunStats) {
-        let Some(report) = stats.selects.get_mut(&self.spec.name) else {
+        let Some(mut report) = stats.reports.get::<SelectReport>(REPORT, &self.spec.name) else {
             return;
         };
+        let mut selections = self.selections.lock().unwrap_or_else(|e| e.into_inner());
         let targets = self.catalog.targets();
         let said: BTreeMap<(usize, &str), Status> = facts
             .iter()
@@ -478,7 +508,7 @@ impl Stage for SelectRunner {
             .collect();
         let mut confusion: BTreeMap<String, BTreeMap<Status, u64>> = BTreeMap::new();
         let mut disagreements: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (i, sel) in &mut report.selections {
+        for (i, sel) in selections.iter_mut() {
             let Some(to) = self
                 .catalog
                 .index_of(&sel.choice)
@@ -503,6 +533,32 @@ impl Stage for SelectRunner {
         }
         report.confusion = confusion;
         report.disagreements = disagreements;
+        stats.reports.put(REPORT, &self.spec.name, &report);
+    }
+
+    fn report_key(&self) -> Option<&'static str> {
+        Some(REPORT)
+    }
+
+    fn answer_section(&self, stats: &RunStats, simulated: &str) -> Option<String> {
+        let r = stats.reports.get::<SelectReport>(REPORT, self.name())?;
+        let name = self.name();
+        Some(format!(
+            "\n## Routing: select `{name}`{simulated}\n\nEach unit took one choice of the spec's catalog, by a rule or by the model scoring the choices. The right-hand columns are what the chosen stage then said (every selection is in `selections.jsonl`).\n\n{}",
+            confusion_table(name, &r)
+        ))
+    }
+
+    fn output_files(&self, _stats: &RunStats) -> Vec<(String, Vec<serde_json::Value>)> {
+        let selections = self.selections.lock().unwrap_or_else(|e| e.into_inner());
+        if selections.is_empty() {
+            return Vec::new();
+        }
+        let lines = selections
+            .iter()
+            .filter_map(|(_, s)| serde_json::to_value(s).ok())
+            .collect();
+        vec![(SELECTIONS_FILE.to_owned(), lines)]
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
@@ -564,4 +620,57 @@ impl SelectRunner {
             truncated_tokens: 0,
         })
     }
+}
+
+/// A select stage's choices against what the chosen stages then said,
+/// as answer.md and `fanfold report` show them.
+pub fn confusion_table(name: &str, r: &SelectReport) -> String {
+    use fanfold_core::Status;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "select `{name}`: {} units, {} scorer calls, {} cached, {} moved by the confidence floor, {} undecided\n",
+        r.units, r.calls, r.cached, r.below_floor, r.undecided
+    );
+    let _ = writeln!(
+        out,
+        "| choice | by rule | by model | otherwise | then positive | negative | abstain | error | not run |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for (choice, by) in &r.chosen {
+        let rule: u64 = by
+            .iter()
+            .filter(|(k, _)| k.starts_with("rule:"))
+            .map(|(_, n)| n)
+            .sum();
+        let get = |k: &str| by.get(k).copied().unwrap_or(0);
+        let c = r.confusion.get(choice);
+        let cell = |st: Status| match c {
+            Some(m) => m.get(&st).copied().unwrap_or(0).to_string(),
+            None => "-".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {rule} | {} | {} | {} | {} | {} | {} | {} |",
+            crate::output::md_text(choice),
+            get("model"),
+            get("otherwise"),
+            cell(Status::Positive),
+            cell(Status::Negative),
+            cell(Status::Abstain),
+            cell(Status::Error),
+            cell(Status::NotRun),
+        );
+    }
+    for (choice, ids) in &r.disagreements {
+        let _ = writeln!(
+            out,
+            "\n- sent as `{}`, then judged negative: {}",
+            crate::output::md_text(choice),
+            ids.iter()
+                .map(|i| crate::output::md_text(i))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    out
 }

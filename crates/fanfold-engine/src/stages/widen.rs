@@ -24,10 +24,13 @@ use serde_json::Value;
 
 use super::embed::{EmbedRunner, Embedders, unit_vectors};
 use super::map::{MapRunner, Views};
-use super::{BuildContext, CachedCount, EvidenceView, Stage, StageContext, StageOutcome};
+use crate::error::PlanError;
 use crate::error::RunError;
-use crate::plan::PlanError;
-use crate::run::route::UnitTable;
+use crate::kit::UnitTable;
+use crate::kit::{
+    BuildContext, CachedCount, Calls, EvidenceView, Outputs, RunStats, Shape, Stage, StageContext,
+    StageOutcome,
+};
 
 /// Bytes of compact JSON counted as one token, as a chunk stage counts.
 const BYTES_PER_TOKEN: u64 = fanfold_ops::chunk::BYTES_PER_TOKEN;
@@ -63,6 +66,9 @@ impl Relate {
 }
 
 /// What a widen stage did, for the certificate.
+/// The key of widen stages' reports in the run's stats.
+pub const REPORT: &str = "widens";
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct WidenReport {
     /// How units are related, as `explain` says it.
@@ -327,8 +333,13 @@ impl Stage for WidenRunner {
         self.judge.definition_hash()
     }
 
-    fn backend(&self) -> Option<&str> {
-        Some(&self.spec.judge.backend)
+    fn shape(&self) -> Shape<'_> {
+        Shape {
+            calls: Calls::Model {
+                backend: &self.spec.judge.backend,
+            },
+            ..Shape::units(Outputs::Stored)
+        }
     }
 
     fn evidence_view(&self) -> Option<EvidenceView> {
@@ -382,7 +393,7 @@ impl Stage for WidenRunner {
 
     fn run(&self, ctx: &mut StageContext<'_>, units: Vec<usize>) -> Result<StageOutcome, RunError> {
         let table = ctx.table;
-        let (grouping, _) = self.grouping(table, ctx.store, Some(&mut *ctx.embedders))?;
+        let (grouping, _) = self.grouping(table, ctx.store, ctx.shared.get::<Embedders>())?;
         let (members, mut report) = self.members(table, &grouping, &units)?;
         let views = WidenedViews {
             stage: &self.spec.name,
@@ -393,8 +404,27 @@ impl Stage for WidenRunner {
         let hits_before = ctx.stats.cache_hits;
         let outcome = self.judge.run_views(ctx, units, &views)?;
         report.cached = ctx.stats.cache_hits.saturating_sub(hits_before);
-        ctx.stats.widens.insert(self.spec.name.clone(), report);
+        ctx.stats.reports.put(REPORT, &self.spec.name, &report);
         Ok(outcome)
+    }
+
+    fn report_key(&self) -> Option<&'static str> {
+        Some(REPORT)
+    }
+
+    fn accounting(&self, stats: &RunStats) -> Option<String> {
+        let w = stats.reports.get::<WidenReport>(REPORT, &self.spec.name)?;
+        Some(format!(
+            "widen `{}` ({}): {} units judged again, {} with related units ({} shown, {} left out by the token bound), {} with none found; {} reused",
+            self.spec.name,
+            crate::output::md_text(&w.group),
+            w.units,
+            w.widened,
+            w.members_shown,
+            w.left_out,
+            w.alone,
+            w.cached
+        ))
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
