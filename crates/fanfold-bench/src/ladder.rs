@@ -974,15 +974,7 @@ fn measured(
     {
         plan
     } else {
-        let widened: u64 = c
-            .stats
-            .reports
-            .all::<fanfold_engine::stages::widen::WidenReport>(
-                fanfold_engine::stages::widen::REPORT,
-            )
-            .values()
-            .map(|w| w.units)
-            .sum();
+        let widened = fanfold_engine::stages::widen::widened_units(&c.stats);
         format!("{plan}; {widened} {} widened", ex.cfg.units)
     };
     Row {

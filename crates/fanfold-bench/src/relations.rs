@@ -162,15 +162,7 @@ fn score(
         calls: c.stats.model_calls,
         tokens: c.stats.cost.prompt_tokens + c.stats.cost.completion_tokens,
         wall_s,
-        widened: c
-            .stats
-            .reports
-            .all::<fanfold_engine::stages::widen::WidenReport>(
-                fanfold_engine::stages::widen::REPORT,
-            )
-            .values()
-            .map(|w| w.units)
-            .sum(),
+        widened: fanfold_engine::stages::widen::widened_units(&c.stats),
         grouped,
         complete: c.complete,
     }

@@ -1722,6 +1722,29 @@ fn sick_server(status: u16, delay_ms: u64) -> fanfold_testkit::Server {
     fanfold_testkit::Server::start(app).expect("mock server")
 }
 
+/// Runs the fixture's spec on `backend` with `slots`, killed after
+/// `limit`; the output and how long it took.
+fn run_on(
+    f: &Fixture,
+    backend: &str,
+    slots: &str,
+    limit: std::time::Duration,
+) -> (Output, std::time::Duration) {
+    let started = std::time::Instant::now();
+    let o = run_within(
+        bin()
+            .arg("run")
+            .arg(f.path("spec.toml"))
+            .arg("--store")
+            .arg(f.path("store.sqlite"))
+            .arg("--out")
+            .arg(f.path("out"))
+            .args(["--backend", backend, "--slots", slots]),
+        limit,
+    );
+    (o, started.elapsed())
+}
+
 /// An endpoint that is not there ends the run promptly with the default
 /// retries and breaker: refused before it ever answered, it is set aside
 /// at once, and the run names the URL, says it is incomplete and exits 3.
@@ -1735,19 +1758,7 @@ fn a_closed_port_with_default_retries_ends_the_run_promptly() {
         ),
     );
     f.input(&flagged_rows(30));
-    let started = std::time::Instant::now();
-    let o = run_within(
-        bin()
-            .arg("run")
-            .arg(f.path("spec.toml"))
-            .arg("--store")
-            .arg(f.path("store.sqlite"))
-            .arg("--out")
-            .arg(f.path("out"))
-            .args(["--backend", "dead", "--slots", "4"]),
-        std::time::Duration::from_secs(60),
-    );
-    let took = started.elapsed();
+    let (o, took) = run_on(&f, "dead", "4", std::time::Duration::from_secs(60));
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
     let c = f.certificate();
@@ -1778,19 +1789,7 @@ fn a_server_that_only_fails_stops_the_stage_without_waiting_on_its_breaker() {
         ),
     );
     f.input(&flagged_rows(30));
-    let started = std::time::Instant::now();
-    let o = run_within(
-        bin()
-            .arg("run")
-            .arg(f.path("spec.toml"))
-            .arg("--store")
-            .arg(f.path("store.sqlite"))
-            .arg("--out")
-            .arg(f.path("out"))
-            .args(["--backend", "sick", "--slots", "4"]),
-        std::time::Duration::from_secs(120),
-    );
-    let took = started.elapsed();
+    let (o, took) = run_on(&f, "sick", "4", std::time::Duration::from_secs(120));
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     // The breaker's cool-down is 30 s: a run that waited on it takes longer.
     assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
@@ -1818,18 +1817,8 @@ fn a_hanging_server_ends_the_run_at_its_wall_budget() {
         ),
     );
     f.input(&flagged_rows(8));
-    let o = run_within(
-        bin()
-            .arg("run")
-            .arg(f.path("spec.toml"))
-            .arg("--store")
-            .arg(f.path("store.sqlite"))
-            .arg("--out")
-            .arg(f.path("out"))
-            .args(["--backend", "hang", "--slots", "2"]),
-        // The request timeout is 120 s: only the wall budget ends it sooner.
-        std::time::Duration::from_secs(60),
-    );
+    // The request timeout is 120 s: only the wall budget ends it sooner.
+    let (o, _) = run_on(&f, "hang", "2", std::time::Duration::from_secs(60));
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     let c = f.certificate();
     assert_eq!(c["stop"]["reason"], "budget_exhausted", "{}", c["stop"]);

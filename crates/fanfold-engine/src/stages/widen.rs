@@ -69,6 +69,16 @@ impl Relate {
 /// The key of widen stages' reports in the run's stats.
 pub const REPORT: &str = "widens";
 
+/// Units every widen stage of a run judged again.
+pub fn widened_units(stats: &RunStats) -> u64 {
+    stats
+        .reports
+        .all::<WidenReport>(REPORT)
+        .values()
+        .map(|w| w.units)
+        .sum()
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct WidenReport {
     /// How units are related, as `explain` says it.
