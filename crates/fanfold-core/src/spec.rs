@@ -895,6 +895,9 @@ pub struct HttpBackendSpec {
     pub breaker_failures: Option<u32>,
     /// How long an open breaker keeps traffic off (30,000 ms when absent).
     pub breaker_cooldown_ms: Option<u64>,
+    /// The largest response body read (8 MiB when absent); a larger one
+    /// is an error of that unit, never read whole.
+    pub max_response_bytes: Option<u64>,
     /// A TOML price table, relative to the spec; the bundled one when absent.
     pub prices: Option<String>,
     /// Batch stages: the first wait between polls of a pending batch

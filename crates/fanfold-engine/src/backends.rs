@@ -197,6 +197,9 @@ fn transport(h: &HttpBackendSpec) -> Result<TransportConfig, BackendError> {
     if let Some(ms) = h.breaker_cooldown_ms {
         t.breaker.cooldown_ms = ms;
     }
+    if let Some(n) = h.max_response_bytes {
+        t.max_response_bytes = n;
+    }
     Ok(t)
 }
 

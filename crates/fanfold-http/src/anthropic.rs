@@ -265,8 +265,8 @@ impl Protocol for AnthropicProtocol {
         Value::Object(body)
     }
 
-    async fn read(&self, response: reqwest::Response) -> Result<Reply, Fault> {
-        let bytes = read_body(response).await?;
+    async fn read(&self, response: reqwest::Response, limit: u64) -> Result<Reply, Fault> {
+        let bytes = read_body(response, limit).await?;
         parse_message(&parse_json(&bytes)?, self.config.output)
     }
 }

@@ -137,7 +137,9 @@ impl BatchHttp<'_> {
             .map_err(|e| crate::transport::classify(&e))?;
         let status = response.status();
         let retry_after = crate::limits::RateInfo::from_headers(response.headers()).retry_after;
-        let bytes = crate::transport::read_body(response).await?;
+        // A batch's files hold every answer of the batch: their size
+        // follows the job's, which the engine already bounds.
+        let bytes = crate::transport::read_body(response, u64::MAX).await?;
         if !status.is_success() {
             return Err(Fault::Status {
                 status: status.as_u16(),

@@ -121,6 +121,10 @@ pub struct TransportConfig {
     /// the other requests arrive.
     #[serde(default = "default_true")]
     pub warm_up: bool,
+    /// The largest response body read; a larger one is refused as an
+    /// invalid response (a runaway or hostile server cannot fill memory).
+    #[serde(default = "default_max_response_bytes")]
+    pub max_response_bytes: u64,
 }
 
 impl TransportConfig {
@@ -132,6 +136,7 @@ impl TransportConfig {
             retry: RetryConfig::default(),
             breaker: BreakerConfig::default(),
             warm_up: true,
+            max_response_bytes: default_max_response_bytes(),
         }
     }
 }
@@ -265,6 +270,10 @@ fn default_request_timeout() -> u64 {
 }
 fn default_connect_timeout() -> u64 {
     10_000
+}
+/// 8 MiB: far above any chat answer, far below what hurts a machine.
+fn default_max_response_bytes() -> u64 {
+    8 << 20
 }
 fn default_true() -> bool {
     true

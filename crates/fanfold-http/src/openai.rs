@@ -316,11 +316,11 @@ impl Protocol for OpenAiProtocol {
         Value::Object(body)
     }
 
-    async fn read(&self, response: reqwest::Response) -> Result<Reply, Fault> {
+    async fn read(&self, response: reqwest::Response, limit: u64) -> Result<Reply, Fault> {
         if self.config.stream {
-            read_stream(response).await
+            read_stream(response, limit).await
         } else {
-            let bytes = read_body(response).await?;
+            let bytes = read_body(response, limit).await?;
             parse_completion(&parse_json(&bytes)?)
         }
     }
@@ -458,11 +458,16 @@ impl StreamState {
 
 /// Reads a streamed answer. A stream that ends without `[DONE]` was cut
 /// off and counts as truncated.
-async fn read_stream(response: reqwest::Response) -> Result<Reply, Fault> {
+async fn read_stream(response: reqwest::Response, limit: u64) -> Result<Reply, Fault> {
     let mut state = StreamState::default();
     let mut stream = response.bytes_stream();
+    let mut read: u64 = 0;
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| crate::transport::classify(&e))?;
+        read += chunk.len() as u64;
+        if read > limit {
+            return Err(crate::transport::too_large(limit));
+        }
         state.feed(&chunk)?;
         if state.done {
             break;

@@ -28,6 +28,8 @@ use crate::secret::ApiKey;
 /// How long a waiting request sleeps between looks at a half-open
 /// breaker's probe or at cancellation.
 const POLL: Duration = Duration::from_millis(20);
+/// Most of an error status's body read for its excerpt.
+const ERROR_BODY_BYTES: u64 = 64 << 10;
 /// Longest excerpt of a provider's error body kept in an error.
 const EXCERPT_CHARS: usize = 300;
 /// Most connections one endpoint may be given.
@@ -128,17 +130,39 @@ pub(crate) trait Protocol: Sync {
     fn headers(&self, key: Option<&ApiKey>) -> Result<HeaderMap, HttpError>;
     /// The JSON body. Built once per request and resent as is on retries.
     fn body(&self, job: &dyn Job, request: &Request) -> serde_json::Value;
-    /// Reads a successful response.
-    fn read(&self, response: reqwest::Response) -> impl Future<Output = Result<Reply, Fault>>;
+    /// Reads a successful response of at most `limit` bytes.
+    fn read(
+        &self,
+        response: reqwest::Response,
+        limit: u64,
+    ) -> impl Future<Output = Result<Reply, Fault>>;
 }
 
-/// Reads a whole body, classifying a cut-off as truncation.
-pub(crate) async fn read_body(response: reqwest::Response) -> Result<Vec<u8>, Fault> {
-    response
-        .bytes()
-        .await
-        .map(|b| b.to_vec())
-        .map_err(|e| classify(&e))
+/// The fault of a body over the bound.
+pub(crate) fn too_large(limit: u64) -> Fault {
+    Fault::Invalid(format!(
+        "the response body is larger than max_response_bytes = {limit}"
+    ))
+}
+
+/// Reads a whole body of at most `limit` bytes, classifying a cut-off as
+/// truncation; a larger body is refused as soon as it shows, without
+/// reading the rest.
+pub(crate) async fn read_body(
+    mut response: reqwest::Response,
+    limit: u64,
+) -> Result<Vec<u8>, Fault> {
+    if response.content_length().is_some_and(|n| n > limit) {
+        return Err(too_large(limit));
+    }
+    let mut out = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| classify(&e))? {
+        if (out.len() + chunk.len()) as u64 > limit {
+            return Err(too_large(limit));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
 }
 
 /// Parses a JSON envelope. A body that stops mid-value was truncated
@@ -396,6 +420,11 @@ impl<P: Protocol> Transport<P> {
                     "{name} = {ms} is outside {min}..={day}"
                 )));
             }
+        }
+        if cfg.max_response_bytes == 0 {
+            return Err(HttpError::Config(
+                "max_response_bytes = 0 would refuse every answer".into(),
+            ));
         }
         let now = Instant::now();
         let mut endpoints = Vec::with_capacity(cfg.endpoints.len());
@@ -978,9 +1007,11 @@ impl<P: Protocol> Transport<P> {
         let info = RateInfo::from_headers(response.headers());
         let status = response.status();
         if !status.is_success() {
-            // The body only explains the status; if it cannot be read the
-            // status still says enough.
-            let text = match response.bytes().await {
+            // The body only explains the status; if it cannot be read (or
+            // is over the bound) the status still says enough.
+            let text = match read_body(response, self.cfg.max_response_bytes.min(ERROR_BODY_BYTES))
+                .await
+            {
                 Ok(b) => String::from_utf8_lossy(&b).into_owned(),
                 Err(_) => String::new(),
             };
@@ -991,8 +1022,19 @@ impl<P: Protocol> Transport<P> {
             };
             return Err((fault.scrubbed(key), Some(info)));
         }
-        match self.protocol.read(response).await {
-            Ok(reply) => Ok((reply, info)),
+        match self
+            .protocol
+            .read(response, self.cfg.max_response_bytes)
+            .await
+        {
+            // A server that echoes the key in its answer must not put it
+            // in a fact, the store, a cassette or a log.
+            Ok(mut reply) => {
+                if let Some(k) = key {
+                    reply.text = k.scrub(&reply.text);
+                }
+                Ok((reply, info))
+            }
             Err(f) => Err((f.scrubbed(key), Some(info))),
         }
     }

@@ -716,3 +716,61 @@ fn configs_read_from_toml() {
         "EXAMPLE_API_KEY"
     );
 }
+
+/// A key the server puts in a successful answer reaches no completion:
+/// the text every fact, cassette and log is made from is scrubbed.
+#[test]
+fn a_key_echoed_in_an_answer_is_redacted() {
+    let (_, secret) = key();
+    let mock = Mock::start();
+    mock.set_default(Action::EchoAuth200);
+    let backend =
+        OpenAiBackend::new(openai(vec![endpoint(mock.openai_url(), 2)])).expect("backend");
+    let job = numbered(3, 2);
+    backend.run(&job).expect("run");
+    let out = outcomes(&job);
+    assert_eq!(out.len(), 3);
+    for (unit, r) in out {
+        let c = r.unwrap_or_else(|e| panic!("{unit}: {e}"));
+        assert!(!c.text.contains(secret), "key leaked into {}", c.text);
+        assert!(c.text.contains("Bearer [redacted]"), "{}", c.text);
+    }
+}
+
+/// A body over the bound is an error of its unit, refused as it streams
+/// in (no length announced), not read whole; one under it is read.
+#[test]
+fn response_bodies_are_bounded() {
+    let mock = Mock::start();
+    mock.set_default(Action::Huge(1 << 20));
+    let mut config = openai(vec![endpoint(mock.openai_url(), 1)]);
+    config.transport.max_response_bytes = 64 << 10;
+    let backend = OpenAiBackend::new(config.clone()).expect("backend");
+    let job = numbered(2, 1);
+    backend.run(&job).expect("run");
+    for (unit, r) in outcomes(&job) {
+        let e = r.expect_err(&unit);
+        assert_eq!(e.code(), "invalid_response", "{e}");
+        assert!(e.to_string().contains("max_response_bytes = 65536"), "{e}");
+    }
+    // Not retried: the same server would send the same body.
+    assert_eq!(mock.hits().len(), 2);
+
+    // An ordinary answer is far under the bound.
+    let ok = Mock::start();
+    let backend = OpenAiBackend::new(OpenAiConfig {
+        transport: TransportConfig {
+            endpoints: vec![endpoint(ok.openai_url(), 1)],
+            ..config.transport
+        },
+        ..config
+    })
+    .expect("backend");
+    let job = numbered(2, 1);
+    backend.run(&job).expect("run");
+    assert!(outcomes(&job).values().all(Result::is_ok));
+
+    let mut zero = openai(vec![endpoint(ok.openai_url(), 1)]);
+    zero.transport.max_response_bytes = 0;
+    assert!(OpenAiBackend::new(zero).is_err());
+}

@@ -37,6 +37,10 @@ pub enum Action {
     /// 401 whose body echoes the credentials it was sent, as some
     /// providers do.
     EchoAuth401,
+    /// 200 whose answer echoes the credentials it was sent.
+    EchoAuth200,
+    /// 200 whose body is this many bytes, chunked (no length announced).
+    Huge(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -218,6 +222,32 @@ async fn handle(
             .body(cut_body(true))
             .expect("response"),
         Action::Garbage => (StatusCode::OK, "<html>gateway says hello</html>").into_response(),
+        Action::EchoAuth200 => {
+            let sent = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned();
+            let content = json!({"decision": "yes", "note": format!("you sent {sent}")});
+            (
+                StatusCode::OK,
+                json!({"id": "c", "object": "chat.completion", "model": "m",
+                       "choices": [{"index": 0, "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": content.to_string()}}]})
+                .to_string(),
+            )
+                .into_response()
+        }
+        Action::Huge(n) => {
+            let chunks = (0..n.div_ceil(4096))
+                .map(|_| Ok::<_, std::io::Error>(axum::body::Bytes::from(vec![b' '; 4096])));
+            Response::builder()
+                .status(200)
+                .body(axum::body::Body::from_stream(futures_util::stream::iter(
+                    chunks,
+                )))
+                .expect("response")
+        }
         Action::EchoAuth401 => {
             let sent = headers
                 .get(header::AUTHORIZATION)
