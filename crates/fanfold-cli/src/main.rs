@@ -335,6 +335,12 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    // jq cannot be interrupted: a program that never answers ends the
+    // process, as an expression at fault (the exit code of bad input).
+    fanfold_ops::jq::on_runaway(|r| {
+        eprintln!("error: {r}");
+        std::process::exit(i32::from(fanfold_engine::error::EXIT_INPUT));
+    });
     match real_main() {
         Ok(code) => code,
         Err(e) => {

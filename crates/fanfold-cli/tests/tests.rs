@@ -2209,7 +2209,7 @@ fn a_runaway_jq_program_ends_the_run_naming_it() {
             std::time::Duration::from_secs(60),
         );
         let err = stderr(&o);
-        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert_eq!(o.status.code(), Some(5), "{err}");
         assert!(err.contains(site), "{site}: {err}");
         assert!(err.contains(") on unit "), "{err}");
         assert!(err.contains("cannot be interrupted"), "{err}");
