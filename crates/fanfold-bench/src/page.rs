@@ -10,6 +10,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use fanfold_core::{FactRecord, StatusCounts};
+use fanfold_engine::output::{md_text, safe_link};
 use fanfold_engine::report::{Answer, Certificate};
 
 use crate::ladder::{Ladder, Row, frontier};
@@ -171,7 +172,9 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
     let date = run_date(&c.run_id);
     let machine = format!("{cores} cores");
     let title = format!("{}{sim}", a.question);
-    let mut md = format!("# {title}\n\n");
+    // What a record or the question says is shown as written, never as
+    // markup: escaped like answer.md.
+    let mut md = format!("# {}{sim}\n\n", md_text(&a.question));
     let mut h = format!("<h1>{}</h1>\n", esc(&title));
     let meta = format!(
         "Run {} of spec `{}`, {date}; backend {}; report written on {machine}.",
@@ -222,7 +225,13 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
             .as_deref()
             .map(|t| format!(" ({t})"))
             .unwrap_or_default();
-        let _ = writeln!(md, "- **{id}** {title}{theme}");
+        let _ = writeln!(
+            md,
+            "- **{}** {}{}",
+            md_text(id),
+            md_text(title),
+            md_text(&theme)
+        );
         let _ = write!(
             h,
             "<li><a class=\"cite\" href=\"#{}\">{}</a> {}{}",
@@ -232,7 +241,7 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
             esc(&theme)
         );
         for e in &item.evidence {
-            let _ = writeln!(md, "  > {} ({})", e.quote, e.field);
+            let _ = writeln!(md, "  > {} ({})", md_text(&e.quote), md_text(&e.field));
             let _ = write!(
                 h,
                 "<blockquote>{} <span class=\"meta\">({})</span></blockquote>",
@@ -251,7 +260,14 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
         );
         for t in &a.themes {
             let ids: Vec<&str> = t.ids.iter().map(|i| i.as_str()).collect();
-            let _ = writeln!(md, "- {}: {} ({})", t.key, t.count, ids.join(", "));
+            let listed: Vec<String> = ids.iter().map(|i| md_text(i)).collect();
+            let _ = writeln!(
+                md,
+                "- {}: {} ({})",
+                md_text(&t.key),
+                t.count,
+                listed.join(", ")
+            );
             let links: Vec<String> = ids
                 .iter()
                 .map(|i| format!("<a class=\"cite\" href=\"#{}\">{}</a>", anchor(i), esc(i)))
@@ -330,8 +346,16 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
             anchor(id),
             esc(id)
         );
-        if let Some(link) = links.get(id) {
-            let _ = write!(h, "<p><a href=\"{}\">{}</a></p>", esc(link), esc(link));
+        // Only a web address becomes a link: a record's `javascript:` or
+        // `data:` URL is shown as text.
+        match links.get(id) {
+            Some(link) if safe_link(link) => {
+                let _ = write!(h, "<p><a href=\"{}\">{}</a></p>", esc(link), esc(link));
+            }
+            Some(link) => {
+                let _ = write!(h, "<p>{}</p>", esc(link));
+            }
+            None => {}
         }
         for f in by_unit.get(id).map(Vec::as_slice).unwrap_or_default() {
             let _ = write!(

@@ -3104,6 +3104,50 @@ fn a_run_report_renders_in_a_browser_with_every_citation_resolving() {
     assert!(md.contains(&format!("## Answer: {items} items")));
 }
 
+/// A record that carries markup and a `javascript:` URL cannot make the
+/// run report run anything or fetch anything: report.md escapes what
+/// records say as answer.md does, and report.html links only web
+/// addresses.
+#[test]
+fn a_hostile_record_cannot_spoof_the_run_report() {
+    let browser = chromium();
+    let f = Fixture::new(JSON_ARRAY, "[output]\ntitle = \"title\"\nlink = \"url\"\n");
+    let rows = serde_json::json!([
+        {"id": 1, "flag": true, "title": "<script>document.title='pwned'</script><img src=http://127.0.0.1:9/x onerror=alert(1)>",
+         "url": "javascript:alert(document.cookie)"},
+        {"id": 2, "flag": true, "title": "[click](javascript:alert(2)) ![p](http://127.0.0.1:9/pixel.png)",
+         "url": "https://github.com/o/r/issues/2"},
+        {"id": 3, "flag": false, "title": "fine", "url": "data:text/html,hi"}
+    ]);
+    f.input(serde_json::to_string(&rows).expect("rows").as_bytes());
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = run(bin().arg("report").arg("run").arg(f.path("out")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let md = std::fs::read_to_string(f.path("out/report.md")).expect("report.md");
+    // Escaped as answer.md escapes: a backslash before every character
+    // that could start markup, so none of it is markup any more.
+    let unescaped = md.replace("\\<", "").replace("\\]", "").replace("\\[", "");
+    for raw in ["<script", "<img", "](javascript:", "![p]("] {
+        assert!(!unescaped.contains(raw), "report.md carries {raw}: {md}");
+    }
+    assert!(md.contains("\\<script\\>"), "{md}");
+    let page = f.path("out/report.html");
+    let html = std::fs::read_to_string(&page).expect("report.html");
+    assert!(!html.contains("href=\"javascript:"), "{html}");
+    assert!(!html.contains("href=\"data:"), "{html}");
+    assert!(
+        html.contains("href=\"https://github.com/o/r/issues/2\""),
+        "{html}"
+    );
+    let (dom, _) = render(&browser, &page);
+    // The record's words are on the page as text, and none of it ran.
+    assert!(dom.contains("&lt;script&gt;document.title"), "{dom}");
+    assert!(!dom.contains("<title>pwned</title>"), "{dom}");
+    assert!(!dom.contains("<img"), "{dom}");
+    assert!(!dom.contains("<script"), "{dom}");
+}
+
 /// `fanfold bench ladder` on the scripted backend with `args`, from the
 /// repository, writing its report to `<out>/<name>.md` and its rows to
 /// `<out>/<name>.json`: the command's output and where the rows are.
