@@ -866,14 +866,16 @@ fn cluster_invalidation(ctx: &mut Ctx, example: &Path, issues: &[Value]) -> Resu
     let plan = scripted_plan(&spec_path)?;
     let store = ctx.store("cluster");
     let first = ctx.run(&plan, &store, None, None)?;
-    let Some(before) = first
-        .certificate
-        .stats
-        .reports
-        .get::<fanfold_engine::stages::cluster::ClusterReport>(
-        fanfold_engine::stages::cluster::REPORT,
-        "cause_themes",
-    ) else {
+    let themes = |r: &RunReport| {
+        r.certificate
+            .stats
+            .reports
+            .get::<fanfold_engine::stages::cluster::ClusterReport>(
+                fanfold_engine::stages::cluster::REPORT,
+                "cause_themes",
+            )
+    };
+    let Some(before) = themes(&first) else {
         return Err(anyhow!("the cluster stage did not report"));
     };
     let given: BTreeSet<&str> = first
@@ -907,14 +909,7 @@ fn cluster_invalidation(ctx: &mut Ctx, example: &Path, issues: &[Value]) -> Resu
         serde_json::to_string_pretty(&edited)?,
     )?;
     let second = ctx.run(&plan, &store, None, None)?;
-    let Some(after) = second
-        .certificate
-        .stats
-        .reports
-        .get::<fanfold_engine::stages::cluster::ClusterReport>(
-        fanfold_engine::stages::cluster::REPORT,
-        "cause_themes",
-    ) else {
+    let Some(after) = themes(&second) else {
         return Err(anyhow!("the cluster stage did not report on the rerun"));
     };
     let path = u64::from(after.levels);
