@@ -26,10 +26,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::secret::ApiKey;
-
-/// Longest the batch loop sleeps before asking a job that had nothing to
-/// open again.
-const POLL_CAP: Duration = Duration::from_millis(50);
 use crate::transport::{Fault, Protocol, Reply, Transport, excerpt, parse_json};
 
 /// How a batch is submitted and waited for.
@@ -236,7 +232,10 @@ impl<P: BatchApi> Transport<P> {
                         Next::Request(r) => requests.push(r),
                         Next::Done => break,
                         Next::Later(d) if requests.is_empty() => {
-                            tokio::time::sleep(d.clamp(Duration::from_millis(1), POLL_CAP)).await;
+                            tokio::time::sleep(
+                                d.clamp(Duration::from_millis(1), crate::transport::NEXT_POLL),
+                            )
+                            .await;
                         }
                         Next::Later(_) => break,
                     }

@@ -361,7 +361,7 @@ impl Drop for Lease<'_> {
 
 /// Longest a worker sleeps before asking a job that had nothing to open
 /// again: another worker's completion may free a slot or a unit sooner.
-const NEXT_POLL: Duration = Duration::from_millis(50);
+pub(crate) const NEXT_POLL: Duration = Duration::from_millis(50);
 
 /// The job's next request, waiting without blocking the thread: the
 /// workers share it, and a unit another run holds must not keep this run's
