@@ -2,7 +2,10 @@
 # `fanfold selfcheck`. It reads only the fields the stage projects, like a
 # model would; its precision and recall are a property of these rules, not
 # of any model.
-def text: ((.title // "") + "\n" + (.body // ""));
+# A maintainer's triage note (a comment that starts "Triage:") counts as
+# text; other comments, and anything they ask of a reader, do not.
+def triage: [(.comments // [])[] | (if type == "object" then .body else . end) // "" | select(startswith("Triage:"))] | map("\n" + .) | join("");
+def text: ((.title // "") + "\n" + (.body // "") + triage);
 def has_label($n): any((.labels // [])[]; (if type == "object" then .name else . end) == $n);
 def downgraded: text | test("not a (release )?blocker|downgrading"; "i");
 def blocking:
@@ -39,7 +42,10 @@ else
 . as $u
 | [causes[] | select(.[1] as $re | $u | text | test($re; "i"))] as $hits
 | (if ($hits | length) > 0 then $hits[0] else ["other", "auth/v2|new_auth_path|OIDC"] end) as $cause
-| (if blocking and new_path and (legacy | not) and (incidental | not) then "blocker" else "not_blocker" end) as $decision
+| (if blocking and new_path and (legacy | not) and (incidental | not) then "blocker" else "not_blocker" end) as $verdict
+# Told its comments are still unread, the judge will not rule on a
+# new-path issue that carries no release-blocker label.
+| (if .comments_pending == true and new_path and (has_label("release-blocker") | not) then "unsure" else $verdict end) as $decision
 | ($u | sentence($cause[1]) | if . == null then null else .[0:120] end) as $quote
 | {
     decision: $decision,

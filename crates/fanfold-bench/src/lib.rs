@@ -21,6 +21,7 @@ pub mod report;
 mod scale;
 mod select;
 pub mod selfcheck;
+mod tools;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -69,6 +70,41 @@ pub enum BenchCommand {
     /// The relations example record-level and widened: what widening
     /// recovers of an answer one record cannot give, against its oracle.
     Relations(RelationsCliArgs),
+    /// Read-only enrichment on the example's comment fetch, against the
+    /// local tracker with injected latency, 429s and hangs: calls against
+    /// units, what deduplication, the observation cache and a contract's
+    /// cancellation save, the quota as the tracker saw it, and wall time
+    /// against fetching everything first.
+    Tools(ToolsCliArgs),
+}
+
+#[derive(Args)]
+pub struct ToolsCliArgs {
+    /// The issue-triage example folder (its `comments.toml`, issues,
+    /// comments and oracle).
+    #[arg(long, default_value = "examples/issue-triage")]
+    example: PathBuf,
+    #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
+    report: PathBuf,
+    /// The judge's backend, one the spec declares.
+    #[arg(long, default_value = "scripted")]
+    backend: String,
+    #[arg(long, default_value_t = 4)]
+    slots: usize,
+    /// The tracker's latency on every answer.
+    #[arg(long, default_value_t = 25)]
+    latency_ms: u64,
+    /// The tracker answers every N-th request 429.
+    #[arg(long, default_value_t = 9)]
+    every_429: u64,
+    /// The tracker hangs every N-th request past the stage's timeout.
+    #[arg(long, default_value_t = 23)]
+    every_hang: u64,
+    #[arg(long, default_value_t = 8_000)]
+    hang_ms: u64,
+    /// The threshold contract's count in the cancellation run.
+    #[arg(long, default_value_t = 12)]
+    threshold: u64,
 }
 
 #[derive(Args)]
@@ -205,6 +241,22 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
         }
         BenchCommand::Http(a) => {
             http::main(&a)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Tools(a) => {
+            tools::main(&tools::ToolsArgs {
+                example: a.example,
+                report: a.report,
+                backend: a.backend,
+                slots: a.slots,
+                faults: fanfold_testkit::tracker::Faults {
+                    latency_ms: a.latency_ms,
+                    every_429: a.every_429,
+                    every_hang: a.every_hang,
+                    hang_ms: a.hang_ms,
+                },
+                threshold: a.threshold,
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         BenchCommand::Select(a) => {

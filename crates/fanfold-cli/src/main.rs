@@ -299,6 +299,31 @@ enum FixtureCommand {
         #[arg(long, default_value_t = 120)]
         count: usize,
     },
+    /// Serves an issue export and its comments over HTTP in the GitHub
+    /// REST shapes `gh api` reads (`/repos/OWNER/REPO/issues/N`,
+    /// `.../issues/N/comments`, `.../milestones/N`,
+    /// `.../issues?state=&per_page=&page=`), with
+    /// what it saw at `/_stats`. A spec's tool stage pointed here works
+    /// against api.github.com by changing the host.
+    Serve {
+        /// A folder with `issues.json` (as `gh issue list --json` writes)
+        /// and `comments.json`.
+        #[arg(long, default_value = "examples/issue-triage")]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 8787)]
+        port: u16,
+        /// Added to every answer.
+        #[arg(long, default_value_t = 0)]
+        latency_ms: u64,
+        /// Answer every N-th request 429 (0: never).
+        #[arg(long, default_value_t = 0)]
+        every_429: u64,
+        /// Hang every N-th request for --hang-ms (0: never).
+        #[arg(long, default_value_t = 0)]
+        every_hang: u64,
+        #[arg(long, default_value_t = 30_000)]
+        hang_ms: u64,
+    },
     /// Synthetic JSONL event records.
     Jsonl {
         #[arg(long)]
@@ -452,7 +477,45 @@ fn real_main() -> Result<ExitCode> {
         Command::Fixture(FixtureCommand::IssueTriage { out, seed, count }) => {
             fanfold_fixtures::issues::write_issue_triage(&out, seed, count)
                 .with_context(|| format!("writing the fixture to {}", out.display()))?;
-            eprintln!("wrote {}/issues.json and oracle.json", out.display());
+            eprintln!(
+                "wrote {}/issues.json, comments.json and oracle.json",
+                out.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Fixture(FixtureCommand::Serve {
+            dir,
+            port,
+            latency_ms,
+            every_429,
+            every_hang,
+            hang_ms,
+        }) => {
+            let data = tracker_data(&dir)?;
+            let (issues, comments) = (data.issues.len(), data.comment_count());
+            let repo = format!("{}/{}", data.owner, data.repo);
+            let faults = fanfold_testkit::tracker::Faults {
+                latency_ms,
+                every_429,
+                every_hang,
+                hang_ms,
+            };
+            let app = fanfold_testkit::tracker::app(
+                std::sync::Arc::new(data),
+                faults,
+                std::sync::Arc::default(),
+            );
+            let server = fanfold_testkit::Server::start_at(
+                app,
+                std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+                2,
+            )
+            .with_context(|| format!("listening on 127.0.0.1:{port}"))?;
+            eprintln!(
+                "serving {issues} issues and {comments} comments of {repo} at http://{}/repos/{repo}/issues (Ctrl-C stops)",
+                server.addr
+            );
+            server.wait();
             Ok(ExitCode::SUCCESS)
         }
         Command::Fixture(FixtureCommand::IssueRelations { out, seed, count }) => {
@@ -474,6 +537,22 @@ fn real_main() -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// The tracker's data from a folder holding `issues.json` and
+/// `comments.json`.
+fn tracker_data(dir: &std::path::Path) -> Result<fanfold_testkit::tracker::TrackerData> {
+    let read = |name: &str| -> Result<serde_json::Value> {
+        let path = dir.join(name);
+        let text = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_slice(&text).with_context(|| format!("parsing {}", path.display()))
+    };
+    let comments = match dir.join("comments.json").exists() {
+        true => read("comments.json")?,
+        false => serde_json::Value::Null,
+    };
+    fanfold_testkit::tracker::TrackerData::from_export(&read("issues.json")?, &comments)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))
 }
 
 fn run(args: RunArgs) -> Result<ExitCode> {

@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub mod tool;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Spec {
@@ -128,50 +130,84 @@ pub struct PrefilterRule {
     pub stage: Option<String>,
 }
 
-/// One stage of the ladder, tagged by `type`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum StageSpec {
-    /// One micro-context model turn per unit, emitting one typed fact.
-    Map(MapStageSpec),
-    /// A local sentence embedding of each unit, scored against texts that
-    /// describe positives and negatives: a cheap semantic filter that drops
-    /// the units least like the question before a model stage reads them.
-    Embed(EmbedStageSpec),
-    /// An independent check of what the earlier rungs threw away: a seeded
-    /// random sample of each rung's negatives is judged again by its own
-    /// prompt (and, optionally, another backend), and the miss rate of
-    /// every rung is estimated with a 95 % interval.
-    Audit(AuditStageSpec),
-    /// A typed choice per unit from a declared catalog: run a stage,
-    /// escalate to one, exclude with a reason, or abstain. Deterministic
-    /// rules decide first; a model scores the allowed choices for the rest.
-    /// Nothing outside the catalog can be chosen, and a choice carries no
-    /// free text, so no record can steer a unit anywhere the spec did not
-    /// list.
-    Select(SelectStageSpec),
-    /// Many units in one model context: the model reads a chunk of units
-    /// and lists the ids of those that match. The coarse-grained baseline
-    /// micro-contexts are measured against (`size` units a context), and,
-    /// with one context as wide as the window, the long-context one.
-    Chunk(ChunkStageSpec),
-    /// A model reducer: reads the facts an earlier stage decided (never the
-    /// raw units) in bounded groups and proposes themes nobody enumerated,
-    /// merging them up a tree. Every id it cites must be one of its inputs
-    /// and every count it states is recounted from its members.
-    Cluster(ClusterStageSpec),
-    /// Lexical retrieval: each unit's text scored against a query with
-    /// BM25 over the units the stage receives; units below `threshold` end
-    /// here as negatives. No model, nothing stored: the scores depend on
-    /// every unit's words, so they are recomputed each run.
-    Bm25(Bm25StageSpec),
-    /// A unit read with its related units: the units a map stage could not
-    /// decide alone (it abstained, or its output asked for context) are
-    /// judged again in a context that also shows their nearest group
-    /// members (same key, near in time, or near-duplicates), under a token
-    /// bound. The widened fact cites every member it was shown.
-    Widen(WidenStageSpec),
+/// Every stage kind, one line each: its variant, the module of its
+/// operator and runner (`fanfold_ops::<module>`, the engine's
+/// `stages::<module>`), its spec type and its `type` tag. This list is the
+/// registration: it generates [`StageSpec`] here and the engine's registry
+/// (`fanfold_core::stage_kinds!(callback)` hands it to any macro).
+#[macro_export]
+macro_rules! stage_kinds {
+    ($callback:ident) => {
+        $callback! {
+            Map(map, $crate::spec::MapStageSpec) = "map",
+            Embed(embed, $crate::spec::EmbedStageSpec) = "embed",
+            Audit(audit, $crate::spec::AuditStageSpec) = "audit",
+            Select(select, $crate::spec::SelectStageSpec) = "select",
+            Chunk(chunk, $crate::spec::ChunkStageSpec) = "chunk",
+            Cluster(cluster, $crate::spec::ClusterStageSpec) = "cluster",
+            Bm25(bm25, $crate::spec::Bm25StageSpec) = "bm25",
+            Widen(widen, $crate::spec::WidenStageSpec) = "widen",
+            Tool(tool, $crate::spec::tool::ToolStageSpec) = "tool",
+        }
+    };
 }
+
+/// What every kind's spec answers, so nothing outside a kind matches on
+/// the kinds.
+pub trait KindSpec {
+    fn name(&self) -> &str;
+    /// The jq projection of what the stage's contexts see, if it has one.
+    fn project(&self) -> Option<&str> {
+        None
+    }
+    /// The model turn the stage declares, if any: a map stage's own, an
+    /// audit's judge, a select's scorer. Backend overrides apply to it.
+    fn model_turn_mut(&mut self) -> Option<ModelTurnMut<'_>> {
+        None
+    }
+    /// The backend and execution of the stage's model turn, if it has one.
+    fn model_turn(&self) -> Option<(&str, Execution)> {
+        None
+    }
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! define_stage_spec {
+    ($($variant:ident($module:ident, $spec:ty) = $tag:literal,)*) => {
+        /// One stage of the ladder, tagged by `type`; each kind's spec
+        /// type documents what the kind does.
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+        #[serde(tag = "type", rename_all = "snake_case")]
+        pub enum StageSpec {
+            $($variant($spec),)*
+        }
+
+        impl StageSpec {
+            /// The kind's own spec, behind the trait every kind implements.
+            pub fn kind(&self) -> &dyn KindSpec {
+                match self {
+                    $(StageSpec::$variant(s) => s,)*
+                }
+            }
+
+            pub fn kind_mut(&mut self) -> &mut dyn KindSpec {
+                match self {
+                    $(StageSpec::$variant(s) => s,)*
+                }
+            }
+
+            /// The `type` tag, as the spec names the kind.
+            pub fn type_name(&self) -> &'static str {
+                match self {
+                    $(StageSpec::$variant(_) => $tag,)*
+                }
+            }
+        }
+    };
+}
+
+stage_kinds!(define_stage_spec);
 
 /// The model turn a stage declares: where it is sent and how.
 pub struct ModelTurnMut<'a> {
@@ -181,78 +217,112 @@ pub struct ModelTurnMut<'a> {
 
 impl StageSpec {
     pub fn name(&self) -> &str {
-        match self {
-            StageSpec::Map(s) => &s.name,
-            StageSpec::Embed(s) => &s.name,
-            StageSpec::Audit(s) => &s.name,
-            StageSpec::Select(s) => &s.name,
-            StageSpec::Chunk(s) => &s.name,
-            StageSpec::Cluster(s) => &s.name,
-            StageSpec::Bm25(s) => &s.name,
-            StageSpec::Widen(s) => &s.name,
-        }
-    }
-
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            StageSpec::Map(_) => "map",
-            StageSpec::Embed(_) => "embed",
-            StageSpec::Audit(_) => "audit",
-            StageSpec::Select(_) => "select",
-            StageSpec::Chunk(_) => "chunk",
-            StageSpec::Cluster(_) => "cluster",
-            StageSpec::Bm25(_) => "bm25",
-            StageSpec::Widen(_) => "widen",
-        }
+        self.kind().name()
     }
 
     /// The jq projection of what the stage's contexts see, if it has one.
     pub fn project(&self) -> Option<&str> {
-        match self {
-            StageSpec::Map(s) => s.project.as_deref(),
-            StageSpec::Embed(s) => s.project.as_deref(),
-            StageSpec::Audit(s) => s.judge.project.as_deref(),
-            StageSpec::Select(s) => s.project.as_deref(),
-            StageSpec::Chunk(s) => s.project.as_deref(),
-            StageSpec::Cluster(s) => s.project.as_deref(),
-            StageSpec::Bm25(s) => s.project.as_deref(),
-            StageSpec::Widen(s) => s.judge.project.as_deref(),
-        }
+        self.kind().project()
     }
 
-    /// The model turn the stage declares, if any: a map stage's own, an
-    /// audit's judge, a select's scorer. Backend overrides apply to it.
+    /// The model turn the stage declares, if any.
     pub fn model_turn_mut(&mut self) -> Option<ModelTurnMut<'_>> {
-        let (backend, execution) = match self {
-            StageSpec::Map(s) => (&mut s.backend, &mut s.execution),
-            StageSpec::Chunk(s) => (&mut s.backend, &mut s.execution),
-            StageSpec::Cluster(s) => (&mut s.backend, &mut s.execution),
-            StageSpec::Audit(s) => (&mut s.judge.backend, &mut s.judge.execution),
-            StageSpec::Widen(s) => (&mut s.judge.backend, &mut s.judge.execution),
-            StageSpec::Select(SelectStageSpec { model: Some(m), .. }) => {
-                (&mut m.backend, &mut m.execution)
-            }
-            StageSpec::Select(_) | StageSpec::Embed(_) | StageSpec::Bm25(_) => return None,
-        };
-        Some(ModelTurnMut { backend, execution })
+        self.kind_mut().model_turn_mut()
     }
 
     /// The backend and execution of the stage's model turn, if it has one.
     pub fn model_turn(&self) -> Option<(&str, Execution)> {
-        match self {
-            StageSpec::Map(s) => Some((&s.backend, s.execution)),
-            StageSpec::Chunk(s) => Some((&s.backend, s.execution)),
-            StageSpec::Cluster(s) => Some((&s.backend, s.execution)),
-            StageSpec::Audit(s) => Some((&s.judge.backend, s.judge.execution)),
-            StageSpec::Widen(s) => Some((&s.judge.backend, s.judge.execution)),
-            StageSpec::Select(SelectStageSpec { model: Some(m), .. }) => {
-                Some((&m.backend, m.execution))
-            }
-            StageSpec::Select(_) | StageSpec::Embed(_) | StageSpec::Bm25(_) => None,
-        }
+        self.kind().model_turn()
     }
 }
 
+/// `KindSpec` for a kind whose spec has `name` and `project` fields and,
+/// with `turn`, its own `backend` and `execution`.
+macro_rules! kind_spec {
+    ($spec:ty) => {
+        impl KindSpec for $spec {
+            fn name(&self) -> &str {
+                &self.name
+            }
+            fn project(&self) -> Option<&str> {
+                self.project.as_deref()
+            }
+        }
+    };
+    ($spec:ty, turn) => {
+        impl KindSpec for $spec {
+            fn name(&self) -> &str {
+                &self.name
+            }
+            fn project(&self) -> Option<&str> {
+                self.project.as_deref()
+            }
+            fn model_turn_mut(&mut self) -> Option<ModelTurnMut<'_>> {
+                Some(ModelTurnMut {
+                    backend: &mut self.backend,
+                    execution: &mut self.execution,
+                })
+            }
+            fn model_turn(&self) -> Option<(&str, Execution)> {
+                Some((&self.backend, self.execution))
+            }
+        }
+    };
+    ($spec:ty, judge) => {
+        impl KindSpec for $spec {
+            fn name(&self) -> &str {
+                &self.name
+            }
+            fn project(&self) -> Option<&str> {
+                self.judge.project.as_deref()
+            }
+            fn model_turn_mut(&mut self) -> Option<ModelTurnMut<'_>> {
+                Some(ModelTurnMut {
+                    backend: &mut self.judge.backend,
+                    execution: &mut self.judge.execution,
+                })
+            }
+            fn model_turn(&self) -> Option<(&str, Execution)> {
+                Some((&self.judge.backend, self.judge.execution))
+            }
+        }
+    };
+}
+
+kind_spec!(MapStageSpec, turn);
+kind_spec!(ChunkStageSpec, turn);
+kind_spec!(ClusterStageSpec, turn);
+kind_spec!(AuditStageSpec, judge);
+kind_spec!(WidenStageSpec, judge);
+kind_spec!(EmbedStageSpec);
+kind_spec!(Bm25StageSpec);
+
+impl KindSpec for SelectStageSpec {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn project(&self) -> Option<&str> {
+        self.project.as_deref()
+    }
+    fn model_turn_mut(&mut self) -> Option<ModelTurnMut<'_>> {
+        let m = self.model.as_mut()?;
+        Some(ModelTurnMut {
+            backend: &mut m.backend,
+            execution: &mut m.execution,
+        })
+    }
+    fn model_turn(&self) -> Option<(&str, Execution)> {
+        let m = self.model.as_ref()?;
+        Some((&m.backend, m.execution))
+    }
+}
+
+/// A typed choice per unit from a declared catalog: run a stage,
+/// escalate to one, exclude with a reason, or abstain. Deterministic
+/// rules decide first; a model scores the allowed choices for the rest.
+/// Nothing outside the catalog can be chosen, and a choice carries no
+/// free text, so no record can steer a unit anywhere the spec did not
+/// list.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SelectStageSpec {
@@ -344,6 +414,10 @@ fn default_select_tokens() -> u32 {
 /// The rung name that stands for the prefilter's exclusions in an audit.
 pub const PREFILTER_RUNG: &str = "prefilter";
 
+/// An independent check of what the earlier rungs threw away: a seeded
+/// random sample of each rung's negatives is judged again by its own
+/// prompt (and, optionally, another backend), and the miss rate of
+/// every rung is estimated with a 95 % interval.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AuditStageSpec {
@@ -380,6 +454,9 @@ fn default_audit_sample() -> usize {
     20
 }
 
+/// A local sentence embedding of each unit, scored against texts that
+/// describe positives and negatives: a cheap semantic filter that drops
+/// the units least like the question before a model stage reads them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EmbedStageSpec {
@@ -428,6 +505,7 @@ fn default_embed_tokens() -> usize {
     256
 }
 
+/// One micro-context model turn per unit, emitting one typed fact.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MapStageSpec {
@@ -507,6 +585,12 @@ fn default_true() -> bool {
     true
 }
 
+/// A unit read with its related units: the units a map stage could not
+/// decide alone (it abstained, or its output asked for context) are
+/// judged again in a context that also shows their nearest group
+/// members (same key, near in time, or near-duplicates), under a token
+/// bound. The widened fact cites every member it was shown.
+///
 /// A widen stage: the units sent to it are judged again, each in a context
 /// that also shows its nearest group members.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -585,6 +669,11 @@ fn default_breaker_error_rate() -> f64 {
     0.5
 }
 
+/// Many units in one model context: the model reads a chunk of units
+/// and lists the ids of those that match. The coarse-grained baseline
+/// micro-contexts are measured against (`size` units a context), and,
+/// with one context as wide as the window, the long-context one.
+///
 /// A chunk stage: contexts of many units each, the model listing the ids
 /// that match. Each unit's fact is `positive` when its id is listed and
 /// `negative` when it is not; a chunk whose call failed leaves each of its
@@ -632,6 +721,11 @@ pub struct ChunkStageSpec {
     pub execution: Execution,
 }
 
+/// Lexical retrieval: each unit's text scored against a query with
+/// BM25 over the units the stage receives; units below `threshold` end
+/// here as negatives. No model, nothing stored: the scores depend on
+/// every unit's words, so they are recomputed each run.
+///
 /// A BM25 stage: lexical relevance to a query, the classic retrieval
 /// baseline. A unit's text is every string of its projected view, split
 /// into lowercase letter-and-digit runs; so is the query.
@@ -668,6 +762,11 @@ fn default_bm25_b() -> f64 {
     0.75
 }
 
+/// A model reducer: reads the facts an earlier stage decided (never the
+/// raw units) in bounded groups and proposes themes nobody enumerated,
+/// merging them up a tree. Every id it cites must be one of its inputs
+/// and every count it states is recounted from its members.
+///
 /// A cluster stage: a model reducer over the facts of one earlier stage.
 /// Facts are shown in groups of at most `fan_in`; each group's context
 /// proposes at most `max_themes` themes (a label, its member facts, its

@@ -449,6 +449,14 @@ impl Plan {
                 }
             }
         }
+        for stage in &self.stages {
+            if let crate::kit::Calls::Tool { sends_to: Some(to) } = stage.shape().calls {
+                hosts.push(format!(
+                    "  {to} (tool `{}`: requests built from records)",
+                    stage.name()
+                ));
+            }
+        }
         if hosts.is_empty() {
             let _ = writeln!(
                 out,

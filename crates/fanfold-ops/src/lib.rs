@@ -8,18 +8,19 @@
 //! They read no files, open no store and call no model; the engine hands them
 //! bytes and values and persists what they return.
 
-pub mod audit;
-pub mod bm25;
-pub mod chunk;
-pub mod cluster;
 pub mod contract;
-pub mod embed;
 pub mod fold;
 pub mod jq;
-pub mod map;
 pub mod partition;
 pub mod prefilter;
-pub mod select;
 pub mod verify;
 pub mod view;
-pub mod widen;
+
+/// One module per stage kind, declared by the list of kinds.
+macro_rules! kind_modules {
+    ($($variant:ident($module:ident, $spec:ty) = $tag:literal,)*) => {
+        $(pub mod $module;)*
+    };
+}
+
+fanfold_core::stage_kinds!(kind_modules);

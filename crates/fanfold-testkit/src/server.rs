@@ -28,12 +28,17 @@ impl Server {
     /// Serves `app` with `workers` runtime threads. Sockets are set
     /// `TCP_NODELAY`, so a small answer never waits on Nagle's algorithm.
     pub fn start_with(app: Router, workers: usize) -> std::io::Result<Server> {
+        Server::start_at(app, SocketAddr::from(([127, 0, 0, 1], 0)), workers)
+    }
+
+    /// Serves `app` at `addr` (port 0 picks a free one).
+    pub fn start_at(app: Router, addr: SocketAddr, workers: usize) -> std::io::Result<Server> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers.max(1))
             .thread_name(THREAD_NAME)
             .enable_all()
             .build()?;
-        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+        let listener = runtime.block_on(tokio::net::TcpListener::bind(addr))?;
         let addr = listener.local_addr()?;
         let listener = listener.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
@@ -53,6 +58,14 @@ impl Server {
             stop: Some(stop),
             thread: Some(thread),
         })
+    }
+
+    /// Blocks until the server stops (it never does on its own): for a
+    /// command that serves until it is interrupted.
+    pub fn wait(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 
     /// The OpenAI-style base URL, with `/v1`.

@@ -298,6 +298,9 @@ pub enum Calls<'a> {
     Nothing,
     /// A model, through the named backend.
     Model { backend: &'a str },
+    /// A read-only tool; `sends_to` is what leaves the machine (a URL
+    /// template, a program), `None` for a local read (a file, SQLite).
+    Tool { sends_to: Option<&'a str> },
 }
 
 /// Whether a stage's facts are stored under their content keys (a rerun
@@ -360,7 +363,7 @@ impl<'a> Shape<'a> {
     pub fn backend(&self) -> Option<&'a str> {
         match self.calls {
             Calls::Model { backend } => Some(backend),
-            Calls::Nothing => None,
+            Calls::Nothing | Calls::Tool { .. } => None,
         }
     }
 }

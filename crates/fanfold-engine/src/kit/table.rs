@@ -1,7 +1,10 @@
 //! The run's unit table: every unit that reached a stage, by position.
 
 use fanfold_core::{Unit, UnitId};
-use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use serde_json::{Map, Value};
 
 use crate::error::RunError;
 
@@ -11,6 +14,9 @@ use crate::error::RunError;
 pub struct UnitTable {
     units: Vec<Unit>,
     json: Vec<Box<[u8]>>,
+    /// Fields stages added to units (a tool's observations), by position:
+    /// later stages read them as part of the unit; the source is unchanged.
+    added: Mutex<HashMap<usize, Map<String, Value>>>,
 }
 
 impl UnitTable {
@@ -46,10 +52,36 @@ impl UnitTable {
     /// was partitioned, so this cannot fail on a unit the table holds; a
     /// position the table does not hold has none.
     pub fn value(&self, i: usize) -> Value {
-        self.json
+        let mut value = self
+            .json
             .get(i)
             .and_then(|json| serde_json::from_slice(json).ok())
-            .unwrap_or(Value::Null)
+            .unwrap_or(Value::Null);
+        if let Some(added) = self.lock_added().get(&i) {
+            with_fields(&mut value, added);
+        }
+        value
+    }
+
+    fn lock_added(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Map<String, Value>>> {
+        self.added.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds `field` to unit `i` as every later stage reads it.
+    pub fn add_field(&self, i: usize, field: &str, value: Value) {
+        self.lock_added()
+            .entry(i)
+            .or_default()
+            .insert(field.to_owned(), value);
+    }
+
+    /// The fields stages added, by unit id, for verify to read evidence in
+    /// the view that was judged.
+    pub fn added_fields(&self) -> HashMap<UnitId, Map<String, Value>> {
+        self.lock_added()
+            .iter()
+            .filter_map(|(&i, m)| Some((self.units.get(i)?.unit_id.clone(), m.clone())))
+            .collect()
     }
 
     /// Table positions by unit id.
@@ -59,5 +91,19 @@ impl UnitTable {
             .enumerate()
             .map(|(i, u)| (&u.unit_id, i))
             .collect()
+    }
+}
+
+/// `value` with `added` set on it; a unit that is not an object is
+/// wrapped as `{"value": ...}` first, so its fields have a place.
+pub fn with_fields(value: &mut Value, added: &Map<String, Value>) {
+    if !value.is_object() {
+        let inner = value.take();
+        *value = serde_json::json!({ "value": inner });
+    }
+    if let Value::Object(obj) = value {
+        for (k, v) in added {
+            obj.insert(k.clone(), v.clone());
+        }
     }
 }

@@ -298,6 +298,15 @@ fn run_begun(
                 stop = s;
             }
             if let Some(then) = shape.then {
+                // An escalated unit this stage passes on is answered where
+                // it goes (a tool's observed units, by the stage after it).
+                for &i in &outcome.passed {
+                    if let Some(to) = escalated.get_mut(&i)
+                        && to == stage.name()
+                    {
+                        *to = then.to_owned();
+                    }
+                }
                 if reads.is_some() {
                     escalated.extend(outcome.passed.iter().map(|&i| (i, then.to_owned())));
                 }
@@ -441,7 +450,15 @@ fn run_begun(
             .then_with(|| a.stage.cmp(&b.stage))
     });
     let decided: Vec<&FactRecord> = facts.iter().filter(|f| f.status.is_cacheable()).collect();
-    let report = verify::verify_stored(plan, store, artifact, partition_id, &decided, &cited);
+    let report = verify::verify_stored(
+        plan,
+        store,
+        artifact,
+        partition_id,
+        &decided,
+        &cited,
+        routed.table.added_fields(),
+    );
     drop(decided);
     phases.mark("verify");
 

@@ -25,6 +25,9 @@ struct StoredSource<'a> {
     /// Per stage whose facts carry evidence: its projection, and whether
     /// its view is widened with the fact's other cited units.
     projectors: HashMap<String, (Projector, bool)>,
+    /// Fields the run's stages added to units (a tool's observations):
+    /// part of the view a later stage judged, so part of its evidence.
+    added: HashMap<UnitId, serde_json::Map<String, Value>>,
 }
 
 impl StoredSource<'_> {
@@ -38,6 +41,15 @@ impl StoredSource<'_> {
                 None
             }
         }
+    }
+
+    /// The unit read back, with the fields the run's stages added.
+    fn judged(&mut self, id: &UnitId) -> Option<Value> {
+        let mut value = self.value(id)?;
+        if let Some(added) = self.added.get(id) {
+            crate::kit::table::with_fields(&mut value, added);
+        }
+        Some(value)
     }
 
     fn read_unit(&mut self, id: &UnitId) -> Result<Option<Value>, Box<dyn std::error::Error>> {
@@ -68,7 +80,7 @@ impl ReadBack for StoredSource<'_> {
 
     fn view(&mut self, fact: &FactRecord) -> Option<Value> {
         let (first, members) = fact.source_ids.split_first()?;
-        let value = self.value(first)?;
+        let value = self.judged(first)?;
         let widened = self.projectors.get(&fact.stage)?.1;
         let view = self
             .projectors
@@ -80,7 +92,7 @@ impl ReadBack for StoredSource<'_> {
         }
         let mut related = Vec::with_capacity(members.len());
         for id in members {
-            let value = self.value(id)?;
+            let value = self.judged(id)?;
             let member = self
                 .projectors
                 .get(&fact.stage)?
@@ -99,6 +111,7 @@ pub fn verify_stored(
     partition: i64,
     facts: &[&FactRecord],
     cited: &BTreeSet<UnitId>,
+    added: HashMap<UnitId, serde_json::Map<String, Value>>,
 ) -> VerifyReport {
     let mut bytes = ArtifactBytes::new(store, artifact);
     let spec = &plan.spec.input.partition;
@@ -129,6 +142,7 @@ pub fn verify_stored(
         spec,
         header,
         projectors,
+        added,
     };
     verify(
         &mut source,

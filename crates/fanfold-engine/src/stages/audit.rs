@@ -143,6 +143,12 @@ impl AuditReport {
     }
 }
 
+impl super::Kind for fanfold_core::spec::AuditStageSpec {
+    fn build(&self, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Stage>, PlanError> {
+        Ok(Box::new(AuditRunner::build(self, ctx)?))
+    }
+}
+
 impl Stage for AuditRunner {
     fn name(&self) -> &str {
         &self.spec.name

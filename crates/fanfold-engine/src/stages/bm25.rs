@@ -63,6 +63,12 @@ impl Bm25Runner {
     }
 }
 
+impl super::Kind for fanfold_core::spec::Bm25StageSpec {
+    fn build(&self, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Stage>, PlanError> {
+        Ok(Box::new(Bm25Runner::build(self, ctx)?))
+    }
+}
+
 impl Stage for Bm25Runner {
     fn name(&self) -> &str {
         self.stage.name()

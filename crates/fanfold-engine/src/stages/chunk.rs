@@ -115,6 +115,12 @@ impl ChunkRunner {
     }
 }
 
+impl super::Kind for fanfold_core::spec::ChunkStageSpec {
+    fn build(&self, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Stage>, PlanError> {
+        Ok(Box::new(ChunkRunner::build(self, ctx)?))
+    }
+}
+
 impl Stage for ChunkRunner {
     fn name(&self) -> &str {
         self.stage.name()

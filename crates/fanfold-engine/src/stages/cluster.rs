@@ -437,6 +437,12 @@ fn projector(spec: &ClusterStageSpec) -> Result<Projector, fanfold_ops::view::Pr
     )
 }
 
+impl super::Kind for fanfold_core::spec::ClusterStageSpec {
+    fn build(&self, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Stage>, PlanError> {
+        Ok(Box::new(ClusterRunner::build(self, ctx)?))
+    }
+}
+
 impl Stage for ClusterRunner {
     fn name(&self) -> &str {
         self.stage.name()

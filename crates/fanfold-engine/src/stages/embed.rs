@@ -54,6 +54,12 @@ impl EmbedRunner {
     }
 }
 
+impl super::Kind for fanfold_core::spec::EmbedStageSpec {
+    fn build(&self, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Stage>, PlanError> {
+        Ok(Box::new(EmbedRunner::build(self, ctx)?))
+    }
+}
+
 impl Stage for EmbedRunner {
     fn name(&self) -> &str {
         self.stage.name()

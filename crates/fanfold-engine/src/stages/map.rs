@@ -189,14 +189,12 @@ impl MapRunner {
             )));
         }
         if let Some(w) = &s.widen {
-            let is_widen = ctx
-                .spec
-                .stages
-                .iter()
-                .any(|d| d.name() == w.stage && d.type_name() == "widen");
-            if !is_widen {
+            // Any stage after this one that reads units may take them (a
+            // widen stage, a tool stage that fetches more context).
+            let at = |name: &str| ctx.spec.stages.iter().position(|d| d.name() == name);
+            if !matches!((at(&s.name), at(&w.stage)), (Some(me), Some(to)) if to > me) {
                 return Err(ctx.invalid(format!(
-                    "stage `{}` widens to `{}`, which is not a widen stage of this spec",
+                    "stage `{}` widens to `{}`, which is not a stage declared after it",
                     s.name, w.stage
                 )));
             }
@@ -266,6 +264,12 @@ pub fn model_params(info: &BackendInfo, stage: &MapStage) -> ModelParams {
         max_output_tokens: stage.spec.max_output_tokens,
         seed: stage.spec.seed,
         simulated: info.simulated,
+    }
+}
+
+impl super::Kind for fanfold_core::spec::MapStageSpec {
+    fn build(&self, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Stage>, PlanError> {
+        Ok(Box::new(MapRunner::build(self, ctx)?))
     }
 }
 

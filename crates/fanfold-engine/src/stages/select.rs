@@ -229,6 +229,12 @@ pub struct SelectReport {
     pub disagreements: BTreeMap<String, Vec<String>>,
 }
 
+impl super::Kind for fanfold_core::spec::SelectStageSpec {
+    fn build(&self, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Stage>, PlanError> {
+        Ok(Box::new(SelectRunner::build(self, ctx)?))
+    }
+}
+
 impl Stage for SelectRunner {
     fn name(&self) -> &str {
         &self.spec.name

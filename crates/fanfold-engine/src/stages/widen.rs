@@ -330,6 +330,12 @@ impl Views for WidenedViews<'_> {
     }
 }
 
+impl super::Kind for fanfold_core::spec::WidenStageSpec {
+    fn build(&self, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Stage>, PlanError> {
+        Ok(Box::new(WidenRunner::build(self, ctx)?))
+    }
+}
+
 impl Stage for WidenRunner {
     fn name(&self) -> &str {
         &self.spec.name

@@ -1,0 +1,624 @@
+//! The `tool` operator: a typed request built from a unit by jq, checked
+//! against the stage's argument schema, and filled into the fixed
+//! template of the one capability the stage declares. Nothing here
+//! reaches outside the process; the engine's runner sends what this
+//! builds, and checks again what it resolves to (the URL it parses, the
+//! file it opens).
+//!
+//! A filled value can only ever be one path segment, one query value,
+//! one argument or one file name: characters that would change the
+//! template's structure are encoded or refused, never passed through.
+
+use std::collections::BTreeMap;
+
+use fanfold_core::spec::tool::{Capability, ToolStageSpec};
+use fanfold_core::{Bucket, ContentHash, StableHasher};
+use serde_json::Value;
+
+use crate::jq::{JqError, JqProgram, Site, to_val};
+
+/// The namespace of a tool stage's definition.
+pub const DEFINITION: Bucket = Bucket::Kind("tool-def-v1");
+/// The namespace of a request's identity: capability and arguments.
+pub const REQUEST: Bucket = Bucket::Kind("tool-request-v1");
+
+#[derive(Debug, thiserror::Error)]
+pub enum ToolSpecError {
+    #[error("stage `{stage}`: {detail}")]
+    Invalid { stage: String, detail: String },
+    #[error("stage `{stage}`: {source}")]
+    Jq { stage: String, source: JqError },
+}
+
+/// Why a unit's request was not sent.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum Refused {
+    #[error("the request expression failed: {0}")]
+    Expression(String),
+    #[error("the request must be an object of arguments, not {0}")]
+    NotObject(String),
+    #[error("the arguments break their schema: {0}")]
+    Schema(String),
+    #[error("argument `{name}` = {value} may not fill `{hole}`: {why}")]
+    Value {
+        name: String,
+        value: String,
+        hole: String,
+        why: &'static str,
+    },
+}
+
+/// One piece of a template: literal text or a hole an argument fills.
+#[derive(Clone, Debug, PartialEq)]
+enum Piece {
+    Text(String),
+    Hole(String),
+}
+
+/// A template string split at its `{name}` holes.
+#[derive(Clone, Debug, PartialEq)]
+struct Template(Vec<Piece>);
+
+impl Template {
+    fn parse(text: &str) -> Result<Template, String> {
+        let mut pieces = Vec::new();
+        let mut rest = text;
+        while let Some(open) = rest.find('{') {
+            let (before, after) = rest.split_at(open);
+            if !before.is_empty() {
+                pieces.push(Piece::Text(before.to_owned()));
+            }
+            let close = after
+                .find('}')
+                .ok_or_else(|| format!("`{text}` has a `{{` with no `}}`"))?;
+            let name = after.get(1..close).unwrap_or_default();
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(format!("`{text}` has a hole `{{{name}}}` that is not a name"));
+            }
+            pieces.push(Piece::Hole(name.to_owned()));
+            rest = after.get(close + 1..).unwrap_or_default();
+        }
+        if !rest.is_empty() {
+            pieces.push(Piece::Text(rest.to_owned()));
+        }
+        Ok(Template(pieces))
+    }
+
+    fn holes(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().filter_map(|p| match p {
+            Piece::Hole(h) => Some(h.as_str()),
+            Piece::Text(_) => None,
+        })
+    }
+
+    fn has_holes(&self) -> bool {
+        self.holes().next().is_some()
+    }
+
+    /// The template with each hole replaced by `fill(name, value)`.
+    fn fill(
+        &self,
+        args: &BTreeMap<String, Value>,
+        fill: impl Fn(&str, &str) -> Result<String, &'static str>,
+    ) -> Result<String, Refused> {
+        let mut out = String::new();
+        for piece in &self.0 {
+            match piece {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Hole(name) => {
+                    let raw = args.get(name).and_then(scalar);
+                    let refuse = |why| Refused::Value {
+                        name: name.clone(),
+                        value: shown(&raw),
+                        hole: name.clone(),
+                        why,
+                    };
+                    let Some(value) = raw.clone() else {
+                        return Err(refuse("it is not a string, number or boolean"));
+                    };
+                    if value.is_empty() {
+                        return Err(refuse("it is empty"));
+                    }
+                    if value.contains('\0') {
+                        return Err(refuse("it holds a NUL byte"));
+                    }
+                    out.push_str(&fill(name, &value).map_err(refuse)?);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// An argument as the text a hole takes; `None` for arrays, objects and
+/// null, which no hole takes.
+fn scalar(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+fn shown(v: &Option<String>) -> String {
+    match v {
+        Some(s) => serde_json::to_string(s).unwrap_or_default(),
+        None => "a value that is not a scalar".into(),
+    }
+}
+
+/// Percent-encodes everything but RFC 3986's unreserved characters, so a
+/// value is one path segment or one query value, whatever it holds.
+fn encode_component(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A value that would climb out of its segment once a path is resolved.
+fn is_dot_segment(value: &str) -> bool {
+    value == "." || value == ".."
+}
+
+/// What one unit's request resolves to, ready to send.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Target {
+    /// The filled URL; the runner checks it parses to the template's
+    /// scheme, host and port, with the path unchanged.
+    Http { url: String },
+    /// The program and its filled arguments.
+    Argv(Vec<String>),
+    /// The filled path, relative to the capability's root.
+    File { path: String },
+    /// The query's named parameters, `:name` → value.
+    Sqlite { params: Vec<(String, Value)> },
+}
+
+/// A unit's request: its arguments, their identity and where they go.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub args: BTreeMap<String, Value>,
+    /// The request's content key: capability and arguments. Units with
+    /// the same key share one call.
+    pub key: ContentHash,
+    pub target: Target,
+}
+
+/// How an observation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ObservationStatus {
+    Ok,
+    NotFound,
+    Denied,
+    Timeout,
+    Error,
+}
+
+impl ObservationStatus {
+    pub const ALL: [ObservationStatus; 5] = [
+        ObservationStatus::Ok,
+        ObservationStatus::NotFound,
+        ObservationStatus::Denied,
+        ObservationStatus::Timeout,
+        ObservationStatus::Error,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObservationStatus::Ok => "ok",
+            ObservationStatus::NotFound => "not_found",
+            ObservationStatus::Denied => "denied",
+            ObservationStatus::Timeout => "timeout",
+            ObservationStatus::Error => "error",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ObservationStatus> {
+        ObservationStatus::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+
+    /// Whether the observation is an answer about the resource (kept in
+    /// the store) rather than about the attempt (tried again next run).
+    pub fn is_stable(self) -> bool {
+        matches!(self, ObservationStatus::Ok | ObservationStatus::NotFound)
+    }
+}
+
+/// A compiled tool stage.
+pub struct ToolStage {
+    pub spec: ToolStageSpec,
+    request: JqProgram,
+    extract: Option<JqProgram>,
+    validator: jsonschema::Validator,
+    templates: Vec<Template>,
+    definition: ContentHash,
+    capability: ContentHash,
+}
+
+impl ToolStage {
+    pub fn new(spec: ToolStageSpec) -> Result<ToolStage, ToolSpecError> {
+        let invalid = |detail: String| ToolSpecError::Invalid {
+            stage: spec.name.clone(),
+            detail,
+        };
+        let jq = |source| ToolSpecError::Jq {
+            stage: spec.name.clone(),
+            source,
+        };
+        let request = JqProgram::compile(&spec.request).map_err(jq)?;
+        let extract = spec
+            .extract
+            .as_deref()
+            .map(JqProgram::compile)
+            .transpose()
+            .map_err(jq)?;
+        if spec.field.is_empty() {
+            return Err(invalid("`as` must name a field".into()));
+        }
+        if spec.quota.concurrency == 0 {
+            return Err(invalid("quota.concurrency must be at least 1".into()));
+        }
+        if spec.quota.per_second.is_some_and(|r| r.is_nan() || r <= 0.0) {
+            return Err(invalid("quota.per_second must be above 0".into()));
+        }
+        if spec.attempts == 0 || spec.timeout_ms == 0 || spec.max_bytes == 0 {
+            return Err(invalid(
+                "attempts, timeout_ms and max_bytes must each be at least 1".into(),
+            ));
+        }
+        let schema = serde_json::json!({
+            "type": "object",
+            "additionalProperties": false,
+            "required": spec.args.keys().collect::<Vec<_>>(),
+            "properties": spec.args,
+        });
+        let validator = jsonschema::validator_for(&schema)
+            .map_err(|e| invalid(format!("args is not a JSON Schema: {e}")))?;
+        let templates = templates(&spec.capability).map_err(&invalid)?;
+        for t in &templates {
+            for hole in t.holes() {
+                if !spec.args.contains_key(hole) {
+                    return Err(invalid(format!(
+                        "the capability's hole `{{{hole}}}` is not one of args [{}]",
+                        spec.args.keys().cloned().collect::<Vec<_>>().join(", ")
+                    )));
+                }
+            }
+        }
+        let cap_json = serde_json::to_value(&spec.capability).unwrap_or(Value::Null);
+        let mut h = StableHasher::new(REQUEST);
+        h.field("capability", &cap_json);
+        let capability = h.finish();
+        let mut h = StableHasher::new(DEFINITION);
+        h.field("version", &spec.version)
+            .field("request", spec.request.as_str())
+            .field(
+                "args",
+                &serde_json::to_value(&spec.args).unwrap_or(Value::Null),
+            )
+            .field("capability", &capability)
+            .field("as", spec.field.as_str())
+            .field("extract", spec.extract.as_deref().unwrap_or(""))
+            .field("max_bytes", &spec.max_bytes);
+        let definition = h.finish();
+        Ok(ToolStage {
+            spec,
+            request,
+            extract,
+            validator,
+            templates,
+            definition,
+            capability,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    pub fn definition_hash(&self) -> ContentHash {
+        self.definition
+    }
+
+    /// The unit's request, `None` when its expression yields `null` (no
+    /// request for this unit).
+    pub fn request(&self, unit_id: &str, unit: &Value) -> Result<Option<Request>, Refused> {
+        let built = self
+            .request
+            .first_json(to_val(unit), Site::new("the tool's request", unit_id))
+            .map_err(|e| Refused::Expression(e.to_string()))?;
+        let args = match built {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Object(map)) => Value::Object(map),
+            Some(other) => return Err(Refused::NotObject(kind_of(&other).into())),
+        };
+        if let Some(e) = self.validator.iter_errors(&args).next() {
+            return Err(Refused::Schema(format!("{e} at {}", e.instance_path())));
+        }
+        let args: BTreeMap<String, Value> = match args {
+            Value::Object(map) => map.into_iter().collect(),
+            _ => BTreeMap::new(),
+        };
+        let target = self.target(&args)?;
+        let mut h = StableHasher::new(REQUEST);
+        h.field("capability", &self.capability).field(
+            "args",
+            &serde_json::to_value(&args).unwrap_or(Value::Null),
+        );
+        Ok(Some(Request {
+            key: h.finish(),
+            args,
+            target,
+        }))
+    }
+
+    fn target(&self, args: &BTreeMap<String, Value>) -> Result<Target, Refused> {
+        let mut templates = self.templates.iter();
+        let mut next = || templates.next().cloned().unwrap_or(Template(Vec::new()));
+        Ok(match &self.spec.capability {
+            Capability::HttpGet { .. } => Target::Http {
+                url: next().fill(args, |_, v| {
+                    if is_dot_segment(v) {
+                        Err("a dot segment would climb the path")
+                    } else {
+                        Ok(encode_component(v))
+                    }
+                })?,
+            },
+            Capability::Argv { .. } => {
+                let mut argv = Vec::new();
+                for t in &self.templates {
+                    argv.push(t.fill(args, |_, v| {
+                        if v.starts_with('-') {
+                            Err("an argument may not start with `-`, which a program reads as an option")
+                        } else {
+                            Ok(v.to_owned())
+                        }
+                    })?);
+                }
+                Target::Argv(argv)
+            }
+            Capability::File { .. } => Target::File {
+                path: next().fill(args, |_, v| {
+                    if is_dot_segment(v) || v.contains(['/', '\\']) {
+                        Err("a file name may not hold a path separator or be a dot segment")
+                    } else {
+                        Ok(v.to_owned())
+                    }
+                })?,
+            },
+            Capability::Sqlite { .. } => Target::Sqlite {
+                params: args
+                    .iter()
+                    .map(|(k, v)| (format!(":{k}"), v.clone()))
+                    .collect(),
+            },
+        })
+    }
+
+    /// What later stages see of an `ok` observation's body.
+    pub fn extract(&self, unit_id: &str, body: &Value) -> Result<Value, JqError> {
+        match &self.extract {
+            None => Ok(body.clone()),
+            Some(p) => Ok(p
+                .first_json(to_val(body), Site::new("the tool's extract", unit_id))?
+                .unwrap_or(Value::Null)),
+        }
+    }
+}
+
+/// The capability's templates, checked for holes only where a value
+/// cannot change what is reached.
+fn templates(cap: &Capability) -> Result<Vec<Template>, String> {
+    match cap {
+        Capability::HttpGet { url, .. } => {
+            let t = Template::parse(url)?;
+            let (scheme, rest) = url
+                .split_once("://")
+                .ok_or_else(|| format!("`{url}` is not an http or https URL"))?;
+            if scheme != "http" && scheme != "https" {
+                return Err(format!("`{url}` is not an http or https URL"));
+            }
+            let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+            if authority.contains('{') || authority.is_empty() {
+                return Err(format!(
+                    "`{url}`: the host is fixed, a hole may fill only the path or the query"
+                ));
+            }
+            if rest.contains('#') {
+                return Err(format!("`{url}` may not carry a fragment"));
+            }
+            Ok(vec![t])
+        }
+        Capability::Argv { argv } => {
+            let templates = argv
+                .iter()
+                .map(|a| Template::parse(a))
+                .collect::<Result<Vec<_>, _>>()?;
+            match templates.first() {
+                None => Err("argv names no program".into()),
+                Some(t) if t.has_holes() => {
+                    Err("argv's program is fixed: its first element may hold no hole".into())
+                }
+                Some(_) => Ok(templates),
+            }
+        }
+        Capability::File { path, .. } => {
+            let t = Template::parse(path)?;
+            if path.starts_with('/') || path.split('/').any(|s| s == "..") {
+                return Err(format!("`{path}` must be relative and stay under the root"));
+            }
+            Ok(vec![t])
+        }
+        Capability::Sqlite { query, .. } => {
+            if query.contains('{') {
+                return Err(
+                    "a query takes its arguments as named parameters (`:name`), never spliced in"
+                        .into(),
+                );
+            }
+            Ok(Vec::new())
+        }
+    }
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn stage(capability: Capability) -> ToolStage {
+        ToolStage::new(ToolStageSpec {
+            name: "t".into(),
+            version: 1,
+            request: "{owner: \"acme\", repo: \"widget\", number}".into(),
+            args: BTreeMap::from([
+                ("owner".into(), json!({"type": "string"})),
+                ("repo".into(), json!({"type": "string"})),
+                ("number".into(), json!({"type": ["integer", "string"]})),
+            ]),
+            capability,
+            field: "comments".into(),
+            extract: None,
+            then: None,
+            quota: Default::default(),
+            timeout_ms: 1000,
+            attempts: 1,
+            max_bytes: 1000,
+            ttl_s: 60,
+            max_requests: None,
+        })
+        .expect("valid")
+    }
+
+    fn http() -> Capability {
+        Capability::HttpGet {
+            url: "http://127.0.0.1:9/repos/{owner}/{repo}/issues/{number}/comments".into(),
+            token_env: None,
+        }
+    }
+
+    #[test]
+    fn fills_path_segments_encoded() {
+        let s = stage(http());
+        let r = s.request("1", &json!({"number": 7})).expect("ok").expect("some");
+        assert_eq!(
+            r.target,
+            Target::Http {
+                url: "http://127.0.0.1:9/repos/acme/widget/issues/7/comments".into()
+            }
+        );
+        let r = s
+            .request("1", &json!({"number": "7/../../admin?x=1#y"}))
+            .expect("ok")
+            .expect("some");
+        assert_eq!(
+            r.target,
+            Target::Http {
+                url: "http://127.0.0.1:9/repos/acme/widget/issues/7%2F..%2F..%2Fadmin%3Fx%3D1%23y/comments"
+                    .into()
+            }
+        );
+        assert!(matches!(
+            s.request("1", &json!({"number": ".."})),
+            Err(Refused::Value { .. })
+        ));
+    }
+
+    #[test]
+    fn identical_requests_share_a_key() {
+        let s = stage(http());
+        let a = s.request("1", &json!({"number": 7, "x": 1})).expect("ok").expect("some");
+        let b = s.request("2", &json!({"number": 7, "x": 2})).expect("ok").expect("some");
+        let c = s.request("3", &json!({"number": 8})).expect("ok").expect("some");
+        assert_eq!(a.key, b.key);
+        assert_ne!(a.key, c.key);
+    }
+
+    #[test]
+    fn refuses_what_the_schema_does_not_allow() {
+        let s = stage(http());
+        assert!(matches!(
+            s.request("1", &json!({"number": [1]})),
+            Err(Refused::Schema(_))
+        ));
+        assert!(matches!(
+            s.request("1", &json!({})),
+            Err(Refused::Schema(_))
+        ));
+        let mut spec = s.spec.clone();
+        spec.request = "if .number > 5 then {owner: \"a\", repo: \"b\", number} else null end".into();
+        let s = ToolStage::new(spec).expect("valid");
+        assert_eq!(s.request("1", &json!({"number": 1})).expect("ok"), None);
+    }
+
+    #[test]
+    fn refuses_templates_that_a_value_could_redirect() {
+        let mut spec = stage(http()).spec;
+        spec.capability = Capability::HttpGet {
+            url: "http://{owner}.example/x".into(),
+            token_env: None,
+        };
+        assert!(ToolStage::new(spec.clone()).is_err());
+        spec.capability = Capability::Argv {
+            argv: vec!["{owner}".into()],
+        };
+        assert!(ToolStage::new(spec.clone()).is_err());
+        spec.capability = Capability::Sqlite {
+            database: "x.db".into(),
+            query: "select * from t where n = {number}".into(),
+        };
+        assert!(ToolStage::new(spec.clone()).is_err());
+        spec.capability = Capability::File {
+            root: "docs".into(),
+            path: "../{number}.md".into(),
+        };
+        assert!(ToolStage::new(spec.clone()).is_err());
+        spec.capability = Capability::HttpGet {
+            url: "http://h/{nope}".into(),
+            token_env: None,
+        };
+        assert!(ToolStage::new(spec).is_err());
+    }
+
+    #[test]
+    fn argv_and_file_values_stay_in_their_place() {
+        let s = stage(Capability::Argv {
+            argv: vec!["gh".into(), "api".into(), "repos/{owner}/{repo}/issues/{number}".into()],
+        });
+        let r = s.request("1", &json!({"number": 3})).expect("ok").expect("some");
+        assert_eq!(
+            r.target,
+            Target::Argv(vec!["gh".into(), "api".into(), "repos/acme/widget/issues/3".into()])
+        );
+        let s = stage(Capability::Argv {
+            argv: vec!["gh".into(), "{number}".into()],
+        });
+        assert!(s.request("1", &json!({"number": "--hostname=evil"})).is_err());
+        let s = stage(Capability::File {
+            root: "notes".into(),
+            path: "{number}.md".into(),
+        });
+        assert!(s.request("1", &json!({"number": "../../etc/passwd"})).is_err());
+        let r = s.request("1", &json!({"number": 3})).expect("ok").expect("some");
+        assert_eq!(r.target, Target::File { path: "3.md".into() });
+    }
+}

@@ -1,0 +1,363 @@
+//! A local issue tracker over HTTP: a `gh issue list --json` export and
+//! its comments, served in the GitHub REST shapes `gh api` reads, so a
+//! spec pointed at it works against `api.github.com` by changing the host.
+//! Latency, 429s and hangs can be injected, and the server counts what it
+//! saw (requests, the most in flight at once) for a bench to check the
+//! client's quota against.
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+
+/// What the tracker serves.
+#[derive(Debug, Default)]
+pub struct TrackerData {
+    pub owner: String,
+    pub repo: String,
+    /// Issues in the REST shape, by number.
+    pub issues: BTreeMap<u64, Value>,
+    /// Comments in the REST shape, by issue number.
+    pub comments: BTreeMap<u64, Vec<Value>>,
+    /// The milestones the issues name, by number.
+    pub milestones: BTreeMap<u64, Value>,
+}
+
+impl TrackerData {
+    /// Reads a `gh issue list --json` export (an array) and a comments
+    /// file (`{"<number>": [comment, ...]}`, REST shape). The repository
+    /// is taken from the first issue's `url`.
+    pub fn from_export(issues: &Value, comments: &Value) -> Result<TrackerData, String> {
+        let list = issues
+            .as_array()
+            .ok_or("the issues file must be a JSON array, as `gh issue list --json` writes")?;
+        let mut data = TrackerData::default();
+        for (at, issue) in list.iter().enumerate() {
+            let number = issue
+                .get("number")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| format!("issue at index {at} has no numeric `number`"))?;
+            if data.owner.is_empty()
+                && let Some(url) = issue.get("url").and_then(Value::as_str)
+            {
+                let parts: Vec<&str> = url.trim_start_matches("https://").split('/').collect();
+                if let [_, owner, repo, ..] = parts.as_slice() {
+                    data.owner = (*owner).to_owned();
+                    data.repo = (*repo).to_owned();
+                }
+            }
+            if let Some(m) = issue.get("milestone").filter(|m| m.is_object())
+                && let Some(n) = m.get("number").and_then(Value::as_u64)
+            {
+                data.milestones.insert(
+                    n,
+                    json!({"number": n, "title": m.get("title"), "description": m.get("description"), "due_on": m.get("dueOn")}),
+                );
+            }
+            data.issues.insert(number, rest_issue(issue));
+        }
+        if let Some(map) = comments.as_object() {
+            for (k, v) in map {
+                let n: u64 = k
+                    .parse()
+                    .map_err(|_| format!("comments key `{k}` is not an issue number"))?;
+                let list = v
+                    .as_array()
+                    .ok_or_else(|| format!("comments of issue {k} must be an array"))?;
+                data.comments.insert(n, list.clone());
+            }
+        }
+        for (n, issue) in data.issues.iter_mut() {
+            let count = data.comments.get(n).map_or(0, Vec::len);
+            if let Some(obj) = issue.as_object_mut() {
+                obj.insert("comments".into(), json!(count));
+            }
+        }
+        Ok(data)
+    }
+
+    pub fn comment_count(&self) -> usize {
+        self.comments.values().map(Vec::len).sum()
+    }
+}
+
+/// A `gh --json` issue in the REST API's shape.
+fn rest_issue(gh: &Value) -> Value {
+    let labels: Vec<Value> = gh
+        .get("labels")
+        .and_then(Value::as_array)
+        .map(|ls| {
+            ls.iter()
+                .map(|l| json!({"name": l.get("name"), "color": l.get("color"), "description": l.get("description")}))
+                .collect()
+        })
+        .unwrap_or_default();
+    json!({
+        "number": gh.get("number"),
+        "title": gh.get("title"),
+        "body": gh.get("body"),
+        "state": gh.get("state").and_then(Value::as_str).map(str::to_lowercase),
+        "labels": labels,
+        "user": {"login": gh.pointer("/author/login")},
+        "milestone": gh.get("milestone").map(|m| json!({"title": m.get("title")})),
+        "created_at": gh.get("createdAt"),
+        "updated_at": gh.get("updatedAt"),
+        "html_url": gh.get("url"),
+    })
+}
+
+/// Faults to inject, counted over every request the tracker receives.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    /// Added to every answer.
+    pub latency_ms: u64,
+    /// Every n-th request is answered 429 with `Retry-After: 0`.
+    pub every_429: u64,
+    /// Every n-th request hangs for `hang_ms` before it is answered.
+    pub every_hang: u64,
+    pub hang_ms: u64,
+}
+
+/// What the tracker saw.
+#[derive(Debug, Default)]
+pub struct TrackerStats {
+    pub requests: AtomicU64,
+    pub in_flight: AtomicU64,
+    pub max_in_flight: AtomicU64,
+    pub rate_limited: AtomicU64,
+    pub hung: AtomicU64,
+    pub not_modified: AtomicU64,
+    pub not_found: AtomicU64,
+}
+
+impl TrackerStats {
+    pub fn json(&self) -> Value {
+        let g = |a: &AtomicU64| a.load(Ordering::SeqCst);
+        json!({
+            "requests": g(&self.requests),
+            "max_in_flight": g(&self.max_in_flight),
+            "rate_limited": g(&self.rate_limited),
+            "hung": g(&self.hung),
+            "not_modified": g(&self.not_modified),
+            "not_found": g(&self.not_found),
+        })
+    }
+}
+
+#[derive(Clone)]
+struct Shared {
+    data: Arc<TrackerData>,
+    faults: Faults,
+    stats: Arc<TrackerStats>,
+}
+
+/// Leaves the in-flight count however the request ends.
+struct InFlight(Arc<TrackerStats>);
+
+impl InFlight {
+    fn enter(stats: &Arc<TrackerStats>) -> InFlight {
+        let now = stats.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        stats.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        InFlight(stats.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The tracker's routes: an issue, its comments, the issue list, and
+/// `/_stats` (what the tracker saw, not counted as a request).
+pub fn app(data: Arc<TrackerData>, faults: Faults, stats: Arc<TrackerStats>) -> Router {
+    let shared = Shared {
+        data,
+        faults,
+        stats,
+    };
+    Router::new()
+        .route("/repos/{owner}/{repo}/issues", get(list))
+        .route("/repos/{owner}/{repo}/issues/{number}", get(issue))
+        .route(
+            "/repos/{owner}/{repo}/issues/{number}/comments",
+            get(comments),
+        )
+        .route("/repos/{owner}/{repo}/milestones/{number}", get(milestone))
+        .route(
+            "/_stats",
+            get(|State(s): State<Shared>| async move { axum::Json(s.stats.json()) }),
+        )
+        .with_state(shared)
+}
+
+/// Counts the request and applies the faults; `Some` answer when a fault
+/// decides it.
+async fn admit(s: &Shared) -> Option<Response> {
+    let n = s.stats.requests.fetch_add(1, Ordering::SeqCst) + 1;
+    if s.faults.latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(s.faults.latency_ms)).await;
+    }
+    if s.faults.every_hang > 0 && n.is_multiple_of(s.faults.every_hang) {
+        s.stats.hung.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(s.faults.hang_ms)).await;
+    }
+    if s.faults.every_429 > 0 && n.is_multiple_of(s.faults.every_429) {
+        s.stats.rate_limited.fetch_add(1, Ordering::SeqCst);
+        let mut r = error(StatusCode::TOO_MANY_REQUESTS, "API rate limit exceeded");
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("0"));
+        return Some(r);
+    }
+    None
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (
+        status,
+        axum::Json(
+            json!({"message": message, "documentation_url": "https://docs.github.com/rest"}),
+        ),
+    )
+        .into_response()
+}
+
+/// A JSON answer with an `ETag`, or 304 when the client holds it.
+fn tagged(s: &Shared, headers: &HeaderMap, body: &Value) -> Response {
+    let text = body.to_string();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    let etag = format!("\"{:016x}\"", h.finish());
+    let held = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        == Some(etag.as_str());
+    let mut r = if held {
+        s.stats.not_modified.fetch_add(1, Ordering::SeqCst);
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        (
+            [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
+            text,
+        )
+            .into_response()
+    };
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        r.headers_mut().insert(header::ETAG, v);
+    }
+    r
+}
+
+fn repo_matches(s: &Shared, owner: &str, repo: &str) -> bool {
+    s.data.owner.eq_ignore_ascii_case(owner) && s.data.repo.eq_ignore_ascii_case(repo)
+}
+
+fn not_found(s: &Shared) -> Response {
+    s.stats.not_found.fetch_add(1, Ordering::SeqCst);
+    error(StatusCode::NOT_FOUND, "Not Found")
+}
+
+async fn issue(
+    State(s): State<Shared>,
+    Path((owner, repo, number)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let _flight = InFlight::enter(&s.stats);
+    if let Some(r) = admit(&s).await {
+        return r;
+    }
+    let found = number
+        .parse::<u64>()
+        .ok()
+        .filter(|_| repo_matches(&s, &owner, &repo))
+        .and_then(|n| s.data.issues.get(&n));
+    match found {
+        Some(issue) => tagged(&s, &headers, issue),
+        None => not_found(&s),
+    }
+}
+
+async fn milestone(
+    State(s): State<Shared>,
+    Path((owner, repo, number)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let _flight = InFlight::enter(&s.stats);
+    if let Some(r) = admit(&s).await {
+        return r;
+    }
+    let found = number
+        .parse::<u64>()
+        .ok()
+        .filter(|_| repo_matches(&s, &owner, &repo))
+        .and_then(|n| s.data.milestones.get(&n));
+    match found {
+        Some(m) => tagged(&s, &headers, m),
+        None => not_found(&s),
+    }
+}
+
+async fn comments(
+    State(s): State<Shared>,
+    Path((owner, repo, number)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let _flight = InFlight::enter(&s.stats);
+    if let Some(r) = admit(&s).await {
+        return r;
+    }
+    let Some(n) = number
+        .parse::<u64>()
+        .ok()
+        .filter(|n| repo_matches(&s, &owner, &repo) && s.data.issues.contains_key(n))
+    else {
+        return not_found(&s);
+    };
+    let list = Value::Array(s.data.comments.get(&n).cloned().unwrap_or_default());
+    tagged(&s, &headers, &list)
+}
+
+async fn list(
+    State(s): State<Shared>,
+    Path((owner, repo)): Path<(String, String)>,
+    axum::extract::Query(q): axum::extract::Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let _flight = InFlight::enter(&s.stats);
+    if let Some(r) = admit(&s).await {
+        return r;
+    }
+    if !repo_matches(&s, &owner, &repo) {
+        return not_found(&s);
+    }
+    let per_page: usize = q
+        .get("per_page")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30)
+        .clamp(1, 100);
+    let page: usize = q
+        .get("page")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let state = q.get("state").map_or("open", String::as_str);
+    let page_items: Vec<Value> = s
+        .data
+        .issues
+        .values()
+        .rev()
+        .filter(|i| state == "all" || i.get("state").and_then(Value::as_str) == Some(state))
+        .skip((page - 1) * per_page)
+        .take(per_page)
+        .cloned()
+        .collect();
+    tagged(&s, &headers, &Value::Array(page_items))
+}
