@@ -12,24 +12,25 @@
 pub mod answer;
 pub mod ingest;
 pub mod route;
+mod stages;
 pub mod verify;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 
-use fanfold_core::spec::{BudgetSpec, ContractSpec};
+use fanfold_core::spec::BudgetSpec;
 use fanfold_core::{ContentHash, FactRecord, UnitId};
-use fanfold_ops::contract::{Controller, StopReason};
+use fanfold_ops::contract::Controller;
 use fanfold_ops::fold::{FoldValue, Leaf, NodeCache, fold_tree};
 use fanfold_store::{RunUnitRow, Store};
 use serde_json::{Value, json};
 
 use crate::Progress;
 use crate::error::RunError;
-use crate::kit::{Backends, FactLedger, NegativeReads, Negatives, RungUnits, Shared, StageContext};
+use crate::kit::FactLedger;
 use crate::plan::{Plan, Routing};
 use crate::queue::BudgetPool;
-use crate::report::{Answer, Certificate, RunReport, RunSettingsReport, RunStats};
+use crate::report::{Answer, Certificate, RunReport, RunSettingsReport};
 use crate::source::Source;
 
 /// How a run is carried out; none of these change what a fact means.
@@ -221,187 +222,42 @@ fn run_begun(
     // Stages, in spec order; a stage's passed units join its `then`.
     let budget_limits = opts.budget.clone().unwrap_or_else(|| spec.budget.clone());
     let budget = BudgetPool::new(budget_limits.clone());
-    let score_pointer = match &spec.contract {
-        ContractSpec::TopK { score, .. } => Some(score.clone()),
-        _ => None,
+    let scope = stages::Scope {
+        plan,
+        opts,
+        progress,
+        store,
+        run_id,
+        routed: &routed,
+        budget: &budget,
     };
-    let ledger = FactLedger::new(store, Controller::new(spec.contract.clone()), score_pointer);
-    let mut stats = RunStats {
-        slots: opts.slots.max(1),
-        ..RunStats::default()
-    };
-    let mut backends = Backends::new(opts.record.clone());
-    let mut shared = Shared::default();
-    for stage in &plan.stages {
-        if let Some(key) = stage.report_key() {
-            stats.reports.declare(key);
-        }
-    }
-    let mut stop = StopReason::Completed;
-    let mut queued: BTreeMap<String, Vec<usize>> = routed.by_stage.clone();
-    // What each stage received: from the prefilter, or passed on by a stage
-    // in front of it.
-    let mut received: BTreeMap<String, u64> = BTreeMap::new();
-    // Units whose answer is a later stage's fact: an audit sent them back,
-    // or a map could not decide them alone; and the stage that answers.
-    let mut escalated: HashMap<usize, String> = HashMap::new();
-    // The first pass runs every stage in spec order; an audit runs once,
-    // there. Units it sends back to an earlier stage run in a second pass,
-    // which only moves units forward, so it is the last.
-    for pass in 0..2 {
-        for stage in &plan.stages {
-            // A model reducer reads the answer's facts once they are all
-            // known, below.
-            let shape = stage.shape();
-            if shape.reads_facts().is_some() {
-                continue;
-            }
-            let reads = shape.reads_negatives();
-            let tripped = matches!(stop, StopReason::BreakerTripped { .. });
-            let units = match reads {
-                // An audit of a run a breaker stopped would measure rungs
-                // that never finished: it is not paid for.
-                Some(_) if pass > 0 || tripped => continue,
-                Some(_) => Vec::new(),
-                None => match queued.remove(stage.name()) {
-                    Some(units) if !units.is_empty() => units,
-                    _ => continue,
-                },
-            };
-            if reads.is_none() {
-                *received.entry(stage.name().to_owned()).or_insert(0) += units.len() as u64;
-            }
-            let negatives = match reads {
-                Some(reads) => negatives_for(reads, &ledger, &routed),
-                None => Negatives::default(),
-            };
-            let mut ctx = StageContext {
-                spec,
-                spec_dir: &plan.spec_dir,
-                store,
-                run_id,
-                table: &routed.table,
-                slots: opts.slots.max(1),
-                budget: &budget,
-                ledger: &ledger,
-                backends: &mut backends,
-                shared: &mut shared,
-                progress,
-                stats: &mut stats,
-                negatives: &negatives,
-                facts: &[],
-            };
-            let outcome = stage.run(&mut ctx, units)?;
-            if let Some(s) = outcome.stop
-                && stop == StopReason::Completed
-            {
-                stop = s;
-            }
-            if let Some(then) = shape.then {
-                // An escalated unit this stage passes on is answered where
-                // it goes (a tool's observed units, by the stage after it).
-                for &i in &outcome.passed {
-                    if let Some(to) = escalated.get_mut(&i)
-                        && to == stage.name()
-                    {
-                        *to = then.to_owned();
-                    }
-                }
-                if reads.is_some() {
-                    escalated.extend(outcome.passed.iter().map(|&i| (i, then.to_owned())));
-                }
-                let next = queued.entry(then.to_owned()).or_default();
-                next.extend(outcome.passed);
-                next.sort_unstable();
-            }
-            for (to, units) in outcome.escalated {
-                escalated.extend(units.iter().map(|&i| (i, to.clone())));
-                let next = queued.entry(to).or_default();
-                next.extend(units);
-                next.sort_unstable();
-            }
-            for (to, units) in outcome.sent {
-                let next = queued.entry(to).or_default();
-                next.extend(units);
-                next.sort_unstable();
-            }
-            phases.mark(&format!("{}:{}", stage.kind(), stage.name()));
-        }
-        if queued.values().all(Vec::is_empty) {
-            break;
-        }
-    }
+    let mut state = stages::State::new(plan, opts);
+    let ledger = FactLedger::new(
+        store,
+        Controller::new(spec.contract.clone()),
+        stages::score_pointer(&spec.contract),
+    );
+    let staged = scope.unit_stages(&mut state, &ledger, &mut phases)?;
     let (mut facts, mut totals) = ledger.into_parts();
     for stage in &plan.stages {
-        stage.review(&facts, &mut stats);
+        stage.review(&facts, &mut state.stats);
     }
-    // An escalated unit's answer is the stage it was escalated to; the
-    // fact that sent it there is kept in the store, not folded.
-    if !escalated.is_empty() {
-        let answered: HashSet<usize> = facts
-            .iter()
-            .filter(|(i, f)| escalated.get(i) == Some(&f.stage))
-            .map(|(i, _)| *i)
-            .collect();
-        facts.retain(|(i, f)| !answered.contains(i) || escalated.get(i) == Some(&f.stage));
-    }
-    // Model reducers: they read the answer's facts, never raw units. A
-    // run a breaker stopped has no answer worth reducing.
-    for stage in plan
-        .stages
-        .iter()
-        .filter(|s| s.shape().reads_facts().is_some())
-    {
-        if matches!(stop, StopReason::BreakerTripped { .. }) {
-            break;
-        }
-        let reducer_ledger =
-            FactLedger::new(store, Controller::new(crate::kit::no_contract()), None);
-        let mut ctx = StageContext {
-            spec,
-            spec_dir: &plan.spec_dir,
-            store,
-            run_id,
-            table: &routed.table,
-            slots: opts.slots.max(1),
-            budget: &budget,
-            ledger: &reducer_ledger,
-            backends: &mut backends,
-            shared: &mut shared,
-            progress,
-            stats: &mut stats,
-            negatives: &Negatives::default(),
-            facts: &facts,
-        };
-        let outcome = stage.run(&mut ctx, Vec::new())?;
-        if let Some(s) = outcome.stop
-            && stop == StopReason::Completed
-        {
-            stop = s;
-        }
-        phases.mark(&format!("{}:{}", stage.kind(), stage.name()));
-    }
+    stages::keep_escalated_answers(&mut facts, &staged.escalated);
+    let mut stop = staged.stop;
+    let received = staged.received;
+    scope.reducers(&mut state, &facts, &mut stop, &mut phases)?;
+    let stages::State {
+        mut stats,
+        backends,
+        ..
+    } = state;
     stats.model_calls += totals.calls;
     stats.cost.add(&totals.cost);
     stats.recomputed_units = std::mem::take(&mut totals.recomputed);
     stats.truncated_units = facts.iter().filter(|(_, f)| f.truncated_tokens > 0).count() as u64;
 
     // Fold, in source order.
-    let ordinal = |i: usize| routed.table.unit(i).ok().map(|u| u.ordinal);
-    facts.sort_by(|(a, fa), (b, fb)| {
-        ordinal(*a)
-            .cmp(&ordinal(*b))
-            .then_with(|| fa.stage.cmp(&fb.stage))
-    });
-    let leaves: Vec<Leaf> = facts.iter().map(|(_, f)| leaf_of(f)).collect();
-    let fold = fold_tree(&spec.fold, &leaves, &mut StoreNodes(store));
-    stats.fold_depth = fold.depth;
-    stats.fold_nodes_computed = fold.nodes_computed;
-    stats.fold_nodes_reused = fold.nodes_reused;
-    for ((_, f), path) in facts.iter_mut().zip(&fold.paths) {
-        f.reducer_path = path.iter().map(|k| k.short(12)).collect();
-    }
-    drop(leaves);
+    let fold = fold_facts(spec, store, &routed.table, &mut facts, &mut stats);
     phases.mark("fold");
 
     // Answer.
@@ -429,20 +285,7 @@ fn run_begun(
     phases.mark("answer");
 
     // Verify against the stored artifact, read back by byte range.
-    let mut cited: BTreeSet<UnitId> = answered
-        .items
-        .iter()
-        .map(|i| i.unit_id.clone())
-        .chain(answered.themes.iter().flat_map(|t| t.ids.iter().cloned()))
-        .chain(plan.stages.iter().flat_map(|s| s.cited(&stats)))
-        .collect();
-    // A widened answer also stands on the members its context showed.
-    let shown: Vec<UnitId> = facts
-        .iter()
-        .filter(|(_, f)| f.source_ids.first().is_some_and(|id| cited.contains(id)))
-        .flat_map(|(_, f)| f.source_ids.iter().skip(1).cloned())
-        .collect();
-    cited.extend(shown);
+    let cited = cited_units(plan, &answered, &facts, &stats);
     let mut facts: Vec<FactRecord> = facts.into_iter().map(|(_, f)| f).collect();
     facts.sort_by(|a, b| {
         a.source_ids
@@ -550,9 +393,82 @@ fn run_begun(
     store.finish_run(run_id, stop.code(), &cert_json)?;
     drop(cert_json);
 
-    // What each stage adds to the outputs, in spec order; stages of one
-    // kind that write the same file share it.
-    let label = if simulated {
+    let (sections, accounting, files) = stage_outputs(plan, &certificate);
+    let report = RunReport {
+        run_id: run_id.to_owned(),
+        answer,
+        certificate,
+        facts,
+        fold,
+        sections,
+        accounting,
+        files,
+    };
+    if let Some(dir) = &opts.out_dir {
+        crate::output::write_all(dir, &report)?;
+    }
+    Ok(report)
+}
+
+/// Folds the answer's facts in source order (then by stage), and marks
+/// each with its path up the tree.
+fn fold_facts(
+    spec: &fanfold_core::spec::Spec,
+    store: &Store,
+    table: &crate::kit::UnitTable,
+    facts: &mut [(usize, FactRecord)],
+    stats: &mut crate::report::RunStats,
+) -> fanfold_ops::fold::FoldOutcome {
+    let ordinal = |i: usize| table.unit(i).ok().map(|u| u.ordinal);
+    facts.sort_by(|(a, fa), (b, fb)| {
+        ordinal(*a)
+            .cmp(&ordinal(*b))
+            .then_with(|| fa.stage.cmp(&fb.stage))
+    });
+    let leaves: Vec<Leaf> = facts.iter().map(|(_, f)| leaf_of(f)).collect();
+    let fold = fold_tree(&spec.fold, &leaves, &mut StoreNodes(store));
+    stats.fold_depth = fold.depth;
+    stats.fold_nodes_computed = fold.nodes_computed;
+    stats.fold_nodes_reused = fold.nodes_reused;
+    for ((_, f), path) in facts.iter_mut().zip(&fold.paths) {
+        f.reducer_path = path.iter().map(|k| k.short(12)).collect();
+    }
+    fold
+}
+
+/// Every unit verify reads back: the answer's items and themes, what the
+/// stages' reports cite, and the members a widened answer was shown.
+fn cited_units(
+    plan: &Plan,
+    answered: &answer::Answered,
+    facts: &[(usize, FactRecord)],
+    stats: &crate::report::RunStats,
+) -> BTreeSet<UnitId> {
+    let mut cited: BTreeSet<UnitId> = answered
+        .items
+        .iter()
+        .map(|i| i.unit_id.clone())
+        .chain(answered.themes.iter().flat_map(|t| t.ids.iter().cloned()))
+        .chain(plan.stages.iter().flat_map(|s| s.cited(stats)))
+        .collect();
+    let shown: Vec<UnitId> = facts
+        .iter()
+        .filter(|(_, f)| f.source_ids.first().is_some_and(|id| cited.contains(id)))
+        .flat_map(|(_, f)| f.source_ids.iter().skip(1).cloned())
+        .collect();
+    cited.extend(shown);
+    cited
+}
+
+/// What each stage adds to the outputs, in spec order: its sections of
+/// answer.md, its accounting lines, and its files (stages of one kind
+/// that write the same file share it).
+#[allow(clippy::type_complexity)]
+fn stage_outputs(
+    plan: &Plan,
+    certificate: &Certificate,
+) -> (Vec<String>, Vec<String>, Vec<(String, Vec<Value>)>) {
+    let label = if certificate.simulated {
         format!(" {}", crate::output::SIMULATED)
     } else {
         String::new()
@@ -576,20 +492,7 @@ fn run_begun(
             }
         }
     }
-    let report = RunReport {
-        run_id: run_id.to_owned(),
-        answer,
-        certificate,
-        facts,
-        fold,
-        sections,
-        accounting,
-        files,
-    };
-    if let Some(dir) = &opts.out_dir {
-        crate::output::write_all(dir, &report)?;
-    }
-    Ok(report)
+    (sections, accounting, files)
 }
 
 /// Reducers whose path matched none of the facts they read: a typo in
@@ -638,34 +541,6 @@ fn new_run_id(source: &ContentHash) -> String {
 }
 
 /// What the rungs an audit reads threw away, so far in this run.
-fn negatives_for(
-    reads: &NegativeReads,
-    ledger: &FactLedger<'_>,
-    routed: &route::Routed,
-) -> Negatives {
-    let mut out = Negatives::new();
-    for rung in &reads.rungs {
-        let units = if rung == fanfold_core::spec::PREFILTER_RUNG {
-            RungUnits {
-                population: routed.excluded_by_reason.values().sum(),
-                units: routed
-                    .excluded_samples
-                    .get(&reads.seed)
-                    .cloned()
-                    .unwrap_or_default(),
-            }
-        } else {
-            let units = ledger.negatives_of(rung);
-            RungUnits {
-                population: units.len() as u64,
-                units,
-            }
-        };
-        out.insert(rung.clone(), units);
-    }
-    out
-}
-
 fn leaf_of(f: &FactRecord) -> Leaf {
     Leaf {
         unit_id: f

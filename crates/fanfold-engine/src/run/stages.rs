@@ -1,0 +1,293 @@
+//! The stage phase of a run: every unit stage in spec order over the
+//! units the prefilter routed, following each stage's declared shape;
+//! then the model reducers over the answer's facts. Nothing here names a
+//! kind.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use fanfold_core::FactRecord;
+use fanfold_core::spec::ContractSpec;
+use fanfold_ops::contract::{Controller, StopReason};
+use fanfold_store::Store;
+
+use super::{Phases, RunOptions, route};
+use crate::Progress;
+use crate::error::RunError;
+use crate::kit::{
+    Backends, FactLedger, NegativeReads, Negatives, RungUnits, Shared, Stage, StageContext,
+};
+use crate::plan::Plan;
+use crate::queue::BudgetPool;
+use crate::report::RunStats;
+
+/// What every stage of one run shares and never changes.
+pub(super) struct Scope<'a> {
+    pub plan: &'a Plan,
+    pub opts: &'a RunOptions,
+    pub progress: &'a dyn Progress,
+    pub store: &'a Store,
+    pub run_id: &'a str,
+    pub routed: &'a route::Routed,
+    pub budget: &'a BudgetPool,
+}
+
+/// What the stages of one run add to as they go.
+pub(super) struct State {
+    pub backends: Backends,
+    pub shared: Shared,
+    pub stats: RunStats,
+}
+
+impl State {
+    /// Fresh state, with every stage's report key declared, so the
+    /// certificate shows it even when the stage reports nothing.
+    pub fn new(plan: &Plan, opts: &RunOptions) -> State {
+        let mut stats = RunStats {
+            slots: opts.slots.max(1),
+            ..RunStats::default()
+        };
+        for stage in &plan.stages {
+            if let Some(key) = stage.report_key() {
+                stats.reports.declare(key);
+            }
+        }
+        State {
+            backends: Backends::new(opts.record.clone()),
+            shared: Shared::default(),
+            stats,
+        }
+    }
+}
+
+/// How the unit stages ended.
+pub(super) struct Staged {
+    pub stop: StopReason,
+    /// What each stage received: from the prefilter, or passed on by a
+    /// stage in front of it.
+    pub received: BTreeMap<String, u64>,
+    /// Units whose answer is a later stage's fact (an audit sent them
+    /// back, a map could not decide them alone), and the stage that
+    /// answers.
+    pub escalated: HashMap<usize, String>,
+}
+
+/// The pointer to a top-k contract's score, which the ledger reads.
+pub(super) fn score_pointer(contract: &ContractSpec) -> Option<String> {
+    match contract {
+        ContractSpec::TopK { score, .. } => Some(score.clone()),
+        _ => None,
+    }
+}
+
+impl Scope<'_> {
+    fn context<'b>(
+        &'b self,
+        state: &'b mut State,
+        ledger: &'b FactLedger<'b>,
+        negatives: &'b Negatives,
+        facts: &'b [(usize, FactRecord)],
+    ) -> StageContext<'b> {
+        StageContext {
+            spec: &self.plan.spec,
+            spec_dir: &self.plan.spec_dir,
+            store: self.store,
+            run_id: self.run_id,
+            table: &self.routed.table,
+            slots: self.opts.slots.max(1),
+            budget: self.budget,
+            ledger,
+            backends: &mut state.backends,
+            shared: &mut state.shared,
+            progress: self.progress,
+            stats: &mut state.stats,
+            negatives,
+            facts,
+        }
+    }
+
+    /// Runs every stage that reads units or negatives. The first pass
+    /// runs them in spec order; an audit runs once, there. Units it sends
+    /// back to an earlier stage run in a second pass, which only moves
+    /// units forward, so it is the last.
+    pub fn unit_stages<'l>(
+        &self,
+        state: &mut State,
+        ledger: &'l FactLedger<'l>,
+        phases: &mut Phases,
+    ) -> Result<Staged, RunError> {
+        let mut staged = Staged {
+            stop: StopReason::Completed,
+            received: BTreeMap::new(),
+            escalated: HashMap::new(),
+        };
+        let mut queued: BTreeMap<String, Vec<usize>> = self.routed.by_stage.clone();
+        for pass in 0..2 {
+            for stage in &self.plan.stages {
+                self.unit_stage(
+                    stage.as_ref(),
+                    pass,
+                    state,
+                    ledger,
+                    &mut queued,
+                    &mut staged,
+                )?;
+                phases.mark(&format!("{}:{}", stage.kind(), stage.name()));
+            }
+            if queued.values().all(Vec::is_empty) {
+                break;
+            }
+        }
+        Ok(staged)
+    }
+
+    /// Runs one stage over what is queued for it, and queues what it
+    /// passes, sends and escalates.
+    fn unit_stage<'l>(
+        &self,
+        stage: &dyn Stage,
+        pass: usize,
+        state: &mut State,
+        ledger: &'l FactLedger<'l>,
+        queued: &mut BTreeMap<String, Vec<usize>>,
+        staged: &mut Staged,
+    ) -> Result<(), RunError> {
+        // A model reducer reads the answer's facts once they are all
+        // known: `reducers`.
+        let shape = stage.shape();
+        if shape.reads_facts().is_some() {
+            return Ok(());
+        }
+        let reads = shape.reads_negatives();
+        let tripped = matches!(staged.stop, StopReason::BreakerTripped { .. });
+        let units = match reads {
+            // An audit of a run a breaker stopped would measure rungs that
+            // never finished: it is not paid for.
+            Some(_) if pass > 0 || tripped => return Ok(()),
+            Some(_) => Vec::new(),
+            None => match queued.remove(stage.name()) {
+                Some(units) if !units.is_empty() => units,
+                _ => return Ok(()),
+            },
+        };
+        if reads.is_none() {
+            *staged.received.entry(stage.name().to_owned()).or_insert(0) += units.len() as u64;
+        }
+        let negatives = match reads {
+            Some(reads) => self.negatives_for(reads, ledger),
+            None => Negatives::default(),
+        };
+        let outcome = stage.run(&mut self.context(state, ledger, &negatives, &[]), units)?;
+        if let Some(s) = outcome.stop
+            && staged.stop == StopReason::Completed
+        {
+            staged.stop = s;
+        }
+        let mut queue = |to: String, units: &[usize]| {
+            let next = queued.entry(to).or_default();
+            next.extend_from_slice(units);
+            next.sort_unstable();
+        };
+        let escalated = &mut staged.escalated;
+        if let Some(then) = shape.then {
+            // An escalated unit this stage passes on is answered where it
+            // goes (a tool's observed units, by the stage after it).
+            for &i in &outcome.passed {
+                if let Some(to) = escalated.get_mut(&i)
+                    && to == stage.name()
+                {
+                    *to = then.to_owned();
+                }
+            }
+            if reads.is_some() {
+                escalated.extend(outcome.passed.iter().map(|&i| (i, then.to_owned())));
+            }
+            queue(then.to_owned(), &outcome.passed);
+        }
+        for (to, units) in outcome.escalated {
+            escalated.extend(units.iter().map(|&i| (i, to.clone())));
+            queue(to, &units);
+        }
+        for (to, units) in outcome.sent {
+            queue(to, &units);
+        }
+        Ok(())
+    }
+
+    /// Model reducers: they read the answer's facts, never raw units. A
+    /// run a breaker stopped has no answer worth reducing.
+    pub fn reducers(
+        &self,
+        state: &mut State,
+        facts: &[(usize, FactRecord)],
+        stop: &mut StopReason,
+        phases: &mut Phases,
+    ) -> Result<(), RunError> {
+        for stage in self
+            .plan
+            .stages
+            .iter()
+            .filter(|s| s.shape().reads_facts().is_some())
+        {
+            if matches!(stop, StopReason::BreakerTripped { .. }) {
+                break;
+            }
+            let ledger =
+                FactLedger::new(self.store, Controller::new(crate::kit::no_contract()), None);
+            let negatives = Negatives::default();
+            let outcome = stage.run(
+                &mut self.context(state, &ledger, &negatives, facts),
+                Vec::new(),
+            )?;
+            if let Some(s) = outcome.stop
+                && *stop == StopReason::Completed
+            {
+                *stop = s;
+            }
+            phases.mark(&format!("{}:{}", stage.kind(), stage.name()));
+        }
+        Ok(())
+    }
+
+    /// What the rungs a stage reads threw away.
+    fn negatives_for(&self, reads: &NegativeReads, ledger: &FactLedger<'_>) -> Negatives {
+        let mut out = Negatives::new();
+        for rung in &reads.rungs {
+            let units = if rung == fanfold_core::spec::PREFILTER_RUNG {
+                RungUnits {
+                    population: self.routed.excluded_by_reason.values().sum(),
+                    units: self
+                        .routed
+                        .excluded_samples
+                        .get(&reads.seed)
+                        .cloned()
+                        .unwrap_or_default(),
+                }
+            } else {
+                let units = ledger.negatives_of(rung);
+                RungUnits {
+                    population: units.len() as u64,
+                    units,
+                }
+            };
+            out.insert(rung.clone(), units);
+        }
+        out
+    }
+}
+
+/// An escalated unit's answer is the stage it was escalated to; the fact
+/// that sent it there is kept in the store, not folded.
+pub(super) fn keep_escalated_answers(
+    facts: &mut Vec<(usize, FactRecord)>,
+    escalated: &HashMap<usize, String>,
+) {
+    if escalated.is_empty() {
+        return;
+    }
+    let answered: HashSet<usize> = facts
+        .iter()
+        .filter(|(i, f)| escalated.get(i) == Some(&f.stage))
+        .map(|(i, _)| *i)
+        .collect();
+    facts.retain(|(i, f)| !answered.contains(i) || escalated.get(i) == Some(&f.stage));
+}
