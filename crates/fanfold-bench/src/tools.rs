@@ -243,7 +243,7 @@ fn render(runs: &[Measured], blockers: &BTreeSet<String>, args: &ToolsArgs) -> S
     line(format!("## Tools: read-only enrichment under quotas{tag}"));
     line(String::new());
     line(format!(
-        "`fanfold bench tools` on `examples/issue-triage/comments.toml`, {}; judge backend `{}`, {} slots. The local tracker answers after {} ms, answers every {}th request 429 and hangs every {}th for {} ms; each shape runs in a fresh store against a fresh tracker, one after the other in one run, except the rerun, which reuses the first run's store. Requests and the most in flight are counted at the tracker.",
+        "`fanfold bench tools` on `examples/issue-triage/comments.toml`, {}; judge backend `{}`, {} slots. The local tracker answers after {} ms, answers one request in {} with a 429 and holds one in {} for {} ms (past the stage's timeout); each shape runs in a fresh store against a fresh tracker, one after the other in one run, except the rerun, which reuses the first run's store and tracker. Requests and the most in flight are counted at the tracker.",
         machine_line(),
         args.backend,
         args.slots,

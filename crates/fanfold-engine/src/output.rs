@@ -143,6 +143,12 @@ pub fn markdown(report: &RunReport) -> String {
             "> {SIMULATED} These answers come from a scripted or replayed backend, not a model. The accounting (coverage, statuses, caching, stopping) is real; the judgments and token figures are not a quality claim.\n"
         );
     }
+    // A path that matched nothing, a broken bound: said where a reader
+    // looks first, since the answer above them may be empty for that
+    // reason alone.
+    for note in &c.notes {
+        let _ = writeln!(out, "> **Warning:** {}\n", md_text(note));
+    }
     if let Some(reached) = a.reached {
         let _ = writeln!(out, "Threshold reached: **{reached}**{sim}\n");
     }

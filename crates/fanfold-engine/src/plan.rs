@@ -175,6 +175,8 @@ impl Plan {
                         source,
                     }
                 })?;
+                fanfold_ops::jq::JqProgram::compile(&text)
+                    .map_err(|e| invalid(format!("backend `{name}` script {script}: {e}")))?;
                 hashed.insert(format!("script:{name}"), text);
             }
         }
@@ -217,6 +219,33 @@ impl Plan {
                         r.name
                     )));
                 }
+                // A pointer the stage's output schema cannot hold would
+                // answer "0 units" without a word.
+                let schema = r.stage.as_ref().and_then(|st| {
+                    stages
+                        .iter()
+                        .find(|s| s.name() == st)
+                        .and_then(|s| s.output_schema())
+                });
+                if let Some(schema) = schema
+                    && let Err(missing) = fanfold_ops::map::schema_declares(schema, p)
+                {
+                    return Err(invalid(format!(
+                        "reducer `{}` reads `{p}`, but stage `{}`'s output schema declares no `{missing}`",
+                        r.name,
+                        r.stage.as_deref().unwrap_or_default()
+                    )));
+                }
+            }
+            if let ReducerKind::Histogram { edges, .. } = &r.kind
+                && (edges.is_empty()
+                    || edges.iter().any(|e| !e.is_finite())
+                    || edges.windows(2).any(|w| w.first() >= w.get(1)))
+            {
+                return Err(invalid(format!(
+                    "reducer `{}` edges {edges:?} must be finite and strictly ascending",
+                    r.name
+                )));
             }
             if reducers.insert(r.name.clone(), &r.kind).is_some() {
                 return Err(invalid(format!("reducer `{}` is declared twice", r.name)));

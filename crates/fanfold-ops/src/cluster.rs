@@ -104,6 +104,9 @@ pub struct Level {
     pub failed: Vec<String>,
 }
 
+/// The most input orders a cluster's stress test may reduce.
+pub const MAX_STRESS_ORDERS: usize = 32;
+
 impl ClusterStage {
     pub fn new(spec: ClusterStageSpec, rubric: String) -> Result<ClusterStage, ClusterSpecError> {
         let invalid = |detail: String| ClusterSpecError::Invalid {
@@ -113,8 +116,13 @@ impl ClusterStage {
         let mut fan_ins = vec![spec.fan_in];
         if let Some(stress) = &spec.stress {
             fan_ins.extend(&stress.fan_ins);
-            if stress.orders == 0 {
-                return Err(invalid("stress.orders must be at least 1".into()));
+            // Each order reduces every fact again: past a few dozen the
+            // stress costs more than the answer and says nothing new.
+            if stress.orders == 0 || stress.orders > MAX_STRESS_ORDERS {
+                return Err(invalid(format!(
+                    "stress.orders {} must be within 1..={MAX_STRESS_ORDERS}",
+                    stress.orders
+                )));
             }
             if !(0.0..=1.0).contains(&stress.max_drift) {
                 return Err(invalid(format!(

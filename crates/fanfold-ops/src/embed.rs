@@ -78,6 +78,13 @@ impl EmbedStage {
         if let Some((file, text)) = examples {
             anchors.extend(parse_examples(&spec.name, file, text)?);
         }
+        if spec.max_tokens == 0 {
+            return Err(EmbedSpecError::Invalid {
+                stage: spec.name.clone(),
+                detail: "max_tokens must be at least 1: a unit cut to no tokens embeds as nothing"
+                    .into(),
+            });
+        }
         if !anchors.iter().any(|a| a.polarity == Polarity::Positive) {
             return Err(EmbedSpecError::Invalid {
                 stage: spec.name.clone(),

@@ -136,6 +136,24 @@ impl JqProgram {
         Ok(matches!(self.first(input, at)?, Some(Val::Bool(true))))
     }
 
+    /// The first output, which must be a boolean (no output is `false`): a
+    /// rule that yields anything else is a mistake in the rule, said as one
+    /// rather than read as `false`.
+    pub fn test_bool(&self, input: Val, at: Site<'_>) -> Result<bool, JqError> {
+        match self.first(input, at)? {
+            None | Some(Val::Bool(false)) => Ok(false),
+            Some(Val::Bool(true)) => Ok(true),
+            Some(other) => Err(JqError::Runtime {
+                expr: excerpt(&self.source),
+                detail: format!(
+                    "yields {}, not a boolean, for unit `{}`",
+                    excerpt(&other.to_string()),
+                    at.unit
+                ),
+            }),
+        }
+    }
+
     /// The first output as JSON.
     pub fn first_json(
         &self,

@@ -62,6 +62,37 @@ pub struct Interpreted {
     pub reason: Option<String>,
 }
 
+/// Checks that an output valid under `schema` can hold a value at
+/// `pointer`: each step names a property the schema declares, unless the
+/// object at that step does not close itself with `"additionalProperties":
+/// false` (or the schema says too little to tell, e.g. `anyOf`). `Err`
+/// with the first step no output can have.
+pub fn schema_declares(schema: &Value, pointer: &str) -> Result<(), String> {
+    let mut node = schema;
+    for step in pointer.split('/').skip(1) {
+        let step = step.replace("~1", "/").replace("~0", "~");
+        if let Some(items) = node.get("items")
+            && step.parse::<usize>().is_ok()
+        {
+            node = items;
+            continue;
+        }
+        let Some(props) = node.get("properties").and_then(Value::as_object) else {
+            return Ok(());
+        };
+        match props.get(&step) {
+            Some(next) => node = next,
+            None => {
+                // Only a closed object proves the property can never be
+                // there; an open one may carry what it does not list.
+                let open = !matches!(node.get("additionalProperties"), Some(Value::Bool(false)));
+                return if open { Ok(()) } else { Err(step) };
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A map stage ready to build prompts and judge outputs.
 pub struct MapStage {
     pub spec: MapStageSpec,
@@ -88,11 +119,23 @@ impl MapStage {
             spec.evidence.as_ref(),
             spec.confidence.as_ref(),
         ];
-        for p in pointers.into_iter().flatten() {
+        for (setting, p) in ["decision.pointer", "evidence", "confidence"]
+            .into_iter()
+            .zip(pointers)
+            .filter_map(|(n, p)| Some((n, p?)))
+        {
             if !p.starts_with('/') {
                 return Err(MapSpecError::Pointer {
                     stage: spec.name.clone(),
                     pointer: p.clone(),
+                });
+            }
+            if let Err(missing) = schema_declares(&schema, p) {
+                return Err(MapSpecError::Decision {
+                    stage: spec.name.clone(),
+                    detail: format!(
+                        "{setting} `{p}` names `{missing}`, which the output schema does not declare: no output could match it"
+                    ),
                 });
             }
         }

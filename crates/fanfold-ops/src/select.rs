@@ -209,7 +209,7 @@ impl Catalog {
     pub fn decide(&self, unit: &str, view: &Value) -> Result<Option<(usize, usize)>, JqError> {
         let val = to_val(view);
         for (i, ((_, program, choice), site)) in self.rules.iter().zip(&self.sites).enumerate() {
-            if program.test(val.clone(), Site::new(site, unit))? {
+            if program.test_bool(val.clone(), Site::new(site, unit))? {
                 return Ok(Some((i, *choice)));
             }
         }

@@ -385,6 +385,11 @@ pub trait Stage: Send + Sync {
     fn evidence_view(&self) -> Option<EvidenceView> {
         None
     }
+    /// The JSON Schema its facts' `facts` satisfy, if it declares one: the
+    /// plan checks reducers' pointers into them.
+    fn output_schema(&self) -> Option<&serde_json::Value> {
+        None
+    }
     /// Its lines in `fanfold explain`.
     fn explain(&self, spec: &Spec, out: &mut String);
     /// Counts the cached facts of `units` without loading a model.

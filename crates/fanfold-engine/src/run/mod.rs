@@ -334,6 +334,7 @@ fn run_begun(
             .iter()
             .cloned()
             .chain(unmatched_reducer_paths(spec, &facts))
+            .chain(unmatched_fields(plan, &routed.table))
             .collect(),
         rejected_by_reason: routed.rejected_by_reason.clone(),
         rejections: routed.rejections.clone(),
@@ -493,6 +494,40 @@ fn stage_outputs(
         }
     }
     (sections, accounting, files)
+}
+
+/// Fields a stage's contexts show (`fields`, without `project`) that no
+/// unit it could see has: its contexts are emptier than the spec reads.
+/// The scan stops at the first unit holding each field, so a field that is
+/// there costs a unit or two.
+fn unmatched_fields(plan: &Plan, table: &crate::kit::UnitTable) -> Vec<String> {
+    let mut notes = Vec::new();
+    for stage in &plan.stages {
+        let Some(view) = stage.evidence_view() else {
+            continue;
+        };
+        if view.project.is_some() || view.fields.is_empty() || table.is_empty() {
+            continue;
+        }
+        let mut missing: Vec<&String> = view.fields.iter().collect();
+        for i in 0..table.len() {
+            let value = table.value(i);
+            missing.retain(|f| value.get(f.as_str()).is_none());
+            if missing.is_empty() {
+                break;
+            }
+        }
+        for f in missing {
+            let note = format!(
+                "stage `{}` shows field `{f}`, which none of the {} units read has: check `fields` against the input",
+                stage.name(),
+                table.len()
+            );
+            tracing::warn!("{note}");
+            notes.push(note);
+        }
+    }
+    notes
 }
 
 /// Reducers whose path matched none of the facts they read: a typo in

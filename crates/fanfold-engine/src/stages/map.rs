@@ -311,6 +311,10 @@ impl Stage for MapRunner {
         })
     }
 
+    fn output_schema(&self) -> Option<&serde_json::Value> {
+        Some(&self.stage.schema)
+    }
+
     fn explain(&self, spec: &Spec, out: &mut String) {
         let sp = &self.stage.spec;
         let (backend, simulated) = crate::kit::backend_label(spec, &sp.backend);
