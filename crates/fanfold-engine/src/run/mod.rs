@@ -54,6 +54,32 @@ pub struct RunOptions {
     pub store_max_bytes: Option<u64>,
 }
 
+/// What a run's phases read of its options and spec, resolved once: a
+/// phase never re-derives a default or a floor.
+pub(crate) struct RunSettings {
+    /// Physical slots, at least one.
+    pub slots: usize,
+    /// The options' budget, else the spec's.
+    pub budget: BudgetSpec,
+    pub max_unit_bytes: u64,
+    /// Partition threads, at least one.
+    pub partition_threads: usize,
+}
+
+impl RunSettings {
+    fn resolve(plan: &Plan, opts: &RunOptions) -> RunSettings {
+        RunSettings {
+            slots: opts.slots.max(1),
+            budget: opts
+                .budget
+                .clone()
+                .unwrap_or_else(|| plan.spec.budget.clone()),
+            max_unit_bytes: opts.max_unit_bytes,
+            partition_threads: opts.partition_threads.max(1),
+        }
+    }
+}
+
 impl RunOptions {
     pub fn new(store_path: PathBuf) -> RunOptions {
         RunOptions {
@@ -192,8 +218,9 @@ fn run_begun(
     mut phases: Phases,
 ) -> Result<RunReport, RunError> {
     let spec = &plan.spec;
+    let settings = RunSettings::resolve(plan, opts);
     // Route: partition and prefilter, streamed from the stored artifact.
-    let options = route::stream_options(opts.max_unit_bytes, opts.partition_threads);
+    let options = route::stream_options(settings.max_unit_bytes, settings.partition_threads);
     let routed = route::route(
         plan,
         artifact.hash,
@@ -220,18 +247,17 @@ fn run_begun(
     phases.mark("route");
 
     // Stages, in spec order; a stage's passed units join its `then`.
-    let budget_limits = opts.budget.clone().unwrap_or_else(|| spec.budget.clone());
-    let budget = BudgetPool::new(budget_limits.clone());
+    let budget = BudgetPool::new(settings.budget.clone());
     let scope = stages::Scope {
         plan,
-        opts,
+        settings: &settings,
         progress,
         store,
         run_id,
         routed: &routed,
         budget: &budget,
     };
-    let mut state = stages::State::new(plan, opts);
+    let mut state = stages::State::new(plan, opts, &settings);
     let ledger = FactLedger::new(
         store,
         Controller::new(spec.contract.clone()),
@@ -321,9 +347,9 @@ fn run_begun(
         source_bytes: artifact.len,
         source_origin: artifact.origin.clone(),
         settings: RunSettingsReport {
-            slots: opts.slots.max(1),
-            max_unit_bytes: opts.max_unit_bytes,
-            partition_threads: opts.partition_threads,
+            slots: settings.slots,
+            max_unit_bytes: settings.max_unit_bytes,
+            partition_threads: settings.partition_threads,
         },
         coverage: routed.coverage,
         coverage_complete: routed.coverage.is_complete(),
@@ -344,7 +370,7 @@ fn run_begun(
         statuses,
         stop: stop.clone(),
         contract: spec.contract.type_name().into(),
-        budget_limits,
+        budget_limits: settings.budget.clone(),
         stats,
         fold_root: fold.root_key,
         verify: report.clone(),

@@ -10,7 +10,7 @@ use fanfold_core::spec::ContractSpec;
 use fanfold_ops::contract::{Controller, StopReason};
 use fanfold_store::Store;
 
-use super::{Phases, RunOptions, route};
+use super::{Phases, RunOptions, RunSettings, route};
 use crate::Progress;
 use crate::error::RunError;
 use crate::kit::{
@@ -23,7 +23,7 @@ use crate::report::RunStats;
 /// What every stage of one run shares and never changes.
 pub(super) struct Scope<'a> {
     pub plan: &'a Plan,
-    pub opts: &'a RunOptions,
+    pub settings: &'a RunSettings,
     pub progress: &'a dyn Progress,
     pub store: &'a Store,
     pub run_id: &'a str,
@@ -41,9 +41,9 @@ pub(super) struct State {
 impl State {
     /// Fresh state, with every stage's report key declared, so the
     /// certificate shows it even when the stage reports nothing.
-    pub fn new(plan: &Plan, opts: &RunOptions) -> State {
+    pub fn new(plan: &Plan, opts: &RunOptions, settings: &RunSettings) -> State {
         let mut stats = RunStats {
-            slots: opts.slots.max(1),
+            slots: settings.slots,
             ..RunStats::default()
         };
         for stage in &plan.stages {
@@ -93,7 +93,7 @@ impl Scope<'_> {
             store: self.store,
             run_id: self.run_id,
             table: &self.routed.table,
-            slots: self.opts.slots.max(1),
+            slots: self.settings.slots,
             budget: self.budget,
             ledger,
             backends: &mut state.backends,
