@@ -8,6 +8,7 @@
 //! They read no files, open no store and call no model; the engine hands them
 //! bytes and values and persists what they return.
 
+pub mod cascade;
 pub mod contract;
 pub mod fold;
 pub mod jq;
