@@ -123,7 +123,7 @@ impl LadderConfig {
 }
 
 /// The answer's unit ids, from the oracle alone.
-fn read_truth(
+pub(crate) fn read_truth(
     cfg: &LadderConfig,
     example: &Path,
     spec: &Spec,

@@ -7,6 +7,7 @@
 //! it. Its errors go straight to the person running the command, so it
 //! reports them with `anyhow` context like the binary does.
 
+mod cascade;
 mod cluster;
 mod deterministic;
 mod embed;
@@ -76,6 +77,26 @@ pub enum BenchCommand {
     /// cancellation save, the quota as the tracker saw it, and wall time
     /// against fetching everything first.
     Tools(ToolsCliArgs),
+    /// Whether a cascade keeps its stated guarantee (synthetic scores with
+    /// known truth, over seeded trials) and what it saves on an example
+    /// with human labels as the oracle.
+    Cascade(CascadeCliArgs),
+}
+
+#[derive(Args)]
+pub struct CascadeCliArgs {
+    /// An example folder with a `ladder.toml` naming its oracle, embed
+    /// stage, judge and BM25 query.
+    #[arg(long, default_value = "examples/bgl-alerts")]
+    example: PathBuf,
+    #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
+    report: PathBuf,
+    /// Synthetic trials per target and sampling.
+    #[arg(long, default_value_t = 200)]
+    trials: u64,
+    /// Seeds per proxy and label budget on the example.
+    #[arg(long, default_value_t = 50)]
+    seeds: u64,
 }
 
 #[derive(Args)]
@@ -241,6 +262,15 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
         }
         BenchCommand::Http(a) => {
             http::main(&a)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Cascade(a) => {
+            cascade::main(&cascade::CascadeArgs {
+                example: a.example,
+                report: a.report,
+                trials: a.trials,
+                seeds: a.seeds,
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         BenchCommand::Tools(a) => {

@@ -172,9 +172,11 @@ pub struct Outcome {
     /// are 1: the oracle is the truth the target is measured against.
     pub estimate: f64,
     pub lower_bound: f64,
-    /// Units the proxy decided, and units left to the oracle beyond the
-    /// labels already given.
+    /// Units the proxy decided.
     pub proxy_decided: usize,
+    /// Units left to the oracle beyond the labels already given, and the
+    /// calls that takes: one per distinct key among them.
+    pub oracle_units: usize,
     pub oracle_needed: usize,
     /// Every label the sample could use was known: the plan was chosen on
     /// the exact population, not on a bound.
@@ -634,7 +636,8 @@ impl Sampler<'_> {
 
     fn finish(&self, c: &Candidate, proof: Proof) -> Outcome {
         let mut decisions = Vec::with_capacity(self.scores.len());
-        let (mut proxy_decided, mut oracle_needed) = (0, 0);
+        let (mut proxy_decided, mut oracle_units) = (0, 0);
+        let mut oracle_keys = std::collections::HashSet::new();
         for (i, &s) in self.scores.iter().enumerate() {
             let d = match (self.known(i).flatten(), c.proxy(s)) {
                 (Some(positive), _) => Decision::Label { positive },
@@ -643,7 +646,10 @@ impl Sampler<'_> {
                     Decision::Proxy { positive }
                 }
                 (None, None) => {
-                    oracle_needed += 1;
+                    oracle_units += 1;
+                    if let Some(k) = self.keys.get(i) {
+                        oracle_keys.insert(*k);
+                    }
                     Decision::Oracle
                 }
             };
@@ -658,10 +664,113 @@ impl Sampler<'_> {
             estimate: proof.estimate,
             lower_bound: proof.lower_bound,
             proxy_decided,
-            oracle_needed,
+            oracle_units,
+            oracle_needed: oracle_keys.len(),
             exact: proof.exact,
         }
     }
+}
+
+/// Quality against the truth, for the units of one answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Quality {
+    pub recall: f64,
+    pub precision: f64,
+    pub accuracy: f64,
+    pub f1: f64,
+}
+
+impl Quality {
+    pub fn of(&self, metric: Metric) -> f64 {
+        match metric {
+            Metric::Recall => self.recall,
+            Metric::Precision => self.precision,
+            Metric::Accuracy => self.accuracy,
+        }
+    }
+}
+
+impl Outcome {
+    /// What the answer reaches against `truth`, over the units `include`
+    /// admits: labelled units and the proxy's decided as they were,
+    /// the oracle's decided as the truth. An answer with no positive has
+    /// precision 1; a truth with none, recall 1.
+    pub fn quality(&self, truth: &[bool], include: impl Fn(usize, &Decision) -> bool) -> Quality {
+        let (mut tp, mut fp, mut fn_, mut right, mut n) = (0.0f64, 0.0f64, 0.0f64, 0.0f64, 0.0f64);
+        for (i, (d, &y)) in self.decisions.iter().zip(truth).enumerate() {
+            if !include(i, d) {
+                continue;
+            }
+            let said = match *d {
+                Decision::Proxy { positive } | Decision::Label { positive } => positive,
+                Decision::Oracle => y,
+            };
+            match (said, y) {
+                (true, true) => tp += 1.0,
+                (true, false) => fp += 1.0,
+                (false, true) => fn_ += 1.0,
+                (false, false) => {}
+            }
+            if said == y {
+                right += 1.0;
+            }
+            n += 1.0;
+        }
+        let recall = if tp + fn_ == 0.0 {
+            1.0
+        } else {
+            tp / (tp + fn_)
+        };
+        let precision = if tp + fp == 0.0 { 1.0 } else { tp / (tp + fp) };
+        let f1 = if recall + precision == 0.0 {
+            0.0
+        } else {
+            2.0 * recall * precision / (recall + precision)
+        };
+        Quality {
+            recall,
+            precision,
+            accuracy: if n == 0.0 { 1.0 } else { right / n },
+            f1,
+        }
+    }
+
+    /// The target's metric the whole answer reaches against `truth`.
+    pub fn realized(&self, truth: &[bool]) -> f64 {
+        self.quality(truth, |_, _| true).of(self.target.metric)
+    }
+}
+
+/// A synthetic population with known truth, for measuring the guarantee:
+/// `n` units, the first `prevalence` share positive, each scored by a
+/// noisy proxy (the logistic of a unit normal whose mean is `separation`
+/// apart between the classes). Seeded: the same arguments give the same
+/// population.
+pub fn synthetic_population(
+    seed: u64,
+    n: usize,
+    prevalence: f64,
+    separation: f64,
+) -> (Vec<f64>, Vec<bool>) {
+    let mut rng = SplitMix(seed);
+    let mut normal = || {
+        let (u, v) = (rng.unit().max(1e-12), rng.unit());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    };
+    let mut scores = Vec::with_capacity(n);
+    let mut truth = Vec::with_capacity(n);
+    for i in 0..n {
+        let y = (i as f64) < prevalence * n as f64;
+        let z = normal()
+            + if y {
+                separation / 2.0
+            } else {
+                -separation / 2.0
+            };
+        scores.push(1.0 / (1.0 + (-z).exp()));
+        truth.push(y);
+    }
+    (scores, truth)
 }
 
 /// A plan under test: what the proxy decides of each score.
@@ -889,65 +998,8 @@ impl SplitMix {
 mod tests {
     use super::*;
 
-    /// A synthetic population: `n` units, a share `prevalence` positive,
-    /// each scored by a noisy proxy (a logistic of a normal whose mean is
-    /// `separation` apart between the classes).
-    fn population(seed: u64, n: usize, prevalence: f64, separation: f64) -> (Vec<f64>, Vec<bool>) {
-        let mut rng = SplitMix(seed);
-        let mut normal = || {
-            let (u, v) = (rng.unit().max(1e-12), rng.unit());
-            (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
-        };
-        let mut scores = Vec::with_capacity(n);
-        let mut truth = Vec::with_capacity(n);
-        for i in 0..n {
-            let y = (i as f64) < prevalence * n as f64;
-            let z = normal()
-                + if y {
-                    separation / 2.0
-                } else {
-                    -separation / 2.0
-                };
-            scores.push(1.0 / (1.0 + (-z).exp()));
-            truth.push(y);
-        }
-        (scores, truth)
-    }
-
-    /// The answer's realized metric: labelled and oracle units decided by
-    /// the truth, the rest by the proxy.
-    fn realized(outcome: &Outcome, truth: &[bool]) -> f64 {
-        let (mut tp, mut fp, mut fn_, mut right) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-        for (d, &y) in outcome.decisions.iter().zip(truth) {
-            let said = match *d {
-                Decision::Proxy { positive } | Decision::Label { positive } => positive,
-                Decision::Oracle => y,
-            };
-            match (said, y) {
-                (true, true) => tp += 1.0,
-                (true, false) => fp += 1.0,
-                (false, true) => fn_ += 1.0,
-                (false, false) => {}
-            }
-            if said == y {
-                right += 1.0;
-            }
-        }
-        match outcome.target.metric {
-            Metric::Recall => tp / (tp + fn_).max(1.0),
-            Metric::Precision => {
-                if tp + fp == 0.0 {
-                    1.0
-                } else {
-                    tp / (tp + fp)
-                }
-            }
-            Metric::Accuracy => right / truth.len() as f64,
-        }
-    }
-
     fn trial(metric: Metric, at_least: f64, seed: u64, budget: usize) -> (Outcome, f64) {
-        let (scores, truth) = population(seed, 2000, 0.2, 2.5);
+        let (scores, truth) = synthetic_population(seed, 2000, 0.2, 2.5);
         let keys: Vec<u64> = (0..scores.len() as u64).collect();
         let target = Target {
             metric,
@@ -959,7 +1011,7 @@ mod tests {
             ..Config::new(target, budget, seed)
         };
         let outcome = run(&config, &scores, &keys, &mut |i| Some(truth[i])).expect("valid config");
-        let r = realized(&outcome, &truth);
+        let r = outcome.realized(&truth);
         (outcome, r)
     }
 
@@ -1006,7 +1058,7 @@ mod tests {
 
     #[test]
     fn missing_labels_count_against_the_proxy() {
-        let (scores, truth) = population(5, 2000, 0.2, 2.5);
+        let (scores, truth) = synthetic_population(5, 2000, 0.2, 2.5);
         let keys: Vec<u64> = (0..scores.len() as u64).collect();
         let target = Target {
             metric: Metric::Accuracy,
