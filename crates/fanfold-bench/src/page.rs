@@ -49,7 +49,7 @@ pub fn anchor(unit_id: &str) -> String {
 const STYLE: &str = "body{font:15px/1.45 system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#1b1f24}\
 h1{font-size:1.5em;margin-bottom:.2em}h2{margin-top:1.6em;border-bottom:1px solid #d0d7de}\
 .meta{color:#57606a}.banner{padding:.6em 1em;border-radius:6px;font-weight:600;margin:1em 0}\
-.ok{background:#dafbe1;color:#116329}.bad{background:#ffebe9;color:#82071e}.sim{background:#fff8c5;color:#6f4e00}\
+.ok{background:#dafbe1;color:#116329}.bad{background:#ffebe9;color:#82071e}.sim{background:#fff8c5;color:#6f4e00}.warn{background:#fff1e5;color:#953800}\
 table{border-collapse:collapse;margin:1em 0;font-size:.92em}td,th{border:1px solid #d0d7de;padding:.3em .6em;text-align:left;vertical-align:top}\
 th{background:#f6f8fa}td.n{text-align:right;font-variant-numeric:tabular-nums}\
 blockquote{margin:.3em 0;padding:.2em .8em;border-left:3px solid #8c959f;color:#24292f;background:#f6f8fa}\
@@ -211,6 +211,24 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
         );
     }
 
+    if a.quality.is_empty() {
+        let t = format!(
+            "Quality: unmeasured. {}",
+            fanfold_engine::output::UNMEASURED
+        );
+        let _ = writeln!(md, "**{t}**\n");
+        let _ = writeln!(
+            h,
+            "<div class=\"banner warn\" id=\"quality\">{}</div>",
+            esc(&t)
+        );
+    }
+    for line in &a.quality {
+        let t = format!("Quality: {line}");
+        let class = if line.contains("UNMET") { "bad" } else { "ok" };
+        let _ = writeln!(md, "**{}**\n", md_text(&t));
+        let _ = writeln!(h, "<div class=\"banner {class} quality\">{}</div>", esc(&t));
+    }
     let _ = writeln!(md, "## Answer: {} items\n", a.items.len());
     let _ = writeln!(
         h,

@@ -3102,6 +3102,12 @@ fn a_run_report_renders_in_a_browser_with_every_citation_resolving() {
     assert!(png.len() > 10_000, "a screenshot of {} bytes", png.len());
     let md = std::fs::read_to_string(out.path().join("run/report.md")).expect("markdown");
     assert!(md.contains(&format!("## Answer: {items} items")));
+    // Nothing declares a quality target: the page says so beside the
+    // banner that says the answer is complete.
+    assert!(
+        dom.contains("id=\"quality\"") && dom.contains("Quality: unmeasured"),
+        "the page does not say its quality is unmeasured"
+    );
 }
 
 /// A record that carries markup and a `javascript:` URL cannot make the
@@ -4565,4 +4571,153 @@ fn spec_mistakes_are_refused_before_anything_runs() {
         "{md}"
     );
     assert!(warning < md.find("## Answer").unwrap(), "{md}");
+}
+
+/// A judge with a cascade: BM25 scores every record, the scripted judge
+/// is the oracle. 1,000 records, 150 flagged; three flagged ones share no
+/// word with the query and fifty unflagged ones do, so the proxy is good
+/// and imperfect.
+fn cascade_fixture(cascade: &str) -> Fixture {
+    let f = Fixture::new(JSON_ARRAY, "");
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    let spec = spec
+        .replacen(
+            "[[stages]]\nname = \"judge\"",
+            "[[stages]]\nname = \"lex\"\ntype = \"bm25\"\nversion = 1\nquery = \"disk failure crash\"\nthreshold = -1\nthen = \"judge\"\n\n[[stages]]\nname = \"judge\"",
+            1,
+        )
+        .replacen(
+            "decision = { pointer = \"/decision\", positive = [\"yes\"], negative = [\"no\"] }",
+            &format!("decision = {{ pointer = \"/decision\", positive = [\"yes\"], negative = [\"no\"] }}\ncascade = {cascade}"),
+            1,
+        );
+    std::fs::write(f.path("spec.toml"), spec).expect("spec");
+    let rows: Vec<Value> = (0..1000)
+        .map(|i| {
+            let (flag, title) = match i {
+                0..147 => (true, format!("disk failure crash on node {i}")),
+                147..150 => (true, format!("node {i} went down")),
+                150..200 => (false, format!("failure drill completed on rack {i}")),
+                _ => (false, format!("routine status report {i}")),
+            };
+            serde_json::json!({"id": i, "flag": flag, "title": title})
+        })
+        .collect();
+    f.input(serde_json::to_string(&rows).expect("rows").as_bytes());
+    f
+}
+
+#[test]
+fn a_cascade_meets_its_target_for_fewer_calls_and_says_so() {
+    let f = cascade_fixture(
+        r#"{ proxy = "lex", target = "recall", at_least = 0.8, delta = 0.1, label_budget = 300 }"#,
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let cert = f.certificate();
+    let report = &cert["stats"]["cascades"]["judge"];
+    assert_eq!(report["met"], true, "{report}");
+    assert_ne!(report["plan"]["type"], "oracle_decides_all", "{report}");
+    let labels = report["labels"].as_u64().expect("labels");
+    assert!(labels > 0 && labels <= 300, "{labels} labels");
+    let proxy = report["proxy_decided"].as_u64().expect("proxy_decided");
+    assert!(proxy > 300, "the proxy decided {proxy} units");
+    // Every model call is a label or a unit left to the oracle, and
+    // together they are fewer than one call per record.
+    let calls = cert["stats"]["model_calls"].as_u64().expect("calls");
+    assert_eq!(
+        calls,
+        report["oracle_calls"].as_u64().expect("oracle calls")
+    );
+    assert!(calls < 1000, "{calls} calls");
+    // The answer reaches the target against the truth.
+    let found: std::collections::BTreeSet<u64> = f
+        .answer_ids()
+        .iter()
+        .filter_map(|id| id.parse().ok())
+        .collect();
+    let kept = (0..150u64).filter(|i| found.contains(i)).count();
+    assert!(kept as f64 >= 0.8 * 150.0, "{kept} of 150 flagged found");
+    let answer: Value =
+        serde_json::from_str(&std::fs::read_to_string(f.path("out/answer.json")).expect("answer"))
+            .expect("json");
+    let quality = answer["quality"][0].as_str().expect("a quality line");
+    assert!(
+        quality.contains("recall ≥ 0.8") && quality.contains("holds"),
+        "{quality}"
+    );
+    let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
+    assert!(md.contains("> **Quality:** stage judge: recall"), "{md}");
+    assert!(md.contains("## Quality of `judge`"), "{md}");
+    assert!(!md.contains("Quality: unmeasured"), "{md}");
+    // The same run again pays for nothing: labels and oracle calls are
+    // the judge's own facts, cached by what it saw.
+    let again = f.run(&[]);
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    assert_eq!(f.certificate()["stats"]["model_calls"], 0);
+}
+
+#[test]
+fn a_labels_oracle_too_small_for_the_target_leaves_it_unmet_and_exits_non_zero() {
+    let f = cascade_fixture(
+        r#"{ proxy = "lex", target = "recall", at_least = 0.95, delta = 0.05, label_budget = 40, labels = "labels.jsonl" }"#,
+    );
+    // A person labelled twenty records.
+    let lines: String = (190..210)
+        .map(|i| {
+            format!(
+                "{{\"id\": {i}, \"decision\": \"{}\"}}\n",
+                if i < 150 { "yes" } else { "no" }
+            )
+        })
+        .collect();
+    std::fs::write(f.path("labels.jsonl"), lines).expect("labels");
+    let o = f.run(&[]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
+    assert!(md.starts_with("# INCOMPLETE"), "{md}");
+    assert!(md.contains("is UNMET"), "{md}");
+    let cert = f.certificate();
+    let report = &cert["stats"]["cascades"]["judge"];
+    assert_eq!(report["met"], false);
+    assert!(report["unlabelled"].as_u64().expect("unlabelled") > 0);
+    // No model is asked when the oracle is a labels file.
+    assert_eq!(cert["stats"]["model_calls"], 0);
+
+    // A label that is not one of the stage's decisions is refused, naming
+    // the file and line.
+    std::fs::write(
+        f.path("labels.jsonl"),
+        "{\"id\": 1, \"decision\": \"maybe\"}\n",
+    )
+    .expect("labels");
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("`labels.jsonl` line 1"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn a_run_without_a_target_says_its_quality_is_unmeasured() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    f.input(br#"[{"id": 1, "flag": true}, {"id": 2, "flag": false}]"#);
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
+    let top: String = md.lines().take(8).collect::<Vec<_>>().join("\n");
+    assert!(top.contains("> **Quality: unmeasured.**"), "{top}");
+    // A cascade whose proxy is not declared before the judge is refused.
+    let f = cascade_fixture(
+        r#"{ proxy = "nowhere", target = "recall", at_least = 0.9, label_budget = 10 }"#,
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the proxy `nowhere` is not a stage declared before this one"),
+        "{}",
+        stderr(&o)
+    );
 }

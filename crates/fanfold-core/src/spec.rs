@@ -565,6 +565,59 @@ pub struct MapStageSpec {
     /// Sends the units this stage could not decide alone to a `widen`
     /// stage declared after it, whose fact then answers for the unit.
     pub widen: Option<WidenOn>,
+    /// A quality target the stage meets at the least cost: a proxy's
+    /// score decides the units it is proven sure of, the oracle the rest.
+    #[serde(default)]
+    pub cascade: Option<CascadeSpec>,
+}
+
+/// A cascade in front of a map stage's model. A cheap proxy (an earlier
+/// stage's score of each unit) decides the units it is proven sure of;
+/// the oracle (the stage's own backend, or a labels file) decides the
+/// rest; the declared target holds with probability at least 1 − `delta`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CascadeSpec {
+    /// The stage declared before this one whose facts score each unit
+    /// (an `embed` or `bm25` stage): higher is more likely positive.
+    pub proxy: String,
+    /// JSON pointer to the score in the proxy's facts.
+    #[serde(default = "default_score_pointer")]
+    pub score: String,
+    pub target: QualityMetric,
+    pub at_least: f64,
+    #[serde(default = "default_delta")]
+    pub delta: f64,
+    /// The most distinct labels the oracle is asked for to set the
+    /// thresholds (units with the same view share one).
+    pub label_budget: usize,
+    /// JSONL file of `{"id": ..., "decision": ...}` lines, relative to the
+    /// spec: the oracle's labels (a person's, a data set's own). Without
+    /// it, the stage's own backend is the oracle. A unit left to a labels
+    /// oracle that has no label leaves the target unmet.
+    pub labels: Option<String>,
+    #[serde(default)]
+    pub seed: u64,
+    /// The proxy's own decision boundary, for an accuracy target: a score
+    /// at or above it is positive. Defaults to the middle of the scores.
+    pub cut: Option<f64>,
+}
+
+/// What a quality target measures, against the oracle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum QualityMetric {
+    Recall,
+    Precision,
+    Accuracy,
+}
+
+fn default_score_pointer() -> String {
+    "/score".into()
+}
+
+fn default_delta() -> f64 {
+    0.1
 }
 
 /// When a map stage asks for a wider context, and where it is read.

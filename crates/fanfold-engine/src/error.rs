@@ -56,6 +56,12 @@ pub enum RunError {
     },
     #[error("contract bound on unit {unit}: {detail}")]
     Bound { unit: String, detail: String },
+    #[error("stage `{stage}` cascade, unit {unit}: {detail}")]
+    Cascade {
+        stage: String,
+        unit: String,
+        detail: String,
+    },
     #[error("the stored source {hash} is missing chunk {seq}; the store is damaged")]
     MissingChunk { hash: String, seq: usize },
     #[error("no unit at position {index} of the run's unit table")]
@@ -79,7 +85,8 @@ impl RunError {
             | RunError::Project { .. }
             | RunError::SelectRule { .. }
             | RunError::Group { .. }
-            | RunError::Bound { .. } => ErrorCategory::Input,
+            | RunError::Bound { .. }
+            | RunError::Cascade { .. } => ErrorCategory::Input,
             RunError::Backend { .. } | RunError::Embed { .. } => ErrorCategory::Configuration,
             RunError::Store(_)
             | RunError::MissingChunk { .. }

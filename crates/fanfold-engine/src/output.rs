@@ -118,6 +118,10 @@ fn pretty<T: serde::Serialize>(v: &T) -> String {
     s
 }
 
+/// What answer.md and the report say when no stage declares a quality
+/// target.
+pub const UNMEASURED: &str = "No stage declares a quality target, so nothing measured how many of these decisions are right: \"complete\" means every unit the contract needs was decided, not that the decisions are correct. Declare a `cascade` target on the judge to have it proven.";
+
 pub fn markdown(report: &RunReport) -> String {
     let a = &report.answer;
     let c = &report.certificate;
@@ -148,6 +152,14 @@ pub fn markdown(report: &RunReport) -> String {
     // reason alone.
     for note in &c.notes {
         let _ = writeln!(out, "> **Warning:** {}\n", md_text(note));
+    }
+    // Complete is not correct: a reader learns here whether anything
+    // measured how good the answer is.
+    if a.quality.is_empty() {
+        let _ = writeln!(out, "> **Quality: unmeasured.** {UNMEASURED}\n");
+    }
+    for line in &a.quality {
+        let _ = writeln!(out, "> **Quality:** {}\n", md_text(line));
     }
     if let Some(reached) = a.reached {
         let _ = writeln!(out, "Threshold reached: **{reached}**{sim}\n");

@@ -55,6 +55,11 @@ pub struct Answer {
     pub incomplete: Vec<String>,
     /// For a threshold contract: whether the threshold was reached.
     pub reached: Option<bool>,
+    /// What is proven of the answer's quality, one line per declared
+    /// quality target; empty when none is declared: the quality is then
+    /// unmeasured, and answer.md says so at the top.
+    #[serde(default)]
+    pub quality: Vec<String>,
     pub items: Vec<AnswerItem>,
     pub themes: Vec<Theme>,
     pub statuses: StatusCounts,

@@ -218,6 +218,7 @@ pub fn run(
             labels: HashMap::new(),
             proposal: Proposal::new(config, scores),
             draws: 0,
+            held: None,
         };
         return Ok(sampler.finish(&Candidate::All, Proof::exact(1.0)));
     }
@@ -230,8 +231,9 @@ pub fn run(
         labels: HashMap::new(),
         proposal: Proposal::new(config, scores),
         draws: 0,
+        held: None,
     };
-    let mut rng = SplitMix(config.seed ^ 0x6361_7363_6164_6521);
+    let mut rng = generator(config);
     // Learn, then test. The first part of the budget orders the plans: the
     // most aggressive plan these labels pass at a lenient level shows
     // where the proof should start. Fresh draws then test the plans in
@@ -278,6 +280,46 @@ pub fn run(
     let (k, proof) = chosen;
     let plan = candidates.get(k).unwrap_or(&Candidate::All);
     Ok(sampler.finish(plan, proof))
+}
+
+/// The generator a cascade's draws come from.
+fn generator(config: &Config) -> SplitMix {
+    SplitMix(config.seed ^ 0x6361_7363_6164_6521)
+}
+
+/// The units a cascade with this configuration may ask the oracle about,
+/// first of each key, in the order it would ask. Its draws do not depend
+/// on the labels, so an oracle best asked in bulk (a model's slots) can
+/// label all of these first; the cascade asks for a prefix of them, at
+/// most `label_budget` keys.
+pub fn label_draws(config: &Config, scores: &[f64], keys: &[u64]) -> Vec<usize> {
+    if scores.is_empty() || scores.len() != keys.len() {
+        return Vec::new();
+    }
+    let proposal = Proposal::new(config, scores);
+    let mut rng = generator(config);
+    let distinct = keys.iter().collect::<std::collections::HashSet<_>>().len();
+    let want = config.label_budget.min(distinct);
+    // Both phases together never draw more than this.
+    let most = config
+        .label_budget
+        .saturating_mul(50)
+        .saturating_add(1000)
+        .saturating_mul(2);
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for _ in 0..most {
+        if seen.len() >= want {
+            break;
+        }
+        let unit = proposal.draw(rng.unit());
+        if let Some(&key) = keys.get(unit)
+            && seen.insert(key)
+        {
+            out.push(unit);
+        }
+    }
+    out
 }
 
 /// What a passed test showed of a plan.
@@ -407,6 +449,9 @@ struct Sampler<'a> {
     proposal: Proposal,
     /// Draws so far, learning and proof together.
     draws: usize,
+    /// A unit drawn when the learning budget ran out, taken first by the
+    /// proof.
+    held: Option<usize>,
 }
 
 /// How sure a test must be that a plan fails before the cascade stops
@@ -457,9 +502,15 @@ impl Sampler<'_> {
             if self.labels.len() >= distinct_keys || draws.len() >= max_draws {
                 return false;
             }
-            let unit = self.proposal.draw(rng.unit());
+            let unit = self
+                .held
+                .take()
+                .unwrap_or_else(|| self.proposal.draw(rng.unit()));
             if self.known(unit).is_none() {
                 if self.labels.len() >= budget {
+                    // Kept for the next phase: the units considered are
+                    // the generator's sequence, whatever the phases.
+                    self.held = Some(unit);
                     return false;
                 }
                 let y = oracle(unit);
@@ -1042,6 +1093,35 @@ mod tests {
             assert!(
                 proxy_decided > trials as usize * 800,
                 "{metric:?}: the proxy decided only {proxy_decided} units over {trials} trials"
+            );
+        }
+    }
+
+    #[test]
+    fn the_oracle_is_asked_only_about_units_drawn_in_advance() {
+        let (scores, truth) = synthetic_population(9, 2000, 0.2, 2.5);
+        let keys: Vec<u64> = (0..scores.len() as u64).map(|k| k % 700).collect();
+        let target = Target {
+            metric: Metric::Recall,
+            at_least: 0.9,
+            delta: 0.1,
+        };
+        let config = Config::new(target, 300, 9);
+        let drawn: std::collections::HashSet<usize> =
+            label_draws(&config, &scores, &keys).into_iter().collect();
+        assert!(drawn.len() <= 300);
+        let mut asked = Vec::new();
+        let outcome = run(&config, &scores, &keys, &mut |i| {
+            asked.push(i);
+            Some(truth[i])
+        })
+        .expect("runs");
+        assert_eq!(outcome.labels, asked.len());
+        assert!(!asked.is_empty());
+        for i in asked {
+            assert!(
+                drawn.contains(&i),
+                "unit {i} was asked but not drawn in advance"
             );
         }
     }

@@ -97,6 +97,7 @@ impl ChunkStage {
             canaries: None,
             breaker: None,
             widen: None,
+            cascade: None,
         };
         let turn = MapStage::new(turn_spec, rubric, output_schema(spec.size))?;
         let mut h = StableHasher::new(Bucket::ChunkDef);

@@ -178,6 +178,7 @@ impl ClusterStage {
             canaries: None,
             breaker: None,
             widen: None,
+            cascade: None,
         };
         let turn = MapStage::new(turn_spec, rubric, output_schema(spec.max_themes, None))?;
         let mut h = StableHasher::new(Bucket::ClusterDef);

@@ -576,6 +576,7 @@ mod tests {
             canaries: None,
             breaker: None,
             widen: None,
+            cascade: None,
         };
         let schema = json!({
             "type": "object",

@@ -96,6 +96,17 @@ impl<'a> FactLedger<'a> {
             .copied()
     }
 
+    /// The number at `pointer` in each unit's fact at `stage` (a score a
+    /// later stage reads), by table position; units without one are absent.
+    pub fn numbers(&self, stage: &str, pointer: &str) -> HashMap<usize, f64> {
+        self.lock()
+            .facts
+            .iter()
+            .filter(|(_, f)| f.stage == stage)
+            .filter_map(|(i, f)| Some((*i, f.facts.pointer(pointer)?.as_f64()?)))
+            .collect()
+    }
+
     /// Table positions of the units `stage` ended as negative, in table
     /// order.
     pub fn negatives_of(&self, stage: &str) -> Vec<usize> {

@@ -191,6 +191,23 @@ impl Shared {
     }
 }
 
+/// The score each unit got from the stages that score (BM25, embedding
+/// similarity), published for every unit a stage saw, passed on or not:
+/// a later stage may use one as a proxy (a cascade) though a passed unit
+/// has no fact of the scoring stage.
+#[derive(Default)]
+pub struct UnitScores(HashMap<String, HashMap<usize, f64>>);
+
+impl UnitScores {
+    pub fn put(&mut self, stage: &str, scores: impl IntoIterator<Item = (usize, f64)>) {
+        self.0.entry(stage.to_owned()).or_default().extend(scores);
+    }
+
+    pub fn of(&self, stage: &str) -> Option<&HashMap<usize, f64>> {
+        self.0.get(stage)
+    }
+}
+
 /// `spec` under no contract: a stage's own model turn decides every unit
 /// sent to it, and no bound is asked of it.
 pub fn uncontracted(spec: &Spec) -> Spec {
@@ -428,6 +445,12 @@ pub trait Stage: Send + Sync {
     /// answer's own.
     fn cited(&self, _stats: &RunStats) -> Vec<UnitId> {
         Vec::new()
+    }
+    /// What the stage proved of the answer's quality (a declared target,
+    /// its estimate, whether it holds), if it declares a target. A run in
+    /// which no stage does says its quality is unmeasured.
+    fn quality(&self, _stats: &RunStats) -> Option<String> {
+        None
     }
     /// The stage's section of answer.md, if it adds one; `simulated` is
     /// the label to put beside its heading.

@@ -336,6 +336,11 @@ fn run_begun(
     stats.wall_ms = stats.phases_ms.iter().map(|(_, ms)| ms).sum();
     let simulated = backends.infos.iter().any(|b| b.simulated);
     let complete = incomplete.is_empty();
+    let quality: Vec<String> = plan
+        .stages
+        .iter()
+        .filter_map(|s| s.quality(&stats))
+        .collect();
     let excluded = routed.excluded_by_reason.values().sum();
     let certificate = Certificate {
         schema: "fanfold.certificate/v2".into(),
@@ -393,6 +398,7 @@ fn run_begun(
         complete,
         incomplete,
         reached: answered.reached,
+        quality,
         items: answered.items,
         themes: answered.themes,
         statuses,

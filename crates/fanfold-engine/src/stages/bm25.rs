@@ -149,6 +149,9 @@ impl Stage for Bm25Runner {
             seed: 0,
             simulated: false,
         };
+        if let Some(published) = ctx.shared.get::<crate::kit::UnitScores>() {
+            published.put(stage.name(), units.iter().copied().zip(scores.iter().copied()));
+        }
         let mut passed = Vec::new();
         for (&i, &score) in units.iter().zip(&scores) {
             let kept = score >= sp.threshold;

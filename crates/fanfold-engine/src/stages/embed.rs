@@ -168,6 +168,9 @@ impl Stage for EmbedRunner {
             ctx.store,
             embedders(ctx, &self.stage)?,
         )?;
+        if let Some(published) = ctx.shared.get::<crate::kit::UnitScores>() {
+            published.put(name, outcome.scores.iter().copied());
+        }
         for (i, fact, origin) in outcome.ended {
             ctx.progress.unit_finished(name, fact.status);
             ctx.ledger.record(i, fact, origin);
@@ -224,6 +227,9 @@ struct EmbedOutcome {
     ended: Vec<(usize, FactRecord, Origin)>,
     /// Units that go on to the stage's `then`.
     passed: Vec<usize>,
+    /// Every unit's similarity score, for the stages that use it as a
+    /// proxy.
+    scores: Vec<(usize, f64)>,
     stats: EmbedStats,
 }
 
@@ -350,6 +356,7 @@ fn run_stage(
     let mut out = EmbedOutcome {
         ended: Vec::new(),
         passed: Vec::new(),
+        scores: Vec::new(),
         stats: EmbedStats {
             model_id: model_id.clone(),
             units: indices.len() as u64,
@@ -441,6 +448,9 @@ fn run_stage(
         keep_top(stage, k, &mut decided);
     }
     for (i, fact, origin) in decided {
+        if let Some(score) = fact.facts.get("score").and_then(serde_json::Value::as_f64) {
+            out.scores.push((i, score));
+        }
         if fact.status == Status::Positive && stage.spec.then.is_some() {
             // A passed unit's fact is stored, so a rerun knows where it went.
             if origin == Origin::Fresh {

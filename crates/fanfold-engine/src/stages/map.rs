@@ -63,6 +63,8 @@ pub struct MapRunner {
     /// Records with known decisions, mixed into the stage's first paid
     /// units; never answers.
     canaries: Vec<Canary>,
+    /// A declared quality target, met by a cascade in front of the model.
+    cascade: Option<super::map_cascade::CascadeRun>,
 }
 
 /// A record whose decision is known, from the stage's canary file.
@@ -154,7 +156,17 @@ impl MapRunner {
             file: s.output_schema.clone(),
             detail: e.to_string(),
         })?;
-        MapRunner::from_parts(s, rubric, schema, schema_text, ctx)
+        let mut runner = MapRunner::from_parts(s, rubric, schema, schema_text, ctx)?;
+        runner.cascade = s
+            .cascade
+            .as_ref()
+            .map(|c| super::map_cascade::CascadeRun::build(s, c, ctx))
+            .transpose()?;
+        Ok(runner)
+    }
+
+    pub(crate) fn stage(&self) -> &MapStage {
+        &self.stage
     }
 
     /// A map stage from its rubric and schema as given, for stages that
@@ -211,7 +223,11 @@ impl MapRunner {
             path: ctx.path(),
             source,
         })?;
-        Ok(MapRunner { stage, canaries })
+        Ok(MapRunner {
+            stage,
+            canaries,
+            cascade: None,
+        })
     }
 
     pub(crate) fn projector(&self) -> Result<Projector, RunError> {
@@ -358,6 +374,9 @@ impl Stage for MapRunner {
             }
             let _ = writeln!(out, "    widens to {} on {}", w.stage, when.join(" or "));
         }
+        if let Some(c) = &self.cascade {
+            let _ = writeln!(out, "    {}", c.explain(sp));
+        }
     }
 
     fn count_cached(
@@ -380,11 +399,26 @@ impl Stage for MapRunner {
             projector: self.projector()?,
             table: ctx.table,
         };
-        self.run_views(ctx, units, &views)
+        match &self.cascade {
+            Some(c) => c.run(self, ctx, units, &views),
+            None => self.run_views(ctx, units, &views),
+        }
     }
 
     fn report_key(&self) -> Option<&'static str> {
         Some(REPORT)
+    }
+
+    fn quality(&self, stats: &crate::kit::RunStats) -> Option<String> {
+        super::map_cascade::quality(stats, self.name())
+    }
+
+    fn shortfalls(&self, stats: &crate::kit::RunStats) -> Vec<String> {
+        super::map_cascade::shortfalls(stats, self.name())
+    }
+
+    fn answer_section(&self, stats: &crate::kit::RunStats, _simulated: &str) -> Option<String> {
+        super::map_cascade::answer_section(stats, self.name())
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

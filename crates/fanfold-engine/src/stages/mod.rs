@@ -30,3 +30,6 @@ macro_rules! registry {
 }
 
 fanfold_core::stage_kinds!(registry);
+
+/// The cascade a map stage may declare in front of its model.
+pub mod map_cascade;

@@ -97,6 +97,7 @@ impl SelectRunner {
                     canaries: None,
                     breaker: None,
                     widen: None,
+                    cascade: None,
                 };
                 let schema = catalog.output_schema();
                 let text = serde_json::to_string_pretty(&schema).unwrap_or_default();
