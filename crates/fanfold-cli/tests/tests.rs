@@ -4610,7 +4610,7 @@ fn cascade_fixture(cascade: &str) -> Fixture {
 #[test]
 fn a_cascade_meets_its_target_for_fewer_calls_and_says_so() {
     let f = cascade_fixture(
-        r#"{ proxy = "lex", target = "recall", at_least = 0.8, delta = 0.1, label_budget = 300 }"#,
+        r#"{ proxy = "lex", target = "recall", at_least = 0.7, delta = 0.1, label_budget = 300 }"#,
     );
     let o = f.run(&[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -4637,13 +4637,13 @@ fn a_cascade_meets_its_target_for_fewer_calls_and_says_so() {
         .filter_map(|id| id.parse().ok())
         .collect();
     let kept = (0..150u64).filter(|i| found.contains(i)).count();
-    assert!(kept as f64 >= 0.8 * 150.0, "{kept} of 150 flagged found");
+    assert!(kept as f64 >= 0.7 * 150.0, "{kept} of 150 flagged found");
     let answer: Value =
         serde_json::from_str(&std::fs::read_to_string(f.path("out/answer.json")).expect("answer"))
             .expect("json");
     let quality = answer["quality"][0].as_str().expect("a quality line");
     assert!(
-        quality.contains("recall ≥ 0.8") && quality.contains("holds"),
+        quality.contains("recall ≥ 0.7") && quality.contains("holds"),
         "{quality}"
     );
     let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
@@ -4655,6 +4655,23 @@ fn a_cascade_meets_its_target_for_fewer_calls_and_says_so() {
     let again = f.run(&[]);
     assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
     assert_eq!(f.certificate()["stats"]["model_calls"], 0);
+    // An edit to one record moves only that record's draws: the labels
+    // the cascade asks again are at most that record's and one that takes
+    // its place in the budget.
+    let input = std::fs::read_to_string(f.path("input.data")).expect("input");
+    let edited = input.replacen(
+        "routine status report 500",
+        "routine status report 500, rechecked",
+        1,
+    );
+    assert_ne!(input, edited);
+    f.input(edited.as_bytes());
+    let edit = f.run(&[]);
+    assert_eq!(edit.status.code(), Some(0), "{}", stderr(&edit));
+    let calls = f.certificate()["stats"]["model_calls"]
+        .as_u64()
+        .expect("calls");
+    assert!(calls <= 2, "an edit to one record paid {calls} calls");
 }
 
 #[test]

@@ -19,12 +19,16 @@
 //!   size at once. Testing again as labels arrive, and stopping when the
 //!   budget ends, costs nothing extra.
 //! - Learn, then test. A first third of the budget orders the candidate
-//!   plans: it shows which plan the proof should start from. Fresh draws
-//!   then test the plans from there in a fixed order, safest first,
-//!   stopping at the first that is not proven. The first plan that truly
-//!   misses the target would have to be wrongly passed for any error to
-//!   happen, so no union bound over the candidates is paid, and only the
-//!   fresh draws enter the proof.
+//!   plans, those its draws prove best first. Fresh draws then test them
+//!   in that order, fixed before they are drawn, stopping at the first
+//!   that is not proven, and the most aggressive proven plan is chosen.
+//!   Fixed-sequence testing bounds the chance that any proven plan misses
+//!   the target by δ whatever the order, so no union bound over the
+//!   candidates is paid; only the fresh draws enter the proof.
+//! - Draws are the arrivals of one Poisson process a unit, of rate its
+//!   proposal probability, seeded by the unit's label key: an edit to one
+//!   unit moves only that unit's draws, so a rerun asks again only for
+//!   what changed.
 //! - The safest plan, the oracle deciding every unit, needs no proof: it
 //!   is what the cascade falls back to when nothing else is proven.
 //! - A label the oracle could not give counts against every plan.
@@ -233,37 +237,39 @@ pub fn run(
         draws: 0,
         held: None,
     };
-    let mut rng = generator(config);
-    // Learn, then test. The first part of the budget orders the plans: the
-    // most aggressive plan these labels pass at a lenient level shows
-    // where the proof should start. Fresh draws then test the plans in
-    // that fixed order, a little safer first, at δ. Only the second part's
-    // draws enter the proof, so its order does not depend on them.
+    let mut arrivals = sampler.proposal.arrivals(config.seed, keys);
+    // Learn, then test. The first part of the budget orders the plans:
+    // those its draws support most strongly come first. Fresh draws then
+    // test the plans in that order at δ, stopping at the first that is not
+    // proven, and the most aggressive proven plan is chosen. Testing in an
+    // order fixed before the proof's draws bounds the chance that any
+    // proven plan misses the target by δ, whatever the order; only the
+    // second part's draws enter the proof.
     let learn_budget = (config.label_budget / 3).max(config.label_budget.min(30));
-    let learn = sampler.sample(&mut rng, oracle, learn_budget, distinct_keys);
-    // Each plan on its own (no order yet). The most aggressive that passes
-    // at a fifth of δ, a step safer (it won a comparison on these draws),
-    // is where the proof starts; failing that, three steps safer than the
-    // most aggressive that passes at a lenient level.
-    let passes = |sampler: &Sampler<'_>, delta: f64| {
-        (1..candidates.len()).rev().find(|&k| {
-            candidates
-                .get(k)
-                .is_some_and(|c| matches!(sampler.test(c, &learn, delta), Verdict::Proven(_)))
-        })
+    let learn = sampler.sample(&mut arrivals, oracle, learn_budget, distinct_keys);
+    // How far the learning draws prove each plan, at δ: the plans they
+    // prove best are the likeliest to pass again on fresh draws.
+    let support = |k: usize| -> f64 {
+        match candidates
+            .get(k)
+            .map(|c| sampler.test(c, &learn, config.target.delta))
+        {
+            Some(Verdict::Proven(p)) => p.lower_bound,
+            Some(Verdict::Undecided { lower_bound }) => lower_bound,
+            Some(Verdict::Refuted) | None => -1.0,
+        }
     };
-    let start = passes(&sampler, config.target.delta / 5.0)
-        .map(|k| k.saturating_sub(1))
-        .or_else(|| passes(&sampler, LEARN_DELTA).map(|k| k.saturating_sub(3)))
-        .unwrap_or(1)
-        .max(1);
+    let mut order: Vec<(f64, usize)> = (1..candidates.len()).map(|k| (support(k), k)).collect();
+    // Best proven first; among equals, the safer plan first.
+    order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let order: Vec<usize> = order.into_iter().map(|(_, k)| k).collect();
     let mut proof_draws: Vec<usize> = Vec::new();
     let mut look: usize = 16;
     let chosen = loop {
         let batch = look.saturating_sub(proof_draws.len()).max(1);
         let before = proof_draws.len();
         let more = sampler.sample_into(
-            &mut rng,
+            &mut arrivals,
             oracle,
             config.label_budget,
             distinct_keys,
@@ -272,7 +278,7 @@ pub fn run(
         );
         look += look / 2;
         let finished = !more || proof_draws.len() == before;
-        let (proven, stop) = sampler.walk(&candidates, start, &proof_draws, config.target.delta);
+        let (proven, stop) = sampler.walk(&candidates, &order, &proof_draws, config.target.delta);
         if finished || stop {
             break proven;
         }
@@ -280,11 +286,6 @@ pub fn run(
     let (k, proof) = chosen;
     let plan = candidates.get(k).unwrap_or(&Candidate::All);
     Ok(sampler.finish(plan, proof))
-}
-
-/// The generator a cascade's draws come from.
-fn generator(config: &Config) -> SplitMix {
-    SplitMix(config.seed ^ 0x6361_7363_6164_6521)
 }
 
 /// The units a cascade with this configuration may ask the oracle about,
@@ -297,7 +298,7 @@ pub fn label_draws(config: &Config, scores: &[f64], keys: &[u64]) -> Vec<usize> 
         return Vec::new();
     }
     let proposal = Proposal::new(config, scores);
-    let mut rng = generator(config);
+    let mut arrivals = proposal.arrivals(config.seed, keys);
     let distinct = keys.iter().collect::<std::collections::HashSet<_>>().len();
     let want = config.label_budget.min(distinct);
     // Both phases together never draw more than this.
@@ -312,7 +313,9 @@ pub fn label_draws(config: &Config, scores: &[f64], keys: &[u64]) -> Vec<usize> 
         if seen.len() >= want {
             break;
         }
-        let unit = proposal.draw(rng.unit());
+        let Some(unit) = arrivals.next() else {
+            break;
+        };
         if let Some(&key) = keys.get(unit)
             && seen.insert(key)
         {
@@ -345,13 +348,62 @@ enum Verdict {
     /// The plan's errors are likely above what the target allows: more
     /// labels would be spent for nothing.
     Refuted,
-    Undecided,
+    /// Not proven yet; what the draws prove of the metric so far.
+    Undecided {
+        lower_bound: f64,
+    },
 }
 
 /// The distribution the labels are drawn from, over every unit.
 struct Proposal {
     probabilities: Vec<f64>,
-    cumulative: Vec<f64>,
+}
+
+/// Draws with replacement from a proposal, as the superposition of one
+/// Poisson process a unit, of rate its probability: the next arrival is
+/// unit `i` with probability `q_i`, independently of the past. A unit's
+/// arrival times depend only on its own rate and on its key, so an edit
+/// to one unit moves that unit's draws and leaves the others' (a uniform
+/// rescaling of every rate keeps their order): a rerun after an edit asks
+/// for the labels it already has.
+struct Arrivals {
+    /// (arrival time as ordered bits, unit, arrivals so far).
+    next: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize, u64)>>,
+    rates: Vec<f64>,
+    salts: Vec<u64>,
+    seed: u64,
+}
+
+impl Arrivals {
+    /// Unit `i`'s arrival after time `after`, its `k`-th.
+    fn arrival(&self, i: usize, k: u64, after: f64) -> Option<(u64, usize, u64)> {
+        let rate = *self.rates.get(i)?;
+        if rate <= 0.0 {
+            return None;
+        }
+        let salt = *self.salts.get(i)?;
+        let mut h = SplitMix(
+            self.seed
+                ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ k.wrapping_mul(0xD1B5_4A32_D192_ED03),
+        );
+        let u = 1.0 - h.unit();
+        let t = after + (-u.ln()) / rate;
+        // Nonnegative floats order as their bits.
+        Some((t.to_bits(), i, k))
+    }
+}
+
+impl Iterator for Arrivals {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        let std::cmp::Reverse((bits, i, k)) = self.next.pop()?;
+        if let Some(a) = self.arrival(i, k + 1, f64::from_bits(bits)) {
+            self.next.push(std::cmp::Reverse(a));
+        }
+        Some(i)
+    }
 }
 
 impl Proposal {
@@ -379,8 +431,6 @@ impl Proposal {
         let total: f64 = g.iter().sum();
         let a = config.uniform_share;
         let mut probabilities = Vec::with_capacity(n);
-        let mut cumulative = Vec::with_capacity(n);
-        let mut acc = 0.0;
         for gi in &g {
             let lean = if total > 0.0 {
                 gi / total
@@ -388,22 +438,35 @@ impl Proposal {
                 1.0 / n as f64
             };
             let q = a / n as f64 + (1.0 - a) * lean;
-            acc += q;
             probabilities.push(q);
-            cumulative.push(acc);
         }
-        Proposal {
-            probabilities,
-            cumulative,
-        }
+        Proposal { probabilities }
     }
 
-    /// The unit a uniform number in [0, 1) falls on.
-    fn draw(&self, u: f64) -> usize {
-        let total = self.cumulative.last().copied().unwrap_or(1.0);
-        self.cumulative
-            .partition_point(|&c| c <= u * total)
-            .min(self.cumulative.len().saturating_sub(1))
+    /// The draws, seeded: a unit's arrivals are salted by its key (and
+    /// its place among the units sharing that key).
+    fn arrivals(&self, seed: u64, keys: &[u64]) -> Arrivals {
+        let mut seen: HashMap<u64, u64> = HashMap::new();
+        let salts = keys
+            .iter()
+            .map(|&k| {
+                let n = seen.entry(k).or_insert(0);
+                *n += 1;
+                k ^ n.wrapping_mul(0xA24B_AED4_963E_E407)
+            })
+            .collect();
+        let mut a = Arrivals {
+            next: std::collections::BinaryHeap::new(),
+            rates: self.probabilities.clone(),
+            salts,
+            seed: seed ^ 0x6361_7363_6164_6521,
+        };
+        let first: Vec<_> = (0..a.rates.len())
+            .filter_map(|i| a.arrival(i, 0, 0.0))
+            .map(std::cmp::Reverse)
+            .collect();
+        a.next = first.into();
+        a
     }
 
     /// The draws that land in `region` are a sample from the proposal
@@ -458,9 +521,6 @@ struct Sampler<'a> {
 /// spending labels on it.
 const GIVE_UP_DELTA: f64 = 0.2;
 
-/// The lenient level at which the learning draws order the plans.
-const LEARN_DELTA: f64 = 0.5;
-
 impl Sampler<'_> {
     fn score(&self, i: usize) -> f64 {
         self.scores.get(i).copied().unwrap_or(f64::NEG_INFINITY)
@@ -474,13 +534,13 @@ impl Sampler<'_> {
     /// the draws stop costing anything), and returns the draws.
     fn sample(
         &mut self,
-        rng: &mut SplitMix,
+        arrivals: &mut Arrivals,
         oracle: &mut dyn FnMut(usize) -> Option<bool>,
         budget: usize,
         distinct_keys: usize,
     ) -> Vec<usize> {
         let mut draws = Vec::new();
-        while self.sample_into(rng, oracle, budget, distinct_keys, 64, &mut draws) {}
+        while self.sample_into(arrivals, oracle, budget, distinct_keys, 64, &mut draws) {}
         draws
     }
 
@@ -488,7 +548,7 @@ impl Sampler<'_> {
     /// pass `budget`, every key is known, or too many draws were free.
     fn sample_into(
         &mut self,
-        rng: &mut SplitMix,
+        arrivals: &mut Arrivals,
         oracle: &mut dyn FnMut(usize) -> Option<bool>,
         budget: usize,
         distinct_keys: usize,
@@ -502,10 +562,9 @@ impl Sampler<'_> {
             if self.labels.len() >= distinct_keys || draws.len() >= max_draws {
                 return false;
             }
-            let unit = self
-                .held
-                .take()
-                .unwrap_or_else(|| self.proposal.draw(rng.unit()));
+            let Some(unit) = self.held.take().or_else(|| arrivals.next()) else {
+                return false;
+            };
             if self.known(unit).is_none() {
                 if self.labels.len() >= budget {
                     // Kept for the next phase: the units considered are
@@ -524,24 +583,31 @@ impl Sampler<'_> {
         true
     }
 
-    /// Tests the plans from `start` in their fixed order on `draws` at
-    /// `delta`, and returns the last proven (with its proof), and whether
-    /// sampling should stop: every plan is proven, or the first unproven
-    /// one is refuted.
+    /// Tests the plans in `order` on `draws` at `delta`, stopping at the
+    /// first not proven, and returns the most aggressive proven (with its
+    /// proof), and whether sampling should stop: every plan is proven, or
+    /// the first unproven one is refuted.
     fn walk(
         &self,
         candidates: &[Candidate],
-        start: usize,
+        order: &[usize],
         draws: &[usize],
         delta: f64,
     ) -> ((usize, Proof), bool) {
         // The safest plan needs no proof: the oracle is the truth.
         let mut proven = (0, Proof::exact(1.0));
-        for (k, c) in candidates.iter().enumerate().skip(start) {
+        for &k in order {
+            let Some(c) = candidates.get(k) else {
+                continue;
+            };
             match self.test(c, draws, delta) {
-                Verdict::Proven(proof) => proven = (k, proof),
+                Verdict::Proven(proof) => {
+                    if k > proven.0 {
+                        proven = (k, proof);
+                    }
+                }
                 Verdict::Refuted => return (proven, true),
-                Verdict::Undecided => return (proven, false),
+                Verdict::Undecided { .. } => return (proven, false),
             }
         }
         (proven, true)
@@ -613,29 +679,29 @@ impl Sampler<'_> {
         };
         let kept_low = share(&pos, pos_bound, true, t.delta / 2.0);
         let limit = allowed(kept_low) / err_bound;
+        let metric = |errors: f64, kept_share: f64| -> f64 {
+            let v = match t.metric {
+                Metric::Recall => {
+                    let tp = kept_share * kept_size as f64;
+                    if tp + errors > 0.0 {
+                        tp / (tp + errors)
+                    } else {
+                        1.0
+                    }
+                }
+                Metric::Precision => 1.0 - errors / size.max(1) as f64,
+                Metric::Accuracy => 1.0 - errors / n as f64,
+            };
+            v.clamp(0.0, 1.0)
+        };
+        let err_high = || share(&errs, err_bound, false, delta_e) * size as f64;
         if limit > 0.0 && below(&errs, limit, delta_e) {
             let rate = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len().max(1) as f64;
             let err_hat = (rate(&errs) * err_bound).min(1.0) * size as f64;
-            let err_high = share(&errs, err_bound, false, delta_e) * size as f64;
-            let metric = |errors: f64, kept_share: f64| -> f64 {
-                let v = match t.metric {
-                    Metric::Recall => {
-                        let tp = kept_share * kept_size as f64;
-                        if tp + errors > 0.0 {
-                            tp / (tp + errors)
-                        } else {
-                            1.0
-                        }
-                    }
-                    Metric::Precision => 1.0 - errors / size.max(1) as f64,
-                    Metric::Accuracy => 1.0 - errors / n as f64,
-                };
-                v.clamp(0.0, 1.0)
-            };
             let kept_hat = (rate(&pos) * pos_bound).min(1.0);
             return Verdict::Proven(Proof {
                 estimate: metric(err_hat, kept_hat),
-                lower_bound: metric(err_high, kept_low),
+                lower_bound: metric(err_high(), kept_low),
                 exact: false,
             });
         }
@@ -643,7 +709,9 @@ impl Sampler<'_> {
         if above(&errs, allowed(kept_high) / err_bound, GIVE_UP_DELTA) {
             return Verdict::Refuted;
         }
-        Verdict::Undecided
+        Verdict::Undecided {
+            lower_bound: metric(err_high(), kept_low),
+        }
     }
 
     /// A plan whose every unit that matters is labelled is judged on the
@@ -1124,6 +1192,37 @@ mod tests {
                 "unit {i} was asked but not drawn in advance"
             );
         }
+    }
+
+    #[test]
+    fn an_edit_to_one_unit_moves_only_that_units_draws() {
+        let (scores, _) = synthetic_population(4, 2000, 0.2, 2.5);
+        let keys: Vec<u64> = (0..scores.len() as u64).map(|k| k * 7919).collect();
+        let target = Target {
+            metric: Metric::Recall,
+            at_least: 0.9,
+            delta: 0.1,
+        };
+        let config = Config::new(target, 300, 4);
+        let before: std::collections::HashSet<u64> = label_draws(&config, &scores, &keys)
+            .into_iter()
+            .map(|i| keys[i])
+            .collect();
+        // Unit 5 is edited: new content (a new key) and a new score.
+        let (mut scores2, mut keys2) = (scores.clone(), keys.clone());
+        scores2[5] = 1.0 - scores[5];
+        keys2[5] = 42;
+        let after: std::collections::HashSet<u64> = label_draws(&config, &scores2, &keys2)
+            .into_iter()
+            .map(|i| keys2[i])
+            .collect();
+        // At most the edited unit, and one unit that takes its place in
+        // the budget if the edit moved it out of the sample.
+        let asked_again: Vec<&u64> = after.difference(&before).collect();
+        assert!(
+            asked_again.iter().filter(|&&&k| k != 42).count() <= 1,
+            "an edit to one unit asks for {asked_again:?}"
+        );
     }
 
     #[test]
