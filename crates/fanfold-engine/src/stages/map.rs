@@ -165,9 +165,7 @@ impl MapRunner {
         Ok(runner)
     }
 
-    pub(crate) fn stage(&self) -> &MapStage {
-        &self.stage
-    }
+
 
     /// A map stage from its rubric and schema as given, for stages that
     /// build their model turn themselves (a select's scorer); both go into
@@ -400,7 +398,14 @@ impl Stage for MapRunner {
             table: ctx.table,
         };
         match &self.cascade {
-            Some(c) => c.run(self, ctx, units, &views),
+            Some(c) => c.run(
+                &self.stage,
+                ctx,
+                units,
+                &|i| views.view(i),
+                &|i| views.cites(i),
+                &mut |ctx, units| self.run_views(ctx, units, &views),
+            ),
             None => self.run_views(ctx, units, &views),
         }
     }

@@ -13,15 +13,21 @@
 use std::collections::HashMap;
 
 use fanfold_core::spec::{CascadeSpec, MapStageSpec, QualityMetric, StageSpec};
-use fanfold_core::{ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash, Status};
+use fanfold_core::{
+    ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash, Status, UnitId,
+};
 use fanfold_ops::cascade::{self, Config, Decision, Metric, Plan, Target};
+use fanfold_ops::map::MapStage;
 use fanfold_ops::view::INPUT_BUCKET;
 use serde::{Deserialize, Serialize};
 
-use super::map::{MapRunner, Views};
 use crate::error::{PlanError, RunError};
 use crate::kit::ledger::Origin;
 use crate::kit::{BuildContext, RunStats, StageContext, StageOutcome};
+
+/// The stage's model turn over some of its units.
+pub(crate) type Judge<'a> =
+    dyn FnMut(&mut StageContext<'_>, Vec<usize>) -> Result<StageOutcome, RunError> + 'a;
 
 /// The key of cascade reports in the run's stats.
 pub const REPORT: &str = "cascades";
@@ -197,15 +203,18 @@ impl CascadeRun {
         )
     }
 
-    /// Runs the cascade over `units` for `map`, recording a fact for each.
+    /// Runs the cascade over `units` for the map `stage`, recording a fact
+    /// for each: `view` is what the stage shows a unit, `cites` what its
+    /// fact cites, and `judge` runs the stage's model turn over units.
     pub(crate) fn run(
         &self,
-        map: &MapRunner,
+        stage: &MapStage,
         ctx: &mut StageContext<'_>,
         units: Vec<usize>,
-        views: &dyn Views,
+        view: &dyn Fn(usize) -> Result<serde_json::Value, RunError>,
+        cites: &dyn Fn(usize) -> (Vec<UnitId>, Vec<ContentHash>),
+        judge: &mut Judge<'_>,
     ) -> Result<StageOutcome, RunError> {
-        let stage = map.stage();
         let name = stage.name().to_owned();
         let c = &self.spec;
         // A scoring stage publishes every unit's score; any other stage's
@@ -230,7 +239,7 @@ impl CascadeRun {
                 });
             };
             scores.push(score);
-            let key = views.view(i)?.key_in(INPUT_BUCKET);
+            let key = view(i)?.key_in(INPUT_BUCKET);
             keys.push(u64::from_le_bytes(
                 *key.0.first_chunk::<8>().unwrap_or(&[0; 8]),
             ));
@@ -252,7 +261,7 @@ impl CascadeRun {
                 .collect(),
         };
         if !asked.is_empty() {
-            merge(&mut outcome, map.run_views(ctx, asked, views)?);
+            merge(&mut outcome, judge(ctx, asked)?);
         }
         let ledger = ctx.ledger;
         let table = ctx.table;
@@ -296,7 +305,7 @@ impl CascadeRun {
                 } else {
                     stage.spec.decision.negative.first()
                 };
-                let (source_ids, source_hashes) = views.cites(i);
+                let (source_ids, source_hashes) = cites(i);
                 FactRecord {
                     schema: FACT_SCHEMA.into(),
                     key: ContentHash::of_bytes(
@@ -370,13 +379,13 @@ impl CascadeRun {
         match &c.labels {
             None => {
                 if !left.is_empty() {
-                    merge(&mut outcome, map.run_views(ctx, left, views)?);
+                    merge(&mut outcome, judge(ctx, left)?);
                 }
             }
             Some(f) => {
                 for &i in &left {
                     unlabelled += 1;
-                    let (source_ids, source_hashes) = views.cites(i);
+                    let (source_ids, source_hashes) = cites(i);
                     ctx.ledger.record(
                         i,
                         FactRecord {
