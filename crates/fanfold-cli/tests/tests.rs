@@ -4738,3 +4738,21 @@ fn a_run_without_a_target_says_its_quality_is_unmeasured() {
         stderr(&o)
     );
 }
+
+/// A record whose id people could not read as stored (a NUL, a
+/// right-to-left override, nothing at all) is rejected with its reason,
+/// never shown: the answer says it is incomplete.
+#[test]
+fn ids_people_cannot_read_as_stored_are_rejected_not_shown() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    f.input(
+        br#"[{"id": "a\u0000b", "flag": true}, {"id": "evil\u202Etxt", "flag": true}, {"id": "", "flag": true}, {"id": "ok", "flag": true}]"#,
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert_eq!(f.answer_ids(), ["ok"]);
+    let cert = f.certificate();
+    assert_eq!(cert["rejected_by_reason"]["bad_key"], 3, "{cert}");
+    let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
+    assert!(!md.contains('\u{202E}') && !md.contains('\u{0}'), "{md}");
+}

@@ -29,7 +29,7 @@ pub struct PartUnit {
 pub struct Rejection {
     pub ordinal: u64,
     pub bytes: ByteRange,
-    /// `duplicate_key`, `missing_key`, `too_large`.
+    /// `duplicate_key`, `missing_key`, `bad_key`, `too_large`.
     pub reason: String,
     pub detail: String,
 }
@@ -195,6 +195,13 @@ impl<'a> Assigner<'a> {
                         return Ok(reject(self, "missing_key", detail));
                     }
                 };
+                if let Some(flaw) = key_flaw(&id) {
+                    let detail = format!(
+                        "element {ordinal} at byte {}: its `{key}` {flaw}",
+                        bytes.start
+                    );
+                    return Ok(reject(self, "bad_key", detail));
+                }
                 if !self.seen.first(&id, ordinal)? {
                     let detail = format!(
                         "element {ordinal} at byte {} repeats {key} = {id}; the first occurrence is kept",
@@ -219,6 +226,31 @@ impl<'a> Assigner<'a> {
             value,
         }))
     }
+}
+
+/// Why a record's key cannot be a unit id, if it cannot: an id is shown
+/// to people (answer.md, the report, citations), so it must be visible and
+/// read the way it is stored. An empty id cites nothing; a control
+/// character (a NUL, a newline) vanishes or breaks a line; a bidirectional
+/// control (U+202E and its kin) makes the text around it read in another
+/// order than it is.
+pub fn key_flaw(id: &str) -> Option<String> {
+    if id.is_empty() {
+        return Some("is empty".into());
+    }
+    let (at, c) = id.char_indices().find(|&(_, c)| {
+        c.is_control()
+            || matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    })?;
+    let what = if c.is_control() {
+        "a control character"
+    } else {
+        "a bidirectional control character"
+    };
+    Some(format!(
+        "holds {what} (U+{:04X}) at byte {at}",
+        u32::from(c)
+    ))
 }
 
 /// Keys seen so far. Decimal-integer ids are kept as runs of consecutive
@@ -2120,6 +2152,13 @@ pub mod fast_jsonl {
             };
             let id = match self.key {
                 Some(key) => {
+                    if let Some(flaw) = super::key_flaw(&id) {
+                        let detail = format!(
+                            "element {ordinal} at byte {}: its `{key}` {flaw}",
+                            bytes.start
+                        );
+                        return Ok(reject("bad_key", detail));
+                    }
                     if !self.seen.first(&id, ordinal)? {
                         self.coverage.rejected += 1;
                         let detail = format!(
@@ -2549,6 +2588,53 @@ mod tests {
             br#"{"number": 1, "title": "a, [x]"}"#
         );
         assert_eq!(units[0].unit.source_hash, ContentHash::of_bytes(src));
+    }
+
+    #[test]
+    fn keys_people_cannot_read_as_stored_are_rejected() {
+        for bad in [
+            "",
+            "a\u{0}b",
+            "evil\u{202E}txt.exe",
+            "line\nbreak",
+            "\u{2066}x",
+        ] {
+            assert!(key_flaw(bad).is_some(), "{bad:?} was accepted");
+        }
+        for good in ["1", "café", "a b", "issue-42", "日本語"] {
+            assert_eq!(key_flaw(good), None, "{good:?} was refused");
+        }
+        assert_eq!(
+            key_flaw("a\u{202E}b").as_deref(),
+            Some("holds a bidirectional control character (U+202E) at byte 1")
+        );
+    }
+
+    #[test]
+    fn records_whose_key_cannot_be_read_as_stored_are_rejected_in_both_formats() {
+        let rows = [
+            r#"{"number": "a\u0000b"}"#,
+            r#"{"number": "evil\u202Etxt"}"#,
+            r#"{"number": ""}"#,
+            r#"{"number": "fine"}"#,
+        ];
+        let array = format!("[{}]", rows.join(","));
+        let lines = format!("{}\n", rows.join("\n"));
+        let jsonl = PartitionSpec::Jsonl {
+            key: Some("number".into()),
+            kind: "issue".into(),
+        };
+        for (spec, src) in [(json_array_spec(), array), (jsonl, lines)] {
+            let (units, rej, _) =
+                partition_all(&spec, src.as_bytes(), PartitionOptions::default()).expect("ok");
+            assert_eq!(units.len(), 1, "{spec:?}");
+            assert_eq!(
+                rej.iter().map(|r| r.reason.as_str()).collect::<Vec<_>>(),
+                ["bad_key", "bad_key", "bad_key"],
+                "{spec:?}"
+            );
+            assert!(rej[1].detail.contains("U+202E"), "{}", rej[1].detail);
+        }
     }
 
     #[test]

@@ -591,6 +591,7 @@ fn check_coverage(spec: &PartitionSpec, src: &[u8], parts: &Parts) -> Result<(),
         prop_assert!(
             [
                 "duplicate_key",
+                "bad_key",
                 "missing_key",
                 "too_large",
                 "too_deep",
