@@ -1031,14 +1031,13 @@ fn bets(xs: &[f64], delta: f64) -> Vec<f64> {
     out
 }
 
-/// Whether the draws prove, at level `delta`, that their mean is below
-/// `m`: the capital betting that the mean is at least `m` is ruined past
-/// `1 / delta` at some sample size.
-fn below(xs: &[f64], m: f64, delta: f64) -> bool {
+/// Whether the capital that bets `gain(x)` on each draw `x` (with
+/// predictable plug-in stakes) passes `1 / delta` at some sample size.
+fn ruined(xs: &[f64], delta: f64, gain: impl Fn(f64) -> f64) -> bool {
     let goal = (1.0 / delta).ln();
     let mut log_capital = 0.0;
     for (&x, &lambda) in xs.iter().zip(&bets(xs, delta)) {
-        log_capital += (1.0 + lambda * (m - x)).ln();
+        log_capital += (1.0 + lambda * gain(x)).ln();
         if log_capital >= goal {
             return true;
         }
@@ -1046,17 +1045,15 @@ fn below(xs: &[f64], m: f64, delta: f64) -> bool {
     false
 }
 
+/// Whether the draws prove, at level `delta`, that their mean is below
+/// `m`: the capital betting that the mean is at least `m` is ruined.
+fn below(xs: &[f64], m: f64, delta: f64) -> bool {
+    ruined(xs, delta, |x| m - x)
+}
+
 /// Whether the draws prove, at level `delta`, that their mean is above `m`.
 fn above(xs: &[f64], m: f64, delta: f64) -> bool {
-    let goal = (1.0 / delta).ln();
-    let mut log_capital = 0.0;
-    for (&x, &lambda) in xs.iter().zip(&bets(xs, delta)) {
-        log_capital += (1.0 + lambda * (x - m)).ln();
-        if log_capital >= goal {
-            return true;
-        }
-    }
-    false
+    ruined(xs, delta, |x| x - m)
 }
 
 /// The smallest mean the draws cannot rule out as too high: every mean at

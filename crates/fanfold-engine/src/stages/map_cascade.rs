@@ -305,34 +305,13 @@ impl CascadeRun {
                 } else {
                     stage.spec.decision.negative.first()
                 };
-                let (source_ids, source_hashes) = cites(i);
+                let key = view_keys.get(p).copied().unwrap_or(ContentHash([0; 32]));
+                let status = if positive {
+                    Status::Positive
+                } else {
+                    Status::Negative
+                };
                 FactRecord {
-                    schema: FACT_SCHEMA.into(),
-                    key: ContentHash::of_bytes(
-                        format!(
-                            "cascade\0{name}\0{}\0{by}",
-                            view_keys.get(p).copied().unwrap_or(ContentHash([0; 32]))
-                        )
-                        .as_bytes(),
-                    ),
-                    source_ids,
-                    source_hashes,
-                    stage: name.clone(),
-                    stage_version: stage.spec.version,
-                    rubric_hash: stage.definition_hash(),
-                    model: ModelParams {
-                        backend: "cascade".into(),
-                        model_id: format!("{by}:{}", c.proxy),
-                        temperature: 0.0,
-                        max_output_tokens: 0,
-                        seed: c.seed,
-                        simulated: false,
-                    },
-                    status: if positive {
-                        Status::Positive
-                    } else {
-                        Status::Negative
-                    },
                     decision: decision.cloned(),
                     facts: serde_json::json!({
                         "decided_by": by,
@@ -340,14 +319,15 @@ impl CascadeRun {
                         "score": score,
                         "plan": threshold,
                     }),
-                    confidence: None,
-                    choice_scores: Vec::new(),
-                    reason: Some(reason),
-                    evidence: Vec::new(),
-                    cost: Cost::default(),
-                    attempts: 0,
-                    reducer_path: Vec::new(),
-                    truncated_tokens: 0,
+                    ..derived_fact(
+                        stage,
+                        c.seed,
+                        &format!("cascade\0{name}\0{key}\0{by}"),
+                        format!("{by}:{}", c.proxy),
+                        cites(i),
+                        status,
+                        reason,
+                    )
                 }
             };
             match *d {
@@ -385,41 +365,19 @@ impl CascadeRun {
             Some(f) => {
                 for &i in &left {
                     unlabelled += 1;
-                    let (source_ids, source_hashes) = cites(i);
                     ctx.ledger.record(
                         i,
-                        FactRecord {
-                            schema: FACT_SCHEMA.into(),
-                            key: ContentHash::of_bytes(
-                                format!("cascade\0{name}\0unlabelled\0{i}").as_bytes(),
-                            ),
-                            source_ids,
-                            source_hashes,
-                            stage: name.clone(),
-                            stage_version: stage.spec.version,
-                            rubric_hash: stage.definition_hash(),
-                            model: ModelParams {
-                                backend: "cascade".into(),
-                                model_id: format!("label:{f}"),
-                                temperature: 0.0,
-                                max_output_tokens: 0,
-                                seed: c.seed,
-                                simulated: false,
-                            },
-                            status: Status::NotRun,
-                            decision: None,
-                            facts: serde_json::Value::Null,
-                            confidence: None,
-                            choice_scores: Vec::new(),
-                            reason: Some(format!(
+                        derived_fact(
+                            stage,
+                            c.seed,
+                            &format!("cascade\0{name}\0unlabelled\0{i}"),
+                            format!("label:{f}"),
+                            cites(i),
+                            Status::NotRun,
+                            format!(
                                 "left to the oracle by the cascade, and `{f}` has no label for it"
-                            )),
-                            evidence: Vec::new(),
-                            cost: Cost::default(),
-                            attempts: 0,
-                            reducer_path: Vec::new(),
-                            truncated_tokens: 0,
-                        },
+                            ),
+                        ),
                         Origin::Derived,
                     );
                 }
@@ -448,6 +406,47 @@ impl CascadeRun {
         };
         ctx.stats.reports.put(REPORT, &name, &report);
         Ok(outcome)
+    }
+}
+
+/// A fact the cascade makes of a unit (never stored, never paid for):
+/// the stage's identity, what it cites, a status and why.
+fn derived_fact(
+    stage: &MapStage,
+    seed: u64,
+    key: &str,
+    model_id: String,
+    (source_ids, source_hashes): (Vec<UnitId>, Vec<ContentHash>),
+    status: Status,
+    reason: String,
+) -> FactRecord {
+    FactRecord {
+        schema: FACT_SCHEMA.into(),
+        key: ContentHash::of_bytes(key.as_bytes()),
+        source_ids,
+        source_hashes,
+        stage: stage.name().to_owned(),
+        stage_version: stage.spec.version,
+        rubric_hash: stage.definition_hash(),
+        model: ModelParams {
+            backend: "cascade".into(),
+            model_id,
+            temperature: 0.0,
+            max_output_tokens: 0,
+            seed,
+            simulated: false,
+        },
+        status,
+        decision: None,
+        facts: serde_json::Value::Null,
+        confidence: None,
+        choice_scores: Vec::new(),
+        reason: Some(reason),
+        evidence: Vec::new(),
+        cost: Cost::default(),
+        attempts: 0,
+        reducer_path: Vec::new(),
+        truncated_tokens: 0,
     }
 }
 
