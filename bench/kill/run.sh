@@ -6,10 +6,15 @@
 # wait for the killed run's leases.
 #
 #   bench/kill/run.sh [KILLS]    (default 20; needs sqlite3 and a release build)
+#   REPORT=FILE (default docs/benchmarks.md; empty: none) gets its section.
 set -euo pipefail
 kills=${1:-20}
 here=$(cd "$(dirname "$0")" && pwd)
-bin=${FANFOLD_BIN:-$here/../../target/release/fanfold}
+root=$(cd "$here/../.." && pwd)
+bin=${FANFOLD_BIN:-$root/target/release/fanfold}
+report=${REPORT-$root/docs/benchmarks.md}
+measured_on=$(date -u +%Y-%m-%d)
+load=$(cut -d' ' -f1-3 /proc/loadavg)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -77,3 +82,18 @@ for k in $(seq 1 "$kills"); do
   printf 'kill %2d at %4d ms: %3d facts kept, resume made %3d calls in %5d ms\n' "$k" "$ms" "$kept" "$calls" "$took"
 done
 echo "kills: $kills; integrity ok: $ok; resumed with exit 0: $resumed; answer equal to the uninterrupted run: $same; resume paid exactly the units not stored: $exact; slowest resume: $slowest ms"
+if [ -n "$report" ]; then
+  cpu=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
+  python3 "$root/bench/splice.py" kill "$report" <<MD
+## Kills (\`bench/kill/run.sh\`)
+
+Written by \`bench/kill/run.sh $kills\` on $measured_on (UTC): $(nproc) logical CPUs, $cpu; 1-minute load average $load when it started. The scripted backend (20 ms a call, the default 4 slots) judges $units JSONL records; [SIMULATED] judgments, and the figures are store and scheduling accounting, which a simulated judge does not touch. Each round kills \`fanfold run\` with \`kill -9\` at a random moment between 50 ms and 2.65 s (partition, map stage or fold), checks the store with \`PRAGMA integrity_check\`, resumes, and compares the answer with an uninterrupted run.
+
+| kills | integrity ok | resumed with exit 0 | answer equal | resume called exactly the units without a stored fact | slowest resume |
+|---:|---:|---:|---:|---:|---:|
+| $kills | $ok | $resumed | $same | $exact | $slowest ms |
+
+A killed run's leases do not hold up its resume: the process that held them no longer exists on this host, so the new run closes it as \`abandoned\` first, without waiting for the lease to run out.
+MD
+fi
+[ "$ok" -eq "$kills" ] && [ "$resumed" -eq "$kills" ] && [ "$same" -eq "$kills" ] && [ "$exact" -eq "$kills" ] || { echo "the drill failed" >&2; exit 1; }

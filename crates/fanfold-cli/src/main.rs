@@ -140,6 +140,11 @@ struct InputArgs {
     /// program and the unit. Never longer than the spec's `max_wall_secs`.
     #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     jq_timeout_secs: u64,
+    /// How much memory one jq evaluation may hold. A program that asks for
+    /// more (`[repeat(.)]`) ends the process with an error naming the
+    /// program and the unit, before the memory is taken.
+    #[arg(long, value_name = "MIB", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    jq_memory_mib: u64,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -180,6 +185,7 @@ impl InputArgs {
                 wall.clamp(1, self.jq_timeout_secs)
             });
         fanfold_ops::jq::set_time_limit(std::time::Duration::from_secs(limit));
+        fanfold_ops::jq::set_memory_limit(self.jq_memory_mib.saturating_mul(1 << 20));
         Ok(plan)
     }
 }
@@ -349,6 +355,10 @@ fn limit_malloc_arenas() {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
 }
+
+/// Counts what each jq evaluation holds, so one cannot fill memory.
+#[global_allocator]
+static ALLOC: fanfold_ops::jq::MeteredAlloc = fanfold_ops::jq::MeteredAlloc;
 
 fn main() -> ExitCode {
     limit_malloc_arenas();

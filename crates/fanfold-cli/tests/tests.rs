@@ -23,6 +23,18 @@ fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("fanfold runs")
 }
 
+/// What the `sqlite3` shell prints for `sql` on the store at `path`
+/// (`scripts/setup.sh` installs the shell).
+fn sqlite3(path: &std::path::Path, sql: &str) -> String {
+    let out = Command::new("sqlite3")
+        .arg(path)
+        .arg(sql)
+        .output()
+        .expect("the sqlite3 shell runs (scripts/setup.sh installs it)");
+    assert!(out.status.success(), "sqlite3 {sql}: {}", stderr(&out));
+    stdout(&out)
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -282,13 +294,11 @@ fn run_writes_cited_outputs_labelled_simulated() {
         lines[1]["data"]["routed_by_stage"]["auth_blocker"].as_u64()
     );
     // The store is plain SQLite.
-    let conn = std::process::Command::new("sqlite3")
-        .arg(dir.path().join("s.sqlite"))
-        .arg("SELECT COUNT(*) FROM facts WHERE stage = 'auth_blocker';")
-        .output();
-    if let Ok(out) = conn {
-        assert_eq!(stdout(&out).trim(), judged.to_string());
-    }
+    let out = sqlite3(
+        &dir.path().join("s.sqlite"),
+        "SELECT COUNT(*) FROM facts WHERE stage = 'auth_blocker';",
+    );
+    assert_eq!(out.trim(), judged.to_string());
 }
 
 #[test]
@@ -379,6 +389,21 @@ fn bad_inputs_fail_clearly_and_keep_the_store() {
     }
 }
 
+/// A quote opened and never closed swallows the rows after it; the error
+/// says so and names the row where it opened.
+#[test]
+fn an_unterminated_csv_quote_is_named_as_one() {
+    let f = Fixture::new(r#"{ type = "csv", key = "id", kind = "row" }"#, "");
+    f.input(b"id,text,flag\n1,fine,true\n2,\"never closed,false\n3,x,true\n4,y,false\n");
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(5));
+    let err = stderr(&o);
+    assert!(
+        err.contains("malformed CSV at byte 25 (line 3)") && err.contains("never closed"),
+        "{err}"
+    );
+}
+
 #[test]
 fn ragged_csv_names_the_line() {
     let f = Fixture::new(r#"{ type = "csv", key = "id", kind = "row" }"#, "");
@@ -401,14 +426,15 @@ fn duplicate_ids_and_huge_records_are_reported_not_lost() {
     );
     f.input(input.as_bytes());
     let o = f.run(&[]);
-    // The huge record was never judged: the answer says it is incomplete.
+    // The huge record and the repeat were never judged: the answer says
+    // it is incomplete.
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     let c = f.certificate();
     assert_eq!(c["complete"], false);
     assert!(
         c["incomplete"][0]
             .as_str()
-            .is_some_and(|s| s.contains("1 of 4 input elements were rejected")),
+            .is_some_and(|s| s.contains("2 of 4 input elements were rejected")),
         "{}",
         c["incomplete"]
     );
@@ -1338,8 +1364,9 @@ fn repeated_string_keys_in_jsonl_are_rejected() {
         b"{\"id\": \"a\", \"flag\": true}\n{\"id\": \"b\", \"flag\": true}\n{\"id\": \"a\", \"flag\": false}\n",
     );
     let o = f.run(&[]);
-    // A repeated key's first occurrence was judged: the answer is whole.
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The first occurrence is judged, the repeat is a record nobody
+    // judged: the answer is incomplete and says so.
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     let c = f.certificate();
     assert_eq!(c["coverage"]["units"].as_u64(), Some(2));
     assert_eq!(c["rejected_by_reason"]["duplicate_key"].as_u64(), Some(1));
@@ -1347,8 +1374,92 @@ fn repeated_string_keys_in_jsonl_are_rejected() {
     // The same input again: the stored partition does not make every unit
     // look like a repeat of itself.
     let o = f.run(&[]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     assert_eq!(f.certificate()["coverage"]["units"].as_u64(), Some(2));
+}
+
+/// A damaged fact row in the store is dropped and computed again, and the
+/// run says so, instead of every later run failing on it.
+#[test]
+fn a_corrupt_fact_row_is_computed_again_and_reported() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    f.input(br#"[{"id": 1, "flag": true}, {"id": 2, "flag": false}, {"id": 3, "flag": true}]"#);
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let first = f.answer_ids();
+    sqlite3(
+        &f.path("store.sqlite"),
+        "UPDATE facts SET record = '{\"not\": \"a fact' WHERE unit_id = '2';",
+    );
+    for _ in 0..2 {
+        let o = f.run(&[]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert_eq!(f.answer_ids(), first);
+    }
+    // The second run found it damaged and paid for it again; the third
+    // found the fact it stored.
+    let c = f.certificate();
+    assert_eq!(c["stats"]["corrupt_facts"].as_u64(), Some(0), "{c}");
+    f.input(br#"[{"id": 1, "flag": true}, {"id": 2, "flag": false}, {"id": 3, "flag": true}]"#);
+    sqlite3(
+        &f.path("store.sqlite"),
+        "UPDATE facts SET record = 'garbage' WHERE unit_id = '3';",
+    );
+    let o = f.run(&[]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let c = f.certificate();
+    assert_eq!(c["stats"]["corrupt_facts"].as_u64(), Some(1), "{c}");
+    assert_eq!(c["stats"]["model_calls"].as_u64(), Some(1), "{c}");
+    let answer = std::fs::read_to_string(f.path("out/answer.md")).expect("answer");
+    assert!(answer.contains("1 stored facts did not decode"), "{answer}");
+    assert_eq!(f.answer_ids(), first);
+}
+
+/// `1` and `"1"` are one key: the second record is rejected, named with the
+/// reason, and the answer is incomplete, as for any record nobody judged.
+#[test]
+fn a_number_and_its_string_are_one_key_and_the_repeat_is_not_judged() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    f.input(br#"[{"id": 1, "flag": true}, {"id": "1", "flag": false}, {"id": 2, "flag": true}]"#);
+    let o = f.run(&[]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("repeats id = 1"), "{err}");
+    assert!(err.contains(r#"1 and "1" are one id"#), "{err}");
+    let c = f.certificate();
+    assert_eq!(c["complete"], false);
+    assert_eq!(c["rejected_by_reason"]["duplicate_key"].as_u64(), Some(1));
+    let answer = std::fs::read_to_string(f.path("out/answer.md")).expect("answer");
+    assert!(answer.starts_with("# INCOMPLETE"), "{answer}");
+}
+
+/// More slots than the embedded model can hold is refused before the store
+/// is written: the run that cannot start leaves nothing behind.
+#[test]
+fn too_many_slots_for_the_embedded_model_are_refused_before_the_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("s.sqlite");
+    let o = run(bin()
+        .current_dir(repo())
+        .env("FANFOLD_MODEL_DIR", dir.path().join("models"))
+        .args([
+            "run",
+            "examples/issue-triage/spec.toml",
+            "--slots",
+            "300",
+            "--store",
+        ])
+        .arg(&store)
+        .arg("--out")
+        .arg(dir.path().join("out")));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(6), "{err}");
+    assert!(
+        err.contains("--slots 300") && err.contains("at most 255"),
+        "{err}"
+    );
+    assert!(!store.exists(), "the store was written");
 }
 
 /// `explain` keys cached facts of the embedded model from the spec alone:
@@ -2011,6 +2122,20 @@ fn one_bad_record_is_a_rejection_not_the_end_of_the_run() {
     assert_eq!(c["rejected_by_reason"]["truncated_line"], 1, "{c}");
     assert_eq!(jsonl.answer_ids(), ["1", "3"]);
 
+    // A line that is not JSON in the middle: that record is rejected with
+    // its line and byte, and the records after it are judged.
+    jsonl.input(
+        b"{\"id\": 1, \"flag\": true}\n{\"id\": 2,, \"flag\": true}\n{\"id\": 3, \"flag\": true}\n",
+    );
+    let o = jsonl.run(&[]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    let c = jsonl.certificate();
+    assert_eq!(c["rejected_by_reason"]["malformed_line"], 1, "{c}");
+    assert!(err.contains("(line 2) is not JSON"), "{err}");
+    assert!(err.contains("at byte 33"), "{err}");
+    assert_eq!(jsonl.answer_ids(), ["1", "3"]);
+
     // Valid JSON nested past the parser's limit: that record is rejected.
     let mut deep = String::from(r#"{"id": 2, "flag": true, "n": "#);
     deep.push_str(&"[".repeat(200));
@@ -2181,6 +2306,11 @@ fn a_runaway_jq_program_ends_the_run_naming_it() {
             "the `project` of stage `judge`",
             vec![],
         ),
+        (
+            "[[prefilter]]\nname = \"hog\"\nwhen = '[repeat(\"xxxxxxxx\")] | length > 0'\naction = \"exclude\"\nreason = \"x\"\n",
+            "prefilter rule `hog`",
+            vec!["--jq-memory-mib", "64", "--jq-timeout-secs", "600"],
+        ),
     ];
     for (extra, site, flags) in cases {
         let f = Fixture::new(JSON_ARRAY, extra);
@@ -2213,6 +2343,9 @@ fn a_runaway_jq_program_ends_the_run_naming_it() {
         assert!(err.contains(site), "{site}: {err}");
         assert!(err.contains(") on unit "), "{err}");
         assert!(err.contains("cannot be interrupted"), "{err}");
+        if flags.contains(&"--jq-memory-mib") {
+            assert!(err.contains("holds more than 64 MiB"), "{err}");
+        }
         // The store is left as a kill leaves it: consistent.
         let store = fanfold_store::Store::open(&f.path("store.sqlite")).expect("store");
         assert!(store.count_facts().is_ok());

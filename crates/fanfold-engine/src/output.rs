@@ -244,6 +244,13 @@ pub fn markdown(report: &RunReport) -> String {
         "- model calls {}, cache hits {}, misses {}; slots {}, most in flight {}",
         st.model_calls, st.cache_hits, st.cache_misses, st.slots, st.max_in_flight
     );
+    if st.corrupt_facts > 0 {
+        let _ = writeln!(
+            out,
+            "- {} stored facts did not decode: they were dropped and computed again",
+            st.corrupt_facts
+        );
+    }
     let _ = writeln!(
         out,
         "- tokens{sim}: prompt {}, cached {}, completion {}",

@@ -120,6 +120,10 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     let path = uri.path().to_owned();
+    // No model listing: the identity stays host and alias.
+    if path.ends_with("/models") {
+        return (StatusCode::NOT_FOUND, "no listing").into_response();
+    }
     st.calls
         .lock()
         .expect("calls")

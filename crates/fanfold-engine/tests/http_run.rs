@@ -162,6 +162,10 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    // No model listing: the identity stays host and alias.
+    if uri.path().ends_with("/models") {
+        return (StatusCode::NOT_FOUND, "no listing").into_response();
+    }
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let parsed = parse_user(&message(&body, "user"));
     let unit = parsed

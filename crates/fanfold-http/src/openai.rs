@@ -31,7 +31,17 @@ pub(crate) struct OpenAiProtocol {
 /// requests and a provider's prefix cache can serve them.
 pub struct OpenAiBackend {
     transport: Transport<OpenAiProtocol>,
+    /// What the primary endpoint serves under the model name, asked once
+    /// (`None`: it could not say).
+    served: std::sync::OnceLock<Option<String>>,
 }
+
+/// One endpoint's answer: (base URL, alias) and what it serves.
+type Asked = ((String, String), Option<String>);
+
+/// How long asking an endpoint what it serves may take: it only names the
+/// weights, so a slow or dead server is not waited on here.
+const SERVED_PROBE: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl OpenAiBackend {
     /// Reads each endpoint's key from its environment variable, checks the
@@ -50,7 +60,76 @@ impl OpenAiBackend {
         let transport = config.transport.clone();
         Ok(OpenAiBackend {
             transport: Transport::new(OpenAiProtocol { config }, transport)?,
+            served: std::sync::OnceLock::new(),
         })
+    }
+
+    /// What the primary endpoint says it serves under the model name, from
+    /// its `GET /models` listing: the served id and a fingerprint of its
+    /// entry (vLLM's `root`, llama.cpp's `meta` with the weights' size and
+    /// parameter count, and so on; never `created`, which some servers set
+    /// to the time of the request). Part of the backend's identity, so
+    /// weights swapped behind an alias that the listing tells apart are
+    /// new facts, not stale ones. `None` when the server has no listing or
+    /// does not list the model; the identity is then the host and alias.
+    pub fn served(&self) -> Option<&str> {
+        self.served
+            .get_or_init(|| {
+                // Asked once per process and endpoint: a run builds its
+                // backends more than once (to count cached facts, then to
+                // call), and must name one model throughout.
+                static ASKED: std::sync::Mutex<Vec<Asked>> = std::sync::Mutex::new(Vec::new());
+                let base = self.transport.batch_http().map(|h| h.base.to_owned());
+                let at = (base.unwrap_or_default(), self.config().model.clone());
+                let known = ASKED
+                    .lock()
+                    .ok()
+                    .and_then(|a| a.iter().find(|(k, _)| *k == at).map(|(_, v)| v.clone()));
+                if let Some(known) = known {
+                    return known;
+                }
+                let served = self.ask_served();
+                if let Ok(mut asked) = ASKED.lock() {
+                    asked.push((at, served.clone()));
+                }
+                served
+            })
+            .as_deref()
+    }
+
+    fn ask_served(&self) -> Option<String> {
+        let http = self.transport.batch_http()?;
+        let url = http.url("/models");
+        let alias = &self.config().model;
+        let listed = self
+            .transport
+            .block_on(async { tokio::time::timeout(SERVED_PROBE, http.get_json(&url)).await });
+        let why = match listed {
+            Ok(Ok(listing)) => match served_entry(&listing, alias) {
+                Some(served) => {
+                    // The server's words: never the key, never unbounded.
+                    let served = match http.key {
+                        Some(key) => key.scrub(&served),
+                        None => served,
+                    };
+                    return Some(
+                        served
+                            .chars()
+                            .filter(|c| !c.is_control())
+                            .take(160)
+                            .collect(),
+                    );
+                }
+                None => format!("its listing has no model `{alias}`"),
+            },
+            Ok(Err(fault)) => self.transport.fault_error(&fault).to_string(),
+            Err(_) => format!("no answer within {} s", SERVED_PROBE.as_secs()),
+        };
+        tracing::warn!(
+            "GET {url}: {why}; the cache names the model by host and alias only, so \
+             weights swapped behind `{alias}` would be served from cached facts"
+        );
+        None
     }
 
     pub fn config(&self) -> &OpenAiConfig {
@@ -93,11 +172,39 @@ impl fmt::Debug for OpenAiBackend {
     }
 }
 
+/// `id#fingerprint` of the `/models` entry for `alias`; a server that lists
+/// one model serves it under any name (llama.cpp's lists its file path).
+fn served_entry(listing: &Value, alias: &str) -> Option<String> {
+    let entries = listing.get("data")?.as_array()?;
+    let id_of = |e: &Value| e.get("id").and_then(Value::as_str).map(str::to_owned);
+    let entry = entries
+        .iter()
+        .find(|e| id_of(e).as_deref() == Some(alias))
+        .or(match entries.as_slice() {
+            [only] => Some(only),
+            _ => None,
+        })?;
+    let id = id_of(entry)?;
+    let mut stable = entry.as_object()?.clone();
+    // Fields that change from one request or restart to the next.
+    for volatile in ["created", "object", "permission", "permissions"] {
+        stable.remove(volatile);
+    }
+    let text = serde_json::to_string(&Value::Object(stable)).ok()?;
+    let hash = blake3::hash(text.as_bytes()).to_hex();
+    Some(format!("{id}#{}", hash.get(..12).unwrap_or_default()))
+}
+
 impl ModelBackend for OpenAiBackend {
     fn info(&self) -> BackendInfo {
+        let mut model_id = format!("{}/{}", self.transport.primary_host(), self.config().model);
+        if let Some(served) = self.served() {
+            model_id.push('@');
+            model_id.push_str(served);
+        }
         BackendInfo {
             kind: "openai".into(),
-            model_id: format!("{}/{}", self.transport.primary_host(), self.config().model),
+            model_id,
             simulated: false,
         }
     }
@@ -500,6 +607,27 @@ async fn read_stream(response: reqwest::Response, limit: u64) -> Result<Reply, F
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A backend dropped on another runtime's thread (a server that held
+    /// it) shuts its own runtime down without blocking, and so without
+    /// tokio's "cannot drop a runtime" panic.
+    #[test]
+    fn a_backend_dropped_inside_another_runtime_does_not_panic() {
+        let backend = OpenAiBackend::new(OpenAiConfig::new(
+            "m",
+            vec![crate::config::EndpointConfig::new("http://127.0.0.1:9/v1")],
+        ))
+        .expect("builds");
+        let outer = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .expect("runtime");
+        outer.block_on(async move {
+            tokio::spawn(async move { drop(backend) })
+                .await
+                .expect("the task ends without a panic");
+        });
+    }
 
     #[test]
     fn usage_subtracts_cached_tokens() {

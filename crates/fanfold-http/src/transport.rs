@@ -306,8 +306,23 @@ pub(crate) struct Transport<P> {
     cfg: TransportConfig,
     endpoints: Vec<Endpoint>,
     client: reqwest::Client,
-    runtime: tokio::runtime::Runtime,
+    /// Taken only by `drop`.
+    runtime: Option<tokio::runtime::Runtime>,
     counters: Counters,
+}
+
+impl<P> Drop for Transport<P> {
+    /// A backend can be dropped on another runtime's thread (a server
+    /// that held it, a task that owned it), where blocking to join this
+    /// runtime's threads would panic: there it is shut down in the
+    /// background instead.
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take()
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 enum Acquired<'a> {
@@ -514,14 +529,21 @@ impl<P: Protocol> Transport<P> {
             cfg,
             endpoints,
             client,
-            runtime,
+            runtime: Some(runtime),
             counters: Counters::default(),
         })
     }
 
     /// Runs batch work on the backend's runtime.
     pub(crate) fn block_on<F: Future>(&self, f: F) -> F::Output {
-        self.runtime.block_on(f)
+        self.runtime().block_on(f)
+    }
+
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        match &self.runtime {
+            Some(runtime) => runtime,
+            None => unreachable!("the runtime is taken only in drop"),
+        }
     }
 
     /// The primary endpoint's HTTP side, for batch calls: a batch lives at
@@ -627,7 +649,7 @@ impl<P: Protocol> Transport<P> {
         }
         let capacity: usize = self.endpoints.iter().map(|e| e.max_concurrency).sum();
         let workers = job.slots().max(1).min(capacity.max(1));
-        self.runtime.block_on(async {
+        self.runtime().block_on(async {
             if self.cfg.warm_up
                 && let Some(request) = next_request(job).await
             {

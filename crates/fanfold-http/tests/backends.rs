@@ -149,10 +149,53 @@ fn openai_sends_schema_warms_the_prefix_and_reads_cached_usage() {
     assert_eq!(stats.cached_tokens, 5 * 64);
     assert_eq!((stats.requests, stats.retries, stats.succeeded), (6, 0, 6));
 
+    // No `/models` listing: the identity is the host and the alias.
     let info = backend.info();
     assert_eq!(info.kind, "openai");
     assert_eq!(info.model_id, format!("{}/test-model", mock.addr));
     assert!(!info.simulated);
+}
+
+/// The identity names what the server says it serves under the alias, so
+/// weights swapped behind one alias are new facts, not stale ones; fields
+/// that change on every request (`created`) do not change it.
+#[test]
+fn openai_identity_names_the_weights_the_server_lists() {
+    key();
+    let listing = |root: &str, created: u64| {
+        json!({"object": "list", "data": [
+            {"id": "other", "object": "model", "created": 1, "root": "x"},
+            {"id": "test-model", "object": "model", "created": created, "root": root,
+             "meta": {"n_params": 135_000_000}}
+        ]})
+    };
+    // Each on its own server: an endpoint is asked once per process.
+    let identity = |listed: Value| {
+        let mock = Mock::start();
+        *mock.state.models.lock().expect("models") = Some(listed);
+        let id = OpenAiBackend::new(openai(vec![endpoint(mock.openai_url(), 1)]))
+            .expect("backend")
+            .info()
+            .model_id;
+        assert!(mock.hits().is_empty(), "asking is not a model call");
+        id.replace(&mock.addr.to_string(), "HOST")
+    };
+    let a = identity(listing("/models/a.gguf", 1));
+    assert!(a.starts_with("HOST/test-model@test-model#"), "{a}");
+    assert_eq!(
+        identity(listing("/models/a.gguf", 99)),
+        a,
+        "`created` is not the weights"
+    );
+    assert_ne!(
+        identity(listing("/models/b.gguf", 1)),
+        a,
+        "other weights behind the same alias"
+    );
+    // A server listing one model serves it under any name (llama.cpp's
+    // lists its file path).
+    let one = identity(json!({"data": [{"id": "/models/a.gguf", "object": "model"}]}));
+    assert!(one.starts_with("HOST/test-model@/models/a.gguf#"), "{one}");
 }
 
 #[test]

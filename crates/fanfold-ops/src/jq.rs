@@ -8,8 +8,16 @@
 //! handler. The stuck thread cannot be stopped, so the handler's job is to
 //! end the process with an error that names the program and the unit; facts
 //! already computed are in the store, as after any kill.
+//!
+//! Memory is bounded the same way (`[repeat(.)]` fills gigabytes well inside
+//! any time limit). A binary that installs [`MeteredAlloc`] as its global
+//! allocator counts, per thread, the bytes an evaluation holds; one that
+//! passes the memory limit is reported to the same handler, from the
+//! allocation that passed it, before the memory is taken.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -189,33 +197,55 @@ impl<'a> Site<'a> {
     }
 }
 
-/// An evaluation that ran past the time limit.
+/// An evaluation that ran past the time limit or the memory limit.
 #[derive(Debug, Clone)]
 pub struct Runaway {
     pub program: String,
     pub what: String,
     pub unit: String,
-    pub elapsed: Duration,
+    pub overrun: Overrun,
+}
+
+/// Which limit a runaway passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overrun {
+    /// It ran this long without an answer.
+    Time(Duration),
+    /// It asked for more than this many bytes.
+    Memory(u64),
 }
 
 impl std::fmt::Display for Runaway {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "jq program `{}` ({}) on unit {} has run for {:.1} s without an answer and \
-             cannot be interrupted; the run stops here. Facts already computed are \
-             in the store; fix the program and run again to resume",
-            self.program,
-            self.what,
-            self.unit,
-            self.elapsed.as_secs_f64()
+            "jq program `{}` ({}) on unit {} ",
+            self.program, self.what, self.unit
+        )?;
+        match self.overrun {
+            Overrun::Time(elapsed) => write!(
+                f,
+                "has run for {:.1} s without an answer",
+                elapsed.as_secs_f64()
+            )?,
+            Overrun::Memory(limit) => {
+                write!(f, "holds more than {} MiB (--jq-memory-mib)", limit / MIB)?
+            }
+        }
+        write!(
+            f,
+            " and cannot be interrupted; the run stops here. Facts already computed \
+             are in the store; fix the program and run again to resume"
         )
     }
 }
 
+const MIB: u64 = 1 << 20;
+
 type Handler = Box<dyn Fn(&Runaway) + Send + Sync>;
 
 static LIMIT_MS: AtomicU64 = AtomicU64::new(10_000);
+static LIMIT_BYTES: AtomicU64 = AtomicU64::new(1024 * MIB);
 static HANDLER: OnceLock<Handler> = OnceLock::new();
 static SLOTS: Mutex<Vec<Weak<Slot>>> = Mutex::new(Vec::new());
 static WATCHDOG: OnceLock<()> = OnceLock::new();
@@ -231,6 +261,16 @@ pub fn time_limit() -> Duration {
     Duration::from_millis(LIMIT_MS.load(Ordering::Relaxed))
 }
 
+/// How many bytes one evaluation may hold at once (default 1 GiB). Holds
+/// only where [`MeteredAlloc`] is the global allocator.
+pub fn set_memory_limit(bytes: u64) {
+    LIMIT_BYTES.store(bytes.max(1), Ordering::Relaxed);
+}
+
+pub fn memory_limit() -> u64 {
+    LIMIT_BYTES.load(Ordering::Relaxed)
+}
+
 /// Installs what happens to a runaway (once per process; later calls are
 /// ignored). Without a handler the error is printed and the process exits
 /// with status 2.
@@ -243,6 +283,9 @@ pub fn on_runaway(handler: impl Fn(&Runaway) + Send + Sync + 'static) {
 #[derive(Default)]
 struct Slot {
     started_ms: AtomicU64,
+    /// Bytes allocated less bytes freed on this thread since the
+    /// evaluation started (negative when it frees what came before it).
+    held: AtomicI64,
     place: Mutex<Place>,
 }
 
@@ -255,6 +298,10 @@ struct Place {
 
 thread_local! {
     static SLOT: Arc<Slot> = register();
+    /// The running evaluation's slot, for the allocator; null when idle.
+    /// A raw pointer because the allocator cannot touch `SLOT` (its lazy
+    /// initialisation allocates); `Watch` keeps the slot alive meanwhile.
+    static METERED: Cell<*const Slot> = const { Cell::new(std::ptr::null()) };
 }
 
 fn register() -> Arc<Slot> {
@@ -296,7 +343,9 @@ impl Watch {
                 place.unit.clear();
                 place.unit.push_str(at.unit);
             }
+            slot.held.store(0, Ordering::Relaxed);
             slot.started_ms.store(now_ms(), Ordering::Release);
+            let _ = METERED.try_with(|m| m.set(Arc::as_ptr(slot)));
         });
         Watch
     }
@@ -304,7 +353,87 @@ impl Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
+        let _ = METERED.try_with(|m| m.set(std::ptr::null()));
         let _ = SLOT.try_with(|slot| slot.started_ms.store(0, Ordering::Release));
+    }
+}
+
+/// The system allocator, counting what each jq evaluation holds so that
+/// one passing [`memory_limit`] is reported before it takes the memory.
+/// Outside an evaluation it costs one thread-local read per call.
+pub struct MeteredAlloc;
+
+impl MeteredAlloc {
+    fn meter(grow: i64) {
+        let Ok(slot) = METERED.try_with(Cell::get) else {
+            return;
+        };
+        if slot.is_null() {
+            return;
+        }
+        // SAFETY: `METERED` is non-null only while a `Watch` on this thread
+        // lives, and the thread's `SLOT` (which owns the slot) outlives it.
+        let slot = unsafe { &*slot };
+        let held = slot.held.fetch_add(grow, Ordering::Relaxed) + grow;
+        let limit = LIMIT_BYTES.load(Ordering::Relaxed);
+        if grow > 0 && u64::try_from(held).is_ok_and(|h| h > limit) {
+            // Stop metering first: reporting allocates, and the evaluation
+            // is reported once.
+            let _ = METERED.try_with(|m| m.set(std::ptr::null()));
+            report(slot, Overrun::Memory(limit));
+        }
+    }
+}
+
+fn signed(bytes: usize) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
+// SAFETY: every call is passed unchanged to `System`; metering only reads
+// and writes this thread's counters.
+unsafe impl GlobalAlloc for MeteredAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        Self::meter(signed(layout.size()));
+        // SAFETY: the caller's contract is `System`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        Self::meter(signed(layout.size()));
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        Self::meter(-signed(layout.size()));
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        Self::meter(signed(new_size) - signed(layout.size()));
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Hands a runaway to the handler (or, without one, ends the process).
+fn report(slot: &Slot, overrun: Overrun) {
+    let runaway = match slot.place.lock() {
+        Ok(place) => Runaway {
+            program: place.program.as_deref().unwrap_or("").to_owned(),
+            what: place.what.clone(),
+            unit: place.unit.clone(),
+            overrun,
+        },
+        Err(_) => return,
+    };
+    match HANDLER.get() {
+        Some(handler) => handler(&runaway),
+        None => {
+            eprintln!("error: {runaway}");
+            std::process::exit(2);
+        }
     }
 }
 
@@ -322,24 +451,12 @@ fn watch_loop() {
             if started == 0 || now.saturating_sub(started) <= limit {
                 continue;
             }
-            let runaway = match slot.place.lock() {
-                Ok(place) => Runaway {
-                    program: place.program.as_deref().unwrap_or("").to_owned(),
-                    what: place.what.clone(),
-                    unit: place.unit.clone(),
-                    elapsed: Duration::from_millis(now.saturating_sub(started)),
-                },
-                Err(_) => continue,
-            };
             // Reported once: the slot stays busy while its thread is stuck.
             slot.started_ms.store(0, Ordering::Release);
-            match HANDLER.get() {
-                Some(handler) => handler(&runaway),
-                None => {
-                    eprintln!("error: {runaway}");
-                    std::process::exit(2);
-                }
-            }
+            report(
+                &slot,
+                Overrun::Time(Duration::from_millis(now.saturating_sub(started))),
+            );
         }
     }
 }
@@ -413,6 +530,11 @@ pub fn to_val(value: &serde_json::Value) -> Val {
 pub fn parse_val(bytes: &[u8]) -> Result<Val, String> {
     jaq_json::read::parse_single(bytes).map_err(|e| format!("{e:?}"))
 }
+
+/// The unit tests run under the metered allocator, as `fanfold` does.
+#[cfg(test)]
+#[global_allocator]
+static TEST_ALLOC: MeteredAlloc = MeteredAlloc;
 
 #[cfg(test)]
 mod tests {
@@ -497,7 +619,7 @@ mod tests {
     }
 
     #[test]
-    fn a_runaway_program_is_reported_with_its_place() {
+    fn runaways_in_time_and_in_memory_are_reported_with_their_place() {
         let (tx, rx) = std::sync::mpsc::channel();
         let tx = Mutex::new(tx);
         on_runaway(move |r| {
@@ -526,7 +648,7 @@ mod tests {
         assert_eq!(r.program, "def f: f; f");
         assert_eq!(r.what, "prefilter rule `loop`");
         assert_eq!(r.unit, "u7");
-        assert!(r.elapsed >= Duration::from_millis(200));
+        assert!(matches!(r.overrun, Overrun::Time(t) if t >= Duration::from_millis(200)));
         let shown = r.to_string();
         assert!(
             shown.contains("u7") && shown.contains("def f: f; f"),
@@ -534,5 +656,30 @@ mod tests {
         );
         // Reported once, not on every watchdog tick.
         assert!(rx.recv_timeout(Duration::from_millis(600)).is_err());
+
+        // Memory: a program that fills memory quickly is reported by the
+        // allocation that passes the limit, well before the time limit.
+        set_time_limit(Duration::from_secs(600));
+        set_memory_limit(8 * MIB);
+        std::thread::spawn(|| {
+            let p = JqProgram::compile("[limit(2000000; repeat(\"abcdefgh\"))] | length")
+                .expect("compiles");
+            let _ = p.first(to_val(&json!(null)), Site::new("`project`", "u9"));
+        });
+        let r = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the allocator reports the runaway");
+        assert_eq!(r.unit, "u9");
+        assert_eq!(r.overrun, Overrun::Memory(8 * MIB));
+        assert!(r.to_string().contains("more than 8 MiB"), "{r}");
+        // A program that stays under the limit is never reported.
+        let small = JqProgram::compile("[range(1000)] | length").expect("compiles");
+        assert!(
+            small
+                .first(to_val(&json!(null)), Site::new("small", "u1"))
+                .is_ok()
+        );
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+        set_memory_limit(1024 * MIB);
     }
 }

@@ -29,7 +29,8 @@ pub struct PartUnit {
 pub struct Rejection {
     pub ordinal: u64,
     pub bytes: ByteRange,
-    /// `duplicate_key`, `missing_key`, `bad_key`, `too_large`.
+    /// `duplicate_key`, `missing_key`, `bad_key`, `too_large`, `too_deep`,
+    /// `truncated_line` (a last line cut off), `malformed_line`.
     pub reason: String,
     pub detail: String,
 }
@@ -107,6 +108,22 @@ pub trait SeenIds {
     /// Records `id` for the element at `ordinal`; false when an earlier
     /// element already has it.
     fn first(&mut self, id: &str, ordinal: u64) -> Result<bool, PartitionError>;
+}
+
+/// Why a repeated key is rejected. Keys compare as text, so a number and
+/// the string of its digits are one id, which the message says where it
+/// may be the cause.
+fn repeat_detail(ordinal: u64, byte: u64, key: &str, id: &str) -> String {
+    let mut detail = format!(
+        "element {ordinal} at byte {byte} repeats {key} = {id}; the first occurrence is kept \
+         and this element is not judged"
+    );
+    if canonical_u64(id).is_some() {
+        detail.push_str(&format!(
+            " (keys compare as text: {id} and \"{id}\" are one id)"
+        ));
+    }
+    detail
 }
 
 /// The id of the `n`-th occurrence (from 1) of a content-derived id: the
@@ -203,10 +220,7 @@ impl<'a> Assigner<'a> {
                     return Ok(reject(self, "bad_key", detail));
                 }
                 if !self.seen.first(&id, ordinal)? {
-                    let detail = format!(
-                        "element {ordinal} at byte {} repeats {key} = {id}; the first occurrence is kept",
-                        bytes.start
-                    );
+                    let detail = repeat_detail(ordinal, bytes.start, key, &id);
                     return Ok(reject(self, "duplicate_key", detail));
                 }
                 id
@@ -751,6 +765,35 @@ fn trim_line(mut line: &[u8]) -> &[u8] {
     line
 }
 
+/// A short row that spans several lines is a quote opened and never
+/// closed: the quoted field ran on over the line ends after it. Said so,
+/// with the line where the row starts, rather than as a count of fields.
+fn unterminated_quote(
+    e: &csv::Error,
+    start: &csv::Position,
+    end: &csv::Position,
+) -> Option<PartitionError> {
+    let csv::ErrorKind::UnequalLengths {
+        expected_len, len, ..
+    } = e.kind()
+    else {
+        return None;
+    };
+    if *len >= *expected_len || end.line() <= start.line() + 1 {
+        return None;
+    }
+    Some(PartitionError::Malformed {
+        format: "CSV",
+        offset: start.byte(),
+        line: start.line(),
+        detail: format!(
+            "a quoted field in this row is never closed: the row runs on to line {} with {len} of \
+             the header's {expected_len} fields; close the quote, or double a quote inside a field (\"\")",
+            end.line().saturating_sub(1).max(start.line())
+        ),
+    })
+}
+
 fn csv_rows(
     reader: impl BufRead,
     delimiter: Option<&str>,
@@ -793,10 +836,18 @@ fn csv_rows(
     let headers = rdr.headers().map_err(csv_error)?.clone();
     let mut record = csv::StringRecord::new();
     loop {
-        let start = rdr.position().byte();
-        if !rdr.read_record(&mut record).map_err(csv_error)? {
+        let start = rdr.position().clone();
+        let read = rdr.read_record(&mut record);
+        let read = match read {
+            Err(e) => {
+                Err(unterminated_quote(&e, &start, rdr.position()).unwrap_or_else(|| csv_error(e)))
+            }
+            Ok(more) => Ok(more),
+        };
+        if !read? {
             return Ok(());
         }
+        let start = start.byte();
         let end = rdr.position().byte();
         let mut obj = serde_json::Map::new();
         for (h, v) in headers.iter().zip(record.iter()) {
@@ -1528,6 +1579,14 @@ pub mod fast_jsonl {
             line: u64,
             detail: String,
         },
+        /// A line that does not parse, with more input after it: that one
+        /// record is rejected, as in any other bad unit, and the rest
+        /// stand. `line` counts from the chunk's start.
+        Malformed {
+            line: u64,
+            offset: u64,
+            detail: String,
+        },
         /// Valid JSON nested past the parser's depth limit; `line` counts
         /// from the chunk's start.
         TooDeep {
@@ -1621,14 +1680,26 @@ pub mod fast_jsonl {
                     // A last line with no line end that does not parse was
                     // cut off (a killed writer, a full disk): that record
                     // is rejected, the rest stand.
-                    Err(PartitionError::Malformed { detail, line, .. })
-                        if end == data.len() && data.last() != Some(&b'\n') =>
-                    {
+                    Err(PartitionError::Malformed {
+                        detail,
+                        line,
+                        offset,
+                        ..
+                    }) => {
+                        let candidate = if end == data.len() && data.last() != Some(&b'\n') {
+                            Candidate::Truncated { line, detail }
+                        } else {
+                            Candidate::Malformed {
+                                line,
+                                offset,
+                                detail,
+                            }
+                        };
                         out.items.push(Parsed {
                             at,
                             bytes,
                             hash: ContentHash::of_bytes(body),
-                            candidate: Candidate::Truncated { line, detail },
+                            candidate,
                         });
                     }
                     Err(e) => {
@@ -2138,6 +2209,19 @@ pub mod fast_jsonl {
                     );
                     return Ok(reject("truncated_line", detail));
                 }
+                Candidate::Malformed {
+                    line,
+                    offset,
+                    detail,
+                } => {
+                    let detail = format!(
+                        "element {ordinal} at bytes {}..{} (line {}) is not JSON: {detail} at byte {offset}",
+                        bytes.start,
+                        bytes.end,
+                        self.line_base + line
+                    );
+                    return Ok(reject("malformed_line", detail));
+                }
                 Candidate::TooDeep { line } => {
                     let detail = format!(
                         "element {ordinal} at bytes {}..{} (line {}) is nested more than {} levels deep",
@@ -2161,10 +2245,7 @@ pub mod fast_jsonl {
                     }
                     if !self.seen.first(&id, ordinal)? {
                         self.coverage.rejected += 1;
-                        let detail = format!(
-                            "element {ordinal} at byte {} repeats {key} = {id}; the first occurrence is kept",
-                            bytes.start
-                        );
+                        let detail = super::repeat_detail(ordinal, bytes.start, key, &id);
                         return Ok(FastElement::Rejected(Rejection {
                             ordinal,
                             bytes,
@@ -2337,12 +2418,7 @@ pub mod fast_jsonl {
                 key: Some("id".into()),
                 kind: "event".into(),
             };
-            let cases: [&[u8]; 4] = [
-                b"{\"id\": 1}\n{\"id\": 2}\n\n{\"id\": }\n{\"id\": 4}\n",
-                b"{\"id\": 1}\n{\"id\": 2, \"t\": \"caf\xe9\"}\n",
-                b"{\"id\": 1} x\n",
-                b"\n  \n",
-            ];
+            let cases: [&[u8]; 2] = [b"{\"id\": 1}\n{\"id\": 2, \"t\": \"caf\xe9\"}\n", b"\n  \n"];
             for src in cases {
                 let want = partition_all(&spec, src, PartitionOptions::default())
                     .map(|(_, _, coverage)| coverage)
@@ -2367,6 +2443,49 @@ pub mod fast_jsonl {
                     .expect_err("fails")
                     .to_string();
                     assert_eq!(got, want);
+                }
+            }
+        }
+
+        /// A line that is not JSON is rejected alike however the input is
+        /// cut into chunks and threads.
+        #[test]
+        fn malformed_lines_are_rejected_alike_at_any_chunking() {
+            for src in [
+                &b"{\"id\": 1}\n{\"id\": 2}\n\n{\"id\": }\n{\"id\": 4}\n"[..],
+                b"{\"id\": 1} x\n{\"id\": 2}\n",
+            ] {
+                let spec = PartitionSpec::Jsonl {
+                    key: Some("id".into()),
+                    kind: "event".into(),
+                };
+                let (_, want, _) =
+                    partition_all(&spec, src, PartitionOptions::default()).expect("partitions");
+                assert_eq!(want.len(), 1);
+                assert_eq!(want[0].reason, "malformed_line");
+                for (threads, chunk) in [(1, 1 << 20), (2, 3)] {
+                    let options = FastOptions {
+                        threads,
+                        chunk_bytes: chunk,
+                        ..FastOptions::default()
+                    };
+                    let mut got = Vec::new();
+                    partition_jsonl(
+                        Some("id"),
+                        "event",
+                        ContentHash::of_bytes(src),
+                        src,
+                        options,
+                        &mut crate::partition::SeenKeys::default(),
+                        || |_: &str, _: &Record| (),
+                        &mut |e| {
+                            if let FastElement::Rejected(r) = e {
+                                got.push(r);
+                            }
+                        },
+                    )
+                    .expect("partitions");
+                    assert_eq!(got, want, "threads {threads}, chunk {chunk}");
                 }
             }
         }
@@ -2734,22 +2853,22 @@ mod tests {
         let (units, _, cov) = partition_all(&spec, src, PartitionOptions::default()).expect("ok");
         assert_eq!(cov.elements, 2);
         assert_eq!(units[1].unit.bytes, ByteRange { start: 11, end: 20 });
-        let err = partition_all(
+        // A line that is not JSON is that one record's rejection.
+        let (units, rejected, _) = partition_all(
             &spec,
-            b"{\"id\": 1}\n{\"id\": }\n",
+            b"{\"id\": 1}\n{\"id\": }\n{\"id\": 3}\n",
             PartitionOptions::default(),
         )
-        .expect_err("fails");
+        .expect("the other lines stand");
+        assert_eq!(units.len(), 2);
+        assert_eq!(rejected.len(), 1);
+        let r = &rejected[0];
+        assert_eq!(r.reason, "malformed_line");
+        assert_eq!(r.bytes, ByteRange { start: 10, end: 18 });
         assert!(
-            matches!(
-                err,
-                PartitionError::Malformed {
-                    line: 2,
-                    offset: 17,
-                    ..
-                }
-            ),
-            "{err}"
+            r.detail.contains("(line 2) is not JSON") && r.detail.contains("at byte 17"),
+            "{}",
+            r.detail
         );
     }
 

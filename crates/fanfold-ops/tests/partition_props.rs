@@ -595,7 +595,8 @@ fn check_coverage(spec: &PartitionSpec, src: &[u8], parts: &Parts) -> Result<(),
                 "missing_key",
                 "too_large",
                 "too_deep",
-                "truncated_line"
+                "truncated_line",
+                "malformed_line"
             ]
             .contains(&r.reason.as_str()),
             "unknown reason {:?}",

@@ -51,6 +51,8 @@ pub enum StoreError {
         "store {path} has schema {found}, this fanfold needs {SCHEMA_VERSION}; move it aside to start fresh"
     )]
     Version { path: String, found: String },
+    #[error("cannot open store {path}: {reason}")]
+    Open { path: String, reason: String },
     #[error("store {path}: record does not decode: {detail}")]
     Decode { path: String, detail: String },
     #[error(
@@ -148,6 +150,49 @@ fn run_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunInfo> {
         started_ms: r.get::<_, i64>(3)?.max(0) as u64,
         heartbeat_ms: r.get::<_, Option<i64>>(4)?.map(|h| h.max(0) as u64),
     })
+}
+
+/// Why a store file cannot be opened for writing, in the file system's
+/// words, where SQLite says only "unable to open database file" or
+/// "attempt to write a readonly database". SQLite keeps its journal
+/// (`-wal`, `-shm`) beside the store, so the folder must be writable too.
+fn why_not_writable(path: &Path) -> Option<String> {
+    if path.is_dir() {
+        return Some("it is a folder; give --store a file path".to_owned());
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    if dir.exists() && !dir.is_dir() {
+        return Some(format!("{} is a file, not a folder", dir.display()));
+    }
+    if !dir.is_dir() {
+        return Some(format!(
+            "its folder {} does not exist and cannot be made",
+            dir.display()
+        ));
+    }
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+    {
+        return Some(format!("the file cannot be opened for writing ({e})"));
+    }
+    let probe = dir.join(format!(".fanfold-probe-{}", std::process::id()));
+    match std::fs::File::create(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            None
+        }
+        Err(e) => Some(format!(
+            "its folder {} cannot be written ({e}); SQLite keeps its journal (-wal, -shm) beside the store",
+            dir.display()
+        )),
+    }
 }
 
 fn is_busy(e: &rusqlite::Error) -> bool {
@@ -323,6 +368,9 @@ pub struct BatchRow {
 pub struct Store {
     conn: Mutex<Connection>,
     path: PathBuf,
+    /// Stored facts that did not decode, dropped so they are computed
+    /// again (see [`Store::get_fact`]).
+    corrupt_facts: std::sync::atomic::AtomicU64,
 }
 
 /// SQLite's application id of a fanfold store ("fanf"), so `file` and a
@@ -411,6 +459,18 @@ impl Store {
                     holders: String::new(),
                 };
             }
+            if let rusqlite::Error::SqliteFailure(f, _) = &source
+                && matches!(
+                    f.code,
+                    rusqlite::ErrorCode::CannotOpen | rusqlite::ErrorCode::ReadOnly
+                )
+                && let Some(reason) = why_not_writable(path)
+            {
+                return StoreError::Open {
+                    path: p.clone(),
+                    reason,
+                };
+            }
             StoreError::Sqlite {
                 path: p.clone(),
                 source,
@@ -495,6 +555,7 @@ impl Store {
         Ok(Store {
             conn: Mutex::new(conn),
             path: path.to_owned(),
+            corrupt_facts: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -896,8 +957,45 @@ impl Store {
         Ok(())
     }
 
+    /// The fact cached under `key`. A row that does not decode as a fact
+    /// of this key (a damaged file, a hand edit) is no answer: it is
+    /// deleted and counted, so the caller computes the fact again instead
+    /// of every later run failing on it.
     pub fn get_fact(&self, key: &ContentHash) -> Result<Option<FactRecord>, StoreError> {
-        self.get_json("SELECT record FROM facts WHERE key = ?1", key)
+        let text: Option<String> = self
+            .conn()
+            .query_row(
+                "SELECT record FROM facts WHERE key = ?1",
+                [key.to_hex()],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))?;
+        let Some(text) = text else {
+            return Ok(None);
+        };
+        let why = match serde_json::from_str::<FactRecord>(&text) {
+            Ok(fact) if fact.key == *key => return Ok(Some(fact)),
+            Ok(fact) => format!("it holds the fact of key {}", fact.key.short(16)),
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!(
+            key = %key.short(16),
+            "stored fact does not decode ({why}); it is dropped and computed again"
+        );
+        self.conn()
+            .execute("DELETE FROM facts WHERE key = ?1", [key.to_hex()])
+            .map_err(|e| self.sql(e))?;
+        self.corrupt_facts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(None)
+    }
+
+    /// How many stored facts [`Store::get_fact`] found damaged and dropped
+    /// since the store was opened.
+    pub fn corrupt_facts(&self) -> u64 {
+        self.corrupt_facts
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Reads the JSON text column of the one row `sql` selects by `key`.
@@ -1491,6 +1589,23 @@ impl Store {
 mod tests {
     use super::*;
     use fanfold_core::{Cost, FACT_SCHEMA, ModelParams, Status, UnitId};
+
+    /// Where SQLite says only "unable to open database file", the error
+    /// says what is wrong with the path.
+    #[test]
+    fn a_store_that_cannot_be_opened_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Store::open(dir.path()).err().expect("a folder is refused");
+        assert!(err.to_string().contains("it is a folder"), "{err}");
+        let file = dir.path().join("plain");
+        std::fs::write(&file, b"x").unwrap();
+        let err = Store::open(&file.join("s.sqlite"))
+            .err()
+            .expect("a path under a file is refused");
+        let shown = err.to_string();
+        assert!(shown.starts_with("cannot open store "), "{shown}");
+        assert!(shown.contains("is a file, not a folder"), "{shown}");
+    }
 
     #[test]
     fn another_applications_database_is_refused_and_left_alone() {

@@ -23,6 +23,9 @@ pub struct RunStats {
     /// stage of this run: they share that unit's call instead of their own.
     #[serde(default)]
     pub deduplicated: u64,
+    /// Stored facts that did not decode: dropped and computed again.
+    #[serde(default)]
+    pub corrupt_facts: u64,
     pub slots: usize,
     pub max_in_flight: usize,
     pub fold_depth: u32,

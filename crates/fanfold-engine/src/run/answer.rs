@@ -116,11 +116,8 @@ pub fn incomplete(
     if statuses.cancelled > 0 && !contract_cancel {
         why.push(format!("{} units were cancelled", statuses.cancelled));
     }
-    let unjudged: u64 = rejected_by_reason
-        .iter()
-        .filter(|(reason, _)| reason.as_str() != "duplicate_key")
-        .map(|(_, n)| n)
-        .sum();
+    // A repeated key is no exception: the repeat is a record nobody judged.
+    let unjudged: u64 = rejected_by_reason.values().sum();
     if unjudged > 0 {
         why.push(format!(
             "{unjudged} of {} input elements were rejected before any stage (see the certificate's rejections)",

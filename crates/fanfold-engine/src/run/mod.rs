@@ -139,6 +139,30 @@ impl NodeCache for StoreNodes<'_> {
     }
 }
 
+/// The embedded model's slot limit, checked before the store is touched:
+/// a run that cannot start writes nothing.
+fn check_slots(plan: &Plan, slots: usize) -> Result<(), RunError> {
+    if slots <= fanfold_llama::MAX_SLOTS {
+        return Ok(());
+    }
+    for stage in &plan.spec.stages {
+        let Some((backend, _)) = stage.model_turn() else {
+            continue;
+        };
+        if let Some(fanfold_core::spec::BackendSpec::Llama { .. }) = plan.spec.backends.get(backend)
+        {
+            return Err(RunError::Backend {
+                name: backend.to_owned(),
+                source: fanfold_model::BackendError::Setup(format!(
+                    "--slots {slots}: the embedded model holds at most {} (llama.cpp keeps one sequence for the shared prefix and at most 256 in all)",
+                    fanfold_llama::MAX_SLOTS
+                )),
+            });
+        }
+    }
+    Ok(())
+}
+
 pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<RunReport, RunError> {
     let spec = &plan.spec;
     let source = opts
@@ -149,6 +173,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     if let Some(dir) = &opts.out_dir {
         crate::output::check_writable(dir)?;
     }
+    check_slots(plan, opts.slots)?;
     let store = Store::open(&opts.store_path).map_err(|e| e.name_holders(None))?;
     if let Some(bytes) = opts.store_max_bytes {
         store.set_max_bytes(bytes)?;
@@ -280,6 +305,7 @@ fn run_begun(
     stats.model_calls += totals.calls;
     stats.cost.add(&totals.cost);
     stats.recomputed_units = std::mem::take(&mut totals.recomputed);
+    stats.corrupt_facts = store.corrupt_facts();
     stats.truncated_units = facts.iter().filter(|(_, f)| f.truncated_tokens > 0).count() as u64;
 
     // Fold, in source order.

@@ -67,6 +67,8 @@ pub struct MockState {
     served_prefix: AtomicBool,
     /// Handler delay for successes, to make overlap likely.
     pub delay_ms: AtomicU64,
+    /// What `GET /v1/models` lists (404 when unset); never a hit.
+    pub models: Mutex<Option<Value>>,
 }
 
 pub struct Mock {
@@ -158,6 +160,12 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if uri.path().ends_with("/models") {
+        return match st.models.lock().expect("models").clone() {
+            Some(listing) => (StatusCode::OK, axum::Json(listing)).into_response(),
+            None => (StatusCode::NOT_FOUND, "no listing").into_response(),
+        };
+    }
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let unit = unit_of(&body);
     let now = st.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
