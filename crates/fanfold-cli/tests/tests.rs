@@ -3069,6 +3069,46 @@ fn a_chunk_stage_judges_contexts_of_units_and_reuses_them_by_content() {
     assert_eq!(c["stats"]["cache_hits"], 18);
 }
 
+/// On the embedded model one long context is packed by the model's own
+/// tokenizer: it fills its window (not the two thirds a bytes-a-token
+/// estimate leaves), and nothing is cut.
+#[test]
+fn one_long_context_on_the_embedded_model_fills_its_window() {
+    let f = chunk_fixture("window_tokens = 1024\nmax_contexts = 1", LIST_FLAGGED, 150);
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    let spec = spec.replace(
+        "[backends.lister]\ntype = \"scripted\"\nscript = \"lister.jq\"",
+        "[backends.lister]\ntype = \"llama\"\nslot_tokens = 1024",
+    );
+    std::fs::write(f.path("spec.toml"), spec).expect("spec");
+    let o = f.run(&[]);
+    // Most records are outside the one window: incomplete by design.
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let c = f.certificate();
+    let chunks = &c["stats"]["chunks"]["coarse"];
+    assert_eq!(
+        chunks["counted"], "counted by the model's tokenizer",
+        "{chunks}"
+    );
+    let room = chunks["room_tokens"].as_u64().expect("room");
+    // The window less the answer's 64 tokens, the prefix and the template.
+    assert!(
+        room > 1024 * 3 / 4,
+        "{room} tokens of records in a 1024 window"
+    );
+    assert_eq!(c["stats"]["truncated_units"], 0, "no context was cut: {c}");
+    let calls = c["stats"]["model_calls"].as_u64().expect("calls").max(1);
+    let cost = &c["stats"]["cost"];
+    let prompt =
+        cost["prompt_tokens"].as_u64().unwrap_or(0) + cost["cached_tokens"].as_u64().unwrap_or(0);
+    assert!(
+        prompt / calls > 1024 * 85 / 100 - 64,
+        "{} prompt tokens a call fill {:.0} % of 960",
+        prompt / calls,
+        (prompt / calls) as f64 / 9.6
+    );
+}
+
 #[test]
 fn one_long_context_leaves_what_it_cannot_hold_not_run_never_negative() {
     // A window that holds a few records: the rest is outside it.

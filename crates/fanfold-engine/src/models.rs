@@ -214,6 +214,13 @@ pub fn ensure_each<const N: usize>(
 }
 
 /// Where a model file lives in the cache folder `dir`.
+/// The local path of `model` when the cache holds it verified; never
+/// fetches.
+pub fn cached(model: &ModelFile, dir: &Path) -> Option<PathBuf> {
+    let path = local_path(dir, model);
+    is_verified(&path, model).then_some(path)
+}
+
 fn local_path(dir: &Path, model: &ModelFile) -> PathBuf {
     dir.join(model.file)
 }

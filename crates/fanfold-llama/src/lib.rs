@@ -118,6 +118,35 @@ impl LlamaConfig {
     }
 }
 
+/// A GGUF file's tokenizer alone (its vocabulary, no weights): counts
+/// tokens as the embedded model will, for packing many units into one
+/// window without loading the model.
+pub struct Vocabulary {
+    model: LlamaModel,
+}
+
+impl Vocabulary {
+    pub fn open(path: &Path) -> Result<Vocabulary, LlamaError> {
+        let backend = backend()?;
+        let params = LlamaModelParams::default().with_vocab_only(true);
+        let model =
+            LlamaModel::load_from_file(backend, path, &params).map_err(|e| LlamaError::Load {
+                path: path.display().to_string(),
+                detail: e.to_string(),
+            })?;
+        Ok(Vocabulary { model })
+    }
+
+    /// Tokens of `text` as the model reads it inside a prompt (special
+    /// tokens spelled out in the text count as one).
+    pub fn count(&self, text: &str) -> u64 {
+        self.model
+            .vocab()
+            .tokenize(text.as_bytes(), false, true)
+            .len() as u64
+    }
+}
+
 /// The identity of a GGUF file: its name and the start of its BLAKE3 hash.
 pub fn model_identity(path: &Path) -> Result<String, LlamaError> {
     let load = |detail: String| LlamaError::Load {

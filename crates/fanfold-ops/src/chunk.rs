@@ -15,12 +15,43 @@ use crate::map::{Interpreted, Invalid, MapSpecError, MapStage, strip_fences};
 /// Version of the context layout below; part of every chunk key.
 pub const CHUNK_TEMPLATE: &str = "chunk-prompt-v1";
 
-/// Bytes a token is counted as when packing. Records shown as JSON run at
-/// two to four bytes a token with the tokenizers fanfold meets (quotes,
-/// braces and digits are tokens of their own); two leaves room, so a
-/// context planned to fit the window does fit. A backend that still cuts a
-/// context says so, and the engine ends its members in error.
+/// Bytes a token is counted as when packing for a backend whose tokenizer
+/// fanfold cannot run (an HTTP model). Records shown as JSON run at two to
+/// four bytes a token with the tokenizers fanfold meets (quotes, braces
+/// and digits are tokens of their own); two leaves room, so a context
+/// planned to fit the window does fit, at the price of filling about two
+/// thirds of it. A backend that still cuts a context says so, and the
+/// engine ends its members in error.
 pub const BYTES_PER_TOKEN: u64 = 2;
+
+/// Tokens kept free for what a backend wraps around a prompt (a chat
+/// template's role markers), when packing counts with its own tokenizer.
+pub const TEMPLATE_TOKENS: u64 = 32;
+
+/// How packing counts the tokens of a text.
+pub enum TokenCount<'a> {
+    /// The backend's own tokenizer.
+    Tokenizer(&'a (dyn Fn(&str) -> u64 + Sync)),
+    /// [`BYTES_PER_TOKEN`], where no tokenizer can be run.
+    Estimate,
+}
+
+impl TokenCount<'_> {
+    pub fn tokens(&self, text: &str) -> u64 {
+        match self {
+            TokenCount::Tokenizer(count) => count(text),
+            TokenCount::Estimate => (text.len() as u64).div_ceil(BYTES_PER_TOKEN),
+        }
+    }
+
+    /// What the count is, as `explain` and reports say it.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            TokenCount::Tokenizer(_) => "counted by the model's tokenizer",
+            TokenCount::Estimate => "estimated at 2 bytes a token",
+        }
+    }
+}
 
 /// The line that closes every context, after its records.
 const CLOSING: &str = "\nList the ids of the records above that match, in the `matches` array; an empty array when none does.\n";
@@ -147,19 +178,24 @@ impl ChunkStage {
         s
     }
 
-    /// The bytes of members one context holds: the window less the answer,
-    /// the shared prefix and the closing line.
-    pub fn member_bytes_per_context(&self) -> u64 {
-        let window =
-            (self.spec.window_tokens - u64::from(self.spec.max_output_tokens)) * BYTES_PER_TOKEN;
-        window.saturating_sub((self.turn.prefix().len() + CLOSING.len()) as u64)
+    /// The tokens of members one context holds: the window less the
+    /// answer, the shared prefix, the closing line and, with a tokenizer,
+    /// the chat template's markers.
+    pub fn member_tokens_per_context(&self, count: &TokenCount<'_>) -> u64 {
+        let template = match count {
+            TokenCount::Tokenizer(_) => TEMPLATE_TOKENS,
+            TokenCount::Estimate => 0,
+        };
+        (self.spec.window_tokens - u64::from(self.spec.max_output_tokens)).saturating_sub(
+            count.tokens(self.turn.prefix()) + count.tokens(CLOSING) + template,
+        )
     }
 
     /// Packs units, in order, into contexts of at most `size` units and
-    /// the window's bytes (`member_bytes` is each unit's block, as
-    /// [`ChunkStage::member`] writes it).
-    pub fn pack(&self, member_bytes: &[u64]) -> Packing {
-        let room = self.member_bytes_per_context();
+    /// `room` tokens of members ([`ChunkStage::member_tokens_per_context`];
+    /// `member_tokens` is each unit's block, as [`ChunkStage::member`]
+    /// writes it, counted the same way).
+    pub fn pack(&self, member_tokens: &[u64], room: u64) -> Packing {
         let size = self.spec.size.unwrap_or(usize::MAX);
         let most = self.spec.max_contexts.unwrap_or(usize::MAX);
         let mut p = Packing::default();
@@ -172,7 +208,7 @@ impl ChunkStage {
                 p.outside.extend(from..to);
             }
         };
-        for (i, &b) in member_bytes.iter().enumerate() {
+        for (i, &b) in member_tokens.iter().enumerate() {
             if b > room {
                 p.too_large.push(i);
                 if let Some(s) = start.take() {
@@ -192,7 +228,7 @@ impl ChunkStage {
             used += b;
         }
         if let Some(s) = start {
-            close(&mut p, s, member_bytes.len());
+            close(&mut p, s, member_tokens.len());
         }
         p
     }
@@ -321,23 +357,44 @@ mod tests {
     #[test]
     fn packs_by_size_and_by_window_in_order() {
         let s = stage(Some(3), 10_000, None);
-        let p = s.pack(&[10; 7]);
+        let room = s.member_tokens_per_context(&TokenCount::Estimate);
+        let p = s.pack(&[10; 7], room);
         assert_eq!(p.contexts, vec![0..3, 3..6, 6..7]);
         assert!(p.too_large.is_empty() && p.outside.is_empty());
 
-        // A window that holds two 1,000-byte members, not three.
+        // A window that holds two members, not three.
         let s = stage(None, 10_000, None);
-        let room = s.member_bytes_per_context();
+        let room = s.member_tokens_per_context(&TokenCount::Estimate);
         let b = room / 2 - 1;
-        let p = s.pack(&[b, b, b, b, b]);
+        let p = s.pack(&[b, b, b, b, b], room);
         assert_eq!(p.contexts, vec![0..2, 2..4, 4..5]);
+    }
+
+    /// A tokenizer that reads more bytes a token than the estimate fills
+    /// the window with more members; the template's markers are kept free.
+    #[test]
+    fn a_tokenizer_packs_closer_to_the_window_than_the_estimate() {
+        let s = stage(None, 10_000, None);
+        let four = |t: &str| (t.len() as u64).div_ceil(4);
+        let by_tokenizer = TokenCount::Tokenizer(&four);
+        let estimated = s.member_tokens_per_context(&TokenCount::Estimate);
+        let counted = s.member_tokens_per_context(&by_tokenizer);
+        let member = s.member("7", &json!({"title": "x".repeat(200)}));
+        let fit = |count: &TokenCount<'_>, room: u64| room / count.tokens(&member);
+        let (few, many) = (
+            fit(&TokenCount::Estimate, estimated),
+            fit(&by_tokenizer, counted),
+        );
+        assert!(many > few * 3 / 2, "{few} members by estimate, {many} by tokenizer");
+        let prefix = four(s.turn.prefix()) + four(CLOSING);
+        assert_eq!(counted, 10_000 - 10 - prefix - TEMPLATE_TOKENS);
     }
 
     #[test]
     fn a_unit_larger_than_a_context_and_units_past_the_last_context_are_left_out() {
         let s = stage(None, 10_000, Some(1));
-        let room = s.member_bytes_per_context();
-        let p = s.pack(&[10, room + 5, 10, 10]);
+        let room = s.member_tokens_per_context(&TokenCount::Estimate);
+        let p = s.pack(&[10, room + 5, 10, 10], room);
         assert_eq!(p.too_large, vec![1]);
         assert_eq!(p.contexts, vec![0..1]);
         assert_eq!(p.outside, vec![2, 3]);

@@ -9,7 +9,9 @@ use std::path::Path;
 
 use fanfold_core::spec::{ChunkStageSpec, Execution, Spec};
 use fanfold_core::{ContentHash, Cost, FACT_SCHEMA, FactRecord, StableHash, Status, Unit};
-use fanfold_ops::chunk::{ChunkStage, Packing};
+use std::sync::OnceLock;
+
+use fanfold_ops::chunk::{ChunkStage, Packing, TokenCount};
 use fanfold_ops::view::{INPUT_BUCKET, Projector};
 use fanfold_store::Store;
 use serde_json::{Value, json};
@@ -27,6 +29,11 @@ use crate::queue::{Pending, Prompt, StageJob, UnitResult};
 
 pub struct ChunkRunner {
     pub stage: ChunkStage,
+    /// The embedded model's tokenizer, once its file is at hand: packing
+    /// counts with it, so a long context fills its window.
+    vocabulary: OnceLock<fanfold_llama::Vocabulary>,
+    /// Where a model named by path is found.
+    spec_dir: std::path::PathBuf,
 }
 
 /// A stage's units laid out in contexts, with each context's key.
@@ -56,12 +63,51 @@ impl ChunkRunner {
         ctx.hashed
             .insert(format!("rubric:{}", s.name), rubric.clone());
         let stage = ChunkStage::new(s.clone(), rubric).map_err(|e| ctx.invalid(e.to_string()))?;
-        Ok(ChunkRunner { stage })
+        Ok(ChunkRunner {
+            stage,
+            vocabulary: OnceLock::new(),
+            spec_dir: ctx.spec_dir.to_owned(),
+        })
     }
 
     fn projector(&self) -> Result<Projector, RunError> {
         let sp = &self.stage.spec;
         Projector::compile(sp.name.as_str(), sp.project.as_deref(), &sp.fields).map_err(project_err)
+    }
+
+    /// The tokenizer of the stage's embedded model when its file is at
+    /// hand (a run has fetched it before packing; `explain` never fetches,
+    /// and without the file estimates). HTTP models are estimated.
+    fn vocabulary(&self, spec: &Spec) -> Option<&fanfold_llama::Vocabulary> {
+        if let Some(v) = self.vocabulary.get() {
+            return Some(v);
+        }
+        let Some(fanfold_core::spec::BackendSpec::Llama { model, .. }) =
+            spec.backends.get(&self.stage.spec.backend)
+        else {
+            return None;
+        };
+        let path = match model {
+            Some(m) => Some(self.spec_dir.join(m)).filter(|p| p.is_file()),
+            None => crate::models::cached(
+                &crate::models::SMOLLM2_135M,
+                &crate::models::cache_dir(),
+            ),
+        }?;
+        match fanfold_llama::Vocabulary::open(&path) {
+            Ok(v) => {
+                let _ = self.vocabulary.set(v);
+                self.vocabulary.get()
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "stage `{}`: packing estimates tokens, the tokenizer of {} did not load: {e}",
+                    self.stage.name(),
+                    path.display()
+                );
+                None
+            }
+        }
     }
 
     /// Projects every unit once (for its input key and its size in a
@@ -71,8 +117,9 @@ impl ChunkRunner {
         table: &UnitTable,
         units: &[usize],
         model: &fanfold_core::ModelParams,
+        count: &TokenCount<'_>,
     ) -> Result<Layout, RunError> {
-        let (inputs, packing) = self.pack(table, units)?;
+        let (inputs, packing) = self.pack(table, units, count)?;
         let keys = packing
             .contexts
             .iter()
@@ -99,19 +146,32 @@ impl ChunkRunner {
         &self,
         table: &UnitTable,
         units: &[usize],
+        count: &TokenCount<'_>,
     ) -> Result<(Vec<ContentHash>, Packing), RunError> {
         let projector = self.projector()?;
         let mut inputs = Vec::with_capacity(units.len());
-        let mut bytes = Vec::with_capacity(units.len());
+        let mut tokens = Vec::with_capacity(units.len());
         for &i in units {
             let id = table.id(i)?;
             let projected = projector
                 .project(id.as_str(), &table.value(i))
                 .map_err(project_err)?;
             inputs.push(projected.key_in(INPUT_BUCKET));
-            bytes.push(self.stage.member(id.as_str(), &projected).len() as u64);
+            tokens.push(count.tokens(&self.stage.member(id.as_str(), &projected)));
         }
-        Ok((inputs, self.stage.pack(&bytes)))
+        let room = self.stage.member_tokens_per_context(count);
+        Ok((inputs, self.stage.pack(&tokens, room)))
+    }
+
+    /// Runs `f` with the stage's token count.
+    fn with_count<T>(&self, spec: &Spec, f: impl FnOnce(&TokenCount<'_>) -> T) -> T {
+        match self.vocabulary(spec) {
+            Some(v) => {
+                let count = |text: &str| v.count(text);
+                f(&TokenCount::Tokenizer(&count))
+            }
+            None => f(&TokenCount::Estimate),
+        }
     }
 }
 
@@ -163,11 +223,13 @@ impl Stage for ChunkRunner {
             sp.max_output_tokens,
             crate::kit::sees(sp.project.as_deref(), &sp.fields)
         );
+        let (room, how) = self.with_count(spec, |count| {
+            (self.stage.member_tokens_per_context(count), count.describe())
+        });
         let _ = writeln!(
             out,
-            "    {size} units a context, {contexts} contexts of {} tokens ({} bytes of records each); the model lists the matching ids",
+            "    {size} units a context, {contexts} contexts of {} tokens ({room} tokens of records each, {how}); the model lists the matching ids",
             sp.window_tokens,
-            self.stage.member_bytes_per_context()
         );
         let _ = writeln!(
             out,
@@ -191,7 +253,9 @@ impl Stage for ChunkRunner {
             Err(count) => return Ok(count),
         };
         let model = model_params(&info, &self.stage.turn);
-        let layout = self.layout(table, units, &model)?;
+        let layout = self.with_count(spec, |count| {
+            self.layout(table, units, &model, count)
+        })?;
         let mut count = CachedCount {
             calls: Some(0),
             ..CachedCount::default()
@@ -216,7 +280,13 @@ impl Stage for ChunkRunner {
     }
 
     fn planned_calls(&self, table: &UnitTable, units: &[usize]) -> Result<Option<u64>, RunError> {
-        Ok(Some(self.pack(table, units)?.1.contexts.len() as u64))
+        // Without the spec, an estimate: this is `explain` with no store.
+        Ok(Some(
+            self.pack(table, units, &TokenCount::Estimate)?
+                .1
+                .contexts
+                .len() as u64,
+        ))
     }
 
     fn run(&self, ctx: &mut StageContext<'_>, units: Vec<usize>) -> Result<StageOutcome, RunError> {
@@ -229,7 +299,10 @@ impl Stage for ChunkRunner {
         let info = backend.info();
         let model = model_params(&info, turn);
         let table = ctx.table;
-        let layout = self.layout(table, &units, &model)?;
+        let (layout, room) = self.with_count(ctx.spec, |count| {
+            let layout = self.layout(table, &units, &model, count)?;
+            Ok::<_, RunError>((layout, (stage.member_tokens_per_context(count), count.describe())))
+        })?;
         let projector = self.projector()?;
         let ledger = ctx.ledger;
         let progress = ctx.progress;
@@ -265,7 +338,7 @@ impl Stage for ChunkRunner {
         };
 
         // Units no context can hold end here, said plainly: never negative.
-        let room = stage.member_bytes_per_context();
+        let (room, how) = room;
         let mut left_out = 0u64;
         for (&k, reason) in layout
             .packing
@@ -274,7 +347,7 @@ impl Stage for ChunkRunner {
             .map(|k| {
                 (
                     k,
-                    format!("too_large: larger than one context's {room} bytes of records"),
+                    format!("too_large: larger than one context's {room} tokens of records ({how})"),
                 )
             })
             .chain(layout.packing.outside.iter().map(|k| {
@@ -473,6 +546,8 @@ impl Stage for ChunkRunner {
                 chunks.contexts = packing.contexts.len() as u64;
                 chunks.too_large = packing.too_large.len() as u64;
                 chunks.outside_window = packing.outside.len() as u64;
+                chunks.room_tokens = room;
+                chunks.counted = how.to_owned();
                 chunks.largest = packing
                     .contexts
                     .iter()
@@ -509,4 +584,10 @@ pub struct ChunkReport {
     pub too_large: u64,
     /// Units past the last context allowed (ended `not_run`).
     pub outside_window: u64,
+    /// Tokens of records one context holds.
+    #[serde(default)]
+    pub room_tokens: u64,
+    /// How they were counted: by the model's tokenizer, or estimated.
+    #[serde(default)]
+    pub counted: String,
 }
