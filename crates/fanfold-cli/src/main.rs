@@ -692,8 +692,8 @@ fn gc(args: BatchesArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&r)?);
     } else {
         println!(
-            "removed {} runs without an answer, {} sources no run read ({} chunks); {} -> {} bytes",
-            r.runs, r.sources, r.chunks, r.bytes_before, r.bytes_after
+            "removed {} runs without an answer, {} per-unit rows of runs a later answer superseded, {} sources no run read ({} chunks); {} -> {} bytes",
+            r.runs, r.superseded_unit_rows, r.sources, r.chunks, r.bytes_before, r.bytes_after
         );
     }
     Ok(())

@@ -2521,6 +2521,48 @@ fn four_processes_on_one_store_with_an_http_backend_all_finish() {
     assert!(repeats.is_empty(), "called more than once: {repeats:?}");
 }
 
+/// Reruns do not grow the store for good: `gc` keeps the per-unit rows of
+/// the latest answered run of a spec over a source, and the certificates
+/// of all.
+#[test]
+fn gc_drops_the_unit_rows_of_superseded_runs() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    f.input(&flagged_rows(6));
+    for _ in 0..3 {
+        let o = f.run(&[]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    let store = f.path("store.sqlite");
+    assert_eq!(
+        sqlite3(&store, "SELECT COUNT(*) FROM run_units;").trim(),
+        "18"
+    );
+    let o = run(bin().arg("gc").arg("--store").arg(&store).arg("--json"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: Value = serde_json::from_str(&stdout(&o)).expect("json");
+    assert_eq!(r["superseded_unit_rows"], 12, "{r}");
+    assert!(
+        r["bytes_after"].as_u64() <= r["bytes_before"].as_u64(),
+        "the store and its log did not grow: {r}"
+    );
+    assert_eq!(
+        sqlite3(&store, "SELECT COUNT(*) FROM run_units;").trim(),
+        "6"
+    );
+    assert_eq!(
+        sqlite3(
+            &store,
+            "SELECT COUNT(*) FROM runs WHERE certificate IS NOT NULL;"
+        )
+        .trim(),
+        "3"
+    );
+    // The next run still reuses every fact.
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(f.certificate()["stats"]["model_calls"], 0);
+}
+
 /// An input that does not parse leaves nothing in the store, and `gc`
 /// removes failed runs and the sources only they read, keeping answers.
 #[test]

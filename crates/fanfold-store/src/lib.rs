@@ -222,6 +222,9 @@ fn retry_while_busy<T>(
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct GcReport {
     pub runs: u64,
+    /// Per-unit outcome rows of runs that a later answered run of the same
+    /// spec and source superseded (their certificates stay).
+    pub superseded_unit_rows: u64,
     pub sources: u64,
     pub chunks: u64,
     pub bytes_before: u64,
@@ -1539,6 +1542,22 @@ impl Store {
         report.runs = tx
             .execute("DELETE FROM runs WHERE certificate IS NULL", [])
             .map_err(|e| self.sql(e))? as u64;
+        // A run's per-unit rows are its outcome unit by unit, which the
+        // next answered run of the same spec over the same source states
+        // again: without this, every rerun adds a row per unit for good.
+        report.superseded_unit_rows = tx
+            .execute(
+                "DELETE FROM run_units WHERE run_id IN (
+                     SELECT old.run_id FROM runs old
+                     WHERE old.certificate IS NOT NULL AND EXISTS (
+                         SELECT 1 FROM runs new
+                         WHERE new.certificate IS NOT NULL
+                           AND new.spec_hash = old.spec_hash
+                           AND new.source_hash = old.source_hash
+                           AND new.started_ms > old.started_ms))",
+                [],
+            )
+            .map_err(|e| self.sql(e))? as u64;
         let unread: Vec<String> = {
             let mut st = tx
                 .prepare(
@@ -1555,9 +1574,13 @@ impl Store {
         report.sources = unread.len() as u64;
         report.chunks = delete_orphan_chunks(&tx).map_err(|e| self.sql(e))? as u64;
         tx.commit().map_err(|e| self.sql(e))?;
-        // Give the freed pages back to the file system.
-        conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE); VACUUM;")
-            .map_err(|e| self.sql(e))?;
+        // Give the freed pages back to the file system. In WAL mode VACUUM
+        // writes the new copy into the log: a second checkpoint folds it
+        // back, so the file shrinks and the log is empty again.
+        conn.execute_batch(
+            "PRAGMA wal_checkpoint(TRUNCATE); VACUUM; PRAGMA wal_checkpoint(TRUNCATE);",
+        )
+        .map_err(|e| self.sql(e))?;
         drop(conn);
         report.bytes_before = before;
         report.bytes_after = self.file_bytes();
