@@ -80,9 +80,10 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--counts", required=True)
     p.add_argument("--delay-ms", type=int, default=40)
+    p.add_argument("--port", type=int, default=0, help="0: any free port")
     args = p.parse_args()
     Judge.delay_ms = args.delay_ms
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Judge)
     server.daemon_threads = True
 
     def stop(*_):
