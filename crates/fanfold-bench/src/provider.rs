@@ -30,6 +30,9 @@ enum Progress {
 }
 
 struct Shared {
+    /// The model's identity, read once at start (asking it inside the
+    /// server's runtime could block on the model's own).
+    model_id: String,
     model: Box<dyn ModelBackend>,
     slots: usize,
     files: Mutex<HashMap<String, Vec<u8>>>,
@@ -50,6 +53,7 @@ impl LoopbackBatches {
     pub fn start(model: Box<dyn ModelBackend>, slots: usize) -> Result<LoopbackBatches> {
         let info = model.info();
         let shared = Arc::new(Shared {
+            model_id: info.model_id.clone(),
             model,
             slots: slots.max(1),
             files: Mutex::new(HashMap::new()),
@@ -122,6 +126,15 @@ async fn handle(
                 lock(&worker.batches).insert(batch, progress);
             });
             reply(StatusCode::OK, json!({"id": id, "status": "validating"}))
+        }
+        // The one model behind the provider, named by its own identity, so
+        // a backend pointed here names the weights that answer.
+        ("GET", ["v1", "models"]) => {
+            let id = st.model_id.clone();
+            reply(
+                StatusCode::OK,
+                json!({"object": "list", "data": [{"id": id, "object": "model", "owned_by": "fanfold"}]}),
+            )
         }
         ("GET", ["v1", "batches", id]) => match lock(&st.batches).get(*id) {
             None => reply(

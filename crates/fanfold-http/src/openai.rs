@@ -73,6 +73,14 @@ impl OpenAiBackend {
     /// new facts, not stale ones. `None` when the server has no listing or
     /// does not list the model; the identity is then the host and alias.
     pub fn served(&self) -> Option<&str> {
+        if let Some(served) = self.served.get() {
+            return served.as_deref();
+        }
+        // Inside another runtime this thread must not block on ours; the
+        // listing is asked (and kept) at the first call outside one.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return None;
+        }
         self.served
             .get_or_init(|| {
                 // Asked once per process and endpoint: a run builds its
