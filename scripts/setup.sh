@@ -13,6 +13,8 @@ dpkg -s libsqlite3-dev >/dev/null 2>&1 || need+=(libsqlite3-dev)
 # The sqlite3 shell: the store is meant to be read with it, and the tests
 # and the kill drill do.
 command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3)
+# tmux: the tests drive `fanfold label` in a terminal of 80 by 24 with it.
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 # `setup.sh browser`: also headless Chromium, which the report tests render
 # pages in.

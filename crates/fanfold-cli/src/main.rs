@@ -1,5 +1,6 @@
 //! The `fanfold` command: glue between the user and the engine.
 
+mod label;
 mod progress;
 
 use std::io::Write as _;
@@ -42,6 +43,10 @@ enum Command {
     /// runs, and the sources only they read. Facts stay (they are the
     /// cache). Refused while a run is live on the store.
     Gc(BatchesArgs),
+    /// Answer, as a person at a terminal, the labels a cascade asked for
+    /// (OUT_DIR/labels-wanted.jsonl): one unit at a time, single keys,
+    /// stored at once; resumes where it stopped.
+    Label(label::LabelArgs),
     /// Prove the spine's claims on the issue-triage fixture.
     Selfcheck(SelfcheckArgs),
     /// Print what a finished run measured, from its output folder.
@@ -406,6 +411,7 @@ fn real_main() -> Result<ExitCode> {
         Command::Explain(args) => explain(args),
         Command::Batches(args) => batches(args).map(|()| ExitCode::SUCCESS),
         Command::Gc(args) => gc(args).map(|()| ExitCode::SUCCESS),
+        Command::Label(args) => label::label(&args).map(|()| ExitCode::SUCCESS),
         Command::Report(ReportCommand::Run { run, html, md }) => {
             let out = fanfold_bench::page::RunOutput::read(&run)?;
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

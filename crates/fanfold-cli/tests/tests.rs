@@ -4822,6 +4822,190 @@ fn cascade_fixture(cascade: &str) -> Fixture {
     f
 }
 
+/// A terminal of 80 by 24 under tmux, on a server of its own.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn start(command: &str) -> Tmux {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let socket = format!(
+            "fanfold-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let t = Tmux { socket };
+        let o = t.tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            "t",
+            "-x",
+            "80",
+            "-y",
+            "24",
+            command,
+        ]);
+        assert!(
+            o.status.success(),
+            "tmux starts (scripts/setup.sh installs it): {}",
+            stderr(&o)
+        );
+        t
+    }
+
+    fn tmux(&self, args: &[&str]) -> Output {
+        Command::new("tmux")
+            .args(["-L", &self.socket])
+            .args(args)
+            .env_remove("TMUX")
+            .output()
+            .expect("tmux runs (scripts/setup.sh installs it)")
+    }
+
+    fn keys(&self, keys: &str) {
+        let o = self.tmux(&["send-keys", "-t", "t", keys]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+
+    fn screen(&self) -> String {
+        stdout(&self.tmux(&["capture-pane", "-p", "-t", "t"]))
+    }
+
+    /// The screen once it shows `text` (within 20 s).
+    fn wait_for(&self, text: &str) -> String {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let screen = self.screen();
+            if screen.contains(text) {
+                return screen;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "the screen never showed {text:?}:\n{screen}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.tmux(&["kill-server"]);
+    }
+}
+
+/// A person is the oracle: the run lists what it needs, the person answers
+/// it in an 80×24 terminal with single keys (undo, skip and quit
+/// included), the labels are stored at once and a new start resumes; the
+/// rest come from a file of the data's own labels, and the runs after use
+/// every label until the target is met.
+#[test]
+fn a_person_labels_what_the_cascade_asks_for_and_the_reruns_use_it() {
+    let f = cascade_fixture(
+        r#"{ proxy = "lex", target = "recall", at_least = 0.7, delta = 0.1, label_budget = 300, oracle = "person" }"#,
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert_eq!(f.certificate()["stats"]["model_calls"], 0);
+    let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
+    assert!(md.contains("waits for a person"), "{md}");
+    let wanted = f.jsonl("out/labels-wanted.jsonl");
+    let n = wanted.len();
+    assert!(n > 2, "{n} labels wanted");
+    let id = |k: usize| wanted[k]["id"].as_str().expect("id").to_owned();
+
+    let store = f.path("store.sqlite");
+    let label = format!(
+        "'{}' label '{}' --store '{}' --labeller ann; echo LABEL-EXITED; sleep 60",
+        env!("CARGO_BIN_EXE_fanfold"),
+        f.path("out").display(),
+        store.display()
+    );
+    let t = Tmux::start(&label);
+    let screen = t.wait_for(&format!("1 of {n}"));
+    assert!(screen.contains(&format!("unit {}", id(0))), "{screen}");
+    assert!(screen.contains("Question: Say yes"), "{screen}");
+    assert!(
+        screen.contains("[1] yes  [2] no  [s] skip  [u] undo  [q] quit"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("\"title\""),
+        "the unit's view is shown: {screen}"
+    );
+    assert!(screen.lines().count() <= 24 && screen.lines().all(|l| l.chars().count() <= 80));
+    t.keys("1");
+    t.wait_for(&format!("2 of {n} · 1 labelled"));
+    assert_eq!(sqlite3(&store, "SELECT COUNT(*) FROM labels;").trim(), "1");
+    t.keys("u");
+    t.wait_for(&format!("1 of {n} · 0 labelled"));
+    assert_eq!(sqlite3(&store, "SELECT COUNT(*) FROM labels;").trim(), "0");
+    t.keys("2");
+    t.wait_for(&format!("2 of {n} · 1 labelled"));
+    t.keys("s");
+    t.wait_for(&format!("3 of {n} · 1 labelled, 1 skipped"));
+    t.keys("q");
+    let screen = t.wait_for("LABEL-EXITED");
+    assert!(screen.contains("1 labelled, 1 skipped"), "{screen}");
+    assert_eq!(
+        sqlite3(&store, "SELECT unit_id, decision, labeller FROM labels;").trim(),
+        format!("{}|no|person:ann", id(0))
+    );
+    drop(t);
+    // A new start resumes with the first unit still unlabelled.
+    let t = Tmux::start(&label);
+    let screen = t.wait_for(&format!("1 of {}", n - 1));
+    assert!(screen.contains(&format!("unit {}", id(1))), "{screen}");
+    t.keys("q");
+    t.wait_for("LABEL-EXITED");
+    drop(t);
+
+    // The rest from the data's own labels; each run asks for what its
+    // proof leaves to the oracle, until none is left.
+    let truth = |id: &str| id.parse::<u64>().is_ok_and(|i| i < 150);
+    let mut rounds = 0;
+    loop {
+        let lines: String = f
+            .jsonl("out/labels-wanted.jsonl")
+            .iter()
+            .map(|w| {
+                let id = w["id"].as_str().expect("id");
+                let decision = if truth(id) { "yes" } else { "no" };
+                format!("{}\n", serde_json::json!({"id": id, "decision": decision}))
+            })
+            .collect();
+        std::fs::write(f.path("truth.jsonl"), lines).expect("labels");
+        let o = run(bin()
+            .arg("label")
+            .arg(f.path("out"))
+            .arg("--store")
+            .arg(&store)
+            .arg("--import")
+            .arg(f.path("truth.jsonl")));
+        assert!(o.status.success(), "{}", stderr(&o));
+        let o = f.run(&[]);
+        rounds += 1;
+        if o.status.code() == Some(0) {
+            break;
+        }
+        assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+        assert!(rounds < 4, "still waiting after {rounds} rounds");
+    }
+    let cert = f.certificate();
+    let report = &cert["stats"]["cascades"]["judge"];
+    assert_eq!(report["met"], true, "{report}");
+    assert_eq!(report["oracle"], "a person", "{report}");
+    assert_eq!(
+        cert["stats"]["model_calls"], 0,
+        "a person, not the model, was the oracle"
+    );
+    assert!(f.jsonl("out/labels-wanted.jsonl").is_empty());
+    let found = f.answer_ids().iter().filter(|id| truth(id)).count();
+    assert!(found as f64 >= 0.7 * 150.0, "{found} of 150 flagged found");
+}
+
 #[test]
 fn a_cascade_meets_its_target_for_fewer_calls_and_says_so() {
     let f = cascade_fixture(

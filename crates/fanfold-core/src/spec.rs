@@ -596,11 +596,28 @@ pub struct CascadeSpec {
     /// it, the stage's own backend is the oracle. A unit left to a labels
     /// oracle that has no label leaves the target unmet.
     pub labels: Option<String>,
+    /// Who the oracle is when there is no labels file: the stage's own
+    /// backend, or a person, whose labels `fanfold label OUT_DIR` takes
+    /// into the store (keyed by the question and what the unit shows, so
+    /// an edited unit is asked again and the rest are reused).
+    #[serde(default)]
+    pub oracle: CascadeOracle,
     #[serde(default)]
     pub seed: u64,
     /// The proxy's own decision boundary, for an accuracy target: a score
     /// at or above it is positive. Defaults to the middle of the scores.
     pub cut: Option<f64>,
+}
+
+/// Who answers for a unit the cascade asks about.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CascadeOracle {
+    /// The stage's own backend.
+    #[default]
+    Backend,
+    /// A person, through `fanfold label`.
+    Person,
 }
 
 /// What a quality target measures, against the oracle.

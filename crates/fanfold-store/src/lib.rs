@@ -343,6 +343,19 @@ pub struct RejectionRow {
     pub byte_end: u64,
 }
 
+/// A person's (or another trusted oracle's) decision for what a unit
+/// shows under a stage's question, keyed by both: an edited unit is a new
+/// key, asked again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Label {
+    pub key: ContentHash,
+    pub stage: String,
+    pub unit_id: String,
+    pub decision: String,
+    /// Who gave it (`person:NAME`).
+    pub labeller: String,
+}
+
 /// One unit's outcome in one run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunUnitRow {
@@ -434,6 +447,9 @@ CREATE TABLE IF NOT EXISTS batch_requests (
     PRIMARY KEY (request_key, batch_id));
 CREATE TABLE IF NOT EXISTS fold_nodes (
     key TEXT PRIMARY KEY, level INTEGER NOT NULL, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS labels (
+    key TEXT PRIMARY KEY, stage TEXT NOT NULL, unit_id TEXT NOT NULL,
+    decision TEXT NOT NULL, labeller TEXT NOT NULL, created_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, spec_name TEXT NOT NULL, spec_hash TEXT NOT NULL,
     source_hash TEXT NOT NULL, started_ms INTEGER NOT NULL, finished_ms INTEGER,
@@ -992,6 +1008,52 @@ impl Store {
         self.corrupt_facts
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(None)
+    }
+
+    /// Stores a label, replacing an earlier one under the same key.
+    pub fn put_label(&self, label: &Label) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "INSERT OR REPLACE INTO labels (key, stage, unit_id, decision, labeller, created_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    label.key.to_hex(),
+                    label.stage,
+                    label.unit_id,
+                    label.decision,
+                    label.labeller,
+                    now_ms() as i64
+                ],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    pub fn get_label(&self, key: &ContentHash) -> Result<Option<Label>, StoreError> {
+        self.conn()
+            .query_row(
+                "SELECT stage, unit_id, decision, labeller FROM labels WHERE key = ?1",
+                [key.to_hex()],
+                |r| {
+                    Ok(Label {
+                        key: *key,
+                        stage: r.get(0)?,
+                        unit_id: r.get(1)?,
+                        decision: r.get(2)?,
+                        labeller: r.get(3)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(|e| self.sql(e))
+    }
+
+    /// Takes a label back (an undo); true when there was one.
+    pub fn delete_label(&self, key: &ContentHash) -> Result<bool, StoreError> {
+        self.conn()
+            .execute("DELETE FROM labels WHERE key = ?1", [key.to_hex()])
+            .map(|n| n > 0)
+            .map_err(|e| self.sql(e))
     }
 
     /// How many stored facts [`Store::get_fact`] found damaged and dropped
@@ -1612,6 +1674,29 @@ impl Store {
 mod tests {
     use super::*;
     use fanfold_core::{Cost, FACT_SCHEMA, ModelParams, Status, UnitId};
+
+    #[test]
+    fn labels_are_kept_replaced_and_taken_back_by_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.sqlite")).unwrap();
+        let key = ContentHash::of_bytes(b"question and view");
+        assert_eq!(store.get_label(&key).unwrap(), None);
+        let mut label = Label {
+            key,
+            stage: "judge".into(),
+            unit_id: "7".into(),
+            decision: "yes".into(),
+            labeller: "person:ann".into(),
+        };
+        store.put_label(&label).unwrap();
+        assert_eq!(store.get_label(&key).unwrap(), Some(label.clone()));
+        label.decision = "no".into();
+        store.put_label(&label).unwrap();
+        assert_eq!(store.get_label(&key).unwrap(), Some(label));
+        assert!(store.delete_label(&key).unwrap());
+        assert!(!store.delete_label(&key).unwrap());
+        assert_eq!(store.get_label(&key).unwrap(), None);
+    }
 
     /// Where SQLite says only "unable to open database file", the error
     /// says what is wrong with the path.

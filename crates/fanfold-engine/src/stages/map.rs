@@ -418,6 +418,17 @@ impl Stage for MapRunner {
         super::map_cascade::quality(stats, self.name())
     }
 
+    fn output_files(&self, _stats: &crate::kit::RunStats) -> Vec<(String, Vec<serde_json::Value>)> {
+        // Written whenever a person is the oracle, empty when nothing is
+        // wanted, so an earlier run's list never outlives its need.
+        match &self.cascade {
+            Some(c) if c.asks_a_person() => {
+                vec![(super::map_cascade::WANTED_FILE.to_owned(), c.wanted_lines())]
+            }
+            _ => Vec::new(),
+        }
+    }
+
     fn shortfalls(&self, stats: &crate::kit::RunStats) -> Vec<String> {
         super::map_cascade::shortfalls(stats, self.name())
     }

@@ -9,10 +9,18 @@
 //! cache, so a rerun asks again only for a unit whose view changed. With
 //! a labels file, a unit the cascade leaves to the oracle that has no
 //! label is not decided, and the target is unmet.
+//!
+//! With a person as the oracle, labels live in the store under a key of
+//! the stage's question and what the unit shows ([`label_key`]). A run
+//! that lacks some lists them in `labels-wanted.jsonl` for `fanfold
+//! label OUT_DIR` and decides nothing it cannot prove: first the draws
+//! that set the thresholds, then, once those are labelled, the units the
+//! proof leaves to the oracle. Each rerun asks only for what is missing.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 
-use fanfold_core::spec::{CascadeSpec, MapStageSpec, QualityMetric, StageSpec};
+use fanfold_core::spec::{CascadeOracle, CascadeSpec, MapStageSpec, QualityMetric, StageSpec};
 use fanfold_core::{
     ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash, Status, UnitId,
 };
@@ -38,6 +46,36 @@ pub(crate) struct CascadeRun {
     /// Unit id -> the label's decision: `Some(positive)`, or `None` for an
     /// abstaining label.
     labels: Option<HashMap<String, Option<bool>>>,
+    /// Labels a person oracle has yet to give, in the order asked.
+    wanted: Mutex<Vec<WantedLabel>>,
+}
+
+/// The file a run lists the labels it waits for in.
+pub const WANTED_FILE: &str = "labels-wanted.jsonl";
+
+/// A label a cascade waits for from a person: one line of
+/// [`WANTED_FILE`], everything `fanfold label` shows and stores.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WantedLabel {
+    pub stage: String,
+    pub id: String,
+    /// The store key the label goes under ([`label_key`]).
+    pub key: ContentHash,
+    /// The stage's rubric: the question the label answers.
+    pub question: String,
+    /// The decisions a label may take: the positive values, then the
+    /// negative ones.
+    pub decisions: Vec<String>,
+    /// What the stage shows of the unit.
+    pub view: serde_json::Value,
+}
+
+/// The store key of a label: the stage's question and what the unit shows.
+pub fn label_key(stage: &MapStage, view_key: &ContentHash) -> ContentHash {
+    let mut h = fanfold_core::StableHasher::new(fanfold_core::Bucket::Kind("cascade-label-v1"));
+    h.field("rubric", &stage.rubric_hash)
+        .field("view", view_key);
+    h.finish()
 }
 
 /// What a cascade did and proved, for the certificate and answer.md.
@@ -64,6 +102,9 @@ pub struct CascadeReport {
     pub exact: bool,
     /// Units left to a labels oracle that has no label for them.
     pub unlabelled: usize,
+    /// Labels a person is asked for in `labels-wanted.jsonl`.
+    #[serde(default)]
+    pub wanted: usize,
     /// The guarantee holds: every unit the proxy did not decide was
     /// decided by the oracle.
     pub met: bool,
@@ -73,6 +114,10 @@ impl CascadeReport {
     /// One line of what is known of the stage's quality.
     pub fn statement(&self, stage: &str) -> String {
         let how = match (&self.plan, self.exact) {
+            (None, _) if self.wanted > 0 => format!(
+                "it waits for {} labels from a person: give them with fanfold label and run again",
+                self.wanted
+            ),
             (Some(Plan::OracleDecidesAll) | None, _) => {
                 "nothing was proven of the proxy: the oracle decides every unit".to_owned()
             }
@@ -165,9 +210,16 @@ impl CascadeRun {
                 Some(labels)
             }
         };
+        if c.oracle == CascadeOracle::Person && c.labels.is_some() {
+            return Err(invalid(
+                ctx,
+                "oracle = \"person\" and a labels file are two oracles: keep one".into(),
+            ));
+        }
         Ok(CascadeRun {
             spec: c.clone(),
             labels,
+            wanted: Mutex::new(Vec::new()),
         })
     }
 
@@ -190,9 +242,12 @@ impl CascadeRun {
     }
 
     pub(crate) fn explain(&self, stage: &MapStageSpec) -> String {
-        let oracle = match &self.spec.labels {
-            Some(f) => format!("the labels in `{f}`"),
-            None => format!("the stage's backend `{}`", stage.backend),
+        let oracle = match (&self.spec.labels, self.spec.oracle) {
+            (Some(f), _) => format!("the labels in `{f}`"),
+            (None, CascadeOracle::Person) => {
+                "a person (`fanfold label OUT_DIR` stores the labels a run asks for)".to_owned()
+            }
+            (None, CascadeOracle::Backend) => format!("the stage's backend `{}`", stage.backend),
         };
         format!(
             "cascade: {}; the proxy is `{}`'s `{}`, the oracle {oracle}, at most {} labels",
@@ -253,8 +308,74 @@ impl CascadeRun {
         let mut outcome = StageOutcome::default();
         // The backend as oracle: every unit the cascade may ask about is
         // judged first, through the stage's slots and its cache.
+        let person = self.labels.is_none() && c.oracle == CascadeOracle::Person;
+        if let Ok(mut w) = self.wanted.lock() {
+            w.clear();
+        }
+        // A person's labels, by position: none, or the decision given
+        // (`None` inside for one that is neither positive nor negative).
+        let mut stored: Vec<Option<Option<bool>>> = Vec::new();
+        if person {
+            for key in &view_keys {
+                let label = ctx.store.get_label(&label_key(stage, key))?;
+                stored.push(label.map(|l| {
+                    let d = &stage.spec.decision;
+                    if d.positive.contains(&l.decision) {
+                        Some(true)
+                    } else if d.negative.contains(&l.decision) {
+                        Some(false)
+                    } else {
+                        None
+                    }
+                }));
+            }
+            let draws = cascade::label_draws(&config, &scores, &keys);
+            let missing: Vec<usize> = draws
+                .iter()
+                .copied()
+                .filter(|&p| stored.get(p).is_some_and(Option::is_none))
+                .collect();
+            if !missing.is_empty() {
+                // The thresholds need these first: nothing is decided
+                // until they are given.
+                let wanted = self.want(stage, ctx, &units, &view_keys, &missing, view)?;
+                for &i in &units {
+                    ctx.ledger.record(
+                        i,
+                        derived_fact(
+                            stage,
+                            c.seed,
+                            &format!("cascade\0{name}\0waiting\0{i}"),
+                            "label:person".into(),
+                            cites(i),
+                            Status::NotRun,
+                            format!(
+                                "the cascade waits for {wanted} labels from a person before it decides ({WANTED_FILE}; `fanfold label OUT_DIR`)"
+                            ),
+                        ),
+                        Origin::Derived,
+                    );
+                }
+                let report = CascadeReport {
+                    target: self.target_text(),
+                    proxy: c.proxy.clone(),
+                    oracle: "a person".into(),
+                    plan: None,
+                    units: units.len(),
+                    labels: draws.len() - missing.len(),
+                    calls_without: keys.iter().collect::<std::collections::HashSet<_>>().len(),
+                    unlabelled: units.len(),
+                    wanted,
+                    met: false,
+                    ..CascadeReport::default()
+                };
+                ctx.stats.reports.put(REPORT, &name, &report);
+                return Ok(StageOutcome::default());
+            }
+        }
         let asked: Vec<usize> = match &self.labels {
             Some(_) => Vec::new(),
+            None if person => Vec::new(),
             None => cascade::label_draws(&config, &scores, &keys)
                 .into_iter()
                 .filter_map(|p| units.get(p).copied())
@@ -268,6 +389,9 @@ impl CascadeRun {
         let file = self.labels.as_ref();
         let mut oracle = |p: usize| -> Option<bool> {
             let i = *units.get(p)?;
+            if person {
+                return stored.get(p).copied().flatten().flatten();
+            }
             match file {
                 Some(labels) => {
                     let id = table.unit(i).ok()?.unit_id.0.clone();
@@ -351,12 +475,54 @@ impl CascadeRun {
                             made(positive, "label", format!("labelled in `{f}`")),
                             Origin::Derived,
                         );
+                    } else if person {
+                        ctx.ledger.record(
+                            i,
+                            made(positive, "label", "labelled by a person".into()),
+                            Origin::Derived,
+                        );
                     }
                 }
+                Decision::Oracle if person => match stored.get(p).copied().flatten().flatten() {
+                    Some(positive) => ctx.ledger.record(
+                        i,
+                        made(positive, "label", "labelled by a person".into()),
+                        Origin::Derived,
+                    ),
+                    None => left.push(i),
+                },
                 Decision::Oracle => left.push(i),
             }
         }
+        let mut wanted = 0;
         match &c.labels {
+            None if person => {
+                // What the proof leaves to the oracle and a person has not
+                // labelled yet: asked for now, undecided until then.
+                let at: HashMap<usize, usize> =
+                    units.iter().enumerate().map(|(p, &i)| (i, p)).collect();
+                let positions: Vec<usize> =
+                    left.iter().filter_map(|i| at.get(i).copied()).collect();
+                wanted = self.want(stage, ctx, &units, &view_keys, &positions, view)?;
+                for &i in &left {
+                    unlabelled += 1;
+                    ctx.ledger.record(
+                        i,
+                        derived_fact(
+                            stage,
+                            c.seed,
+                            &format!("cascade\0{name}\0unlabelled\0{i}"),
+                            "label:person".into(),
+                            cites(i),
+                            Status::NotRun,
+                            format!(
+                                "left to the oracle by the cascade, and no person has labelled it yet ({WANTED_FILE}; `fanfold label OUT_DIR`)"
+                            ),
+                        ),
+                        Origin::Derived,
+                    );
+                }
+            }
             None => {
                 if !left.is_empty() {
                     merge(&mut outcome, judge(ctx, left)?);
@@ -389,6 +555,7 @@ impl CascadeRun {
             proxy: c.proxy.clone(),
             oracle: match &c.labels {
                 Some(f) => format!("labels file `{f}`"),
+                None if person => "a person".into(),
                 None => format!("backend `{}`", stage.spec.backend),
             },
             plan: Some(result.plan.clone()),
@@ -402,10 +569,75 @@ impl CascadeRun {
             lower_bound: result.lower_bound,
             exact: result.exact,
             unlabelled,
+            wanted,
             met: unlabelled == 0,
         };
         ctx.stats.reports.put(REPORT, &name, &report);
         Ok(outcome)
+    }
+}
+
+impl CascadeRun {
+    /// Lists the units at `positions` for a person to label, once per
+    /// label key, in order; returns how many were listed.
+    fn want(
+        &self,
+        stage: &MapStage,
+        ctx: &StageContext<'_>,
+        units: &[usize],
+        view_keys: &[ContentHash],
+        positions: &[usize],
+        view: &dyn Fn(usize) -> Result<serde_json::Value, RunError>,
+    ) -> Result<usize, RunError> {
+        let decisions: Vec<String> = stage
+            .spec
+            .decision
+            .positive
+            .iter()
+            .chain(&stage.spec.decision.negative)
+            .cloned()
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        let mut lines = Vec::new();
+        for &p in positions {
+            let (Some(&i), Some(vk)) = (units.get(p), view_keys.get(p)) else {
+                continue;
+            };
+            let key = label_key(stage, vk);
+            if !seen.insert(key) {
+                continue;
+            }
+            lines.push(WantedLabel {
+                stage: stage.name().to_owned(),
+                id: ctx.table.unit(i)?.unit_id.0.clone(),
+                key,
+                question: stage.rubric.clone(),
+                decisions: decisions.clone(),
+                view: view(i)?,
+            });
+        }
+        let n = lines.len();
+        if let Ok(mut w) = self.wanted.lock() {
+            w.extend(lines);
+        }
+        Ok(n)
+    }
+
+    /// Whether a person is the oracle.
+    pub(crate) fn asks_a_person(&self) -> bool {
+        self.labels.is_none() && self.spec.oracle == CascadeOracle::Person
+    }
+
+    /// The lines of [`WANTED_FILE`], when a person is asked for labels.
+    pub(crate) fn wanted_lines(&self) -> Vec<serde_json::Value> {
+        self.wanted
+            .lock()
+            .map(|w| {
+                w.iter()
+                    .filter_map(|l| serde_json::to_value(l).ok())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -524,6 +756,10 @@ pub(crate) fn quality(stats: &RunStats, stage: &str) -> Option<String> {
 /// Why the answer is not whole, by the stage's cascade.
 pub(crate) fn shortfalls(stats: &RunStats, stage: &str) -> Vec<String> {
     match stats.reports.get::<CascadeReport>(REPORT, stage) {
+        Some(r) if !r.met && r.wanted > 0 => vec![format!(
+            "stage `{stage}`'s quality target ({}) waits for a person: {} units are undecided until the {} labels in {WANTED_FILE} are given (fanfold label, then run again)",
+            r.target, r.unlabelled, r.wanted
+        )],
         Some(r) if !r.met => vec![format!(
             "stage `{stage}`'s quality target ({}) is unmet: {} units the cascade left to the oracle have no label",
             r.target, r.unlabelled

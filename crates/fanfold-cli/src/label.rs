@@ -1,0 +1,377 @@
+//! `fanfold label OUT_DIR`: a person answers the labels a cascade asked
+//! for (`labels-wanted.jsonl`), one unit at a time, in a terminal of 80 by
+//! 24 or larger; each answer is stored at once, so quitting loses nothing
+//! and the next start resumes with the first unit still unlabelled.
+//! `--import FILE` takes `{"id", "decision"}` lines instead, for labels
+//! that already exist (a data set's own).
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use crossterm::{cursor, execute, terminal};
+use fanfold_engine::stages::map_cascade::{WANTED_FILE, WantedLabel};
+use fanfold_store::{Label, Store};
+
+#[derive(clap::Args)]
+pub struct LabelArgs {
+    /// The run's output folder, holding `labels-wanted.jsonl`.
+    out: PathBuf,
+    /// The store the run used.
+    #[arg(long, env = crate::env_vars::STORE, default_value = ".fanfold/store.sqlite")]
+    store: PathBuf,
+    /// Who is labelling, stored with each label.
+    #[arg(long, env = "USER", default_value = "someone")]
+    labeller: String,
+    /// Take the labels from this JSONL file of `{"id", "decision"}` lines
+    /// instead of asking.
+    #[arg(long, value_name = "FILE")]
+    import: Option<PathBuf>,
+}
+
+/// The rows of the screen, and the rows kept for the header and the keys.
+const ROWS: usize = 24;
+const COLS: usize = 80;
+
+pub fn label(args: &LabelArgs) -> Result<()> {
+    let wanted = read_wanted(&args.out.join(WANTED_FILE))?;
+    if !args.store.is_file() {
+        bail!("no store at {}", args.store.display());
+    }
+    let store = Store::open(&args.store)?;
+    let labeller = format!("person:{}", args.labeller);
+    if let Some(file) = &args.import {
+        return import(&store, &wanted, file, &labeller);
+    }
+    let open: Vec<WantedLabel> = wanted
+        .into_iter()
+        .filter(|w| matches!(store.get_label(&w.key), Ok(None)))
+        .collect();
+    if open.is_empty() {
+        println!("every label the run asked for is given; run the spec again to use them");
+        return Ok(());
+    }
+    if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        bail!(
+            "fanfold label asks a person at a terminal; without one, give the labels with --import FILE"
+        );
+    }
+    let summary = ask(&store, &open, &labeller)?;
+    println!(
+        "{} labelled, {} skipped, {} still wanted; run the spec again to use them",
+        summary.labelled,
+        summary.skipped,
+        open.len() - summary.labelled
+    );
+    Ok(())
+}
+
+fn read_wanted(path: &Path) -> Result<Vec<WantedLabel>> {
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "reading {} (a run whose cascade has a person as its oracle writes it)",
+            path.display()
+        )
+    })?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, l)| {
+            serde_json::from_str(l)
+                .with_context(|| format!("{} line {}: not a wanted label", path.display(), n + 1))
+        })
+        .collect()
+}
+
+fn import(store: &Store, wanted: &[WantedLabel], file: &Path, labeller: &str) -> Result<()> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let mut given = std::collections::HashMap::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}: not JSON", file.display(), n + 1))?;
+        let id = match v.get("id") {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(serde_json::Value::Number(n)) => n.to_string(),
+            _ => bail!("{} line {}: no `id`", file.display(), n + 1),
+        };
+        let Some(decision) = v.get("decision").and_then(serde_json::Value::as_str) else {
+            bail!("{} line {}: no string `decision`", file.display(), n + 1);
+        };
+        given.insert(id, (n + 1, decision.to_owned()));
+    }
+    let (mut stored, mut missing) = (0, 0);
+    for w in wanted {
+        let Some((line, decision)) = given.get(&w.id) else {
+            missing += 1;
+            continue;
+        };
+        if !w.decisions.contains(decision) {
+            bail!(
+                "{} line {line}: unit {} may be labelled {}, not `{decision}`",
+                file.display(),
+                w.id,
+                w.decisions.join(", ")
+            );
+        }
+        store.put_label(&Label {
+            key: w.key,
+            stage: w.stage.clone(),
+            unit_id: w.id.clone(),
+            decision: decision.clone(),
+            labeller: labeller.to_owned(),
+        })?;
+        stored += 1;
+    }
+    println!(
+        "{stored} labels stored, {missing} wanted labels not in {}",
+        file.display()
+    );
+    Ok(())
+}
+
+struct Summary {
+    labelled: usize,
+    skipped: usize,
+}
+
+/// Leaves the terminal as it found it, however `ask` ends.
+struct RawScreen;
+
+impl RawScreen {
+    fn enter() -> Result<RawScreen> {
+        terminal::enable_raw_mode().context("the terminal cannot take single keys")?;
+        let mut out = std::io::stdout();
+        execute!(out, terminal::EnterAlternateScreen, cursor::Hide)?;
+        Ok(RawScreen)
+    }
+}
+
+impl Drop for RawScreen {
+    fn drop(&mut self) {
+        let mut out = std::io::stdout();
+        let _ = execute!(out, cursor::Show, terminal::LeaveAlternateScreen);
+        let _ = terminal::disable_raw_mode();
+    }
+}
+
+fn ask(store: &Store, open: &[WantedLabel], labeller: &str) -> Result<Summary> {
+    let _screen = RawScreen::enter()?;
+    let mut at = 0;
+    let mut history: Vec<usize> = Vec::new();
+    let mut skipped = std::collections::BTreeSet::new();
+    let mut note = String::new();
+    loop {
+        // Past the last unit: the last answer can still be taken back.
+        let w = open.get(at);
+        match w {
+            Some(w) => draw(w, at, open.len(), history.len(), skipped.len(), &note)?,
+            None => draw_done(open.len(), history.len(), skipped.len())?,
+        }
+        note.clear();
+        let Event::Key(KeyEvent {
+            code,
+            modifiers,
+            kind: KeyEventKind::Press,
+            ..
+        }) = event::read()?
+        else {
+            continue;
+        };
+        match code {
+            KeyCode::Char('q') | KeyCode::Esc => break,
+            KeyCode::Char('c') if modifiers.contains(KeyModifiers::CONTROL) => break,
+            KeyCode::Char('s') if w.is_some() => {
+                skipped.insert(at);
+                at += 1;
+            }
+            KeyCode::Char('u') => match history.pop() {
+                Some(back) => {
+                    if let Some(prev) = open.get(back) {
+                        store.delete_label(&prev.key)?;
+                    }
+                    at = back;
+                }
+                None => note = "nothing to undo".into(),
+            },
+            KeyCode::Char(c) => {
+                let Some(w) = w else { continue };
+                let choice = c
+                    .to_digit(10)
+                    .and_then(|d| usize::try_from(d).ok())
+                    .and_then(|d| d.checked_sub(1))
+                    .and_then(|d| w.decisions.get(d));
+                match choice {
+                    Some(decision) => {
+                        store.put_label(&Label {
+                            key: w.key,
+                            stage: w.stage.clone(),
+                            unit_id: w.id.clone(),
+                            decision: decision.clone(),
+                            labeller: labeller.to_owned(),
+                        })?;
+                        skipped.remove(&at);
+                        history.push(at);
+                        at += 1;
+                    }
+                    None => note = format!("`{c}` is no key here"),
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(Summary {
+        labelled: history.len(),
+        skipped: skipped.len(),
+    })
+}
+
+/// The screen after the last unit.
+fn draw_done(of: usize, labelled: usize, skipped: usize) -> Result<()> {
+    let mut out = std::io::stdout();
+    execute!(
+        out,
+        cursor::MoveTo(0, 0),
+        terminal::Clear(terminal::ClearType::All)
+    )?;
+    write!(
+        out,
+        "fanfold label · the end of {of} · {labelled} labelled, {skipped} skipped\r\n\r\n[u] undo  [q] quit"
+    )?;
+    out.flush()?;
+    Ok(())
+}
+
+/// One unit on the screen: where the person is, the question, what the
+/// stage shows of the unit, and the keys. Every line fits 80 columns, and
+/// the whole fits 24 rows.
+fn draw(
+    w: &WantedLabel,
+    at: usize,
+    of: usize,
+    labelled: usize,
+    skipped: usize,
+    note: &str,
+) -> Result<()> {
+    let mut lines = vec![
+        format!(
+            "fanfold label · stage {} · {} of {of} · {labelled} labelled, {skipped} skipped",
+            w.stage,
+            at + 1
+        ),
+        format!("unit {}", w.id),
+    ];
+    const ASKED: &str = "Question: ";
+    let question = words(&w.question, COLS - ASKED.len());
+    let shown = question.len().min(3);
+    for (n, line) in question.iter().take(shown).enumerate() {
+        let lead = if n == 0 { ASKED } else { "          " };
+        let more = if n + 1 == shown && question.len() > shown {
+            " …"
+        } else {
+            ""
+        };
+        lines.push(format!("{lead}{line}{more}"));
+    }
+    lines.push("─".repeat(COLS));
+    let keys = w
+        .decisions
+        .iter()
+        .enumerate()
+        .map(|(i, d)| format!("[{}] {d}", i + 1))
+        .chain(["[s] skip", "[u] undo", "[q] quit"].map(str::to_owned))
+        .collect::<Vec<_>>()
+        .join("  ");
+    let footer = ["─".repeat(COLS), keys, note.to_owned()];
+    let room = ROWS.saturating_sub(lines.len() + footer.len());
+    let shown = serde_json::to_string_pretty(&w.view).unwrap_or_default();
+    let body: Vec<String> = shown.lines().flat_map(|l| wrap(l, COLS)).collect();
+    if body.len() > room {
+        lines.extend(body.iter().take(room.saturating_sub(1)).cloned());
+        lines.push(format!("… {} more lines", body.len() + 1 - room));
+    } else {
+        lines.extend(body.iter().cloned());
+        lines.extend(std::iter::repeat_n(String::new(), room - body.len()));
+    }
+    lines.extend(footer);
+    let mut out = std::io::stdout();
+    execute!(
+        out,
+        cursor::MoveTo(0, 0),
+        terminal::Clear(terminal::ClearType::All)
+    )?;
+    for (n, line) in lines.iter().take(ROWS).enumerate() {
+        let cut: String = line.chars().take(COLS).collect();
+        if n > 0 {
+            write!(out, "\r\n")?;
+        }
+        write!(out, "{cut}")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// `text` as lines of whole words of at most `width` characters (a longer
+/// word is cut), its line ends kept.
+fn words(text: &str, width: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for paragraph in text.lines().filter(|l| !l.trim().is_empty()) {
+        let mut line = String::new();
+        for word in paragraph.split_whitespace().flat_map(|w| wrap(w, width)) {
+            let len = line.chars().count();
+            if len > 0 && len + 1 + word.chars().count() > width {
+                out.push(std::mem::take(&mut line));
+            }
+            if !line.is_empty() {
+                line.push(' ');
+            }
+            line.push_str(&word);
+        }
+        out.push(line);
+    }
+    out
+}
+
+/// `text` in pieces of at most `width` characters.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    if chars.is_empty() {
+        return vec![String::new()];
+    }
+    chars
+        .chunks(width.max(1))
+        .map(|c| c.iter().collect())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrapping_keeps_every_character_within_the_width() {
+        let text = "é".repeat(170);
+        let pieces = wrap(&text, 80);
+        assert_eq!(pieces.len(), 3);
+        assert!(pieces.iter().all(|p| p.chars().count() <= 80));
+        assert_eq!(pieces.concat(), text);
+        assert_eq!(wrap("", 80), vec![String::new()]);
+    }
+
+    #[test]
+    fn words_wrap_at_spaces_and_keep_line_ends() {
+        let lines = words("Say yes when a disk broke.\n\nSay no otherwise.", 12);
+        assert_eq!(
+            lines,
+            ["Say yes when", "a disk", "broke.", "Say no", "otherwise."]
+        );
+        assert_eq!(
+            words(&"x".repeat(30), 12),
+            ["xxxxxxxxxxxx", "xxxxxxxxxxxx", "xxxxxx"]
+        );
+    }
+}
