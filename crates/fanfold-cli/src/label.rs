@@ -145,9 +145,11 @@ struct RawScreen;
 impl RawScreen {
     fn enter() -> Result<RawScreen> {
         terminal::enable_raw_mode().context("the terminal cannot take single keys")?;
+        // From here on the guard restores the terminal, whatever fails.
+        let screen = RawScreen;
         let mut out = std::io::stdout();
         execute!(out, terminal::EnterAlternateScreen, cursor::Hide)?;
-        Ok(RawScreen)
+        Ok(screen)
     }
 }
 

@@ -377,8 +377,10 @@ fn main() -> ExitCode {
         .init();
     // jq cannot be interrupted: a program that never answers ends the
     // process, as an expression at fault (the exit code of bad input).
+    // The handler may run inside an allocation: it must not panic (a
+    // closed stderr makes `eprintln!` panic), only write and end.
     fanfold_ops::jq::on_runaway(|r| {
-        eprintln!("error: {r}");
+        let _ = writeln!(std::io::stderr(), "error: {r}");
         std::process::exit(i32::from(fanfold_engine::error::EXIT_INPUT));
     });
     match real_main() {

@@ -66,9 +66,10 @@ impl OpenAiBackend {
 
     /// What the primary endpoint says it serves under the model name, from
     /// its `GET /models` listing: the served id and a fingerprint of its
-    /// entry (vLLM's `root`, llama.cpp's `meta` with the weights' size and
-    /// parameter count, and so on; never `created`, which some servers set
-    /// to the time of the request). Part of the backend's identity, so
+    /// entry's fields that name the weights (its `id`, vLLM's `root` and
+    /// `parent`, llama.cpp's `meta` with the weights' size and parameter
+    /// count; never `created`, prices or limits, which change without the
+    /// weights changing). Part of the backend's identity, so
     /// weights swapped behind an alias that the listing tells apart are
     /// new facts, not stale ones. `None` when the server has no listing or
     /// does not list the model; the identity is then the host and alias.
@@ -193,12 +194,14 @@ fn served_entry(listing: &Value, alias: &str) -> Option<String> {
             _ => None,
         })?;
     let id = id_of(entry)?;
-    let mut stable = entry.as_object()?.clone();
-    // Fields that change from one request or restart to the next.
-    for volatile in ["created", "object", "permission", "permissions"] {
-        stable.remove(volatile);
-    }
-    let text = serde_json::to_string(&Value::Object(stable)).ok()?;
+    // Only what names the weights: a listing's prices, descriptions,
+    // limits and timestamps change without the model changing.
+    let fields = entry.as_object()?;
+    let named: Map<String, Value> = ["id", "root", "parent", "meta"]
+        .into_iter()
+        .filter_map(|k| Some((k.to_owned(), fields.get(k)?.clone())))
+        .collect();
+    let text = serde_json::to_string(&Value::Object(named)).ok()?;
     let hash = blake3::hash(text.as_bytes()).to_hex();
     Some(format!("{id}#{}", hash.get(..12).unwrap_or_default()))
 }

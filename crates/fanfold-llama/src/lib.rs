@@ -137,12 +137,13 @@ impl Vocabulary {
         Ok(Vocabulary { model })
     }
 
-    /// Tokens of `text` as the model reads it inside a prompt (special
-    /// tokens spelled out in the text count as one).
+    /// Tokens of `text` as the model reads a unit's part of a prompt:
+    /// special tokens spelled out in a record are plain text there, and
+    /// cost what their characters cost.
     pub fn count(&self, text: &str) -> u64 {
         self.model
             .vocab()
-            .tokenize(text.as_bytes(), false, true)
+            .tokenize(text.as_bytes(), false, false)
             .len() as u64
     }
 }

@@ -272,7 +272,8 @@ pub fn memory_limit() -> u64 {
 }
 
 /// Installs what happens to a runaway (once per process; later calls are
-/// ignored). Without a handler the error is printed and the process exits
+/// ignored). A memory runaway is reported from inside an allocation: the
+/// handler must not panic. Without a handler the error is printed and the process exits
 /// with status 2.
 pub fn on_runaway(handler: impl Fn(&Runaway) + Send + Sync + 'static) {
     let _ = HANDLER.set(Box::new(handler));
@@ -431,7 +432,8 @@ fn report(slot: &Slot, overrun: Overrun) {
     match HANDLER.get() {
         Some(handler) => handler(&runaway),
         None => {
-            eprintln!("error: {runaway}");
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "error: {runaway}");
             std::process::exit(2);
         }
     }

@@ -765,13 +765,16 @@ fn trim_line(mut line: &[u8]) -> &[u8] {
     line
 }
 
-/// A short row that spans several lines is a quote opened and never
-/// closed: the quoted field ran on over the line ends after it. Said so,
-/// with the line where the row starts, rather than as a count of fields.
+/// A short row that spans several lines and runs to the end of the input
+/// is a quote opened and never closed: the quoted field swallowed the
+/// rows after it. Said so, with the line where the row starts, rather than
+/// as a count of fields. (A closed multi-line field in a short row that
+/// ends before the input does keeps the count-of-fields message.)
 fn unterminated_quote(
     e: &csv::Error,
     start: &csv::Position,
     end: &csv::Position,
+    at_end: bool,
 ) -> Option<PartitionError> {
     let csv::ErrorKind::UnequalLengths {
         expected_len, len, ..
@@ -779,7 +782,7 @@ fn unterminated_quote(
     else {
         return None;
     };
-    if *len >= *expected_len || end.line() <= start.line() + 1 {
+    if !at_end || *len >= *expected_len || end.line() <= start.line() + 1 {
         return None;
     }
     Some(PartitionError::Malformed {
@@ -840,7 +843,11 @@ fn csv_rows(
         let read = rdr.read_record(&mut record);
         let read = match read {
             Err(e) => {
-                Err(unterminated_quote(&e, &start, rdr.position()).unwrap_or_else(|| csv_error(e)))
+                // The row ran to the end when nothing follows it (the
+                // read is failing anyway, so looking ahead costs nothing).
+                let at_end = matches!(rdr.read_record(&mut csv::StringRecord::new()), Ok(false));
+                Err(unterminated_quote(&e, &start, rdr.position(), at_end)
+                    .unwrap_or_else(|| csv_error(e)))
             }
             Ok(more) => Ok(more),
         };
@@ -2869,6 +2876,29 @@ mod tests {
             r.detail.contains("(line 2) is not JSON") && r.detail.contains("at byte 17"),
             "{}",
             r.detail
+        );
+    }
+
+    /// Only a short row that runs on to the end of the input is called an
+    /// unclosed quote; a closed field over two lines in a short row is a
+    /// count of fields.
+    #[test]
+    fn an_unclosed_csv_quote_is_told_from_a_short_multi_line_row() {
+        let spec = PartitionSpec::Csv {
+            key: Some("id".into()),
+            kind: "row".into(),
+            delimiter: None,
+        };
+        let open = b"id,title,body\n1,a,b\n2,\"open,x\n3,a,b\n4,c,d\n";
+        let err = partition_all(&spec, open, PartitionOptions::default()).expect_err("fails");
+        assert!(err.to_string().contains("never closed"), "{err}");
+        assert!(err.to_string().contains("(line 3)"), "{err}");
+        let closed = b"id,title,body\n1,\"two\nlines\"\n2,a,b\n";
+        let err = partition_all(&spec, closed, PartitionOptions::default()).expect_err("fails");
+        let shown = err.to_string();
+        assert!(
+            !shown.contains("never closed") && shown.contains("2 fields"),
+            "{shown}"
         );
     }
 

@@ -1002,8 +1002,13 @@ impl Store {
             key = %key.short(16),
             "stored fact does not decode ({why}); it is dropped and computed again"
         );
+        // Only the row read: another process may have stored a good fact
+        // under the key meanwhile.
         self.conn()
-            .execute("DELETE FROM facts WHERE key = ?1", [key.to_hex()])
+            .execute(
+                "DELETE FROM facts WHERE key = ?1 AND record = ?2",
+                params![key.to_hex(), text],
+            )
             .map_err(|e| self.sql(e))?;
         self.corrupt_facts
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

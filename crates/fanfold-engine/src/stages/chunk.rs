@@ -32,8 +32,17 @@ pub struct ChunkRunner {
     /// The embedded model's tokenizer, once its file is at hand: packing
     /// counts with it, so a long context fills its window.
     vocabulary: OnceLock<fanfold_llama::Vocabulary>,
-    /// Where a model named by path is found.
-    spec_dir: std::path::PathBuf,
+    /// The stage's embedded model file, when its backend is the embedded
+    /// model: its tokenizer counts what packing fits in a window.
+    model_file: Option<ModelFile>,
+}
+
+/// Where an embedded model's file is.
+enum ModelFile {
+    /// The default model, in the model cache once fetched.
+    Default,
+    /// A GGUF the spec (or `--model`) names.
+    Path(std::path::PathBuf),
 }
 
 /// A stage's units laid out in contexts, with each context's key.
@@ -66,7 +75,15 @@ impl ChunkRunner {
         Ok(ChunkRunner {
             stage,
             vocabulary: OnceLock::new(),
-            spec_dir: ctx.spec_dir.to_owned(),
+            model_file: match ctx.spec.backends.get(&s.backend) {
+                Some(fanfold_core::spec::BackendSpec::Llama { model: Some(m), .. }) => {
+                    Some(ModelFile::Path(ctx.spec_dir.join(m)))
+                }
+                Some(fanfold_core::spec::BackendSpec::Llama { model: None, .. }) => {
+                    Some(ModelFile::Default)
+                }
+                _ => None,
+            },
         })
     }
 
@@ -78,18 +95,13 @@ impl ChunkRunner {
     /// The tokenizer of the stage's embedded model when its file is at
     /// hand (a run has fetched it before packing; `explain` never fetches,
     /// and without the file estimates). HTTP models are estimated.
-    fn vocabulary(&self, spec: &Spec) -> Option<&fanfold_llama::Vocabulary> {
+    fn vocabulary(&self) -> Option<&fanfold_llama::Vocabulary> {
         if let Some(v) = self.vocabulary.get() {
             return Some(v);
         }
-        let Some(fanfold_core::spec::BackendSpec::Llama { model, .. }) =
-            spec.backends.get(&self.stage.spec.backend)
-        else {
-            return None;
-        };
-        let path = match model {
-            Some(m) => Some(self.spec_dir.join(m)).filter(|p| p.is_file()),
-            None => crate::models::cached(
+        let path = match self.model_file.as_ref()? {
+            ModelFile::Path(p) => Some(p.clone()).filter(|p| p.is_file()),
+            ModelFile::Default => crate::models::cached(
                 &crate::models::SMOLLM2_135M,
                 &crate::models::cache_dir(),
             ),
@@ -164,8 +176,8 @@ impl ChunkRunner {
     }
 
     /// Runs `f` with the stage's token count.
-    fn with_count<T>(&self, spec: &Spec, f: impl FnOnce(&TokenCount<'_>) -> T) -> T {
-        match self.vocabulary(spec) {
+    fn with_count<T>(&self, f: impl FnOnce(&TokenCount<'_>) -> T) -> T {
+        match self.vocabulary() {
             Some(v) => {
                 let count = |text: &str| v.count(text);
                 f(&TokenCount::Tokenizer(&count))
@@ -223,7 +235,7 @@ impl Stage for ChunkRunner {
             sp.max_output_tokens,
             crate::kit::sees(sp.project.as_deref(), &sp.fields)
         );
-        let (room, how) = self.with_count(spec, |count| {
+        let (room, how) = self.with_count(|count| {
             (self.stage.member_tokens_per_context(count), count.describe())
         });
         let _ = writeln!(
@@ -253,7 +265,7 @@ impl Stage for ChunkRunner {
             Err(count) => return Ok(count),
         };
         let model = model_params(&info, &self.stage.turn);
-        let layout = self.with_count(spec, |count| {
+        let layout = self.with_count(|count| {
             self.layout(table, units, &model, count)
         })?;
         let mut count = CachedCount {
@@ -280,13 +292,8 @@ impl Stage for ChunkRunner {
     }
 
     fn planned_calls(&self, table: &UnitTable, units: &[usize]) -> Result<Option<u64>, RunError> {
-        // Without the spec, an estimate: this is `explain` with no store.
-        Ok(Some(
-            self.pack(table, units, &TokenCount::Estimate)?
-                .1
-                .contexts
-                .len() as u64,
-        ))
+        let packed = self.with_count(|count| self.pack(table, units, count))?;
+        Ok(Some(packed.1.contexts.len() as u64))
     }
 
     fn run(&self, ctx: &mut StageContext<'_>, units: Vec<usize>) -> Result<StageOutcome, RunError> {
@@ -299,7 +306,7 @@ impl Stage for ChunkRunner {
         let info = backend.info();
         let model = model_params(&info, turn);
         let table = ctx.table;
-        let (layout, room) = self.with_count(ctx.spec, |count| {
+        let (layout, room) = self.with_count(|count| {
             let layout = self.layout(table, &units, &model, count)?;
             Ok::<_, RunError>((layout, (stage.member_tokens_per_context(count), count.describe())))
         })?;
