@@ -26,38 +26,10 @@ with open("input.jsonl", "w") as f:
     for i in range(n):
         f.write(json.dumps({"id": i, "flag": i % 3 == 0, "text": "x" * (i % 50)}) + "\n")
 PY
-cat > spec.toml <<'TOML'
-name = "kill"
-question = "Which records are flagged?"
-[input]
-path = "input.jsonl"
-partition = { type = "jsonl", key = "id", kind = "row" }
-[[stages]]
-name = "judge"
-type = "map"
-version = 1
-rubric = "rubric.md"
-output_schema = "schema.json"
-decision = { pointer = "/decision", positive = ["yes"], negative = ["no"] }
-[backends.default]
-type = "scripted"
-script = "judge.jq"
-delay_ms = 20
-[fold]
-fan_in = 4
-[[fold.reducers]]
-name = "flagged"
-type = "set"
-[contract]
-type = "exhaustive"
-answer = "flagged"
-TOML
-echo "Say yes when flagged." > rubric.md
-echo '{"type": "object", "required": ["decision"], "properties": {"decision": {"enum": ["yes", "no"]}}}' > schema.json
-echo '{decision: (if .flag then "yes" else "no" end)}' > judge.jq
+. "$here/common.sh"
+write_spec kill 20
 export FANFOLD_LOG=error
 "$bin" run spec.toml --store ref.sqlite --out ref --json > /dev/null
-items() { python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["items"]))' "$1"; }
 ref=$(items ref/answer.json)
 ok=0 same=0 resumed=0 exact=0 slowest=0
 for k in $(seq 1 "$kills"); do

@@ -34,41 +34,12 @@ python3 "$here/judge_server.py" --counts counts.json > port.txt &
 server=$!
 for _ in $(seq 1 100); do [ -s port.txt ] && break; sleep 0.1; done
 port=$(cat port.txt)
-cat > spec.toml <<TOML
-name = "shared"
-question = "Which records are flagged?"
-[input]
-path = "input.jsonl"
-partition = { type = "jsonl", key = "id", kind = "row" }
-[[stages]]
-name = "judge"
-type = "map"
-version = 1
-rubric = "rubric.md"
-output_schema = "schema.json"
-decision = { pointer = "/decision", positive = ["yes"], negative = ["no"] }
-[backends.default]
-type = "scripted"
-script = "judge.jq"
-delay_ms = 40
-[backends.http]
-type = "openai"
-model = "m"
-base_url = "http://127.0.0.1:$port/v1"
-[fold]
-fan_in = 4
-[[fold.reducers]]
-name = "flagged"
-type = "set"
-[contract]
-type = "exhaustive"
-answer = "flagged"
-TOML
-echo "Say yes when flagged." > rubric.md
-echo '{"type": "object", "required": ["decision"], "properties": {"decision": {"enum": ["yes", "no"]}}}' > schema.json
-echo '{decision: (if .flag then "yes" else "no" end)}' > judge.jq
+. "$here/common.sh"
+write_spec shared 40 "[backends.http]
+type = \"openai\"
+model = \"m\"
+base_url = \"http://127.0.0.1:$port/v1\""
 export FANFOLD_LOG=error
-items() { python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["items"]))' "$1"; }
 
 # One round: PROCESSES runs at once on a fresh store with backend $1.
 # Sets: ended (exit 0), hung, equal (answers equal to the first), calls

@@ -118,19 +118,25 @@ fn import(store: &Store, wanted: &[WantedLabel], file: &Path, labeller: &str) ->
                 w.decisions.join(", ")
             );
         }
-        store.put_label(&Label {
-            key: w.key,
-            stage: w.stage.clone(),
-            unit_id: w.id.clone(),
-            decision: decision.clone(),
-            labeller: labeller.to_owned(),
-        })?;
+        give(store, w, decision, labeller)?;
         stored += 1;
     }
     println!(
         "{stored} labels stored, {missing} wanted labels not in {}",
         file.display()
     );
+    Ok(())
+}
+
+/// Stores `decision` as the label `w` asks for.
+fn give(store: &Store, w: &WantedLabel, decision: &str, labeller: &str) -> Result<()> {
+    store.put_label(&Label {
+        key: w.key,
+        stage: w.stage.clone(),
+        unit_id: w.id.clone(),
+        decision: decision.to_owned(),
+        labeller: labeller.to_owned(),
+    })?;
     Ok(())
 }
 
@@ -209,13 +215,7 @@ fn ask(store: &Store, open: &[WantedLabel], labeller: &str) -> Result<Summary> {
                     .and_then(|d| w.decisions.get(d));
                 match choice {
                     Some(decision) => {
-                        store.put_label(&Label {
-                            key: w.key,
-                            stage: w.stage.clone(),
-                            unit_id: w.id.clone(),
-                            decision: decision.clone(),
-                            labeller: labeller.to_owned(),
-                        })?;
+                        give(store, w, decision, labeller)?;
                         skipped.remove(&at);
                         history.push(at);
                         at += 1;

@@ -309,6 +309,23 @@ impl CascadeRun {
         // The backend as oracle: every unit the cascade may ask about is
         // judged first, through the stage's slots and its cache.
         let person = self.labels.is_none() && c.oracle == CascadeOracle::Person;
+        let ledger = ctx.ledger;
+        // A unit the cascade leaves undecided: `not_run`, saying why.
+        let undecided = |i: usize, tag: &str, oracle: String, reason: String| {
+            ledger.record(
+                i,
+                derived_fact(
+                    stage,
+                    c.seed,
+                    &format!("cascade\0{name}\0{tag}\0{i}"),
+                    oracle,
+                    cites(i),
+                    Status::NotRun,
+                    reason,
+                ),
+                Origin::Derived,
+            );
+        };
         if let Ok(mut w) = self.wanted.lock() {
             w.clear();
         }
@@ -340,20 +357,13 @@ impl CascadeRun {
                 // until they are given.
                 let wanted = self.want(stage, ctx, &units, &view_keys, &missing, view)?;
                 for &i in &units {
-                    ctx.ledger.record(
+                    undecided(
                         i,
-                        derived_fact(
-                            stage,
-                            c.seed,
-                            &format!("cascade\0{name}\0waiting\0{i}"),
-                            "label:person".into(),
-                            cites(i),
-                            Status::NotRun,
-                            format!(
-                                "the cascade waits for {wanted} labels from a person before it decides ({WANTED_FILE}; `fanfold label OUT_DIR`)"
-                            ),
+                        "waiting",
+                        "label:person".into(),
+                        format!(
+                            "the cascade waits for {wanted} labels from a person before it decides ({WANTED_FILE}; `fanfold label OUT_DIR`)"
                         ),
-                        Origin::Derived,
                     );
                 }
                 let report = CascadeReport {
@@ -384,7 +394,6 @@ impl CascadeRun {
         if !asked.is_empty() {
             merge(&mut outcome, judge(ctx, asked)?);
         }
-        let ledger = ctx.ledger;
         let table = ctx.table;
         let file = self.labels.as_ref();
         let mut oracle = |p: usize| -> Option<bool> {
@@ -506,20 +515,13 @@ impl CascadeRun {
                 wanted = self.want(stage, ctx, &units, &view_keys, &positions, view)?;
                 for &i in &left {
                     unlabelled += 1;
-                    ctx.ledger.record(
+                    undecided(
                         i,
-                        derived_fact(
-                            stage,
-                            c.seed,
-                            &format!("cascade\0{name}\0unlabelled\0{i}"),
-                            "label:person".into(),
-                            cites(i),
-                            Status::NotRun,
-                            format!(
-                                "left to the oracle by the cascade, and no person has labelled it yet ({WANTED_FILE}; `fanfold label OUT_DIR`)"
-                            ),
+                        "unlabelled",
+                        "label:person".into(),
+                        format!(
+                            "left to the oracle by the cascade, and no person has labelled it yet ({WANTED_FILE}; `fanfold label OUT_DIR`)"
                         ),
-                        Origin::Derived,
                     );
                 }
             }
@@ -531,20 +533,11 @@ impl CascadeRun {
             Some(f) => {
                 for &i in &left {
                     unlabelled += 1;
-                    ctx.ledger.record(
+                    undecided(
                         i,
-                        derived_fact(
-                            stage,
-                            c.seed,
-                            &format!("cascade\0{name}\0unlabelled\0{i}"),
-                            format!("label:{f}"),
-                            cites(i),
-                            Status::NotRun,
-                            format!(
-                                "left to the oracle by the cascade, and `{f}` has no label for it"
-                            ),
-                        ),
-                        Origin::Derived,
+                        "unlabelled",
+                        format!("label:{f}"),
+                        format!("left to the oracle by the cascade, and `{f}` has no label for it"),
                     );
                 }
             }
