@@ -236,7 +236,7 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
                 && r.disagreeing.len() as u64 == m.disagreements
                 && (!exact || (m.low == m.rate && m.high == m.rate));
             audit_figures.push(format!(
-                "{name}/{rung}: {} of {} judged disagree, of {} thrown away, 95 % interval {:.1}–{:.1} %",
+                "{name}/{rung}: {} of {} judged disagree, of {} thrown away, bounds {:.1}–{:.1} %",
                 m.disagreements,
                 m.judged,
                 m.population,

@@ -1728,6 +1728,105 @@ max_miss_rate = 0.02
 }
 
 #[test]
+fn an_audit_bounds_recall_and_samples_the_boundary_first() {
+    let audit = r#"[[stages]]
+name = "recall"
+type = "audit"
+version = 1
+rungs = ["prefilter", "judge"]
+sample = 16
+max_sample = 64
+min_recall = 0.9
+seed = 5
+"#;
+    let f = audit_fixture(audit);
+    // The judge is unsure (0.55) of the subtle rows it throws away and sure
+    // (0.95) of the rest: the subtle ones are its boundary.
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replacen(
+            "decision = { pointer = \"/decision\", positive = [\"yes\"], negative = [\"no\"] }",
+            "decision = { pointer = \"/decision\", positive = [\"yes\"], negative = [\"no\"] }\nconfidence = \"/confidence\"",
+            1,
+        ),
+    )
+    .expect("spec");
+    std::fs::write(
+        f.path("judge.jq"),
+        r#"{decision: (if .flag == true then "yes" else "no" end), confidence: (if .subtle == true then 0.55 else 0.95 end)}"#,
+    )
+    .expect("script");
+    let o = f.run(&[]);
+    // 25 found; the judge would keep 45 (10 flagged noise rows thrown away
+    // by the prefilter, 10 subtle rows by the judge): 90 % cannot be shown.
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let c = f.certificate();
+    let a = &c["stats"]["audits"]["recall"];
+    let judge = &a["rungs"]["judge"];
+    let strata = judge["miss"]["strata"].as_array().expect("strata");
+    assert_eq!(strata.len(), 2, "{judge}");
+    assert_eq!(strata[0]["population"], 19, "a quarter of 75, rounded up");
+    assert_eq!(strata[1]["population"], 56);
+    // The boundary holds every subtle row, so half of each round finds
+    // them; the rest holds none.
+    assert!(strata[0]["disagreements"].as_u64().unwrap() > 0, "{judge}");
+    assert_eq!(strata[1]["disagreements"], 0, "{judge}");
+    assert!(
+        ids_of(&judge["disagreeing"])
+            .iter()
+            .all(|i| *i >= 100 && i % 10 == 5),
+        "{judge}"
+    );
+    // Three looks (16, 32, 64) of two rungs share delta 0.05.
+    assert_eq!(judge["looks"], 3);
+    let alpha = judge["miss"]["alpha"].as_f64().unwrap();
+    assert!((alpha - 0.05 / 2.0 / 3.0).abs() < 1e-12, "{alpha}");
+    let recall = &a["recall"];
+    assert_eq!(recall["found"], 25, "{recall}");
+    assert_eq!(recall["unaudited"], 0, "{recall}");
+    assert_eq!(recall["proven"], false, "{recall}");
+    let at_least = recall["at_least"].as_f64().unwrap();
+    assert!(
+        at_least <= 25.0 / 45.0,
+        "a bound, never above the truth: {at_least}"
+    );
+    let missed = recall["missed_at_most"].as_u64().unwrap();
+    assert!((at_least - 25.0 / (25.0 + missed as f64)).abs() < 1e-12);
+    assert!(
+        c["incomplete"].as_array().unwrap().iter().any(|r| r
+            .as_str()
+            .unwrap()
+            .contains("could not show a recall of 90.0 %")),
+        "{}",
+        c["incomplete"]
+    );
+    let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
+    assert!(md.contains("Recall against the judge: at least"), "{md}");
+    assert!(md.contains("short of the 90.0 % asked for"), "{md}");
+    assert!(md.contains("sampled by stratum"), "{md}");
+
+    // A rung the audit does not read counts whole against recall.
+    let f = audit_fixture(&audit.replace("[\"prefilter\", \"judge\"]", "[\"judge\"]"));
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let recall = &f.certificate()["stats"]["audits"]["recall"]["recall"];
+    assert_eq!(recall["unaudited"], 100, "{recall}");
+
+    // Nothing missed anywhere, every rung judged whole: recall is shown.
+    let f = audit_fixture(&audit.replace("sample = 16\nmax_sample = 64", "sample = 100"));
+    let rows: Vec<Value> = (0..60)
+        .map(|i| serde_json::json!({"id": i, "kind": if i < 30 { "noise" } else { "signal" }, "flag": i >= 50, "subtle": false}))
+        .collect();
+    f.input(serde_json::to_string(&rows).unwrap().as_bytes());
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let recall = &f.certificate()["stats"]["audits"]["recall"]["recall"];
+    assert_eq!(recall["at_least"], 1.0, "{recall}");
+    assert_eq!(recall["proven"], true, "{recall}");
+}
+
+#[test]
 fn audit_specs_name_their_mistakes() {
     for (audit, needle) in [
         ("rungs = [\"nowhere\"]\n", "unknown rung `nowhere`"),
@@ -1738,6 +1837,14 @@ fn audit_specs_name_their_mistakes() {
         (
             "rungs = [\"prefilter\"]\nmax_miss_rate = 2.0\n",
             "between 0 and 1",
+        ),
+        (
+            "rungs = [\"prefilter\"]\nmin_recall = 90\n",
+            "min_recall 90 must be a fraction",
+        ),
+        (
+            "rungs = [\"prefilter\"]\ndelta = 0\n",
+            "delta 0 must be a probability",
         ),
     ] {
         let f = audit_fixture(&format!(

@@ -416,8 +416,9 @@ pub const PREFILTER_RUNG: &str = "prefilter";
 
 /// An independent check of what the earlier rungs threw away: a seeded
 /// random sample of each rung's negatives is judged again by its own
-/// prompt (and, optionally, another backend), and the miss rate of
-/// every rung is estimated with a 95 % interval.
+/// prompt (and, optionally, another backend); the miss rate of every rung
+/// and the answer's recall are bounded, together failing with probability
+/// at most `delta`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AuditStageSpec {
@@ -428,16 +429,30 @@ pub struct AuditStageSpec {
     /// `"prefilter"` for the prefilter's exclusions, or the name of an
     /// earlier `map` or `embed` stage for the units it ended as negative.
     pub rungs: Vec<String>,
-    /// Units sampled per rung in the first round.
+    /// Units sampled per rung in the first round. A rung whose units carry
+    /// a score (an embed or BM25 stage) or a confidence (a map stage) gives
+    /// half of each round to its boundary: the quarter of its negatives
+    /// nearest its threshold, or of least confidence.
     #[serde(default = "default_audit_sample")]
     pub sample: usize,
-    /// With `max_miss_rate`, the sample of a rung grows (doubling) until
-    /// the 95 % interval's upper end is at or under the rate, or it holds
-    /// this many units; the answer is incomplete if the rate is not shown.
+    /// With `max_miss_rate` or `min_recall`, the sample of a rung grows
+    /// (doubling) until the bounds show them, or it holds this many units;
+    /// the answer is incomplete if they are not shown.
     pub max_sample: Option<usize>,
-    /// The largest miss rate the answer may carry, as a fraction (0.02 is
-    /// 2 %): a recall floor the run must prove, rung by rung.
+    /// The largest share of a rung's negatives that may be misses, as a
+    /// fraction (0.02 is 2 %), proven rung by rung. It bounds the misses
+    /// among what was thrown away, not the answer's recall: a 2 % of 934
+    /// discards still allows 19 misses. Use `min_recall` for recall.
     pub max_miss_rate: Option<f64>,
+    /// The recall the answer must prove against the audit's judge: the
+    /// units found over those found plus the most every rung can have
+    /// missed (units thrown away by rungs the audit does not sample count
+    /// as missed).
+    pub min_recall: Option<f64>,
+    /// The probability that any bound the audit states is wrong, shared
+    /// over its rungs, strata and every look of a growing sample.
+    #[serde(default = "default_audit_delta")]
+    pub delta: f64,
     /// Seeds the sample: the same seed picks the same units on a rerun.
     #[serde(default)]
     pub seed: u64,
@@ -452,6 +467,10 @@ pub struct AuditStageSpec {
 
 fn default_audit_sample() -> usize {
     20
+}
+
+fn default_audit_delta() -> f64 {
+    0.05
 }
 
 /// A local sentence embedding of each unit, scored against texts that

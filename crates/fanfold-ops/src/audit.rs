@@ -13,9 +13,6 @@ use std::collections::BinaryHeap;
 use fanfold_core::ContentHash;
 use serde::{Deserialize, Serialize};
 
-/// The z value of a two-sided 95 % interval.
-const Z95: f64 = 1.959_963_984_540_054;
-
 /// Where a unit falls in the sample order of `seed`: smaller is sampled first.
 pub fn sample_rank(seed: u64, unit_hash: &ContentHash) -> u64 {
     let mut h = blake3::Hasher::new();
@@ -110,7 +107,24 @@ pub fn sample<T: Copy>(seed: u64, units: &[(T, ContentHash)], k: usize) -> Vec<T
     ranked.into_iter().take(k).map(|(_, _, t)| t).collect()
 }
 
-/// A miss rate measured on a sample of a rung's negatives.
+/// One stratum of a rung's negatives, as judged.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stratum {
+    /// Negatives of the rung in this stratum.
+    pub population: u64,
+    /// Of those, the ones the judge decided.
+    pub judged: u64,
+    /// Judged units the judge says should not have been thrown away.
+    pub disagreements: u64,
+    /// The most of the stratum's negatives the judge could disagree on,
+    /// at the stratum's share of the level (exact when judged whole).
+    pub missed_at_most: u64,
+}
+
+/// A miss rate measured on a sample of a rung's negatives: the share of
+/// what the rung threw away that the judge says should have been kept.
+/// It bounds how many units the rung missed, not the answer's recall
+/// (that needs the number found too: [`recall_at_least`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MissRate {
     /// Negatives the rung produced.
@@ -119,59 +133,191 @@ pub struct MissRate {
     pub judged: u64,
     /// Judged units the judge says should not have been thrown away.
     pub disagreements: u64,
-    /// `disagreements / judged`.
+    /// The estimated rate: each stratum's sample rate weighted by its size.
     pub rate: f64,
-    /// The 95 % interval of the rung's rate. Exact when the whole rung was
-    /// judged; a Wilson score interval otherwise.
+    /// Lower and upper bounds of the rate, each one-sided at the level the
+    /// rung was given (exact hypergeometric bounds, summed over strata;
+    /// exact when the whole rung was judged).
     pub low: f64,
     pub high: f64,
+    /// `high` as a count: the most units the rung can have missed.
+    pub missed_at_most: u64,
+    /// The failure probability of `high` (and of `low`).
+    pub alpha: f64,
+    /// The strata sampled apart: the units nearest the rung's threshold
+    /// (or of least confidence) first, then the rest; one stratum when the
+    /// rung has no score to order by.
+    pub strata: Vec<Stratum>,
 }
 
 impl MissRate {
-    pub fn measure(population: u64, judged: u64, disagreements: u64) -> MissRate {
-        let (rate, low, high) = if population == 0 {
-            // A rung that threw nothing away missed nothing.
-            (0.0, 0.0, 0.0)
-        } else if judged == 0 {
-            // Nothing judged proves nothing.
-            (0.0, 0.0, 1.0)
-        } else {
-            let rate = disagreements as f64 / judged as f64;
-            let (low, high) = if judged >= population {
-                (rate, rate)
-            } else {
-                wilson(disagreements, judged)
-            };
-            (rate, low, high)
+    /// The rate of a rung whose strata hold `(population, judged,
+    /// disagreements)`, with bounds failing with probability at most
+    /// `alpha` (split evenly over the strata).
+    pub fn measure(strata: &[(u64, u64, u64)], alpha: f64) -> MissRate {
+        let share = alpha / strata.len().max(1) as f64;
+        let mut out = MissRate {
+            population: 0,
+            judged: 0,
+            disagreements: 0,
+            rate: 0.0,
+            low: 0.0,
+            high: 0.0,
+            missed_at_most: 0,
+            alpha,
+            strata: Vec::with_capacity(strata.len()),
         };
-        MissRate {
-            population,
-            judged,
-            disagreements,
-            rate,
-            low,
-            high,
+        let (mut estimate, mut least) = (0.0, 0u64);
+        for &(population, judged, disagreements) in strata {
+            let judged = judged.min(population);
+            let disagreements = disagreements.min(judged);
+            let most = misses_at_most(population, judged, disagreements, share);
+            least += misses_at_least(population, judged, disagreements, share);
+            if judged > 0 {
+                estimate += population as f64 * disagreements as f64 / judged as f64;
+            }
+            out.population += population;
+            out.judged += judged;
+            out.disagreements += disagreements;
+            out.missed_at_most += most;
+            out.strata.push(Stratum {
+                population,
+                judged,
+                disagreements,
+                missed_at_most: most,
+            });
         }
-    }
-
-    /// The most units of the rung this interval allows to be missed.
-    pub fn missed_at_most(&self) -> u64 {
-        (self.high * self.population as f64).ceil() as u64
+        if out.population > 0 {
+            let n = out.population as f64;
+            // Nothing judged proves nothing, and estimates nothing.
+            out.rate = if out.judged == 0 { 0.0 } else { estimate / n };
+            out.low = least as f64 / n;
+            out.high = out.missed_at_most as f64 / n;
+        }
+        out
     }
 }
 
-/// The Wilson score interval at 95 % for `d` successes in `n` trials.
-pub fn wilson(d: u64, n: u64) -> (f64, f64) {
-    if n == 0 {
-        return (0.0, 1.0);
+/// The recall an answer has at least, against the judge of its audit:
+/// `found` positives, and at most `missed` positives among what was thrown
+/// away. An answer that found nothing and can have missed nothing has
+/// missed nothing.
+pub fn recall_at_least(found: u64, missed: u64) -> f64 {
+    match found + missed {
+        0 => 1.0,
+        all => found as f64 / all as f64,
     }
-    let n = n as f64;
-    let p = d as f64 / n;
-    let z2 = Z95 * Z95;
-    let denom = 1.0 + z2 / n;
-    let centre = (p + z2 / (2.0 * n)) / denom;
-    let half = Z95 / denom * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
-    ((centre - half).max(0.0), (centre + half).min(1.0))
+}
+
+/// How a round of `size` units divides between a rung's boundary stratum
+/// (`near` units) and the rest (`far`): half to each, the share a stratum
+/// cannot fill going to the other. Each stratum's count never shrinks as
+/// `size` grows, so a grown sample keeps every unit it judged.
+pub fn allocate(size: usize, near: usize, far: usize) -> (usize, usize) {
+    let half = size.div_ceil(2).min(near);
+    let far_take = size.saturating_sub(half).min(far);
+    let near_take = size.saturating_sub(far_take).min(near);
+    (near_take, far_take)
+}
+
+/// ln Γ(x) for x > 0: Lanczos' approximation (g = 7, nine terms), good
+/// to about 15 digits, which the bounds below need only to 1e-9.
+fn ln_gamma(x: f64) -> f64 {
+    const G: f64 = 7.0;
+    const C: [f64; 9] = [
+        0.999_999_999_999_809_9,
+        676.520_368_121_885_1,
+        -1_259.139_216_722_402_8,
+        771.323_428_777_653_1,
+        -176.615_029_162_140_6,
+        12.507_343_278_686_905,
+        -0.138_571_095_265_720_12,
+        9.984_369_578_019_572e-6,
+        1.505_632_735_149_311_6e-7,
+    ];
+    if x < 0.5 {
+        // Reflection keeps the series in its accurate range.
+        let pi = std::f64::consts::PI;
+        return (pi / (pi * x).sin()).ln() - ln_gamma(1.0 - x);
+    }
+    let x = x - 1.0;
+    let mut sum = C[0];
+    for (i, c) in C.iter().enumerate().skip(1) {
+        sum += c / (x + i as f64);
+    }
+    let t = x + G + 0.5;
+    0.5 * (2.0 * std::f64::consts::PI).ln() + (x + 0.5) * t.ln() - t + sum.ln()
+}
+
+fn ln_choose(n: u64, k: u64) -> f64 {
+    if k > n {
+        return f64::NEG_INFINITY;
+    }
+    ln_gamma(n as f64 + 1.0) - ln_gamma(k as f64 + 1.0) - ln_gamma((n - k) as f64 + 1.0)
+}
+
+/// P(lo <= X <= hi) for X the number of marked units among `n` drawn
+/// without replacement from `big_n` units of which `m` are marked.
+fn hypergeometric_mass(big_n: u64, m: u64, n: u64, lo: u64, hi: u64) -> f64 {
+    let lo = lo.max(n.saturating_sub(big_n - m));
+    let hi = hi.min(n).min(m);
+    if lo > hi {
+        return 0.0;
+    }
+    let all = ln_choose(big_n, n);
+    (lo..=hi)
+        .map(|k| (ln_choose(m, k) + ln_choose(big_n - m, n - k) - all).exp())
+        .sum::<f64>()
+        .min(1.0)
+}
+
+/// The exact upper confidence bound on how many of `population` units are
+/// marked, after `d` of `n` drawn without replacement were: the largest
+/// count under which seeing `d` or fewer has probability above `alpha`.
+pub fn misses_at_most(population: u64, n: u64, d: u64, alpha: f64) -> u64 {
+    let unseen = population.saturating_sub(n);
+    if unseen == 0 {
+        return d;
+    }
+    // Counts from `d` (all marked units seen) to `d + unseen`; the
+    // probability of `d` or fewer falls as the count grows.
+    let likely = |m: u64| hypergeometric_mass(population, m, n, 0, d) > alpha;
+    let (mut lo, mut hi) = (d, d + unseen);
+    if likely(hi) {
+        return hi;
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if likely(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// The exact lower bound, by the same reasoning: the smallest count under
+/// which seeing `d` or more has probability above `alpha`.
+pub fn misses_at_least(population: u64, n: u64, d: u64, alpha: f64) -> u64 {
+    let unseen = population.saturating_sub(n);
+    if unseen == 0 || d == 0 {
+        return d;
+    }
+    let likely = |m: u64| hypergeometric_mass(population, m, n, d, n) > alpha;
+    let (mut lo, mut hi) = (d, d + unseen);
+    if likely(lo) {
+        return lo;
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if likely(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi
 }
 
 /// The sample sizes an audit judges in turn: `first`, doubled until `max`
@@ -197,27 +343,89 @@ mod tests {
     }
 
     #[test]
-    fn wilson_matches_published_values() {
-        // Newcombe (1998), table I: 0/10 -> 0.0000–0.2775; 1/29 ->
-        // 0.0061–0.1718; 81/263 -> 0.2553–0.3662.
-        let close = |a: f64, b: f64| (a - b).abs() < 5e-4;
-        let (l, u) = wilson(0, 10);
-        assert!(close(l, 0.0) && close(u, 0.2775), "{l} {u}");
-        let (l, u) = wilson(1, 29);
-        assert!(close(l, 0.0061) && close(u, 0.1718), "{l} {u}");
-        let (l, u) = wilson(81, 263);
-        assert!(close(l, 0.2553) && close(u, 0.3662), "{l} {u}");
+    fn bounds_match_exact_hypergeometric_values() {
+        // Computed by summing binomial coefficients exactly.
+        for (population, n, d, alpha, most, least) in [
+            (100, 20, 0, 0.05, 12, 0),
+            (100, 20, 3, 0.05, 32, 5),
+            (934, 40, 0, 0.05, 65, 0),
+            (934, 40, 2, 0.025, 155, 7),
+            (1000, 100, 10, 0.05, 160, 58),
+        ] {
+            assert_eq!(
+                misses_at_most(population, n, d, alpha),
+                most,
+                "upper bound of {d}/{n} of {population}"
+            );
+            assert_eq!(
+                misses_at_least(population, n, d, alpha),
+                least,
+                "lower bound of {d}/{n} of {population}"
+            );
+        }
+        // A million units: no overflow, and close to the binomial bound
+        // 1 - 0.05^(1/20) = 13.9 %.
+        let most = misses_at_most(1_000_000, 20, 0, 0.05) as f64 / 1e6;
+        assert!((most - 0.1391).abs() < 1e-3, "{most}");
     }
 
     #[test]
     fn whole_rung_is_exact() {
-        let m = MissRate::measure(12, 12, 3);
+        let m = MissRate::measure(&[(12, 12, 3)], 0.05);
         assert_eq!((m.low, m.high), (0.25, 0.25));
-        assert_eq!(m.missed_at_most(), 3);
-        let m = MissRate::measure(100, 0, 0);
+        assert_eq!(m.missed_at_most, 3);
+        let m = MissRate::measure(&[(100, 0, 0)], 0.05);
         assert_eq!(m.high, 1.0, "nothing judged proves nothing");
-        let m = MissRate::measure(0, 0, 0);
+        let m = MissRate::measure(&[(0, 0, 0)], 0.05);
         assert_eq!((m.rate, m.high), (0.0, 0.0), "an empty rung missed nothing");
+    }
+
+    #[test]
+    fn strata_add_their_bounds_and_weigh_their_rates() {
+        // A boundary quarter with 2 of 10 disagreeing, a rest with none.
+        let m = MissRate::measure(&[(25, 10, 2), (75, 10, 0)], 0.05);
+        assert_eq!(m.strata.len(), 2);
+        assert_eq!(
+            m.missed_at_most,
+            misses_at_most(25, 10, 2, 0.025) + misses_at_most(75, 10, 0, 0.025)
+        );
+        assert!((m.rate - 0.05).abs() < 1e-12, "25 * 0.2 / 100: {}", m.rate);
+        assert!(m.low <= m.rate && m.rate <= m.high);
+    }
+
+    #[test]
+    fn the_bound_holds_in_at_least_one_minus_alpha_of_samples() {
+        // 300 units of which 15 are misses, sampled 30 at a time.
+        let misses: Vec<bool> = (0..300).map(|i| i % 20 == 0).collect();
+        let (mut held, trials) = (0, 400);
+        for seed in 0..trials {
+            let units: Vec<(bool, ContentHash)> =
+                misses.iter().enumerate().map(|(i, &m)| (m, h(i as u32))).collect();
+            let drawn = sample(seed, &units, 30);
+            let d = drawn.iter().filter(|&&m| m).count() as u64;
+            if misses_at_most(300, 30, d, 0.1) >= 15 {
+                held += 1;
+            }
+        }
+        assert!(held as f64 >= 0.9 * trials as f64, "held in {held} of {trials}");
+    }
+
+    #[test]
+    fn recall_and_allocation() {
+        assert_eq!(recall_at_least(0, 0), 1.0);
+        assert_eq!(recall_at_least(0, 3), 0.0);
+        assert_eq!(recall_at_least(90, 10), 0.9);
+        assert_eq!(allocate(20, 100, 100), (10, 10));
+        assert_eq!(allocate(20, 4, 100), (4, 16));
+        assert_eq!(allocate(20, 100, 3), (17, 3));
+        assert_eq!(allocate(21, 100, 100), (11, 10));
+        let mut last = (0, 0);
+        for size in 0..60 {
+            let now = allocate(size, 13, 29);
+            assert!(now.0 >= last.0 && now.1 >= last.1, "nested at {size}");
+            assert_eq!(now.0 + now.1, size.min(42));
+            last = now;
+        }
     }
 
     #[test]

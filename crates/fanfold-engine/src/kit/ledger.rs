@@ -107,6 +107,30 @@ impl<'a> FactLedger<'a> {
             .collect()
     }
 
+    /// The confidence of each unit's fact at `stage`, where the fact
+    /// carries one.
+    pub fn confidences(&self, stage: &str) -> HashMap<usize, f64> {
+        self.lock()
+            .facts
+            .iter()
+            .filter(|(_, f)| f.stage == stage)
+            .filter_map(|(i, f)| Some((*i, f.confidence?)))
+            .collect()
+    }
+
+    /// Calls `each(index, stage, status)` with every unit's latest fact:
+    /// the one that answers for it so far.
+    pub fn for_each_latest(&self, mut each: impl FnMut(usize, &str, Status)) {
+        let state = self.lock();
+        let mut latest: HashMap<usize, &FactRecord> = HashMap::new();
+        for (i, f) in &state.facts {
+            latest.insert(*i, f);
+        }
+        for (i, f) in latest {
+            each(i, &f.stage, f.status);
+        }
+    }
+
     /// Table positions of the units `stage` ended as negative, in table
     /// order.
     pub fn negatives_of(&self, stage: &str) -> Vec<usize> {

@@ -226,8 +226,18 @@ pub fn no_contract() -> fanfold_core::spec::ContractSpec {
     }
 }
 
-/// The negatives of the rungs a stage reads, by rung name.
-pub type Negatives = BTreeMap<String, RungUnits>;
+/// What the rungs a stage reads threw away, and what the answer holds so
+/// far, for a stage that bounds what was missed.
+#[derive(Debug, Default)]
+pub struct Negatives {
+    /// The negatives of each rung read, by rung name.
+    pub rungs: BTreeMap<String, RungUnits>,
+    /// Units whose answer so far is positive.
+    pub found: u64,
+    /// Units thrown away by rungs that are not read (the prefilter's
+    /// exclusions when it is not one of them).
+    pub elsewhere: u64,
+}
 
 /// What one rung threw away.
 #[derive(Debug, Default)]
@@ -238,6 +248,10 @@ pub struct RungUnits {
     /// prefilter, the seeded sample the route phase kept (its exclusions
     /// are not held in memory).
     pub units: Vec<usize>,
+    /// How near each unit came to being kept (higher is nearer): its
+    /// score at a scoring stage, or one minus its confidence; empty when
+    /// the rung has neither.
+    pub nearness: HashMap<usize, f64>,
 }
 
 /// What a stage reads instead of a queue: the negatives of earlier rungs.

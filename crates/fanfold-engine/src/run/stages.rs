@@ -5,8 +5,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use fanfold_core::FactRecord;
 use fanfold_core::spec::ContractSpec;
+use fanfold_core::{FactRecord, Status};
 use fanfold_ops::contract::{Controller, StopReason};
 use fanfold_store::Store;
 
@@ -15,6 +15,7 @@ use crate::Progress;
 use crate::error::RunError;
 use crate::kit::{
     Backends, FactLedger, NegativeReads, Negatives, RungUnits, Shared, Stage, StageContext,
+    UnitScores,
 };
 use crate::plan::Plan;
 use crate::queue::BudgetPool;
@@ -173,7 +174,7 @@ impl Scope<'_> {
             *staged.received.entry(stage.name().to_owned()).or_insert(0) += units.len() as u64;
         }
         let negatives = match reads {
-            Some(reads) => self.negatives_for(reads, ledger),
+            Some(reads) => self.negatives_for(reads, ledger, &mut state.shared),
             None => Negatives::default(),
         };
         let outcome = stage.run(&mut self.context(state, ledger, &negatives, &[]), units)?;
@@ -248,9 +249,16 @@ impl Scope<'_> {
         Ok(())
     }
 
-    /// What the rungs a stage reads threw away.
-    fn negatives_for(&self, reads: &NegativeReads, ledger: &FactLedger<'_>) -> Negatives {
-        let mut out = Negatives::new();
+    /// What the rungs a stage reads threw away, how near each unit came to
+    /// being kept, and what the answer holds so far.
+    fn negatives_for(
+        &self,
+        reads: &NegativeReads,
+        ledger: &FactLedger<'_>,
+        shared: &mut Shared,
+    ) -> Negatives {
+        let mut out = Negatives::default();
+        let published = shared.get::<UnitScores>();
         for rung in &reads.rungs {
             let units = if rung == fanfold_core::spec::PREFILTER_RUNG {
                 RungUnits {
@@ -261,16 +269,43 @@ impl Scope<'_> {
                         .get(&reads.seed)
                         .cloned()
                         .unwrap_or_default(),
+                    nearness: HashMap::new(),
                 }
             } else {
                 let units = ledger.negatives_of(rung);
+                // A scoring stage's score says how near a unit came; a
+                // judged one's confidence says how sure its negative is.
+                let nearness = match published.as_ref().and_then(|p| p.of(rung)) {
+                    Some(scores) => units
+                        .iter()
+                        .filter_map(|i| Some((*i, *scores.get(i)?)))
+                        .collect(),
+                    None => ledger
+                        .confidences(rung)
+                        .into_iter()
+                        .map(|(i, c)| (i, 1.0 - c))
+                        .collect(),
+                };
                 RungUnits {
                     population: units.len() as u64,
                     units,
+                    nearness,
                 }
             };
-            out.insert(rung.clone(), units);
+            out.rungs.insert(rung.clone(), units);
         }
+        if !reads
+            .rungs
+            .iter()
+            .any(|r| r == fanfold_core::spec::PREFILTER_RUNG)
+        {
+            out.elsewhere += self.routed.excluded_by_reason.values().sum::<u64>();
+        }
+        ledger.for_each_latest(|_, stage, status| match status {
+            Status::Positive => out.found += 1,
+            Status::Negative if !out.rungs.contains_key(stage) => out.elsewhere += 1,
+            _ => {}
+        });
         out
     }
 }
