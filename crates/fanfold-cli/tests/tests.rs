@@ -2855,6 +2855,45 @@ else {choice: (.text | split(" ") | last)} end"#,
 }
 
 #[test]
+fn a_floor_no_probability_can_meet_is_said_not_to_apply() {
+    let f = select_fixture();
+    // The router names its pick and nothing else, as an HTTP model does.
+    std::fs::write(
+        f.path("router.jq"),
+        r#"if .kind == "docs" then {choice: "docs"} else {choice: "judge"} end"#,
+    )
+    .expect("router");
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let s = &f.certificate()["stats"]["selects"]["triage"];
+    assert_eq!(s["below_floor"], 0, "{s}");
+    assert_eq!(s["floor_unapplied"], 30, "every pick of the model: {s}");
+    let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
+    assert!(
+        md.contains("30 model picks were kept without a probability"),
+        "{md}"
+    );
+    // Where the backend can never return one, `explain` says so up front.
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replace(
+            "[backends.router]\ntype = \"scripted\"\nscript = \"router.jq\"",
+            "[backends.router]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"http://127.0.0.1:9/v1\"",
+        ),
+    )
+    .expect("spec");
+    let o = run(bin().arg("explain").arg(f.path("spec.toml")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o)
+            .contains("a floor that cannot apply: the openai backend returns no probabilities"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
 fn a_select_routes_by_rule_then_by_scored_choice_and_nothing_else() {
     let f = select_fixture();
     let o = f.run(&[]);
@@ -2868,6 +2907,7 @@ fn a_select_routes_by_rule_then_by_scored_choice_and_nothing_else() {
     // Weak picks fall below the floor; hijacked answers are outside the
     // catalog, fail the schema on every attempt and take `otherwise`.
     assert_eq!(s["below_floor"], 5);
+    assert_eq!(s["floor_unapplied"], 0, "every pick came with its scores");
     assert_eq!(s["chosen"]["unsure"]["model"], 5);
     assert_eq!(s["chosen"]["unsure"]["otherwise"], 5);
     assert_eq!(s["undecided"], 0);

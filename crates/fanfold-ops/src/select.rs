@@ -216,6 +216,11 @@ impl Catalog {
         Ok(None)
     }
 
+    /// Whether a confidence floor is declared.
+    pub fn has_floor(&self) -> bool {
+        self.min_confidence.is_some() && self.below_floor.is_some()
+    }
+
     /// The choice taken for a model's pick at `confidence`: its own, or
     /// `below_floor` when the probability is under the floor. The flag
     /// says whether the floor moved it.

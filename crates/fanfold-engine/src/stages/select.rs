@@ -216,6 +216,10 @@ pub struct SelectReport {
     pub chosen: BTreeMap<String, BTreeMap<String, u64>>,
     /// Units the confidence floor moved to `below_floor`.
     pub below_floor: u64,
+    /// Model picks kept though a floor is declared: the backend returned
+    /// no probability to test against it.
+    #[serde(default)]
+    pub floor_unapplied: u64,
     /// Units the scorer could not place (error, budget) and no
     /// `otherwise` took: they end with the scorer's status.
     pub undecided: u64,
@@ -293,7 +297,14 @@ impl Stage for SelectRunner {
         if let (Some(m), Some(scorer)) = (&s.model, &self.scorer) {
             let (backend, simulated) = crate::kit::backend_label(spec, &m.backend);
             let floor = match (m.min_confidence, &m.below_floor) {
-                (Some(c), Some(to)) => format!("; below {c} -> {to}"),
+                (Some(c), Some(to)) => match spec.backends.get(&m.backend).map(|b| b.type_name()) {
+                    // Their APIs return the text alone here: no
+                    // probability comes back to hold against the floor.
+                    Some(kind @ ("openai" | "anthropic")) => format!(
+                        "; below {c} -> {to}, a floor that cannot apply: the {kind} backend returns no probabilities, so the model's pick is kept"
+                    ),
+                    _ => format!("; below {c} -> {to}"),
+                },
                 _ => String::new(),
             };
             let _ = writeln!(
@@ -430,6 +441,9 @@ impl Stage for SelectRunner {
             match (choice_of_model, fact) {
                 (Some(pick), Some(f)) => {
                     let (choice, moved) = self.catalog.settle(pick, f.confidence);
+                    if self.catalog.has_floor() && f.confidence.is_none() {
+                        report.floor_unapplied += 1;
+                    }
                     sel.decided_by = "model".into();
                     sel.confidence = f.confidence;
                     sel.alternatives = f.choice_scores.clone();
@@ -639,6 +653,13 @@ pub fn confusion_table(name: &str, r: &SelectReport) -> String {
         "select `{name}`: {} units, {} scorer calls, {} cached, {} moved by the confidence floor, {} undecided\n",
         r.units, r.calls, r.cached, r.below_floor, r.undecided
     );
+    if r.floor_unapplied > 0 {
+        let _ = writeln!(
+            out,
+            "**{} model picks were kept without a probability**: the backend returned none, so the confidence floor could not apply to them.\n",
+            r.floor_unapplied
+        );
+    }
     let _ = writeln!(
         out,
         "| choice | by rule | by model | otherwise | then positive | negative | abstain | error | not run |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
