@@ -4969,6 +4969,108 @@ fn cascade_fixture(cascade: &str) -> Fixture {
     f
 }
 
+/// A cascade whose proxy is trained: a logistic regression over the
+/// embedded model's vectors of each record, fitted on half the label
+/// budget and cross-fitted; the scripted judge is the oracle. 1,000
+/// records, 200 flagged, in words a query would not all share.
+#[test]
+fn a_trained_proxy_is_fitted_on_its_labels_and_decides_what_it_is_sure_of() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    let cascade = r#"{ proxy = "trained", features = "sim", target = "recall", at_least = 0.7, delta = 0.1, label_budget = 400 }"#;
+    let spec = spec
+        .replacen(
+            "[[stages]]\nname = \"judge\"",
+            "[[stages]]\nname = \"sim\"\ntype = \"embed\"\nversion = 1\nfields = [\"title\"]\npositive = [\"a machine broke\"]\nthreshold = -1.0\nthen = \"judge\"\n\n[[stages]]\nname = \"judge\"",
+            1,
+        )
+        .replacen(
+            "decision = { pointer = \"/decision\", positive = [\"yes\"], negative = [\"no\"] }",
+            &format!("decision = {{ pointer = \"/decision\", positive = [\"yes\"], negative = [\"no\"] }}\ncascade = {cascade}"),
+            1,
+        );
+    std::fs::write(f.path("spec.toml"), spec).expect("spec");
+    let broken = [
+        "the disk on node {} failed and the data is gone",
+        "node {} crashed with a kernel panic",
+        "power supply of rack {} burned out",
+        "memory errors keep killing host {}",
+    ];
+    let routine = [
+        "weekly status meeting notes {}",
+        "lunch menu for day {}",
+        "new colleague joins team {}",
+        "holiday schedule for week {}",
+        "office plants watered on floor {}",
+    ];
+    let rows: Vec<Value> = (0..1000)
+        .map(|i| {
+            let (flag, title) = match i % 5 {
+                0 => (true, broken[i / 5 % 4].replace("{}", &i.to_string())),
+                _ => (
+                    false,
+                    routine[(i + i / 5) % 5].replace("{}", &i.to_string()),
+                ),
+            };
+            serde_json::json!({"id": i, "flag": flag, "title": title})
+        })
+        .collect();
+    f.input(serde_json::to_string(&rows).expect("rows").as_bytes());
+    let o = run(bin().arg("explain").arg(f.path("spec.toml")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("a logistic regression over `sim`'s embeddings, cross-fitted over 5 folds on the first 200 labels"),
+        "{}",
+        stdout(&o)
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let c = f.certificate();
+    let r = &c["stats"]["cascades"]["judge"];
+    let trained = &r["trained"];
+    assert_eq!(trained["labels"], 200, "{r}");
+    assert_eq!(trained["folds_fitted"], 5, "{r}");
+    let auc = trained["auc"].as_f64().expect("both classes labelled");
+    assert!(auc > 0.9, "the embeddings tell broken from routine: {r}");
+    assert_eq!(r["met"], true, "{r}");
+    let labels = r["labels"].as_u64().unwrap();
+    assert!(labels <= 400, "within the budget: {r}");
+    assert!(r["proxy_decided"].as_u64().unwrap() > 0, "{r}");
+    let calls = c["stats"]["model_calls"].as_u64().unwrap();
+    assert!(
+        calls < 1000,
+        "fewer calls than judging every record: {calls}"
+    );
+    // Recall against the judge's truth (the flag), over every record.
+    let found: Vec<u64> = f.answer_ids().iter().map(|i| i.parse().unwrap()).collect();
+    let hit = found.iter().filter(|&&i| i % 5 == 0).count();
+    assert!(hit as f64 >= 0.7 * 200.0, "{hit} of 200 found");
+    // A rerun fits the same proxy on the same labels, all from the cache.
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let again = f.certificate();
+    assert_eq!(again["stats"]["model_calls"], 0);
+    assert_eq!(
+        again["stats"]["cascades"]["judge"],
+        c["stats"]["cascades"]["judge"]
+    );
+
+    // A trained proxy needs the stage its vectors come from.
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replace("features = \"sim\", ", ""),
+    )
+    .expect("spec");
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("a trained proxy needs `features`"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 /// A terminal of 80 by 24 under tmux, on a server of its own.
 struct Tmux {
     socket: String,

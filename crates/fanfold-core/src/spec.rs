@@ -598,8 +598,14 @@ pub struct MapStageSpec {
 #[serde(deny_unknown_fields)]
 pub struct CascadeSpec {
     /// The stage declared before this one whose facts score each unit
-    /// (an `embed` or `bm25` stage): higher is more likely positive.
+    /// (an `embed` or `bm25` stage): higher is more likely positive. Or
+    /// `"trained"`: a logistic regression over each unit's embedding by
+    /// the `features` stage, fitted on half the label budget and
+    /// cross-fitted, so no label scores its own unit.
     pub proxy: String,
+    /// With `proxy = "trained"`: the embed stage whose vectors the
+    /// classifier reads (its fields and model; it need not run first).
+    pub features: Option<String>,
     /// JSON pointer to the score in the proxy's facts.
     #[serde(default = "default_score_pointer")]
     pub score: String,
@@ -627,6 +633,9 @@ pub struct CascadeSpec {
     /// at or above it is positive. Defaults to the middle of the scores.
     pub cut: Option<f64>,
 }
+
+/// The `proxy` of a cascade that trains its own classifier.
+pub const TRAINED_PROXY: &str = "trained";
 
 /// Who answers for a unit the cascade asks about.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

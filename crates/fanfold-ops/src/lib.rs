@@ -14,6 +14,7 @@ pub mod fold;
 pub mod jq;
 pub mod partition;
 pub mod prefilter;
+pub mod proxy;
 pub mod verify;
 pub mod view;
 

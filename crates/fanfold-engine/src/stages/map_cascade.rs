@@ -20,12 +20,15 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use fanfold_core::spec::{CascadeOracle, CascadeSpec, MapStageSpec, QualityMetric, StageSpec};
+use fanfold_core::spec::{
+    CascadeOracle, CascadeSpec, MapStageSpec, QualityMetric, StageSpec, TRAINED_PROXY,
+};
 use fanfold_core::{
     ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash, Status, UnitId,
 };
 use fanfold_ops::cascade::{self, Config, Decision, Metric, Plan, Target};
 use fanfold_ops::map::MapStage;
+use fanfold_ops::proxy::TrainedReport;
 use fanfold_ops::view::INPUT_BUCKET;
 use serde::{Deserialize, Serialize};
 
@@ -48,6 +51,8 @@ pub(crate) struct CascadeRun {
     labels: Option<HashMap<String, Option<bool>>>,
     /// Labels a person oracle has yet to give, in the order asked.
     wanted: Mutex<Vec<WantedLabel>>,
+    /// With a trained proxy: the embed stage whose vectors it reads.
+    features: Option<Box<super::embed::EmbedRunner>>,
 }
 
 /// The file a run lists the labels it waits for in.
@@ -105,6 +110,9 @@ pub struct CascadeReport {
     /// Labels a person is asked for in `labels-wanted.jsonl`.
     #[serde(default)]
     pub wanted: usize,
+    /// With a trained proxy: what its fit did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trained: Option<TrainedReport>,
     /// The guarantee holds: every unit the proxy did not decide was
     /// decided by the oracle.
     pub met: bool,
@@ -168,7 +176,47 @@ impl CascadeRun {
                     .into(),
             ));
         }
-        if !matches!((me, position(&c.proxy)), (Some(me), Some(p)) if p < me) {
+        let features = match (c.proxy == TRAINED_PROXY, &c.features) {
+            (true, Some(f)) => {
+                let embed = ctx.spec.stages.iter().find_map(|d| match d {
+                    StageSpec::Embed(e) if &e.name == f => Some(e.clone()),
+                    _ => None,
+                });
+                let Some(embed) = embed else {
+                    return Err(invalid(
+                        ctx,
+                        format!("features `{f}` is not an embed stage of this spec"),
+                    ));
+                };
+                Some(Box::new(super::embed::EmbedRunner::build(&embed, ctx)?))
+            }
+            (true, None) => {
+                return Err(invalid(
+                    ctx,
+                    "a trained proxy needs `features`: the embed stage whose vectors it reads"
+                        .into(),
+                ));
+            }
+            (false, Some(_)) => {
+                return Err(invalid(
+                    ctx,
+                    format!(
+                        "`features` is for proxy = \"{TRAINED_PROXY}\"; the proxy `{}` scores on its own",
+                        c.proxy
+                    ),
+                ));
+            }
+            (false, None) => None,
+        };
+        if features.is_some() && c.label_budget < 2 {
+            return Err(invalid(
+                ctx,
+                "a trained proxy needs label_budget ≥ 2: half trains it, the rest sets its thresholds"
+                    .into(),
+            ));
+        }
+        if features.is_none() && !matches!((me, position(&c.proxy)), (Some(me), Some(p)) if p < me)
+        {
             return Err(invalid(
                 ctx,
                 format!(
@@ -220,6 +268,7 @@ impl CascadeRun {
             spec: c.clone(),
             labels,
             wanted: Mutex::new(Vec::new()),
+            features,
         })
     }
 
@@ -249,11 +298,17 @@ impl CascadeRun {
             }
             (None, CascadeOracle::Backend) => format!("the stage's backend `{}`", stage.backend),
         };
+        let proxy = match &self.spec.features {
+            Some(f) => format!(
+                "a logistic regression over `{f}`'s embeddings, cross-fitted over {} folds on the first {} labels",
+                fanfold_ops::proxy::FOLDS,
+                self.training_labels()
+            ),
+            None => format!("`{}`'s `{}`", self.spec.proxy, self.spec.score),
+        };
         format!(
-            "cascade: {}; the proxy is `{}`'s `{}`, the oracle {oracle}, at most {} labels",
+            "cascade: {}; the proxy is {proxy}, the oracle {oracle}, at most {} labels",
             self.target_text(),
-            self.spec.proxy,
-            self.spec.score,
             self.spec.label_budget
         )
     }
@@ -272,39 +327,15 @@ impl CascadeRun {
     ) -> Result<StageOutcome, RunError> {
         let name = stage.name().to_owned();
         let c = &self.spec;
-        // A scoring stage publishes every unit's score; any other stage's
-        // facts are read at the pointer.
-        let mut by_unit = ctx.ledger.numbers(&c.proxy, &c.score);
-        if let Some(published) = ctx
-            .shared
-            .get::<crate::kit::UnitScores>()
-            .and_then(|s| s.of(&c.proxy))
-        {
-            by_unit.extend(published.iter().map(|(&i, &s)| (i, s)));
-        }
-        let mut scores = Vec::with_capacity(units.len());
         let mut keys = Vec::with_capacity(units.len());
         let mut view_keys = Vec::with_capacity(units.len());
         for &i in &units {
-            let Some(&score) = by_unit.get(&i) else {
-                return Err(RunError::Cascade {
-                    stage: name,
-                    unit: ctx.table.unit(i)?.unit_id.0.clone(),
-                    detail: format!("the proxy `{}` gave it no number at `{}`", c.proxy, c.score),
-                });
-            };
-            scores.push(score);
             let key = view(i)?.key_in(INPUT_BUCKET);
             keys.push(u64::from_le_bytes(
                 *key.0.first_chunk::<8>().unwrap_or(&[0; 8]),
             ));
             view_keys.push(key);
         }
-        let cut = c.cut.unwrap_or_else(|| median(&scores));
-        let config = Config {
-            cut,
-            ..Config::new(self.target(), c.label_budget, c.seed)
-        };
         let mut outcome = StageOutcome::default();
         // The backend as oracle: every unit the cascade may ask about is
         // judged first, through the stage's slots and its cache.
@@ -346,6 +377,92 @@ impl CascadeRun {
                     }
                 }));
             }
+        }
+        // A person who has yet to give labels the run needs first: each
+        // unit waits, and the report says for how many.
+        let waiting = |ctx: &mut StageContext<'_>, missing: &[usize], labels: usize| {
+            let wanted = self.want(stage, ctx, &units, &view_keys, missing, view)?;
+            for &i in &units {
+                undecided(
+                    i,
+                    "waiting",
+                    "label:person".into(),
+                    format!(
+                        "the cascade waits for {wanted} labels from a person before it decides ({WANTED_FILE}; `fanfold label OUT_DIR`)"
+                    ),
+                );
+            }
+            let report = CascadeReport {
+                target: self.target_text(),
+                proxy: c.proxy.clone(),
+                oracle: "a person".into(),
+                plan: None,
+                units: units.len(),
+                labels,
+                calls_without: keys.iter().collect::<std::collections::HashSet<_>>().len(),
+                unlabelled: units.len(),
+                wanted,
+                met: false,
+                ..CascadeReport::default()
+            };
+            ctx.stats.reports.put(REPORT, &name, &report);
+            Ok::<_, RunError>(StageOutcome::default())
+        };
+        let (scores, trained) = match &self.features {
+            None => (self.proxy_scores(ctx, stage, &units)?, None),
+            Some(embed) => {
+                let training =
+                    fanfold_ops::proxy::training_draws(&keys, self.training_labels(), c.seed);
+                if person {
+                    let missing: Vec<usize> = training
+                        .iter()
+                        .copied()
+                        .filter(|&p| stored.get(p).is_some_and(Option::is_none))
+                        .collect();
+                    if !missing.is_empty() {
+                        // The classifier is fitted on these first.
+                        return waiting(ctx, &missing, training.len() - missing.len());
+                    }
+                } else if self.labels.is_none() {
+                    let asked: Vec<usize> = training
+                        .iter()
+                        .filter_map(|&p| units.get(p).copied())
+                        .collect();
+                    merge(&mut outcome, judge(ctx, asked)?);
+                }
+                let labelled: Vec<(usize, bool)> = training
+                    .iter()
+                    .filter_map(|&p| Some((p, self.label(ctx, &name, &units, &stored, p)?)))
+                    .collect();
+                let vectors = super::embed::unit_vectors(
+                    embed,
+                    ctx.table,
+                    &units,
+                    ctx.store,
+                    Some(super::embed::embedders(ctx, &embed.stage)?),
+                )?;
+                let vectors: Vec<Vec<f32>> = vectors.into_iter().flatten().collect();
+                let (scores, report) = fanfold_ops::proxy::cross_fit(&vectors, &keys, &labelled)
+                    .map_err(|e| RunError::Cascade {
+                        stage: name.clone(),
+                        unit: "-".into(),
+                        detail: format!("the trained proxy: {e}"),
+                    })?;
+                (scores, Some((report, training)))
+            }
+        };
+        let cut = c.cut.unwrap_or_else(|| median(&scores));
+        // A trained proxy's own labels count against the budget.
+        let spent = trained.as_ref().map_or(0, |(_, t)| t.len());
+        let config = Config {
+            cut,
+            ..Config::new(
+                self.target(),
+                c.label_budget.saturating_sub(spent).max(1),
+                c.seed,
+            )
+        };
+        if person {
             let draws = cascade::label_draws(&config, &scores, &keys);
             let missing: Vec<usize> = draws
                 .iter()
@@ -355,32 +472,7 @@ impl CascadeRun {
             if !missing.is_empty() {
                 // The thresholds need these first: nothing is decided
                 // until they are given.
-                let wanted = self.want(stage, ctx, &units, &view_keys, &missing, view)?;
-                for &i in &units {
-                    undecided(
-                        i,
-                        "waiting",
-                        "label:person".into(),
-                        format!(
-                            "the cascade waits for {wanted} labels from a person before it decides ({WANTED_FILE}; `fanfold label OUT_DIR`)"
-                        ),
-                    );
-                }
-                let report = CascadeReport {
-                    target: self.target_text(),
-                    proxy: c.proxy.clone(),
-                    oracle: "a person".into(),
-                    plan: None,
-                    units: units.len(),
-                    labels: draws.len() - missing.len(),
-                    calls_without: keys.iter().collect::<std::collections::HashSet<_>>().len(),
-                    unlabelled: units.len(),
-                    wanted,
-                    met: false,
-                    ..CascadeReport::default()
-                };
-                ctx.stats.reports.put(REPORT, &name, &report);
-                return Ok(StageOutcome::default());
+                return waiting(ctx, &missing, draws.len() - missing.len());
             }
         }
         let asked: Vec<usize> = match &self.labels {
@@ -394,25 +486,7 @@ impl CascadeRun {
         if !asked.is_empty() {
             merge(&mut outcome, judge(ctx, asked)?);
         }
-        let table = ctx.table;
-        let file = self.labels.as_ref();
-        let mut oracle = |p: usize| -> Option<bool> {
-            let i = *units.get(p)?;
-            if person {
-                return stored.get(p).copied().flatten().flatten();
-            }
-            match file {
-                Some(labels) => {
-                    let id = table.unit(i).ok()?.unit_id.0.clone();
-                    labels.get(&id).copied().flatten()
-                }
-                None => match ledger.status(i, &name)? {
-                    Status::Positive => Some(true),
-                    Status::Negative => Some(false),
-                    _ => None,
-                },
-            }
-        };
+        let mut oracle = |p: usize| self.label(ctx, &name, &units, &stored, p);
         let result =
             cascade::run(&config, &scores, &keys, &mut oracle).map_err(|e| RunError::Cascade {
                 stage: name.clone(),
@@ -553,7 +627,16 @@ impl CascadeRun {
             },
             plan: Some(result.plan.clone()),
             units: units.len(),
-            labels: result.labels,
+            labels: match &trained {
+                // The fit's labels and the thresholds' draws, once each.
+                Some((_, training)) => training
+                    .iter()
+                    .chain(&cascade::label_draws(&config, &scores, &keys))
+                    .filter_map(|&p| keys.get(p))
+                    .collect::<std::collections::HashSet<_>>()
+                    .len(),
+                None => result.labels,
+            },
             proxy_decided: result.proxy_decided,
             left_to_oracle: result.oracle_units,
             oracle_calls: result.oracle_calls(),
@@ -564,6 +647,7 @@ impl CascadeRun {
             unlabelled,
             wanted,
             met: unlabelled == 0,
+            trained: trained.map(|(report, _)| report),
         };
         ctx.stats.reports.put(REPORT, &name, &report);
         Ok(outcome)
@@ -614,6 +698,68 @@ impl CascadeRun {
             w.extend(lines);
         }
         Ok(n)
+    }
+
+    /// Labels a trained proxy is fitted on: half the budget.
+    fn training_labels(&self) -> usize {
+        (self.spec.label_budget / 2).max(1)
+    }
+
+    /// Each unit's score from the proxy stage: published by a scoring
+    /// stage, or read from its facts at the pointer.
+    fn proxy_scores(
+        &self,
+        ctx: &mut StageContext<'_>,
+        stage: &MapStage,
+        units: &[usize],
+    ) -> Result<Vec<f64>, RunError> {
+        let c = &self.spec;
+        let mut by_unit = ctx.ledger.numbers(&c.proxy, &c.score);
+        if let Some(published) = ctx
+            .shared
+            .get::<crate::kit::UnitScores>()
+            .and_then(|s| s.of(&c.proxy))
+        {
+            by_unit.extend(published.iter().map(|(&i, &s)| (i, s)));
+        }
+        units
+            .iter()
+            .map(|&i| match by_unit.get(&i) {
+                Some(&score) => Ok(score),
+                None => Err(RunError::Cascade {
+                    stage: stage.name().to_owned(),
+                    unit: ctx.table.unit(i)?.unit_id.0.clone(),
+                    detail: format!("the proxy `{}` gave it no number at `{}`", c.proxy, c.score),
+                }),
+            })
+            .collect()
+    }
+
+    /// The oracle's label of the unit at position `p`, where it has one:
+    /// a person's stored label, the labels file's, or the stage's own fact.
+    fn label(
+        &self,
+        ctx: &StageContext<'_>,
+        name: &str,
+        units: &[usize],
+        stored: &[Option<Option<bool>>],
+        p: usize,
+    ) -> Option<bool> {
+        let i = *units.get(p)?;
+        if self.asks_a_person() {
+            return stored.get(p).copied().flatten().flatten();
+        }
+        match &self.labels {
+            Some(labels) => {
+                let id = ctx.table.unit(i).ok()?.unit_id.0.clone();
+                labels.get(&id).copied().flatten()
+            }
+            None => match ctx.ledger.status(i, name)? {
+                Status::Positive => Some(true),
+                Status::Negative => Some(false),
+                _ => None,
+            },
+        }
     }
 
     /// Whether a person is the oracle.

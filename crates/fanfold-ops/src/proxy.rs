@@ -1,0 +1,287 @@
+//! The trained proxy: a logistic regression over each unit's embedding,
+//! fitted on the labels a cascade has gathered, and cross-fitted: units
+//! fall into folds by their label key, and a fold is scored by the model
+//! fitted on every other fold's labels. So no label scores its own unit,
+//! nor a unit that shows the same thing (they share a key, so a fold).
+//!
+//! The classifier is `linfa-logistic`: maintained, pure Rust (no BLAS to
+//! install), L2-regularised, fitted by L-BFGS; a cascade's few hundred
+//! labels over 384 dimensions fit in milliseconds.
+
+use linfa::prelude::*;
+use linfa_logistic::LogisticRegression;
+use ndarray::{Array1, Array2};
+use serde::{Deserialize, Serialize};
+
+/// Folds the units are split into.
+pub const FOLDS: u64 = 5;
+
+/// The L2 penalty: the labels are few and the dimensions many, so the
+/// weights are held small.
+const PENALTY: f64 = 1.0;
+
+const MAX_ITERATIONS: u64 = 200;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("unit {0} has no vector")]
+    Missing(usize),
+    #[error("vectors of {0} and {1} dimensions cannot be fitted together")]
+    Dimensions(usize, usize),
+}
+
+/// What the fit did, for the cascade's report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainedReport {
+    /// Labels the classifier was fitted on (positive or negative).
+    pub labels: usize,
+    pub positives: usize,
+    /// Folds with a model of their own; the others (a fold whose training
+    /// labels hold one class only) score every unit with the training
+    /// share of positives.
+    pub folds_fitted: u64,
+    /// The area under the ROC curve of the cross-fitted scores over the
+    /// labelled units: how well the proxy orders what it never saw. `None`
+    /// when the labels hold one class only.
+    pub auc: Option<f64>,
+}
+
+/// The fold of a unit with label key `key`.
+pub fn fold_of(key: u64) -> u64 {
+    mix(key) % FOLDS
+}
+
+/// SplitMix64's finaliser: keys are hash prefixes already, but a cascade's
+/// draws are seeded on them, so folds and training ranks mix them again.
+fn mix(key: u64) -> u64 {
+    let mut z = key.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The positions to label first for training: one per distinct key, the
+/// `n` keys of smallest seeded rank, in rank order.
+pub fn training_draws(keys: &[u64], n: usize, seed: u64) -> Vec<usize> {
+    let mut first: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    for (p, &k) in keys.iter().enumerate() {
+        first.entry(k).or_insert(p);
+    }
+    let mut ranked: Vec<(u64, usize)> = first
+        .into_iter()
+        .map(|(k, p)| (mix(k ^ mix(seed ^ 0x7472_6169_6e65_6421)), p))
+        .collect();
+    ranked.sort_unstable();
+    ranked.into_iter().take(n).map(|(_, p)| p).collect()
+}
+
+/// Every unit's cross-fitted probability of being positive. `vectors[p]`
+/// is unit `p`'s embedding, `keys[p]` its label key, and `labelled` the
+/// labels known: (position, positive).
+pub fn cross_fit(
+    vectors: &[Vec<f32>],
+    keys: &[u64],
+    labelled: &[(usize, bool)],
+) -> Result<(Vec<f64>, TrainedReport), ProxyError> {
+    let dims = vectors.first().map_or(0, Vec::len);
+    if let Some(v) = vectors.iter().find(|v| v.len() != dims) {
+        return Err(ProxyError::Dimensions(dims, v.len()));
+    }
+    for &(p, _) in labelled {
+        if p >= vectors.len() || p >= keys.len() {
+            return Err(ProxyError::Missing(p));
+        }
+    }
+    let fold = |p: usize| keys.get(p).map_or(0, |&k| fold_of(k));
+    let mut scores = vec![0.5; vectors.len()];
+    let mut report = TrainedReport {
+        labels: labelled.len(),
+        positives: labelled.iter().filter(|(_, y)| *y).count(),
+        ..TrainedReport::default()
+    };
+    for k in 0..FOLDS {
+        let train: Vec<(usize, bool)> = labelled
+            .iter()
+            .copied()
+            .filter(|&(p, _)| fold(p) != k)
+            .collect();
+        let scored: Vec<usize> = (0..vectors.len()).filter(|&p| fold(p) == k).collect();
+        if scored.is_empty() {
+            continue;
+        }
+        let positives = train.iter().filter(|(_, y)| *y).count();
+        let fitted = match positives {
+            0 => None,
+            n if n == train.len() => None,
+            _ => fit(vectors, &train, dims),
+        };
+        match fitted {
+            Some(model) => {
+                report.folds_fitted += 1;
+                let x = matrix(vectors, scored.iter().copied(), dims);
+                for (&p, s) in scored.iter().zip(model.predict(&x)) {
+                    if let Some(slot) = scores.get_mut(p) {
+                        *slot = s;
+                    }
+                }
+            }
+            None => {
+                // One class, or none: the share of positives is all the
+                // training labels say.
+                let prior = match train.len() {
+                    0 => 0.5,
+                    n => positives as f64 / n as f64,
+                };
+                for p in scored {
+                    if let Some(slot) = scores.get_mut(p) {
+                        *slot = prior;
+                    }
+                }
+            }
+        }
+    }
+    report.auc = auc(labelled
+        .iter()
+        .map(|&(p, y)| (scores.get(p).copied().unwrap_or(0.5), y)));
+    Ok((scores, report))
+}
+
+/// A fitted model: its probabilities are of the positive class.
+struct Model {
+    fitted: linfa_logistic::FittedLogisticRegression<f64, bool>,
+}
+
+impl Model {
+    fn predict(&self, x: &Array2<f64>) -> Vec<f64> {
+        let p = self.fitted.predict_probabilities(x);
+        // linfa names the class it scores; the labels say which one it is.
+        let flip = !self.fitted.labels().pos.class;
+        p.iter().map(|&q| if flip { 1.0 - q } else { q }).collect()
+    }
+}
+
+fn fit(vectors: &[Vec<f32>], train: &[(usize, bool)], dims: usize) -> Option<Model> {
+    let x = matrix(vectors, train.iter().map(|&(p, _)| p), dims);
+    let y: Array1<bool> = train.iter().map(|&(_, y)| y).collect();
+    let fitted = LogisticRegression::default()
+        .alpha(PENALTY)
+        .max_iterations(MAX_ITERATIONS)
+        .fit(&Dataset::new(x, y))
+        .ok()?;
+    Some(Model { fitted })
+}
+
+fn matrix(vectors: &[Vec<f32>], rows: impl Iterator<Item = usize>, dims: usize) -> Array2<f64> {
+    let mut data = Vec::new();
+    let mut n = 0;
+    for p in rows {
+        if let Some(v) = vectors.get(p) {
+            data.extend(v.iter().map(|&x| f64::from(x)));
+            n += 1;
+        }
+    }
+    Array2::from_shape_vec((n, dims), data).unwrap_or_else(|_| Array2::zeros((0, dims)))
+}
+
+/// The area under the ROC curve: the chance a positive scores above a
+/// negative, ties counting half.
+pub fn auc(pairs: impl Iterator<Item = (f64, bool)>) -> Option<f64> {
+    let (mut pos, mut neg) = (Vec::new(), Vec::new());
+    for (s, y) in pairs {
+        if y { pos.push(s) } else { neg.push(s) }
+    }
+    if pos.is_empty() || neg.is_empty() {
+        return None;
+    }
+    let mut wins = 0.0;
+    for &p in &pos {
+        for &n in &neg {
+            wins += match p.partial_cmp(&n) {
+                Some(std::cmp::Ordering::Greater) => 1.0,
+                Some(std::cmp::Ordering::Equal) => 0.5,
+                _ => 0.0,
+            };
+        }
+    }
+    Some(wins / (pos.len() * neg.len()) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Units on two clusters: positives near (1, 0, ...), negatives near
+    /// (0, 1, ...), with a little seeded jitter.
+    fn population(n: usize) -> (Vec<Vec<f32>>, Vec<bool>, Vec<u64>) {
+        let mut vectors = Vec::new();
+        let mut truth = Vec::new();
+        let mut keys = Vec::new();
+        for i in 0..n {
+            let positive = i % 3 == 0;
+            let jitter = ((i * 7919) % 101) as f32 / 500.0;
+            let mut v = vec![jitter; 8];
+            if let Some(x) = v.get_mut(usize::from(!positive)) {
+                *x += 1.0;
+            }
+            vectors.push(v);
+            truth.push(positive);
+            keys.push(mix(i as u64));
+        }
+        (vectors, truth, keys)
+    }
+
+    #[test]
+    fn a_separable_population_is_ordered_by_the_cross_fitted_scores() {
+        let (vectors, truth, keys) = population(90);
+        let draws = training_draws(&keys, 40, 3);
+        assert_eq!(draws.len(), 40);
+        let labelled: Vec<(usize, bool)> = draws.iter().map(|&p| (p, truth[p])).collect();
+        let (scores, report) = cross_fit(&vectors, &keys, &labelled).expect("fit");
+        assert_eq!(report.folds_fitted, FOLDS);
+        assert!(report.auc.is_some_and(|a| a > 0.95), "{report:?}");
+        let all = auc(scores.iter().copied().zip(truth.iter().copied())).expect("both classes");
+        assert!(all > 0.95, "ordered on units never labelled too: {all}");
+    }
+
+    #[test]
+    fn a_label_never_scores_its_own_unit() {
+        let (vectors, truth, keys) = population(60);
+        let labelled: Vec<(usize, bool)> = (0..60).step_by(2).map(|p| (p, truth[p])).collect();
+        let (before, _) = cross_fit(&vectors, &keys, &labelled).expect("fit");
+        // Flip one label: its own unit's score (and that of every unit in
+        // its fold) stays; only other folds move.
+        let mut flipped = labelled.clone();
+        let (p, y) = flipped[4];
+        flipped[4] = (p, !y);
+        let (after, _) = cross_fit(&vectors, &keys, &flipped).expect("fit");
+        let mine = fold_of(keys[p]);
+        for q in 0..60 {
+            if fold_of(keys[q]) == mine {
+                assert_eq!(
+                    before[q], after[q],
+                    "unit {q} shares the flipped label's fold"
+                );
+            }
+        }
+        assert!(
+            (0..60).any(|q| fold_of(keys[q]) != mine && before[q] != after[q]),
+            "the other folds were fitted on the flipped label"
+        );
+    }
+
+    #[test]
+    fn one_class_scores_its_share_and_bad_vectors_are_refused() {
+        let (vectors, _, keys) = population(30);
+        let labelled: Vec<(usize, bool)> = (0..10).map(|p| (p, false)).collect();
+        let (scores, report) = cross_fit(&vectors, &keys, &labelled).expect("fit");
+        assert_eq!(report.folds_fitted, 0);
+        assert_eq!(report.auc, None);
+        assert!(scores.iter().all(|&s| s == 0.0), "{scores:?}");
+        let mut bad = vectors.clone();
+        bad[3].push(0.0);
+        assert!(matches!(
+            cross_fit(&bad, &keys, &labelled),
+            Err(ProxyError::Dimensions(8, 9))
+        ));
+    }
+}
