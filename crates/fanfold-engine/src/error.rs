@@ -168,3 +168,24 @@ pub enum PlanError {
         source: Box<PrefilterError>,
     },
 }
+
+/// A projection's failure as the run reports it: the stage, the unit
+/// (`-` when the program did not compile) and what went wrong.
+pub(crate) fn project_err(e: fanfold_ops::view::ProjectError) -> RunError {
+    match e {
+        fanfold_ops::view::ProjectError::Compile { stage, detail } => RunError::Project {
+            stage,
+            unit: "-".into(),
+            detail,
+        },
+        fanfold_ops::view::ProjectError::Eval {
+            stage,
+            unit,
+            detail,
+        } => RunError::Project {
+            stage,
+            unit,
+            detail,
+        },
+    }
+}

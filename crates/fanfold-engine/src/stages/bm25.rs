@@ -15,7 +15,7 @@ use fanfold_store::Store;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::map::project_err;
+use crate::error::project_err;
 use crate::error::PlanError;
 use crate::error::RunError;
 use crate::kit::UnitTable;

@@ -16,7 +16,8 @@ use fanfold_ops::view::{INPUT_BUCKET, Projector};
 use fanfold_store::Store;
 use serde_json::{Value, json};
 
-use super::map::{model_params, project_err};
+use super::map::model_params;
+use crate::error::project_err;
 use crate::batches::StoreLedger;
 use crate::error::PlanError;
 use crate::error::RunError;

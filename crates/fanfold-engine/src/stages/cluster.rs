@@ -20,7 +20,8 @@ use fanfold_store::Store;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::map::{model_params, project_err};
+use super::map::model_params;
+use crate::error::project_err;
 use crate::error::PlanError;
 use crate::error::RunError;
 use crate::kit::UnitTable;

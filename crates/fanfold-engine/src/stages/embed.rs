@@ -19,7 +19,7 @@ use fanfold_ops::view::{INPUT_BUCKET, Projector};
 use fanfold_store::Store;
 use serde::{Deserialize, Serialize};
 
-use super::map::project_err;
+use crate::error::project_err;
 use crate::error::PlanError;
 use crate::error::RunError;
 use crate::kit::UnitTable;

@@ -20,6 +20,7 @@ use serde_json::Value;
 use crate::batches::StoreLedger;
 use crate::error::PlanError;
 use crate::error::RunError;
+use crate::error::project_err;
 use crate::kit::UnitTable;
 use crate::kit::ledger::Origin;
 use crate::kit::{
@@ -250,24 +251,6 @@ impl MapRunner {
     }
 }
 
-pub(crate) fn project_err(e: fanfold_ops::view::ProjectError) -> RunError {
-    match e {
-        fanfold_ops::view::ProjectError::Compile { stage, detail } => RunError::Project {
-            stage,
-            unit: "-".into(),
-            detail,
-        },
-        fanfold_ops::view::ProjectError::Eval {
-            stage,
-            unit,
-            detail,
-        } => RunError::Project {
-            stage,
-            unit,
-            detail,
-        },
-    }
-}
 
 /// The decoding parameters a fact of `stage` is keyed by.
 pub fn model_params(info: &BackendInfo, stage: &MapStage) -> ModelParams {

@@ -33,7 +33,8 @@ use fanfold_store::Store;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::map::{MapRunner, project_err};
+use super::map::MapRunner;
+use crate::error::project_err;
 use crate::error::PlanError;
 use crate::error::RunError;
 use crate::kit::RunStats;

@@ -266,7 +266,7 @@ impl WidenRunner {
                     let id = table.id(m)?.as_str();
                     let view = projector
                         .project(id, &table.value(m))
-                        .map_err(super::map::project_err)?;
+                        .map_err(crate::error::project_err)?;
                     let bytes = view.to_string().len() + id.len() + 24;
                     let t = (bytes as u64).div_ceil(BYTES_PER_TOKEN);
                     sizes.insert(m, t);
@@ -302,7 +302,7 @@ impl WidenedViews<'_> {
     fn project(&self, i: usize) -> Result<Value, RunError> {
         self.projector
             .project(self.table.id(i)?.as_str(), &self.table.value(i))
-            .map_err(super::map::project_err)
+            .map_err(crate::error::project_err)
     }
 }
 
