@@ -1081,6 +1081,12 @@ pub struct HttpBackendSpec {
     /// Stream the answer (server-sent events).
     #[serde(default)]
     pub stream: bool,
+    /// OpenAI-compatible servers only: ask for the tokens' log
+    /// probabilities, so a decision's allowed values get probabilities
+    /// (a map stage's confidence, a select's floor). Off by default: some
+    /// models refuse the fields. Not with `stream`.
+    #[serde(default)]
+    pub logprobs: bool,
     /// Per attempt, connection to last byte.
     pub timeout_ms: Option<u64>,
     /// Retries of transport faults (429, 5xx, timeouts) per call.

@@ -77,6 +77,12 @@ pub fn build(
             cfg.output = output_mode(h.output);
             cfg.per_request_schema = h.per_unit_schema;
             cfg.stream = h.stream;
+            if h.logprobs && h.stream {
+                return Err(BackendError::Setup(
+                    "logprobs are read from whole answers: drop `stream` or `logprobs`".into(),
+                ));
+            }
+            cfg.logprobs = h.logprobs;
             cfg.batch = batch.then(|| batch_config(h));
             let prices = prices(h, spec_dir)?;
             Ok(Box::new(Priced {
@@ -88,6 +94,11 @@ pub fn build(
             }))
         }
         BackendSpec::Anthropic(h) => {
+            if h.logprobs {
+                return Err(BackendError::Setup(
+                    "Anthropic's Messages API returns no log probabilities: drop `logprobs`".into(),
+                ));
+            }
             let mut cfg = AnthropicConfig::new(h.model.clone(), Vec::new());
             cfg.transport = transport(h)?;
             cfg.output = output_mode(h.output);

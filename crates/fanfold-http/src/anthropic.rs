@@ -335,6 +335,7 @@ fn parse_message(v: &Value, mode: OutputMode) -> Result<Reply, Fault> {
         text,
         usage,
         billed_tokens,
+        tokens: Vec::new(),
     })
 }
 

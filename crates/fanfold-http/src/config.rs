@@ -202,6 +202,11 @@ pub struct OpenAiConfig {
     /// instead of one request per unit.
     #[serde(default)]
     pub batch: Option<BatchConfig>,
+    /// Ask for each token's likeliest alternatives (`logprobs`,
+    /// `top_logprobs`) where a job has a decision, so each allowed value
+    /// gets a probability. Off by default: some models refuse the fields.
+    #[serde(default)]
+    pub logprobs: bool,
 }
 
 impl OpenAiConfig {
@@ -217,6 +222,7 @@ impl OpenAiConfig {
             max_tokens_field: MaxTokensField::MaxTokens,
             stream: false,
             batch: None,
+            logprobs: false,
         }
     }
 }

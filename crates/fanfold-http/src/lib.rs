@@ -38,6 +38,7 @@ mod batch;
 mod breaker;
 mod config;
 mod limits;
+mod logprobs;
 mod openai;
 mod price;
 mod secret;

@@ -213,6 +213,10 @@ impl ModelBackend for OpenAiBackend {
             model_id.push('@');
             model_id.push_str(served);
         }
+        // Facts made with probabilities differ from those made without.
+        if self.config().logprobs {
+            model_id.push_str("+logprobs");
+        }
         BackendInfo {
             kind: "openai".into(),
             model_id,
@@ -427,6 +431,12 @@ impl Protocol for OpenAiProtocol {
                 body.insert("response_format".into(), format);
             }
         }
+        // Streamed answers are read as text alone, so their tokens are not
+        // asked for.
+        if c.logprobs && !c.stream && job.decision().is_some() {
+            body.insert("logprobs".into(), json!(true));
+            body.insert("top_logprobs".into(), json!(crate::logprobs::TOP_LOGPROBS));
+        }
         if c.stream {
             body.insert("stream".into(), json!(true));
             body.insert("stream_options".into(), json!({"include_usage": true}));
@@ -498,6 +508,7 @@ fn parse_completion(v: &Value) -> Result<Reply, Fault> {
         text,
         usage,
         billed_tokens,
+        tokens: crate::logprobs::parse(v),
     })
 }
 
@@ -612,6 +623,7 @@ async fn read_stream(response: reqwest::Response, limit: u64) -> Result<Reply, F
         text: state.text,
         usage,
         billed_tokens,
+        tokens: Vec::new(),
     })
 }
 

@@ -43,6 +43,9 @@ pub(crate) struct Reply {
     /// Every token the provider counts against its per-minute limit, when
     /// it reported usage.
     pub billed_tokens: Option<u64>,
+    /// The answer's tokens with their likeliest alternatives, when the
+    /// provider was asked for them.
+    pub tokens: Vec<crate::logprobs::TokenChoices>,
 }
 
 /// Why one attempt failed.
@@ -801,13 +804,16 @@ impl<P: Protocol> Transport<P> {
                     let mut st = endpoint.lock();
                     st.budget.settle(cost, reply.billed_tokens.unwrap_or(cost));
                     st.budget.observe(&info, Instant::now());
+                    let choices = job.decision().and_then(|d| {
+                        crate::logprobs::decision_probabilities(&reply.text, &reply.tokens, d)
+                    });
                     return Ok(Completion {
                         text: reply.text,
                         usage: Usage {
                             latency_ms,
                             ..reply.usage
                         },
-                        choices: None,
+                        choices,
                         truncated_tokens: 0,
                     });
                 }

@@ -199,6 +199,44 @@ fn openai_identity_names_the_weights_the_server_lists() {
 }
 
 #[test]
+fn openai_log_probabilities_give_each_decision_value_its_probability() {
+    key();
+    let mock = Mock::start();
+    let backend = OpenAiBackend::new(OpenAiConfig {
+        logprobs: true,
+        ..openai(vec![endpoint(mock.openai_url(), 2)])
+    })
+    .expect("backend");
+    assert!(backend.info().model_id.ends_with("+logprobs"));
+    let decision = |unit: &str| fanfold_model::DecisionField {
+        key: "unit".into(),
+        choices: vec![unit.to_owned(), "zz".into()],
+    };
+    let job = numbered(1, 1).with_decision(decision("u0"));
+    backend.run(&job).expect("run");
+    let got = outcomes(&job);
+    let c = got["u0"].as_ref().expect("answered");
+    let choices = c.choices.as_ref().expect("probabilities");
+    assert_eq!(choices[0].0, "u0");
+    assert!((choices[0].1 - 0.75).abs() < 1e-9, "{choices:?}");
+    assert!((choices[1].1 - 0.25).abs() < 1e-9, "{choices:?}");
+    for h in mock.hits() {
+        assert_eq!(h.body["logprobs"], true);
+        assert_eq!(h.body["top_logprobs"], 20);
+    }
+    // Off by default: nothing asked, nothing read.
+    let mock = Mock::start();
+    let plain = OpenAiBackend::new(openai(vec![endpoint(mock.openai_url(), 2)])).expect("backend");
+    let job = numbered(1, 1).with_decision(decision("u0"));
+    plain.run(&job).expect("run");
+    assert_eq!(
+        outcomes(&job)["u0"].as_ref().expect("answered").choices,
+        None
+    );
+    assert!(mock.hits().iter().all(|h| h.body.get("logprobs").is_none()));
+}
+
+#[test]
 fn openai_prompt_mode_and_per_request_schemas() {
     key();
     let mock = Mock::start();

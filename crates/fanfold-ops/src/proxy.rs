@@ -60,6 +60,61 @@ fn mix(key: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Labels a trained proxy is fitted on, of a cascade's `budget`: half;
+/// the other half sets its thresholds.
+pub fn training_budget(budget: usize) -> usize {
+    (budget / 2).max(1)
+}
+
+/// Fits the proxy on the oracle's labels of the `training` positions (a
+/// position the oracle cannot label is left out) and scores every unit.
+pub fn fit_on(
+    vectors: &[Vec<f32>],
+    keys: &[u64],
+    training: &[usize],
+    mut label: impl FnMut(usize) -> Option<bool>,
+) -> Result<(Vec<f64>, TrainedReport), ProxyError> {
+    let labelled: Vec<(usize, bool)> = training
+        .iter()
+        .filter_map(|&p| Some((p, label(p)?)))
+        .collect();
+    cross_fit(vectors, keys, &labelled)
+}
+
+/// A synthetic population for the bench: `n` units, the first
+/// `prevalence` of them positive, each a `dims`-dimensional vector of unit
+/// normals whose class means lie `separation` apart (split evenly over the
+/// dimensions), seeded.
+pub fn synthetic_vectors(
+    seed: u64,
+    n: usize,
+    prevalence: f64,
+    dims: usize,
+    separation: f64,
+) -> (Vec<Vec<f32>>, Vec<bool>) {
+    let shift = separation / 2.0 / (dims.max(1) as f64).sqrt();
+    let mut state = mix(seed ^ 0x7379_6e74_6865_7469);
+    let mut unit = || {
+        state = mix(state);
+        ((state >> 11) as f64 / (1u64 << 53) as f64).max(1e-12)
+    };
+    let mut vectors = Vec::with_capacity(n);
+    let mut truth = Vec::with_capacity(n);
+    for i in 0..n {
+        let y = (i as f64) < prevalence * n as f64;
+        let v = (0..dims)
+            .map(|_| {
+                let (u, w) = (unit(), unit());
+                let z = (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * w).cos();
+                (z + if y { shift } else { -shift }) as f32
+            })
+            .collect();
+        vectors.push(v);
+        truth.push(y);
+    }
+    (vectors, truth)
+}
+
 /// The positions to label first for training: one per distinct key, the
 /// `n` keys of smallest seeded rank, in rank order.
 pub fn training_draws(keys: &[u64], n: usize, seed: u64) -> Vec<usize> {

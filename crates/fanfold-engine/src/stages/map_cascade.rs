@@ -430,10 +430,6 @@ impl CascadeRun {
                         .collect();
                     merge(&mut outcome, judge(ctx, asked)?);
                 }
-                let labelled: Vec<(usize, bool)> = training
-                    .iter()
-                    .filter_map(|&p| Some((p, self.label(ctx, &name, &units, &stored, p)?)))
-                    .collect();
                 let vectors = super::embed::unit_vectors(
                     embed,
                     ctx.table,
@@ -442,7 +438,10 @@ impl CascadeRun {
                     Some(super::embed::embedders(ctx, &embed.stage)?),
                 )?;
                 let vectors: Vec<Vec<f32>> = vectors.into_iter().flatten().collect();
-                let (scores, report) = fanfold_ops::proxy::cross_fit(&vectors, &keys, &labelled)
+                let (scores, report) =
+                    fanfold_ops::proxy::fit_on(&vectors, &keys, &training, |p| {
+                        self.label(ctx, &name, &units, &stored, p)
+                    })
                     .map_err(|e| RunError::Cascade {
                         stage: name.clone(),
                         unit: "-".into(),
@@ -700,9 +699,9 @@ impl CascadeRun {
         Ok(n)
     }
 
-    /// Labels a trained proxy is fitted on: half the budget.
+    /// Labels a trained proxy is fitted on.
     fn training_labels(&self) -> usize {
-        (self.spec.label_budget / 2).max(1)
+        fanfold_ops::proxy::training_budget(self.spec.label_budget)
     }
 
     /// Each unit's score from the proxy stage: published by a scoring

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use fanfold_core::spec::{DecisionSpec, Decode, MapStageSpec, SelectStageSpec, Spec};
+use fanfold_core::spec::{BackendSpec, DecisionSpec, Decode, MapStageSpec, SelectStageSpec, Spec};
 use fanfold_core::{
     Bucket, ChoiceScore, ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHasher,
     Status,
@@ -298,12 +298,15 @@ impl Stage for SelectRunner {
         if let (Some(m), Some(scorer)) = (&s.model, &self.scorer) {
             let (backend, simulated) = crate::kit::backend_label(spec, &m.backend);
             let floor = match (m.min_confidence, &m.below_floor) {
-                (Some(c), Some(to)) => match spec.backends.get(&m.backend).map(|b| b.type_name()) {
-                    // Their APIs return the text alone here: no
-                    // probability comes back to hold against the floor.
-                    Some(kind @ ("openai" | "anthropic")) => format!(
-                        "; below {c} -> {to}, a floor that cannot apply: the {kind} backend returns no probabilities, so the model's pick is kept"
-                    ),
+                (Some(c), Some(to)) => match spec.backends.get(&m.backend) {
+                    // Without log probabilities these APIs return the text
+                    // alone: no probability comes back to hold against it.
+                    Some(BackendSpec::Openai(h) | BackendSpec::Anthropic(h)) if !h.logprobs => {
+                        let kind = spec.backends.get(&m.backend).map_or("", |b| b.type_name());
+                        format!(
+                            "; below {c} -> {to}, a floor that cannot apply: the {kind} backend returns no probabilities (an OpenAI-compatible one does with `logprobs = true`), so the model's pick is kept"
+                        )
+                    }
                     _ => format!("; below {c} -> {to}"),
                 },
                 _ => String::new(),

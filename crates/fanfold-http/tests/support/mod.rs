@@ -344,13 +344,26 @@ async fn success(
             .body(Body::from(sse))
             .expect("response")
     } else {
-        let v = json!({
+        let mut v = json!({
             "id": "chatcmpl-1", "object": "chat.completion",
             "choices": [{"index": 0, "finish_reason": "stop",
                          "message": {"role": "assistant", "content": answer.to_string()}}],
             "usage": {"prompt_tokens": 100, "completion_tokens": 5,
                       "prompt_tokens_details": {"cached_tokens": cached}}
         });
+        // Asked for log probabilities: the answer's three tokens, the
+        // unit's name three times likelier than "zz" where it begins.
+        if body.get("logprobs").and_then(Value::as_bool) == Some(true) {
+            let token = |t: &str| json!({"token": t, "logprob": 0.0, "top_logprobs": []});
+            v["choices"][0]["logprobs"] = json!({"content": [
+                token("{\"unit\":\""),
+                {"token": unit, "logprob": 0.75f64.ln(), "top_logprobs": [
+                    {"token": unit, "logprob": 0.75f64.ln()},
+                    {"token": "zz", "logprob": 0.25f64.ln()}
+                ]},
+                token("\"}")
+            ]});
+        }
         (StatusCode::OK, v.to_string()).into_response()
     };
     for (k, v) in extra {
