@@ -96,6 +96,13 @@ struct Tally {
 
 impl Tally {
     fn add(&mut self, outcome: &Outcome, truth: &[bool]) {
+        self.add_spent(outcome, truth, None);
+    }
+
+    /// With a trained proxy, `fit` holds the labels and oracle calls both
+    /// halves spent and the positions its training labelled, which are
+    /// not held out either.
+    fn add_spent(&mut self, outcome: &Outcome, truth: &[bool], fit: Option<&Fit>) {
         let t = outcome.target;
         let realized = outcome.realized(truth);
         self.trials += 1;
@@ -105,12 +112,17 @@ impl Tally {
         if outcome.plan != CascadePlan::OracleDecidesAll {
             self.proven += 1;
         }
-        self.labels += outcome.labels as f64;
-        self.oracle_calls += outcome.oracle_calls() as f64;
+        let (labels, calls) = fit.map_or((outcome.labels, outcome.oracle_calls()), |f| {
+            (f.labels, f.calls)
+        });
+        self.labels += labels as f64;
+        self.oracle_calls += calls as f64;
         self.proxy_share += outcome.proxy_decided as f64 / truth.len().max(1) as f64;
         self.realized += realized;
         self.lower_bound += outcome.lower_bound;
-        let unlabelled = |_: usize, d: &Decision| !matches!(d, Decision::Label { .. });
+        let unlabelled = |i: usize, d: &Decision| {
+            !matches!(d, Decision::Label { .. }) && fit.is_none_or(|f| !f.trained.contains(&i))
+        };
         self.held_out += outcome
             .decisions
             .iter()
@@ -206,9 +218,18 @@ const TRAINED: &str = "trained (logistic over the embedding, cross-fitted)";
 /// Dimensions of the synthetic vectors the trained proxy reads.
 const SYNTHETIC_DIMS: usize = 16;
 
+/// What a trained proxy's cascade spent beyond its outcome's own count.
+struct Fit {
+    /// Distinct labels of both halves.
+    labels: usize,
+    /// Distinct views labelled or left to the oracle.
+    calls: usize,
+    /// Positions whose view the training labelled.
+    trained: std::collections::HashSet<usize>,
+}
+
 /// A cascade whose proxy is trained on half of `budget` (as a run does:
-/// `fanfold_ops::proxy`), the rest setting its thresholds; returns the
-/// outcome and the distinct labels both halves spent.
+/// `fanfold_ops::proxy`), the rest setting its thresholds.
 fn trained_run(
     target: Target,
     budget: usize,
@@ -216,18 +237,36 @@ fn trained_run(
     vectors: &[Vec<f32>],
     keys: &[u64],
     truth: &[bool],
-) -> Result<(Outcome, usize)> {
+) -> Result<(Outcome, Fit)> {
+    use std::collections::HashSet;
     let training = proxy::training_draws(keys, proxy::training_budget(budget), seed);
     let (scores, _) = proxy::fit_on(vectors, keys, &training, |p| truth.get(p).copied())?;
     let config = Config::new(target, budget.saturating_sub(training.len()).max(1), seed);
     let outcome = cascade::run(&config, &scores, keys, &mut |i| truth.get(i).copied())?;
-    let labels = training
+    let draws = cascade::label_draws(&config, &scores, keys);
+    let left: Vec<usize> = outcome
+        .decisions
         .iter()
-        .chain(&cascade::label_draws(&config, &scores, keys))
-        .filter_map(|&p| keys.get(p))
-        .collect::<std::collections::HashSet<_>>()
-        .len();
-    Ok((outcome, labels))
+        .enumerate()
+        .filter(|(_, d)| matches!(d, Decision::Oracle))
+        .map(|(p, _)| p)
+        .collect();
+    let (labels, calls) = proxy::spent(keys, &training, &draws, &left);
+    let trained_keys: HashSet<u64> = training
+        .iter()
+        .filter_map(|&p| keys.get(p).copied())
+        .collect();
+    let trained = (0..keys.len())
+        .filter(|&p| keys.get(p).is_some_and(|k| trained_keys.contains(k)))
+        .collect();
+    Ok((
+        outcome,
+        Fit {
+            labels,
+            calls,
+            trained,
+        },
+    ))
 }
 
 /// The trained proxy's guarantee on synthetic vectors: the same targets,
@@ -256,10 +295,7 @@ fn synthetic_trained(body: &mut String, trials: u64) {
                 delta: DELTA,
             };
             match trained_run(target, SYNTHETIC_BUDGET, seed, &vectors, &keys, &truth) {
-                Ok((outcome, labels)) => {
-                    tally.add(&outcome, &truth);
-                    tally.labels += labels as f64 - outcome.labels as f64;
-                }
+                Ok((outcome, fit)) => tally.add_spent(&outcome, &truth, Some(&fit)),
                 Err(e) => failed = Some(e),
             }
         }
@@ -419,11 +455,9 @@ fn example(body: &mut String, example: &Path, seeds: u64) -> Result<()> {
                     delta: DELTA,
                 };
                 if *name == TRAINED {
-                    let (outcome, labels) =
+                    let (outcome, fit) =
                         trained_run(target, budget, seed, &pop.vectors, &pop.keys, &pop.truth)?;
-                    tally.add(&outcome, &pop.truth);
-                    tally.labels += labels as f64 - outcome.labels as f64;
-                    tally.oracle_calls += labels as f64 - outcome.labels as f64;
+                    tally.add_spent(&outcome, &pop.truth, Some(&fit));
                     continue;
                 }
                 let config = Config::new(target, budget, seed);

@@ -5037,6 +5037,10 @@ fn a_trained_proxy_is_fitted_on_its_labels_and_decides_what_it_is_sure_of() {
     assert!(labels <= 400, "within the budget: {r}");
     assert!(r["proxy_decided"].as_u64().unwrap() > 0, "{r}");
     let calls = c["stats"]["model_calls"].as_u64().unwrap();
+    // Every record's view is its own: the report's oracle calls (training,
+    // thresholds and what was left to the oracle, once per view) are the
+    // judge's calls.
+    assert_eq!(r["oracle_calls"].as_u64(), Some(calls), "{r}");
     assert!(
         calls < 1000,
         "fewer calls than judging every record: {calls}"

@@ -81,6 +81,19 @@ pub fn fit_on(
     cross_fit(vectors, keys, &labelled)
 }
 
+/// What a cascade with a trained proxy spent: the distinct labels of its
+/// `training` and its threshold `draws`, and the distinct views asked of
+/// the oracle, those two and the positions left to it (`left`): a view
+/// labelled once is never asked again.
+pub fn spent(keys: &[u64], training: &[usize], draws: &[usize], left: &[usize]) -> (usize, usize) {
+    let key = |p: &usize| keys.get(*p).copied();
+    let mut asked: std::collections::HashSet<u64> =
+        training.iter().chain(draws).filter_map(key).collect();
+    let labels = asked.len();
+    asked.extend(left.iter().filter_map(key));
+    (labels, asked.len())
+}
+
 /// A synthetic population for the bench: `n` units, the first
 /// `prevalence` of them positive, each a `dims`-dimensional vector of unit
 /// normals whose class means lie `separation` apart (split evenly over the
@@ -322,6 +335,14 @@ mod tests {
             (0..60).any(|q| fold_of(keys[q]) != mine && before[q] != after[q]),
             "the other folds were fitted on the flipped label"
         );
+    }
+
+    #[test]
+    fn a_view_is_labelled_and_asked_once() {
+        // Positions 0 and 3 show one view; 1 and 4 another.
+        let keys = [7, 8, 9, 7, 8, 10];
+        assert_eq!(spent(&keys, &[0, 1], &[3, 2], &[4, 5]), (3, 4));
+        assert_eq!(spent(&keys, &[], &[], &[]), (0, 0));
     }
 
     #[test]

@@ -615,6 +615,18 @@ impl CascadeRun {
                 }
             }
         }
+        // A trained proxy's own labels count, once per view.
+        let spent = trained.as_ref().map(|(_, training)| {
+            let left: Vec<usize> = result
+                .decisions
+                .iter()
+                .enumerate()
+                .filter(|(_, d)| matches!(d, Decision::Oracle))
+                .map(|(p, _)| p)
+                .collect();
+            let draws = cascade::label_draws(&config, &scores, &keys);
+            fanfold_ops::proxy::spent(&keys, training, &draws, &left)
+        });
         let distinct = keys.iter().collect::<std::collections::HashSet<_>>().len();
         let report = CascadeReport {
             target: self.target_text(),
@@ -626,19 +638,10 @@ impl CascadeRun {
             },
             plan: Some(result.plan.clone()),
             units: units.len(),
-            labels: match &trained {
-                // The fit's labels and the thresholds' draws, once each.
-                Some((_, training)) => training
-                    .iter()
-                    .chain(&cascade::label_draws(&config, &scores, &keys))
-                    .filter_map(|&p| keys.get(p))
-                    .collect::<std::collections::HashSet<_>>()
-                    .len(),
-                None => result.labels,
-            },
+            labels: spent.map_or(result.labels, |(labels, _)| labels),
             proxy_decided: result.proxy_decided,
             left_to_oracle: result.oracle_units,
-            oracle_calls: result.oracle_calls(),
+            oracle_calls: spent.map_or(result.oracle_calls(), |(_, calls)| calls),
             calls_without: distinct,
             estimate: result.estimate,
             lower_bound: result.lower_bound,
