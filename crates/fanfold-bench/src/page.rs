@@ -225,7 +225,15 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
     }
     for line in &a.quality {
         let t = format!("Quality: {line}");
-        let class = if line.contains("UNMET") { "bad" } else { "ok" };
+        // A verdict is green or red; a bound with no target to meet is
+        // neither.
+        let class = if line.contains("UNMET") {
+            "bad"
+        } else if line.contains(" holds") {
+            "ok"
+        } else {
+            "warn"
+        };
         let _ = writeln!(md, "**{}**\n", md_text(&t));
         let _ = writeln!(h, "<div class=\"banner {class} quality\">{}</div>", esc(&t));
     }

@@ -1803,6 +1803,14 @@ seed = 5
     );
     let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
     assert!(md.contains("Recall against the judge: at least"), "{md}");
+    // Said at the top, where a reader looks first, in place of
+    // "unmeasured".
+    let top = md
+        .find("**Quality:** audit recall: recall against its judge is at least")
+        .expect(&md);
+    assert!(top < md.find("## ").unwrap_or(md.len()), "{md}");
+    assert!(md.contains("the 90.0 % asked for is UNMET"), "{md}");
+    assert!(!md.contains("Quality: unmeasured"), "{md}");
     assert!(md.contains("short of the 90.0 % asked for"), "{md}");
     assert!(md.contains("sampled by stratum"), "{md}");
 
@@ -3464,12 +3472,14 @@ fn a_run_report_renders_in_a_browser_with_every_citation_resolving() {
     assert!(png.len() > 10_000, "a screenshot of {} bytes", png.len());
     let md = std::fs::read_to_string(out.path().join("run/report.md")).expect("markdown");
     assert!(md.contains(&format!("## Answer: {items} items")));
-    // Nothing declares a quality target: the page says so beside the
-    // banner that says the answer is complete.
+    // No target is declared, but the example's audit bounds its recall
+    // against the audit's judge: the page says that beside the banner that
+    // says the answer is complete, as a bound, not a verdict.
     assert!(
-        dom.contains("id=\"quality\"") && dom.contains("Quality: unmeasured"),
-        "the page does not say its quality is unmeasured"
+        dom.contains("<div class=\"banner warn quality\">Quality: audit second_look: recall against its judge is at least"),
+        "the page does not state the audit's recall bound"
     );
+    assert!(!dom.contains("Quality: unmeasured"));
 }
 
 /// A record that carries markup and a `javascript:` URL cannot make the

@@ -173,6 +173,28 @@ pub struct RecallBound {
 }
 
 impl AuditReport {
+    /// One line of what the audit proved of the answer's recall, for the
+    /// top of answer.md.
+    pub fn statement(&self, name: &str) -> Option<String> {
+        let r = self.recall.as_ref()?;
+        let verdict = match (self.min_recall, r.proven) {
+            (Some(want), Some(true)) => format!("; the {:.1} % asked for holds", want * 100.0),
+            (Some(want), _) => format!("; the {:.1} % asked for is UNMET", want * 100.0),
+            (None, _) => String::new(),
+        };
+        Some(format!(
+            "audit {name}: recall against its judge is at least {:.1} % with probability {:.0} % ({} found, at most {} missed{}){verdict}; only as good as the judge",
+            r.at_least * 100.0,
+            (1.0 - self.delta) * 100.0,
+            r.found,
+            r.missed_at_most + r.unaudited,
+            match r.unaudited {
+                0 => String::new(),
+                n => format!(", {n} of them where the audit does not look"),
+            }
+        ))
+    }
+
     /// Why the audit leaves the answer incomplete, if it does.
     pub fn shortfalls(&self, name: &str) -> Vec<String> {
         let mut out = Vec::new();
@@ -446,6 +468,13 @@ impl Stage for AuditRunner {
     fn answer_section(&self, stats: &RunStats, simulated: &str) -> Option<String> {
         let r = stats.reports.get::<AuditReport>(REPORT, self.name())?;
         Some(audit_section(self.name(), &r, simulated))
+    }
+
+    fn quality(&self, stats: &RunStats) -> Option<String> {
+        stats
+            .reports
+            .get::<AuditReport>(REPORT, self.name())
+            .and_then(|r| r.statement(self.name()))
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
