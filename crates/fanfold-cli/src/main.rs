@@ -1,6 +1,7 @@
 //! The `fanfold` command: glue between the user and the engine.
 
 mod label;
+mod planner;
 mod progress;
 
 use std::io::Write as _;
@@ -47,6 +48,12 @@ enum Command {
     /// (OUT_DIR/labels-wanted.jsonl): one unit at a time, single keys,
     /// stored at once; resumes where it stopped.
     Label(label::LabelArgs),
+    /// Choose each cascade's proxy by measuring them: every candidate (the
+    /// declared proxy, each earlier BM25 or embed stage, a proxy trained
+    /// on each embed stage's vectors) is run on the labels it draws, and
+    /// the cheapest that proves the declared target is written as a plan
+    /// file for `run --plan`.
+    Plan(planner::PlanArgs),
     /// Prove the spine's claims on the issue-triage fixture.
     Selfcheck(SelfcheckArgs),
     /// Print what a finished run measured, from its output folder.
@@ -105,7 +112,7 @@ enum ReportCommand {
 }
 
 #[derive(Args)]
-struct InputArgs {
+pub(crate) struct InputArgs {
     /// Input file, or `-` for standard input. Overrides the spec's input.
     #[arg(long, value_name = "FILE")]
     input: Option<PathBuf>,
@@ -139,6 +146,10 @@ struct InputArgs {
     /// Batches). Overrides each stage's `execution`.
     #[arg(long, value_enum)]
     execution: Option<ExecutionArg>,
+    /// A plan file `fanfold plan` wrote: the cascades it chose replace the
+    /// spec's (`explain` shows where they depart from it).
+    #[arg(long = "plan", value_name = "FILE")]
+    plan_file: Option<PathBuf>,
     /// How long one jq evaluation (a prefilter rule, a `project`, a
     /// `bound`) may run on one unit. jq cannot be interrupted, so a program
     /// that runs past this ends the process with an error naming the
@@ -180,6 +191,10 @@ impl InputArgs {
                 ExecutionArg::Batch => fanfold_core::spec::Execution::Batch,
             }),
             model,
+            cascades: match &self.plan_file {
+                Some(f) => fanfold_engine::plan::PlanFile::read(f)?.cascade,
+                None => Vec::new(),
+            },
         };
         let plan = Plan::load_with(spec, &overrides)?;
         let limit = plan
@@ -411,6 +426,7 @@ fn real_main() -> Result<ExitCode> {
     match cli.command {
         Command::Run(args) => run(args),
         Command::Explain(args) => explain(args),
+        Command::Plan(args) => planner::plan(args),
         Command::Batches(args) => batches(args).map(|()| ExitCode::SUCCESS),
         Command::Gc(args) => gc(args).map(|()| ExitCode::SUCCESS),
         Command::Label(args) => label::label(&args).map(|()| ExitCode::SUCCESS),
@@ -682,6 +698,9 @@ fn explain(args: ExplainArgs) -> Result<ExitCode> {
         }
     };
     print!("{}", plan.explain(routing.as_ref()));
+    if let Some(file) = &args.input.plan_file {
+        print!("{}", planner::departures(&args.spec, file)?);
+    }
     Ok(ExitCode::SUCCESS)
 }
 

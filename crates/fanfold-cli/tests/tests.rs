@@ -5085,6 +5085,96 @@ fn a_trained_proxy_is_fitted_on_its_labels_and_decides_what_it_is_sure_of() {
     );
 }
 
+/// `fanfold plan` measures each proxy a cascade could use and writes the
+/// cheapest that proves the target; `run --plan` runs it and `explain
+/// --plan` says where it departs from the spec. The spec declares a proxy
+/// that ranks the wrong records first.
+#[test]
+fn a_plan_chooses_the_proxy_that_meets_the_target_cheapest() {
+    let f = cascade_fixture(
+        r#"{ proxy = "noisy", target = "recall", at_least = 0.7, delta = 0.2, label_budget = 300 }"#,
+    );
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replacen(
+            "[[stages]]\nname = \"lex\"",
+            "[[stages]]\nname = \"noisy\"\ntype = \"bm25\"\nversion = 1\nquery = \"routine status report\"\nthreshold = -1\nthen = \"lex\"\n\n[[stages]]\nname = \"lex\"",
+            1,
+        ),
+    )
+    .expect("spec");
+    let plan = f.path("plan.toml");
+    let o = run(bin()
+        .arg("plan")
+        .arg(f.path("spec.toml"))
+        .arg("--store")
+        .arg(f.path("store.sqlite"))
+        .arg("--out")
+        .arg(f.path("plans"))
+        .arg("--write")
+        .arg(&plan)
+        .env("FANFOLD_LOG", "error"));
+    let table = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{table}{}", stderr(&o));
+    assert!(
+        table.contains("2 candidates, each tested at delta 0.1"),
+        "{table}"
+    );
+    let chosen = table
+        .lines()
+        .find(|l| l.contains("(chosen)"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(chosen.contains("proxy `lex`"), "{table}");
+    let noisy = table
+        .lines()
+        .find(|l| l.starts_with("| proxy `noisy`"))
+        .unwrap_or_else(|| panic!("{table}"));
+    let column =
+        |line: &str, n: usize| -> u64 { line.split('|').nth(n).unwrap().trim().parse().unwrap() };
+    let calls = |line: &str| column(line, 6);
+    assert!(calls(chosen) < calls(noisy), "{table}");
+    // Planning pays for labels, not for what a loser leaves to the oracle.
+    assert!(column(noisy, 8) < 1000, "{table}");
+    let written = std::fs::read_to_string(&plan).expect("plan file");
+    assert!(written.contains("proxy = \"lex\""), "{written}");
+    assert!(written.contains("delta = 0.1"), "{written}");
+
+    let o = run(bin()
+        .arg("explain")
+        .arg(f.path("spec.toml"))
+        .arg("--no-input")
+        .arg("--plan")
+        .arg(&plan));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("stage `judge`: proxy `noisy` -> `lex`; delta 0.2 -> 0.1"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(stdout(&o).contains("the proxy is `lex`"), "{}", stdout(&o));
+
+    // The planned run reuses every label and fact the plan paid for, and
+    // proves the same.
+    let o = f.run(&["--plan", plan.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let c = f.certificate();
+    let r = &c["stats"]["cascades"]["judge"];
+    assert_eq!(
+        c["stats"]["model_calls"].as_u64(),
+        Some(r["oracle_calls"].as_u64().unwrap() - r["labels"].as_u64().unwrap()),
+        "the labels were paid for by the plan: {r}"
+    );
+    assert_eq!(r["proxy"], "lex", "{r}");
+    assert_eq!(r["met"], true, "{r}");
+    assert!(r["proxy_decided"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(
+        r["oracle_calls"].as_u64(),
+        Some(calls(chosen)),
+        "the run proves what the plan measured"
+    );
+}
+
 /// A terminal of 80 by 24 under tmux, on a server of its own.
 struct Tmux {
     socket: String,

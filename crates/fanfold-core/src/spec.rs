@@ -632,6 +632,11 @@ pub struct CascadeSpec {
     /// The proxy's own decision boundary, for an accuracy target: a score
     /// at or above it is positive. Defaults to the middle of the scores.
     pub cut: Option<f64>,
+    /// Set by `fanfold plan`, never by a spec: prove, but leave what the
+    /// proof leaves to the backend oracle unjudged, since measuring a
+    /// candidate needs only its labels.
+    #[serde(skip)]
+    pub measure_only: bool,
 }
 
 /// The `proxy` of a cascade that trains its own classifier.

@@ -39,6 +39,64 @@ pub struct Overrides {
     pub execution: Option<Execution>,
     /// Another GGUF for every embedded backend.
     pub model: Option<PathBuf>,
+    /// The cascades a plan file (`fanfold plan`) chose, in place of the
+    /// spec's.
+    pub cascades: Vec<CascadeChoice>,
+}
+
+/// What `fanfold plan` chose for one stage's cascade: the proxy that met
+/// the target at the least cost, and the failure probability each
+/// candidate was tested at (the declared one split over the candidates,
+/// so the one chosen keeps the declared guarantee).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CascadeChoice {
+    pub stage: String,
+    pub proxy: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<String>,
+    pub delta: f64,
+}
+
+/// A plan file: what `fanfold plan` writes and `run --plan` applies.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanFile {
+    #[serde(default)]
+    pub cascade: Vec<CascadeChoice>,
+}
+
+impl PlanFile {
+    pub fn read(path: &Path) -> Result<PlanFile, PlanError> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| PlanError::Read {
+            path: p.clone(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| PlanError::Parse {
+            path: p,
+            detail: e.to_string(),
+        })
+    }
+}
+
+/// Sets stage `c.stage`'s cascade to the choice; the stage must be a map
+/// stage that declares a cascade.
+pub fn apply_choice(spec: &mut Spec, c: &CascadeChoice) -> Result<(), String> {
+    let declared = spec.stages.iter_mut().find_map(|s| match s {
+        fanfold_core::spec::StageSpec::Map(m) if m.name == c.stage => m.cascade.as_mut(),
+        _ => None,
+    });
+    let Some(cascade) = declared else {
+        return Err(format!(
+            "the plan sets the cascade of stage `{}`, which is not a map stage with a cascade in this spec",
+            c.stage
+        ));
+    };
+    cascade.proxy = c.proxy.clone();
+    cascade.features = c.features.clone();
+    cascade.delta = c.delta;
+    Ok(())
 }
 
 impl Plan {
@@ -592,6 +650,9 @@ fn apply(spec: &mut Spec, o: &Overrides) -> Result<(), String> {
                 *model = Some(path.display().to_string());
             }
         }
+    }
+    for c in &o.cascades {
+        apply_choice(spec, c)?;
     }
     Ok(())
 }

@@ -153,8 +153,15 @@ impl<'a> FactLedger<'a> {
     /// and stage is ignored.
     pub fn record(&self, index: usize, fact: FactRecord, origin: Origin) {
         let mut state = self.lock();
+        // The first fact's status stands, as the first fact does.
         let first = match state.seen.get_mut(&fact.stage) {
-            Some(s) => s.insert(index, fact.status).is_none(),
+            Some(s) => match s.entry(index) {
+                std::collections::hash_map::Entry::Occupied(_) => false,
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(fact.status);
+                    true
+                }
+            },
             None => {
                 state
                     .seen

@@ -598,6 +598,16 @@ impl CascadeRun {
                     );
                 }
             }
+            None if c.measure_only => {
+                for &i in &left {
+                    undecided(
+                        i,
+                        "measured",
+                        format!("backend:{}", stage.spec.backend),
+                        "left to the oracle; not judged, since `fanfold plan` measures what a proxy proves".into(),
+                    );
+                }
+            }
             None => {
                 if !left.is_empty() {
                     merge(&mut outcome, judge(ctx, left)?);

@@ -1,0 +1,304 @@
+//! `fanfold plan`: chooses a cascade's proxy by measuring every candidate
+//! on the run it would make, and writes the cheapest that proves the
+//! declared target as a plan file for `run --plan`.
+//!
+//! Each candidate is a run of the spec with that proxy, on one store, so
+//! a label or an oracle's fact one candidate paid for is reused by the
+//! next: planning costs the union of their labels, not their sum. What a
+//! candidate's proof leaves to the oracle is not judged while planning
+//! (only the chosen plan's run pays for it). The
+//! candidates are tested at the declared failure probability split over
+//! them (a union bound), so picking the cheapest after seeing them all
+//! keeps the declared guarantee; the plan file carries that split delta,
+//! and the run it plans makes the same draws and the same proof.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use fanfold_core::spec::{CascadeSpec, Spec, StageSpec, TRAINED_PROXY};
+use fanfold_engine::plan::{CascadeChoice, PlanFile, apply_choice};
+use fanfold_engine::stages::map_cascade::{CascadeReport, REPORT};
+use fanfold_engine::{NoProgress, Plan, RunOptions};
+
+use crate::InputArgs;
+
+#[derive(Args)]
+pub struct PlanArgs {
+    /// The spec file (TOML).
+    spec: PathBuf,
+    #[command(flatten)]
+    input: InputArgs,
+    /// The map stage whose cascade is planned; the only one with a
+    /// cascade when absent.
+    #[arg(long)]
+    stage: Option<String>,
+    /// Where each candidate's run is written; `.fanfold/plans/<spec name>`
+    /// when absent.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The plan file written; `plan.toml` in the output folder when absent.
+    #[arg(long, value_name = "FILE")]
+    write: Option<PathBuf>,
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    slots: u64,
+}
+
+/// One candidate's measured run.
+struct Measured {
+    choice: CascadeChoice,
+    report: CascadeReport,
+    wall_secs: f64,
+    /// Model calls this candidate's run paid for (the others' are cached).
+    new_calls: u64,
+}
+
+pub fn plan(args: PlanArgs) -> Result<ExitCode> {
+    let base = args.input.plan(&args.spec)?;
+    let (stage, declared) = planned_stage(&base.spec, args.stage.as_deref())?;
+    let mut choices = candidates(&base.spec, &stage, &declared);
+    let split = declared.delta / choices.len().max(1) as f64;
+    for c in &mut choices {
+        c.delta = split;
+    }
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(".fanfold/plans").join(&base.spec.name));
+    let mut measured = Vec::new();
+    for (n, choice) in choices.into_iter().enumerate() {
+        let mut spec = base.spec.clone();
+        apply_choice(&mut spec, &choice).map_err(|e| anyhow!(e))?;
+        // A candidate is measured by its labels; what its proof leaves to
+        // the oracle is paid for only by the run of the chosen plan.
+        for s in &mut spec.stages {
+            if let StageSpec::Map(m) = s
+                && m.name == stage
+                && let Some(c) = m.cascade.as_mut()
+            {
+                c.measure_only = true;
+            }
+        }
+        let plan = Plan::from_spec(spec, &base.spec_path, &base.spec_dir)?;
+        let mut opts = RunOptions::new(args.input.store.clone());
+        opts.source = args.input.source();
+        opts.slots = args.slots as usize;
+        opts.max_unit_bytes = args.input.max_unit_bytes;
+        opts.out_dir = Some(out.join(format!("{}-{}", n + 1, label(&choice))));
+        eprintln!("measuring {} ...", describe(&choice));
+        let started = Instant::now();
+        let report = fanfold_engine::run(&plan, &opts, &NoProgress)
+            .with_context(|| format!("the run with {}", describe(&choice)))?;
+        let wall_secs = started.elapsed().as_secs_f64();
+        let cascade = report
+            .certificate
+            .stats
+            .reports
+            .get::<CascadeReport>(REPORT, &stage)
+            .ok_or_else(|| anyhow!("the run with {} reported no cascade", describe(&choice)))?;
+        measured.push(Measured {
+            choice,
+            report: cascade,
+            wall_secs,
+            new_calls: report.certificate.stats.model_calls,
+        });
+    }
+    let chosen = cheapest(&measured);
+    print!("{}", table(&stage, &declared, &measured, chosen));
+    let Some(chosen) = chosen.and_then(|i| measured.get(i)) else {
+        println!(
+            "\nNo candidate proved the target: the oracle decides every unit, as without a cascade. No plan file was written."
+        );
+        return Ok(ExitCode::from(fanfold_engine::EXIT_INCOMPLETE));
+    };
+    let file = args.write.clone().unwrap_or_else(|| out.join("plan.toml"));
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let written = PlanFile {
+        cascade: vec![chosen.choice.clone()],
+    };
+    let text = format!(
+        "# What `fanfold plan` measured cheapest for the declared target.\n# Run it with: fanfold run {} --plan {}\n{}",
+        args.spec.display(),
+        file.display(),
+        toml::to_string(&written)?
+    );
+    std::fs::write(&file, text).with_context(|| format!("writing {}", file.display()))?;
+    println!(
+        "\nChosen: {}. Wrote {}; run it with `fanfold run {} --plan {}`.",
+        describe(&chosen.choice),
+        file.display(),
+        args.spec.display(),
+        file.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The map stage whose cascade is planned, and its declared cascade.
+fn planned_stage(spec: &Spec, named: Option<&str>) -> Result<(String, CascadeSpec)> {
+    let mut with: Vec<(String, CascadeSpec)> = spec
+        .stages
+        .iter()
+        .filter_map(|s| match s {
+            StageSpec::Map(m) => Some((m.name.clone(), m.cascade.clone()?)),
+            _ => None,
+        })
+        .collect();
+    match named {
+        Some(name) => with
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .ok_or_else(|| anyhow!("stage `{name}` is not a map stage with a cascade")),
+        None if with.len() == 1 => with.pop().ok_or_else(|| anyhow!("no cascade")),
+        None if with.is_empty() => bail!(
+            "no map stage declares a cascade: `fanfold plan` chooses how a declared target is met, so declare one (`cascade = {{ proxy = ..., target = ..., at_least = ... }}`)"
+        ),
+        None => bail!(
+            "several map stages declare a cascade ({}): name one with --stage",
+            with.iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// The proxies a cascade can use: the declared one, every scoring stage
+/// declared before the stage, and a proxy trained on each embed stage.
+fn candidates(spec: &Spec, stage: &str, declared: &CascadeSpec) -> Vec<CascadeChoice> {
+    let choice = |proxy: &str, features: Option<&str>| CascadeChoice {
+        stage: stage.to_owned(),
+        proxy: proxy.to_owned(),
+        features: features.map(str::to_owned),
+        delta: declared.delta,
+    };
+    let mut out = vec![choice(&declared.proxy, declared.features.as_deref())];
+    let before = spec
+        .stages
+        .iter()
+        .position(|s| s.name() == stage)
+        .unwrap_or(0);
+    for s in spec.stages.iter().take(before) {
+        if matches!(s, StageSpec::Bm25(_) | StageSpec::Embed(_)) {
+            out.push(choice(s.name(), None));
+        }
+    }
+    for s in &spec.stages {
+        if let StageSpec::Embed(e) = s {
+            out.push(choice(TRAINED_PROXY, Some(&e.name)));
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|c| seen.insert((c.proxy.clone(), c.features.clone())));
+    out
+}
+
+/// The candidate that proved the target with the fewest oracle calls (then
+/// labels); `None` when none proved that the proxy may decide anything.
+fn cheapest(measured: &[Measured]) -> Option<usize> {
+    measured
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.report.met && m.report.proxy_decided > 0)
+        .min_by_key(|(_, m)| (m.report.oracle_calls, m.report.labels))
+        .map(|(i, _)| i)
+}
+
+fn describe(c: &CascadeChoice) -> String {
+    match &c.features {
+        Some(f) => format!("proxy `{}` over `{f}`", c.proxy),
+        None => format!("proxy `{}`", c.proxy),
+    }
+}
+
+fn label(c: &CascadeChoice) -> String {
+    match &c.features {
+        Some(f) => format!("{}-{f}", c.proxy),
+        None => c.proxy.clone(),
+    }
+}
+
+fn table(
+    stage: &str,
+    declared: &CascadeSpec,
+    measured: &[Measured],
+    chosen: Option<usize>,
+) -> String {
+    let mut out = String::new();
+    let k = measured.len().max(1);
+    let _ = writeln!(
+        out,
+        "Stage `{stage}`: {:?} ≥ {} with probability ≥ {}; {k} candidates, each tested at delta {} (the declared {} split over them).\n",
+        declared.target,
+        declared.at_least,
+        1.0 - declared.delta,
+        declared.delta / k as f64,
+        declared.delta
+    );
+    let without = measured.first().map_or(0, |m| m.report.calls_without);
+    let _ = writeln!(
+        out,
+        "| candidate | proven | lower bound | proxy decided | labels | oracle calls | of the oracle deciding all ({without}) | new model calls | wall s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for (i, m) in measured.iter().enumerate() {
+        let r = &m.report;
+        let proven = r.met && r.proxy_decided > 0;
+        let _ = writeln!(
+            out,
+            "| {}{} | {} | {:.3} | {} | {} | {} | {:.0} % | {} | {:.1} |",
+            describe(&m.choice),
+            if Some(i) == chosen { " (chosen)" } else { "" },
+            if proven { "yes" } else { "no" },
+            r.lower_bound,
+            r.proxy_decided,
+            r.labels,
+            r.oracle_calls,
+            100.0 * r.oracle_calls as f64 / without.max(1) as f64,
+            m.new_calls,
+            m.wall_secs
+        );
+    }
+    out
+}
+
+/// Where a plan file departs from the spec, for `explain --plan`.
+pub fn departures(spec_path: &Path, file: &Path) -> Result<String> {
+    let plan = PlanFile::read(file)?;
+    let text = std::fs::read_to_string(spec_path)
+        .with_context(|| format!("reading {}", spec_path.display()))?;
+    let spec = Spec::from_toml(&text).map_err(|e| anyhow!("{}: {e}", spec_path.display()))?;
+    let mut out = format!("plan {}:\n", file.display());
+    for c in &plan.cascade {
+        let declared = spec.stages.iter().find_map(|s| match s {
+            StageSpec::Map(m) if m.name == c.stage => m.cascade.clone(),
+            _ => None,
+        });
+        let Some(d) = declared else {
+            let _ = writeln!(out, "  stage `{}`: no cascade in the spec", c.stage);
+            continue;
+        };
+        let was = match &d.features {
+            Some(f) => format!("`{}` over `{f}`", d.proxy),
+            None => format!("`{}`", d.proxy),
+        };
+        let now = match &c.features {
+            Some(f) => format!("`{}` over `{f}`", c.proxy),
+            None => format!("`{}`", c.proxy),
+        };
+        let proxy = if (&d.proxy, &d.features) == (&c.proxy, &c.features) {
+            format!("proxy {was} as declared")
+        } else {
+            format!("proxy {was} -> {now}")
+        };
+        let _ = writeln!(
+            out,
+            "  stage `{}`: {proxy}; delta {} -> {} (split over the candidates the plan measured)",
+            c.stage, d.delta, c.delta
+        );
+    }
+    Ok(out)
+}
