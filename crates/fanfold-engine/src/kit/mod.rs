@@ -235,7 +235,7 @@ pub struct Negatives {
     /// Units whose answer so far is positive.
     pub found: u64,
     /// Units thrown away by rungs that are not read (the prefilter's
-    /// exclusions when it is not one of them).
+    /// exclusions when it is not one of them), or left undecided.
     pub elsewhere: u64,
 }
 

@@ -301,10 +301,12 @@ impl Scope<'_> {
         {
             out.elsewhere += self.routed.excluded_by_reason.values().sum::<u64>();
         }
+        // A unit left undecided (abstain, error, not run) may be a
+        // positive nobody found: it counts with what no rung read.
         ledger.for_each_latest(|_, stage, status| match status {
             Status::Positive => out.found += 1,
-            Status::Negative if !out.rungs.contains_key(stage) => out.elsewhere += 1,
-            _ => {}
+            Status::Negative if out.rungs.contains_key(stage) => {}
+            _ => out.elsewhere += 1,
         });
         out
     }

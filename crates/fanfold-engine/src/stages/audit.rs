@@ -163,8 +163,8 @@ pub struct RecallBound {
     pub found: u64,
     /// The most units every audited rung can have missed, summed.
     pub missed_at_most: u64,
-    /// Units thrown away by rungs the audit does not sample, all counted
-    /// as missed: nothing bounds them.
+    /// Units thrown away by rungs the audit does not sample, or left
+    /// undecided, all counted as missed: nothing bounds them.
     pub unaudited: u64,
     /// `found / (found + missed_at_most + unaudited)`.
     pub at_least: f64,
@@ -183,14 +183,14 @@ impl AuditReport {
             (None, _) => String::new(),
         };
         Some(format!(
-            "audit {name}: recall against its judge is at least {:.1} % with probability {:.0} % ({} found, at most {} missed{}){verdict}; only as good as the judge",
+            "audit {name}: recall against its judge is at least {:.1} % with probability {:.0} % ({} found, at most {} missed{}){verdict}; it takes the answer's positives as right (their precision is not sampled) and is only as good as the judge",
             r.at_least * 100.0,
             (1.0 - self.delta) * 100.0,
             r.found,
             r.missed_at_most + r.unaudited,
             match r.unaudited {
                 0 => String::new(),
-                n => format!(", {n} of them where the audit does not look"),
+                n => format!(", {n} of them where the audit does not look or nothing decided"),
             }
         ))
     }
@@ -591,7 +591,7 @@ impl RungSample {
         let (mut counts, mut disagreeing) = (Vec::new(), Vec::new());
         let (mut sampled, mut decided) = (0u64, 0u64);
         for ((population, order), &taken) in self.strata.iter().zip(&self.taken) {
-            let (mut judged, mut against) = (0u64, 0u64);
+            let (mut judged, mut against, mut unsure) = (0u64, 0u64, 0u64);
             for &i in order.iter().take(taken) {
                 match verdicts.status(i, stage) {
                     Some(Status::Positive) => {
@@ -600,10 +600,13 @@ impl RungSample {
                         disagreeing.push(table.id(i)?.0.clone());
                     }
                     Some(Status::Negative) => judged += 1,
-                    _ => {}
+                    _ => unsure += 1,
                 }
             }
-            counts.push((*population, judged, against));
+            // A sampled unit the judge could not decide is counted as a
+            // miss: hard units are where misses gather, so leaving it out
+            // would make the sample look better than the rung.
+            counts.push((*population, judged + unsure, against + unsure));
             sampled += taken as u64;
             decided += judged;
         }
@@ -673,7 +676,7 @@ fn audit_section(name: &str, audit: &AuditReport, sim: &str) -> String {
     let level = (1.0 - audit.delta) * 100.0;
     let _ = writeln!(
         out,
-        "\n## What was thrown away: audit `{name}`{sim}\n\nA seeded sample of each rung's negatives, judged again independently. The miss rate is the share of what a rung threw away that the judge says should have been kept; its bounds are exact for sampling without replacement, and every bound here holds together with probability {level:.0} % (split over rungs, boundary strata and each look of a growing sample){}.\n",
+        "\n## What was thrown away: audit `{name}`{sim}\n\nA seeded sample of each rung's negatives, judged again independently. The miss rate is the share of what a rung threw away that the judge says should have been kept (a sampled unit the judge cannot decide counts as kept); its bounds are exact for sampling without replacement. Every upper bound here, and so the recall bound, holds together with probability {level:.0} % (split over rungs, boundary strata and each look of a growing sample); each lower end is a one-sided bound at the same level. The recall bound takes the answer's own positives as right: their precision is not sampled{}.\n",
         match audit.max_miss_rate {
             Some(r) => format!("; each rung must miss at most {:.1} %", r * 100.0),
             None => String::new(),
@@ -731,7 +734,7 @@ fn audit_section(name: &str, audit: &AuditReport, sim: &str) -> String {
             r.missed_at_most,
             match r.unaudited {
                 0 => String::new(),
-                n => format!("; {n} thrown away by rungs the audit does not sample, all counted as missed"),
+                n => format!("; {n} thrown away by rungs the audit does not sample or left undecided, all counted as missed"),
             }
         );
     }

@@ -536,6 +536,25 @@ impl CascadeRun {
                     )
                 }
             };
+            // A unit the trained proxy was fitted on keeps its label: the
+            // oracle answered for it (a labels file's or a person's; the
+            // backend's fact is recorded already and stands).
+            let known = match (&trained, d) {
+                (Some((_, training)), Decision::Proxy { .. }) if training.contains(&p) => {
+                    self.label(ctx, &name, &units, &stored, p)
+                }
+                _ => None,
+            };
+            if let Some(positive) = known {
+                let how = match &c.labels {
+                    Some(f) => format!("labelled in `{f}`"),
+                    None if person => "labelled by a person".into(),
+                    None => format!("judged by `{}`", stage.spec.backend),
+                };
+                ctx.ledger
+                    .record(i, made(positive, "label", how), Origin::Derived);
+                continue;
+            }
             match *d {
                 Decision::Proxy { positive } => ctx.ledger.record(
                     i,
