@@ -232,7 +232,7 @@ fn table(
     let k = measured.len().max(1);
     let _ = writeln!(
         out,
-        "Stage `{stage}`: {:?} ≥ {} with probability ≥ {}; {k} candidates, each tested at delta {} (the declared {} split over them).\n",
+        "Stage `{stage}`: {:?} ≥ {} with probability ≥ {}; {k} candidates, each tested at delta {:.4} (the declared {} split over them).\n",
         declared.target,
         declared.at_least,
         1.0 - declared.delta,
