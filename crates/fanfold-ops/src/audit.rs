@@ -167,7 +167,10 @@ impl MissRate {
             alpha,
             strata: Vec::with_capacity(strata.len()),
         };
-        let (mut estimate, mut least) = (0.0, 0u64);
+        // The estimate weighs each sampled stratum's rate by its size, over
+        // the strata that were sampled: one with nothing judged says
+        // nothing of its rate (its bound still counts all of it).
+        let (mut estimate, mut weight, mut least) = (0.0, 0u64, 0u64);
         for &(population, judged, disagreements) in strata {
             let judged = judged.min(population);
             let disagreements = disagreements.min(judged);
@@ -175,6 +178,7 @@ impl MissRate {
             least += misses_at_least(population, judged, disagreements, share);
             if judged > 0 {
                 estimate += population as f64 * disagreements as f64 / judged as f64;
+                weight += population;
             }
             out.population += population;
             out.judged += judged;
@@ -190,7 +194,10 @@ impl MissRate {
         if out.population > 0 {
             let n = out.population as f64;
             // Nothing judged proves nothing, and estimates nothing.
-            out.rate = if out.judged == 0 { 0.0 } else { estimate / n };
+            out.rate = match weight {
+                0 => 0.0,
+                w => estimate / w as f64,
+            };
             out.low = least as f64 / n;
             out.high = out.missed_at_most as f64 / n;
         }
@@ -391,6 +398,11 @@ mod tests {
         );
         assert!((m.rate - 0.05).abs() < 1e-12, "25 * 0.2 / 100: {}", m.rate);
         assert!(m.low <= m.rate && m.rate <= m.high);
+        // A stratum nobody sampled leaves the estimate to the others and
+        // its whole population to the bound.
+        let m = MissRate::measure(&[(25, 10, 2), (75, 0, 0)], 0.05);
+        assert!((m.rate - 0.2).abs() < 1e-12, "{}", m.rate);
+        assert!(m.missed_at_most >= 75, "{}", m.missed_at_most);
     }
 
     #[test]
