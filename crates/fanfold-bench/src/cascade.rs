@@ -142,6 +142,21 @@ impl Tally {
     fn met_pct(&self) -> f64 {
         100.0 * self.met as f64 / self.trials.max(1) as f64
     }
+
+    /// A synthetic table's cells after the target (and sampling): met,
+    /// proven, labels, the proxy's share, realized and lower bound.
+    fn synthetic_cells(&self) -> String {
+        format!(
+            "met in {:.1} % of {} trials | {:.0} % | {:.0} | {:.0} % | {:.3} | {:.3} |",
+            self.met_pct(),
+            self.trials,
+            100.0 * self.proven as f64 / self.trials.max(1) as f64,
+            self.mean(self.labels),
+            100.0 * self.mean(self.proxy_share),
+            self.mean(self.realized),
+            self.mean(self.lower_bound),
+        )
+    }
 }
 
 const TARGETS: [(Metric, f64); 6] = [
@@ -198,15 +213,9 @@ fn synthetic(body: &mut String, trials: u64) {
             }
             let _ = writeln!(
                 body,
-                "| {} ≥ {at_least} | {sampling} | met in {:.1} % of {} trials | {:.0} % | {:.0} | {:.0} % | {:.3} | {:.3} |",
+                "| {} ≥ {at_least} | {sampling} | {}",
                 metric.name(),
-                tally.met_pct(),
-                tally.trials,
-                100.0 * tally.proven as f64 / tally.trials.max(1) as f64,
-                tally.mean(tally.labels),
-                100.0 * tally.mean(tally.proxy_share),
-                tally.mean(tally.realized),
-                tally.mean(tally.lower_bound),
+                tally.synthetic_cells()
             );
         }
     }
@@ -243,15 +252,7 @@ fn trained_run(
     let (scores, _) = proxy::fit_on(vectors, keys, &training, |p| truth.get(p).copied())?;
     let config = Config::new(target, budget.saturating_sub(training.len()).max(1), seed);
     let outcome = cascade::run(&config, &scores, keys, &mut |i| truth.get(i).copied())?;
-    let draws = cascade::label_draws(&config, &scores, keys);
-    let left: Vec<usize> = outcome
-        .decisions
-        .iter()
-        .enumerate()
-        .filter(|(_, d)| matches!(d, Decision::Oracle))
-        .map(|(p, _)| p)
-        .collect();
-    let (labels, calls) = proxy::spent(keys, &training, &draws, &left);
+    let (labels, calls) = proxy::spent(&config, &scores, keys, &training, &outcome);
     let trained_keys: HashSet<u64> = training
         .iter()
         .filter_map(|&p| keys.get(p).copied())
@@ -305,15 +306,9 @@ fn synthetic_trained(body: &mut String, trials: u64) {
         }
         let _ = writeln!(
             body,
-            "| {} ≥ {at_least} | met in {:.1} % of {} trials | {:.0} % | {:.0} | {:.0} % | {:.3} | {:.3} |",
+            "| {} ≥ {at_least} | {}",
             metric.name(),
-            tally.met_pct(),
-            tally.trials,
-            100.0 * tally.proven as f64 / tally.trials.max(1) as f64,
-            tally.mean(tally.labels),
-            100.0 * tally.mean(tally.proxy_share),
-            tally.mean(tally.realized),
-            tally.mean(tally.lower_bound),
+            tally.synthetic_cells()
         );
     }
     let _ = writeln!(body);

@@ -232,14 +232,20 @@ fn ask(store: &Store, open: &[WantedLabel], labeller: &str) -> Result<Summary> {
     })
 }
 
-/// The screen after the last unit.
-fn draw_done(of: usize, labelled: usize, skipped: usize) -> Result<()> {
+/// Standard output with the screen cleared and the cursor home.
+fn cleared() -> Result<std::io::Stdout> {
     let mut out = std::io::stdout();
     execute!(
         out,
         cursor::MoveTo(0, 0),
         terminal::Clear(terminal::ClearType::All)
     )?;
+    Ok(out)
+}
+
+/// The screen after the last unit.
+fn draw_done(of: usize, labelled: usize, skipped: usize) -> Result<()> {
+    let mut out = cleared()?;
     write!(
         out,
         "fanfold label · the end of {of} · {labelled} labelled, {skipped} skipped\r\n\r\n[u] undo  [q] quit"
@@ -300,12 +306,7 @@ fn draw(
         lines.extend(std::iter::repeat_n(String::new(), room - body.len()));
     }
     lines.extend(footer);
-    let mut out = std::io::stdout();
-    execute!(
-        out,
-        cursor::MoveTo(0, 0),
-        terminal::Clear(terminal::ClearType::All)
-    )?;
+    let mut out = cleared()?;
     for (n, line) in lines.iter().take(ROWS).enumerate() {
         let cut: String = line.chars().take(COLS).collect();
         if n > 0 {

@@ -81,11 +81,38 @@ pub fn fit_on(
     cross_fit(vectors, keys, &labelled)
 }
 
-/// What a cascade with a trained proxy spent: the distinct labels of its
-/// `training` and its threshold `draws`, and the distinct views asked of
-/// the oracle, those two and the positions left to it (`left`): a view
-/// labelled once is never asked again.
-pub fn spent(keys: &[u64], training: &[usize], draws: &[usize], left: &[usize]) -> (usize, usize) {
+/// What a cascade with a trained proxy spent, given its `training`
+/// positions and the `outcome` of the cascade run under `config` on the
+/// trained `scores`: the distinct labels of the training and the
+/// threshold draws, and the distinct views asked of the oracle (those
+/// labels and the units left to it).
+pub fn spent(
+    config: &crate::cascade::Config,
+    scores: &[f64],
+    keys: &[u64],
+    training: &[usize],
+    outcome: &crate::cascade::Outcome,
+) -> (usize, usize) {
+    let draws = crate::cascade::label_draws(config, scores, keys);
+    let left: Vec<usize> = outcome
+        .decisions
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| matches!(d, crate::cascade::Decision::Oracle))
+        .map(|(p, _)| p)
+        .collect();
+    distinct_asked(keys, training, &draws, &left)
+}
+
+/// The distinct labels of `training` and `draws`, and the distinct views
+/// asked of the oracle with `left` added: a view labelled once is never
+/// asked again.
+fn distinct_asked(
+    keys: &[u64],
+    training: &[usize],
+    draws: &[usize],
+    left: &[usize],
+) -> (usize, usize) {
     let key = |p: &usize| keys.get(*p).copied();
     let mut asked: std::collections::HashSet<u64> =
         training.iter().chain(draws).filter_map(key).collect();
@@ -341,8 +368,8 @@ mod tests {
     fn a_view_is_labelled_and_asked_once() {
         // Positions 0 and 3 show one view; 1 and 4 another.
         let keys = [7, 8, 9, 7, 8, 10];
-        assert_eq!(spent(&keys, &[0, 1], &[3, 2], &[4, 5]), (3, 4));
-        assert_eq!(spent(&keys, &[], &[], &[]), (0, 0));
+        assert_eq!(distinct_asked(&keys, &[0, 1], &[3, 2], &[4, 5]), (3, 4));
+        assert_eq!(distinct_asked(&keys, &[], &[], &[]), (0, 0));
     }
 
     #[test]

@@ -646,15 +646,7 @@ impl CascadeRun {
         }
         // A trained proxy's own labels count, once per view.
         let spent = trained.as_ref().map(|(_, training)| {
-            let left: Vec<usize> = result
-                .decisions
-                .iter()
-                .enumerate()
-                .filter(|(_, d)| matches!(d, Decision::Oracle))
-                .map(|(p, _)| p)
-                .collect();
-            let draws = cascade::label_draws(&config, &scores, &keys);
-            fanfold_ops::proxy::spent(&keys, training, &draws, &left)
+            fanfold_ops::proxy::spent(&config, &scores, &keys, training, &result)
         });
         let distinct = keys.iter().collect::<std::collections::HashSet<_>>().len();
         let report = CascadeReport {
