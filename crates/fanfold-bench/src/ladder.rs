@@ -38,10 +38,10 @@ use std::time::{Instant, SystemTime};
 
 use anyhow::{Context, Result, anyhow, bail};
 use fanfold_core::spec::{
-    BackendSpec, Bm25StageSpec, ChunkStageSpec, ContractSpec, Execution, PrefilterAction,
-    PrefilterRule, Spec, StageSpec,
+    BackendSpec, Bm25StageSpec, Execution, PrefilterAction, PrefilterRule, Spec, StageSpec,
 };
 use fanfold_core::{ContentHash, Status};
+use fanfold_engine::strategy::{self, OPEN_THRESHOLD, Roles, TopK, drop_themes};
 use fanfold_engine::{NoProgress, Plan, RunOptions, RunReport, Source};
 use serde::{Deserialize, Serialize};
 
@@ -222,9 +222,6 @@ const BM25_RECALL: f64 = 0.95;
 /// The share of the development split's positives the embedding top-k
 /// keeps, which sets its k.
 const TOP_K_RECALL: f64 = 0.95;
-
-/// The embedded model's context window: SmolLM2's trained length.
-const WINDOW_TOKENS: u64 = 8192;
 
 /// Precision, recall and the misses on one half of the records.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -587,7 +584,8 @@ fn batch(
     Ok((row, report))
 }
 
-/// The spec a model strategy runs, and what it runs in words.
+/// The spec a model strategy runs, and what it runs in words: the
+/// engine's rewrite, with the ladder's roles.
 fn variant(
     cfg: &LadderConfig,
     base: &Spec,
@@ -595,170 +593,18 @@ fn variant(
     backend: Option<&str>,
     top_k: Option<usize>,
 ) -> Result<(Spec, String)> {
-    let mut spec = base.clone();
-    // The audit measures the rungs; it is not a strategy.
-    spec.stages.retain(|s| !matches!(s, StageSpec::Audit(_)));
-    let judge = spec
-        .stages
-        .iter()
-        .find_map(|s| match s {
-            StageSpec::Map(m) if m.name == cfg.judge => Some(m.clone()),
-            _ => None,
-        })
-        .ok_or_else(|| anyhow!("the example has no map stage `{}`", cfg.judge))?;
-    let model_backend = backend.unwrap_or(&judge.backend).to_owned();
-    if !spec.backends.contains_key(&model_backend) {
-        bail!("the example declares no backend `{model_backend}`");
-    }
-    let chunk = |size: Option<usize>, contexts: Option<usize>| {
-        StageSpec::Chunk(ChunkStageSpec {
-            name: cfg.judge.clone(),
-            version: 1,
-            rubric: "chunk.md".into(),
-            fields: judge.fields.clone(),
-            project: judge.project.clone(),
-            backend: model_backend.clone(),
-            size,
-            window_tokens: WINDOW_TOKENS,
-            max_contexts: contexts,
-            max_attempts: 2,
-            max_output_tokens: 256,
-            temperature: 0.0,
-            seed: 0,
-            execution: judge.execution,
-        })
+    let roles = Roles {
+        judge: cfg.judge.clone(),
+        rung: Some(cfg.embed.clone()),
+        answer: cfg.answer.clone(),
+        unit: cfg.unit.clone(),
+        units: cfg.units.clone(),
     };
-    let plan = match strategy {
-        "embed" => {
-            spec.stages.retain(|s| s.name() == cfg.embed);
-            for s in &mut spec.stages {
-                if let StageSpec::Embed(e) = s {
-                    e.then = None;
-                }
-            }
-            for r in &mut spec.fold.reducers {
-                if r.name == cfg.answer {
-                    r.stage = Some(cfg.embed.clone());
-                }
-            }
-            drop_themes(&mut spec);
-            "prefilter, then the embedding rung alone: its positives are the answer".to_owned()
-        }
-        "embed-top-k" | "embed-top-k-judge" => {
-            let k = top_k.ok_or_else(|| anyhow!("{strategy} needs its k"))?;
-            let judged = strategy == "embed-top-k-judge";
-            if !judged {
-                spec.stages.retain(|s| s.name() == cfg.embed);
-                for r in &mut spec.fold.reducers {
-                    if r.name == cfg.answer {
-                        r.stage = Some(cfg.embed.clone());
-                    }
-                }
-                drop_themes(&mut spec);
-            }
-            for s in &mut spec.stages {
-                if let StageSpec::Embed(e) = s {
-                    e.threshold = OPEN_THRESHOLD;
-                    e.top_k = Some(k);
-                    if !judged {
-                        e.then = None;
-                    }
-                }
-            }
-            format!(
-                "prefilter, then the {k} {} most like the question by embedding (k keeps {:.0} % of the development split's positives){}",
-                cfg.units,
-                TOP_K_RECALL * 100.0,
-                if judged {
-                    ", each judged in its own micro-context"
-                } else {
-                    ": they are the answer"
-                }
-            )
-        }
-        "chunk-10" | "chunk-50" | "chunk-200" => {
-            let k: usize = strategy["chunk-".len()..].parse()?;
-            spec.stages = vec![chunk(Some(k), None)];
-            drop_themes(&mut spec);
-            format!(
-                "prefilter, then contexts of up to {k} {} (and {WINDOW_TOKENS} tokens); the model lists the matching ids",
-                cfg.units
-            )
-        }
-        "long" => {
-            spec.stages = vec![chunk(None, Some(1))];
-            drop_themes(&mut spec);
-            format!(
-                "prefilter, then one context of {WINDOW_TOKENS} tokens; what it cannot hold is not_run"
-            )
-        }
-        "micro" => {
-            spec.stages.retain(|s| s.name() == cfg.judge);
-            format!(
-                "prefilter, then one micro-context per {} (shared prefix)",
-                cfg.unit
-            )
-        }
-        "adaptive" => {
-            let widened = spec.stages.iter().any(|s| matches!(s, StageSpec::Widen(_)));
-            format!(
-                "prefilter, embedding rung, then one micro-context per {}{}",
-                cfg.unit,
-                if widened {
-                    " (what it cannot decide alone judged again beside its related units)"
-                } else {
-                    ""
-                }
-            )
-        }
-        other => bail!("no strategy `{other}`"),
-    };
-    // Widening is the adaptive rung's: every other strategy judges each
-    // unit once, in the context its plan names.
-    if strategy != "adaptive" {
-        spec.stages.retain(|s| !matches!(s, StageSpec::Widen(_)));
-        for s in &mut spec.stages {
-            if let StageSpec::Map(m) = s {
-                m.widen = None;
-            }
-        }
-    }
-    // Reducers of a stage the strategy does not run have nothing to read.
-    let names: BTreeSet<String> = spec.stages.iter().map(|s| s.name().to_owned()).collect();
-    spec.fold
-        .reducers
-        .retain(|r| r.stage.as_ref().is_none_or(|s| names.contains(s)));
-    for s in &mut spec.stages {
-        if let Some(turn) = s.model_turn_mut() {
-            *turn.backend = model_backend.clone();
-        }
-    }
-    // A scripted judge answers one unit at a time; a chunk stage on the
-    // scripted backend gets the example's [SIMULATED] lister instead.
-    if let Some(BackendSpec::Scripted { .. }) = spec.backends.get(&model_backend)
-        && spec.stages.iter().any(|s| matches!(s, StageSpec::Chunk(_)))
-    {
-        let lister = BackendSpec::Scripted {
-            script: "scripted-chunk.jq".into(),
-            faults: Vec::new(),
-            delay_ms: 0,
-        };
-        spec.backends.insert("scripted_chunk".into(), lister);
-        for s in &mut spec.stages {
-            if let StageSpec::Chunk(c) = s {
-                c.backend = "scripted_chunk".into();
-            }
-        }
-    }
-    // The embedded model's slots must hold a whole context.
-    if strategy.starts_with("chunk-") || strategy == "long" {
-        for b in spec.backends.values_mut() {
-            if let BackendSpec::Llama { slot_tokens, .. } = b {
-                *slot_tokens = (*slot_tokens).max(WINDOW_TOKENS as u32);
-            }
-        }
-    }
-    Ok((spec, plan))
+    let top_k = top_k.map(|k| TopK {
+        k,
+        recall: TOP_K_RECALL,
+    });
+    strategy::apply(base, &roles, strategy, backend, top_k).map_err(|e| anyhow!(e))
 }
 
 /// The BM25 strategy: the prefilter's survivors ranked by BM25 against
@@ -830,10 +676,6 @@ fn bm25(ex: &Example<'_>, dir: &Path) -> Result<Row> {
     ))
 }
 
-/// A threshold below every score: the embed stage keeps everything, or
-/// ranks everything.
-const OPEN_THRESHOLD: f64 = -10.0;
-
 /// The smallest k whose top-k by embedding score holds `TOP_K_RECALL` of
 /// the development split's blockers, from one scan of every routed unit's
 /// score (ties at the cut are all counted in).
@@ -865,15 +707,6 @@ fn tune_top_k(ex: &Example<'_>, dir: &Path) -> Result<usize> {
         .copied()
         .unwrap_or(f64::NEG_INFINITY);
     Ok(scored.iter().filter(|(s, _)| *s >= cut).count().max(1))
-}
-
-/// A strategy whose facts name no cause has no themes to report.
-fn drop_themes(spec: &mut Spec) {
-    if let ContractSpec::Exhaustive { themes, .. } = &mut spec.contract
-        && let Some(name) = themes.take()
-    {
-        spec.fold.reducers.retain(|r| r.name != name);
-    }
 }
 
 /// The deterministic strategy: the example's prefilter and one more rule,

@@ -147,7 +147,8 @@ pub(crate) struct InputArgs {
     #[arg(long, value_enum)]
     execution: Option<ExecutionArg>,
     /// A plan file `fanfold plan` wrote: the cascades it chose replace the
-    /// spec's (`explain` shows where they depart from it).
+    /// spec's, or the strategy it chose replaces a cascade (`explain` shows
+    /// where they depart from the spec).
     #[arg(long = "plan", value_name = "FILE")]
     plan_file: Option<PathBuf>,
     /// How long one jq evaluation (a prefilter rule, a `project`, a
@@ -184,6 +185,10 @@ impl InputArgs {
             }
             None => None,
         };
+        let planned = match &self.plan_file {
+            Some(f) => fanfold_engine::plan::PlanFile::read(f)?,
+            None => fanfold_engine::plan::PlanFile::default(),
+        };
         let overrides = Overrides {
             backend: self.backend.clone(),
             execution: self.execution.map(|e| match e {
@@ -191,10 +196,8 @@ impl InputArgs {
                 ExecutionArg::Batch => fanfold_core::spec::Execution::Batch,
             }),
             model,
-            cascades: match &self.plan_file {
-                Some(f) => fanfold_engine::plan::PlanFile::read(f)?.cascade,
-                None => Vec::new(),
-            },
+            cascades: planned.cascade,
+            strategy: planned.strategy,
         };
         let plan = Plan::load_with(spec, &overrides)?;
         let limit = plan

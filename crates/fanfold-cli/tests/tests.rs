@@ -5114,6 +5114,7 @@ fn a_plan_chooses_the_proxy_that_meets_the_target_cheapest() {
         .arg(f.path("plans"))
         .arg("--write")
         .arg(&plan)
+        .arg("--proxies-only")
         .env("FANFOLD_LOG", "error"));
     let table = stdout(&o);
     assert_eq!(o.status.code(), Some(0), "{table}{}", stderr(&o));
@@ -5173,6 +5174,198 @@ fn a_plan_chooses_the_proxy_that_meets_the_target_cheapest() {
         Some(calls(chosen)),
         "the run proves what the plan measured"
     );
+}
+
+/// A cascade whose proxy is a cheap map stage's scored choice: its
+/// probability of a positive decision ranks the units. The cascade runs
+/// the cheap stage over its units (no unit is routed to it), and the
+/// scripted judge, the oracle, decides what the proof leaves to it.
+#[test]
+fn a_scored_choice_proxy_ranks_by_the_cheap_stage_probability() {
+    let f = cascade_fixture(
+        r#"{ proxy = "cheap", target = "recall", at_least = 0.7, delta = 0.2, label_budget = 300 }"#,
+    );
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    let cheap = r#"[[stages]]
+name = "cheap"
+type = "map"
+version = 1
+rubric = "rubric.md"
+output_schema = "choice.schema.json"
+backend = "cheap"
+decode = "choice"
+decision = { pointer = "/decision", positive = ["yes"], negative = ["no"] }
+
+[backends.cheap]
+type = "scripted"
+script = "cheap.jq"
+
+[backends.default]"#;
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replacen("[backends.default]", cheap, 1),
+    )
+    .expect("spec");
+    std::fs::write(
+        f.path("choice.schema.json"),
+        r#"{"type": "object", "required": ["decision"], "additionalProperties": false, "properties": {"decision": {"enum": ["yes", "no"]}}}"#,
+    )
+    .expect("schema");
+    // Sure of the disk failures, unsure of everything else.
+    std::fs::write(
+        f.path("cheap.jq"),
+        r#"(if (.title | test("disk")) then 0.9 else 0.2 end) as $p | {decision: (if $p > 0.5 then "yes" else "no" end), _scores: {yes: $p, no: (1 - $p)}}"#,
+    )
+    .expect("script");
+    let o = run(bin().arg("explain").arg(f.path("spec.toml")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("the proxy is `cheap`'s scored probability of a positive decision"),
+        "{}",
+        stdout(&o)
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let c = f.certificate();
+    let r = &c["stats"]["cascades"]["judge"];
+    assert_eq!(r["proxy"], "cheap", "{r}");
+    assert_eq!(r["met"], true, "{r}");
+    assert!(r["proxy_decided"].as_u64().unwrap() > 0, "{r}");
+    // The cheap stage scored every record once; the judge was asked only
+    // what the cascade gave the oracle.
+    let calls = c["stats"]["model_calls"].as_u64().unwrap();
+    let oracle = r["oracle_calls"].as_u64().unwrap();
+    assert_eq!(calls, 1000 + oracle, "{r}");
+    assert!(oracle < 1000, "{r}");
+    let found: Vec<u64> = f.answer_ids().iter().map(|i| i.parse().unwrap()).collect();
+    let hit = found.iter().filter(|&&i| i < 150).count();
+    assert!(hit as f64 >= 0.7 * 150.0, "{hit} of 150 found");
+    assert!(
+        found.iter().all(|&i| i < 150),
+        "the oracle confirmed every one"
+    );
+    // A rerun reuses the cheap stage's scores and the judge's facts.
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(f.certificate()["stats"]["model_calls"], 0);
+
+    // A map stage whose decisions carry no probability cannot rank.
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replace("decode = \"choice\"\n", ""),
+    )
+    .expect("spec");
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the proxy `cheap` is a map stage whose decisions are not scored"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// With a person's labels as the oracle, `fanfold plan` also measures the
+/// whole-run strategies on a labelled sample. The scripted judge agrees
+/// with every label, so one micro-context per record proves the target
+/// with no label asked at run time, and is chosen over every cascade; the
+/// BM25 rung alone keeps everything and fails on precision. `run --plan`
+/// then runs micro, reusing the sample's facts.
+#[test]
+fn a_plan_measures_whole_run_strategies_and_chooses_one() {
+    let f = cascade_fixture(
+        r#"{ proxy = "lex", target = "recall", at_least = 0.7, delta = 0.2, label_budget = 300, labels = "labels.jsonl" }"#,
+    );
+    let labels: String = (0..1000)
+        .map(|i| {
+            format!(
+                "{{\"id\": {i}, \"decision\": \"{}\"}}\n",
+                if i < 150 { "yes" } else { "no" }
+            )
+        })
+        .collect();
+    std::fs::write(f.path("labels.jsonl"), labels).expect("labels");
+    let plan = f.path("plan.toml");
+    let o = run(bin()
+        .arg("plan")
+        .arg(f.path("spec.toml"))
+        .arg("--store")
+        .arg(f.path("store.sqlite"))
+        .arg("--out")
+        .arg(f.path("plans"))
+        .arg("--write")
+        .arg(&plan)
+        .env("FANFOLD_LOG", "error"));
+    let table = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{table}{}", stderr(&o));
+    // The union bound covers the proxy and the three strategies.
+    assert!(
+        table.contains("4 candidates, each tested at delta 0.0500"),
+        "{table}"
+    );
+    assert!(
+        table.contains("a seeded sample of 300 of the 1000 units the prefilter keeps (300 labelled by the oracle"),
+        "{table}"
+    );
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("| {name}")))
+            .unwrap_or_else(|| panic!("no row {name}: {table}"))
+            .to_owned()
+    };
+    let cell = |line: &str, n: usize| line.split('|').nth(n).unwrap().trim().to_owned();
+    let micro = row("micro");
+    assert!(micro.contains("(chosen)"), "{table}");
+    assert_eq!(cell(&micro, 2), "yes", "{table}");
+    assert_eq!(
+        cell(&micro, 9),
+        "300",
+        "judged every sampled record: {table}"
+    );
+    assert_eq!(
+        cell(&micro, 10),
+        "1000",
+        "scaled to the population: {table}"
+    );
+    let alone = row("`lex` alone");
+    assert_eq!(cell(&alone, 2), "no", "{table}");
+    assert_eq!(cell(&alone, 5), "300", "kept every sampled record: {table}");
+    let precision: f64 = cell(&alone, 7).parse().unwrap();
+    assert!(precision < 0.2, "keeping everything is imprecise: {table}");
+    assert!(table.contains("Not measured: chunk-10"), "{table}");
+    let written = std::fs::read_to_string(&plan).expect("plan file");
+    assert!(written.contains("strategy = \"micro\""), "{written}");
+
+    let o = run(bin()
+        .arg("explain")
+        .arg(f.path("spec.toml"))
+        .arg("--no-input")
+        .arg("--plan")
+        .arg(&plan));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("stage `judge`: the whole-run strategy `micro` in place of the spec's stages and cascade"),
+        "{}",
+        stdout(&o)
+    );
+    let o = f.run(&["--plan", plan.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let c = f.certificate();
+    assert!(
+        c["stats"]["cascades"]
+            .as_object()
+            .is_none_or(|m| m.is_empty()),
+        "no cascade runs: {}",
+        c["stats"]
+    );
+    assert_eq!(
+        c["stats"]["model_calls"], 700,
+        "the sample's 300 judgements are reused"
+    );
+    let mut found: Vec<u64> = f.answer_ids().iter().map(|i| i.parse().unwrap()).collect();
+    found.sort_unstable();
+    assert_eq!(found, (0..150).collect::<Vec<u64>>());
 }
 
 /// A terminal of 80 by 24 under tmux, on a server of its own.

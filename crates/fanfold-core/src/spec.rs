@@ -598,10 +598,14 @@ pub struct MapStageSpec {
 #[serde(deny_unknown_fields)]
 pub struct CascadeSpec {
     /// The stage declared before this one whose facts score each unit
-    /// (an `embed` or `bm25` stage): higher is more likely positive. Or
-    /// `"trained"`: a logistic regression over each unit's embedding by
-    /// the `features` stage, fitted on half the label budget and
-    /// cross-fitted, so no label scores its own unit.
+    /// (an `embed` or `bm25` stage): higher is more likely positive. Or a
+    /// map stage of the spec whose decisions are scored (`decode =
+    /// "choice"`, or an OpenAI-compatible backend with `logprobs`): its
+    /// probability of a positive decision is the score, and the cascade
+    /// runs it over its units (declare it where no unit is routed to it,
+    /// after this stage). Or `"trained"`: a logistic regression over each
+    /// unit's embedding by the `features` stage, fitted on half the label
+    /// budget and cross-fitted, so no label scores its own unit.
     pub proxy: String,
     /// With `proxy = "trained"`: the embed stage whose vectors the
     /// classifier reads (its fields and model; it need not run first).

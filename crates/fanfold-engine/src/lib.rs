@@ -14,6 +14,7 @@ pub mod report;
 pub mod run;
 pub mod source;
 pub mod stages;
+pub mod strategy;
 
 pub use error::{ErrorCategory, RunError};
 pub use plan::{Overrides, Plan, PlanError};

@@ -42,6 +42,8 @@ pub struct Overrides {
     /// The cascades a plan file (`fanfold plan`) chose, in place of the
     /// spec's.
     pub cascades: Vec<CascadeChoice>,
+    /// The whole-run strategy a plan file chose in place of a cascade.
+    pub strategy: Option<StrategyChoice>,
 }
 
 /// What `fanfold plan` chose for one stage's cascade: the proxy that met
@@ -58,12 +60,37 @@ pub struct CascadeChoice {
     pub delta: f64,
 }
 
+/// What `fanfold plan` chose in place of a stage's cascade: a whole-run
+/// strategy ([`crate::strategy`]) that met the declared target on the
+/// plan's labelled sample at a lower cost than any cascade.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StrategyChoice {
+    /// The map stage whose cascade the strategy replaces.
+    pub stage: String,
+    /// The strategy's name (`micro`, `chunk-10`, `long`, `embed`, ...).
+    pub strategy: String,
+    /// The scoring rung the `embed` strategy keeps alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rung: Option<String>,
+}
+
+/// Rewrites `spec` into the strategy `c` names.
+pub fn apply_strategy(spec: &mut Spec, c: &StrategyChoice) -> Result<(), String> {
+    let roles = crate::strategy::Roles::of(spec, &c.stage, c.rung.as_deref())?;
+    let (rewritten, _) = crate::strategy::apply(spec, &roles, &c.strategy, None, None)?;
+    *spec = rewritten;
+    Ok(())
+}
+
 /// A plan file: what `fanfold plan` writes and `run --plan` applies.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlanFile {
     #[serde(default)]
     pub cascade: Vec<CascadeChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<StrategyChoice>,
 }
 
 impl PlanFile {
@@ -653,6 +680,9 @@ fn apply(spec: &mut Spec, o: &Overrides) -> Result<(), String> {
     }
     for c in &o.cascades {
         apply_choice(spec, c)?;
+    }
+    if let Some(c) = &o.strategy {
+        apply_strategy(spec, c)?;
     }
     Ok(())
 }

@@ -118,6 +118,26 @@ impl<'a> FactLedger<'a> {
             .collect()
     }
 
+    /// Each unit's probability of a positive decision at `stage`: the sum
+    /// of its fact's scored choices among `positive`, where the fact
+    /// carries scored choices.
+    pub fn positive_probabilities(&self, stage: &str, positive: &[String]) -> HashMap<usize, f64> {
+        self.lock()
+            .facts
+            .iter()
+            .filter(|(_, f)| f.stage == stage && !f.choice_scores.is_empty())
+            .map(|(i, f)| {
+                let p = f
+                    .choice_scores
+                    .iter()
+                    .filter(|c| positive.contains(&c.choice))
+                    .map(|c| c.p)
+                    .sum::<f64>();
+                (*i, p)
+            })
+            .collect()
+    }
+
     /// Calls `each(index, stage, status)` with every unit's latest fact:
     /// the one that answers for it so far.
     pub fn for_each_latest(&self, mut each: impl FnMut(usize, &str, Status)) {

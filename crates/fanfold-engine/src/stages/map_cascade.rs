@@ -21,7 +21,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use fanfold_core::spec::{
-    CascadeOracle, CascadeSpec, MapStageSpec, QualityMetric, StageSpec, TRAINED_PROXY,
+    BackendSpec, CascadeOracle, CascadeSpec, Decode, MapStageSpec, QualityMetric, StageSpec,
+    TRAINED_PROXY,
 };
 use fanfold_core::{
     ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash, Status, UnitId,
@@ -53,6 +54,9 @@ pub(crate) struct CascadeRun {
     wanted: Mutex<Vec<WantedLabel>>,
     /// With a trained proxy: the embed stage whose vectors it reads.
     features: Option<Box<super::embed::EmbedRunner>>,
+    /// With a map stage as the proxy: that stage, whose scored decisions
+    /// give each unit its probability of being positive.
+    scorer: Option<Box<super::map::MapRunner>>,
 }
 
 /// The file a run lists the labels it waits for in.
@@ -215,7 +219,37 @@ impl CascadeRun {
                     .into(),
             ));
         }
-        if features.is_none() && !matches!((me, position(&c.proxy)), (Some(me), Some(p)) if p < me)
+        let scorer = match ctx.spec.stages.iter().find(|d| d.name() == c.proxy) {
+            Some(StageSpec::Map(m)) if features.is_none() => {
+                if &m.name == stage {
+                    return Err(invalid(ctx, "the proxy cannot be the stage itself".into()));
+                }
+                if m.cascade.is_some() {
+                    return Err(invalid(
+                        ctx,
+                        format!("the proxy `{}` declares a cascade of its own", m.name),
+                    ));
+                }
+                let logprobs = matches!(
+                    ctx.spec.backends.get(&m.backend),
+                    Some(BackendSpec::Openai(h)) if h.logprobs
+                );
+                if m.decode != Decode::Choice && !logprobs {
+                    return Err(invalid(
+                        ctx,
+                        format!(
+                            "the proxy `{}` is a map stage whose decisions are not scored: give it decode = \"choice\", or an OpenAI-compatible backend with logprobs = true",
+                            m.name
+                        ),
+                    ));
+                }
+                Some(Box::new(super::map::MapRunner::build(m, ctx)?))
+            }
+            _ => None,
+        };
+        if features.is_none()
+            && scorer.is_none()
+            && !matches!((me, position(&c.proxy)), (Some(me), Some(p)) if p < me)
         {
             return Err(invalid(
                 ctx,
@@ -269,6 +303,7 @@ impl CascadeRun {
             labels,
             wanted: Mutex::new(Vec::new()),
             features,
+            scorer,
         })
     }
 
@@ -303,6 +338,10 @@ impl CascadeRun {
                 "a logistic regression over `{f}`'s embeddings, cross-fitted over {} folds on the first {} labels",
                 fanfold_ops::proxy::FOLDS,
                 self.training_labels()
+            ),
+            None if self.scorer.is_some() => format!(
+                "`{}`'s scored probability of a positive decision (run over the stage's units)",
+                self.spec.proxy
             ),
             None => format!("`{}`'s `{}`", self.spec.proxy, self.spec.score),
         };
@@ -409,6 +448,11 @@ impl CascadeRun {
             Ok::<_, RunError>(StageOutcome::default())
         };
         let (scores, trained) = match &self.features {
+            None if self.scorer.is_some() => {
+                let (scores, turn) = self.scored_choices(ctx, &units)?;
+                merge(&mut outcome, turn);
+                (scores, None)
+            }
             None => (self.proxy_scores(ctx, stage, &units)?, None),
             Some(embed) => {
                 let training =
@@ -644,10 +688,17 @@ impl CascadeRun {
                 }
             }
         }
-        // A trained proxy's own labels count, once per view.
-        let spent = trained.as_ref().map(|(_, training)| {
-            fanfold_ops::proxy::spent(&config, &scores, &keys, training, &result)
-        });
+        // What the oracle was asked, once per view: a trained proxy's own
+        // labels, and every draw when the backend or a person is asked
+        // for them all up front (the thresholds may be proven before the
+        // last is read). A labels file is read only where the cascade
+        // looks.
+        let spent = match &trained {
+            Some((_, training)) => Some(training.as_slice()),
+            None if self.labels.is_none() => Some(&[][..]),
+            None => None,
+        }
+        .map(|training| fanfold_ops::proxy::spent(&config, &scores, &keys, training, &result));
         let distinct = keys.iter().collect::<std::collections::HashSet<_>>().len();
         let report = CascadeReport {
             target: self.target_text(),
@@ -758,6 +809,42 @@ impl CascadeRun {
             .collect()
     }
 
+    /// Each unit's probability of a positive decision by the map stage
+    /// that is the proxy, from its scored choices. Its model turn runs over
+    /// `units` first, through its own slots and cache. A unit it could not
+    /// score (an error, a budget that ran out) is given 0.5: any score
+    /// fixed before the labels keeps the guarantee, which only ranks by it.
+    fn scored_choices(
+        &self,
+        ctx: &mut StageContext<'_>,
+        units: &[usize],
+    ) -> Result<(Vec<f64>, StageOutcome), RunError> {
+        let Some(scorer) = &self.scorer else {
+            return Ok((vec![0.5; units.len()], StageOutcome::default()));
+        };
+        let views = super::map::UnitViews {
+            projector: scorer.projector()?,
+            table: ctx.table,
+        };
+        let turn = scorer.run_views(ctx, units.to_vec(), &views)?;
+        let by_unit = ctx
+            .ledger
+            .positive_probabilities(scorer.stage.name(), &scorer.stage.spec.decision.positive);
+        let unscored = units.iter().filter(|i| !by_unit.contains_key(i)).count();
+        if unscored > 0 {
+            tracing::warn!(
+                proxy = scorer.stage.name(),
+                unscored,
+                "units the proxy could not score are given 0.5"
+            );
+        }
+        let scores = units
+            .iter()
+            .map(|i| by_unit.get(i).copied().unwrap_or(0.5))
+            .collect();
+        Ok((scores, turn))
+    }
+
     /// The oracle's label of the unit at position `p`, where it has one:
     /// a person's stored label, the labels file's, or the stage's own fact.
     fn label(
@@ -865,7 +952,7 @@ fn median(scores: &[f64]) -> f64 {
 
 /// The labels file: one `{"id": ..., "decision": ...}` a line, the
 /// decision one of the stage's values.
-fn read_labels(
+pub fn read_labels(
     s: &MapStageSpec,
     file: &str,
     text: &str,

@@ -1,6 +1,8 @@
-//! `fanfold plan`: chooses a cascade's proxy by measuring every candidate
-//! on the run it would make, and writes the cheapest that proves the
-//! declared target as a plan file for `run --plan`.
+//! `fanfold plan`: chooses how a stage's declared quality target is met
+//! at the least cost, by measuring every candidate, and writes the
+//! cheapest that proves the target as a plan file for `run --plan`. The
+//! candidates are the cascade's proxies and the whole-run strategies of
+//! [`strategies`].
 //!
 //! Each candidate is a run of the spec with that proxy, on one store, so
 //! a label or an oracle's fact one candidate paid for is reused by the
@@ -26,6 +28,8 @@ use fanfold_engine::{NoProgress, Plan, RunOptions};
 
 use crate::InputArgs;
 
+mod strategies;
+
 #[derive(Args)]
 pub struct PlanArgs {
     /// The spec file (TOML).
@@ -45,6 +49,10 @@ pub struct PlanArgs {
     write: Option<PathBuf>,
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=4096))]
     slots: u64,
+    /// Measure only the proxies a cascade could use, not the whole-run
+    /// strategies (micro, chunks, long, the rungs alone).
+    #[arg(long)]
+    proxies_only: bool,
 }
 
 /// One candidate's measured run.
@@ -60,7 +68,19 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
     let base = args.input.plan(&args.spec)?;
     let (stage, declared) = planned_stage(&base.spec, args.stage.as_deref())?;
     let mut choices = candidates(&base.spec, &stage, &declared);
-    let split = declared.delta / choices.len().max(1) as f64;
+    let oracle_is_backend = strategies::oracle_is_backend(&declared);
+    let (whole_runs, skipped) = if args.proxies_only {
+        (
+            Vec::new(),
+            vec!["every whole-run strategy: --proxies-only".to_owned()],
+        )
+    } else {
+        strategies::candidates(&base.spec, &base.spec_dir, &stage, &declared)
+    };
+    // A union bound over every candidate, so choosing the cheapest after
+    // seeing them all keeps the declared delta.
+    let k = choices.len() + whole_runs.len();
+    let split = declared.delta / k.max(1) as f64;
     for c in &mut choices {
         c.delta = split;
     }
@@ -70,57 +90,116 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
         .unwrap_or_else(|| PathBuf::from(".fanfold/plans").join(&base.spec.name));
     let mut measured = Vec::new();
     for (n, choice) in choices.into_iter().enumerate() {
-        let mut spec = base.spec.clone();
-        apply_choice(&mut spec, &choice).map_err(|e| anyhow!(e))?;
-        // A candidate is measured by its labels; what its proof leaves to
-        // the oracle is paid for only by the run of the chosen plan.
-        for s in &mut spec.stages {
-            if let StageSpec::Map(m) = s
-                && m.name == stage
-                && let Some(c) = m.cascade.as_mut()
-            {
-                c.measure_only = true;
-            }
-        }
-        let plan = Plan::from_spec(spec, &base.spec_path, &base.spec_dir)?;
-        let mut opts = RunOptions::new(args.input.store.clone());
-        opts.source = args.input.source();
-        opts.slots = args.slots as usize;
-        opts.max_unit_bytes = args.input.max_unit_bytes;
-        opts.out_dir = Some(out.join(format!("{}-{}", n + 1, label(&choice))));
-        eprintln!("measuring {} ...", describe(&choice));
-        let started = Instant::now();
-        let report = fanfold_engine::run(&plan, &opts, &NoProgress)
-            .with_context(|| format!("the run with {}", describe(&choice)))?;
-        let wall_secs = started.elapsed().as_secs_f64();
-        let cascade = report
-            .certificate
-            .stats
-            .reports
-            .get::<CascadeReport>(REPORT, &stage)
-            .ok_or_else(|| anyhow!("the run with {} reported no cascade", describe(&choice)))?;
-        measured.push(Measured {
-            choice,
-            report: cascade,
-            wall_secs,
-            new_calls: report.certificate.stats.model_calls,
-        });
+        measured.push(measure_proxy(&args, &base, &stage, &out, n, choice)?);
     }
-    let chosen = cheapest(&measured);
-    print!("{}", table(&stage, &declared, &measured, chosen));
-    let Some(chosen) = chosen.and_then(|i| measured.get(i)) else {
-        println!(
-            "\nNo candidate proved the target: the oracle decides every unit, as without a cascade. No plan file was written."
+    let mut runs = Vec::new();
+    let mut sampled = None;
+    if !whole_runs.is_empty() {
+        let set = strategies::Setting {
+            base: &base,
+            stage: &stage,
+            declared: &declared,
+            source: args.input.source(),
+            store: args.input.store.clone(),
+            slots: args.slots as usize,
+            max_unit_bytes: args.input.max_unit_bytes,
+            out: &out.join("strategies"),
+        };
+        eprintln!("labelling a sample of {} units ...", declared.label_budget);
+        let sample = strategies::sample(&set)?;
+        for choice in whole_runs {
+            eprintln!("measuring strategy {} ...", choice.strategy);
+            runs.push(strategies::measure(&set, &sample, choice, split)?);
+        }
+        sampled = Some(sample);
+    }
+    // Cheapest first by the oracle's calls (a person's label costs more
+    // than any model call), then by model calls; with the stage's backend
+    // as the oracle both are model calls, and they are added.
+    let cost = |c: &Choice| -> (f64, f64) {
+        let (oracle, model) = match c {
+            Choice::Proxy(i) => (
+                measured
+                    .get(*i)
+                    .map_or(f64::MAX, |m| m.report.oracle_calls as f64),
+                0.0,
+            ),
+            Choice::Strategy(i) => (
+                0.0,
+                runs.get(*i)
+                    .map_or(f64::MAX, strategies::Measured::model_calls),
+            ),
+        };
+        if oracle_is_backend {
+            (oracle + model, 0.0)
+        } else {
+            (oracle, model)
+        }
+    };
+    let proven = measured
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.report.met && m.report.proxy_decided > 0)
+        .map(|(i, _)| Choice::Proxy(i))
+        .chain(
+            runs.iter()
+                .enumerate()
+                .filter(|(_, r)| r.meets)
+                .map(|(i, _)| Choice::Strategy(i)),
         );
-        return Ok(ExitCode::from(fanfold_engine::EXIT_INCOMPLETE));
+    let chosen = proven.min_by(|a, b| {
+        let (x, y) = (cost(a), cost(b));
+        x.0.total_cmp(&y.0).then(x.1.total_cmp(&y.1))
+    });
+    let proxy_chosen = match chosen {
+        Some(Choice::Proxy(i)) => Some(i),
+        _ => None,
+    };
+    print!("{}", table(&stage, &declared, &measured, proxy_chosen, k));
+    if let Some(sample) = &sampled {
+        let strategy_chosen = match chosen {
+            Some(Choice::Strategy(i)) => Some(i),
+            _ => None,
+        };
+        print!(
+            "{}",
+            strategies::table(&declared, sample, &runs, strategy_chosen, split, &skipped)
+        );
+    } else if !skipped.is_empty() {
+        println!("\nNot measured: {}.", skipped.join("; "));
+    }
+    let (written, what) = match chosen {
+        None => {
+            println!(
+                "\nNo candidate proved the target: the oracle decides every unit, as without a cascade. No plan file was written."
+            );
+            return Ok(ExitCode::from(fanfold_engine::EXIT_INCOMPLETE));
+        }
+        Some(Choice::Proxy(i)) => {
+            let m = measured.get(i).ok_or_else(|| anyhow!("no candidate {i}"))?;
+            (
+                PlanFile {
+                    cascade: vec![m.choice.clone()],
+                    strategy: None,
+                },
+                describe(&m.choice),
+            )
+        }
+        Some(Choice::Strategy(i)) => {
+            let m = runs.get(i).ok_or_else(|| anyhow!("no strategy {i}"))?;
+            (
+                PlanFile {
+                    cascade: Vec::new(),
+                    strategy: Some(m.choice.clone()),
+                },
+                format!("strategy {}", m.name()),
+            )
+        }
     };
     let file = args.write.clone().unwrap_or_else(|| out.join("plan.toml"));
     if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let written = PlanFile {
-        cascade: vec![chosen.choice.clone()],
-    };
     let text = format!(
         "# What `fanfold plan` measured cheapest for the declared target.\n# Run it with: fanfold run {} --plan {}\n{}",
         args.spec.display(),
@@ -129,13 +208,65 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
     );
     std::fs::write(&file, text).with_context(|| format!("writing {}", file.display()))?;
     println!(
-        "\nChosen: {}. Wrote {}; run it with `fanfold run {} --plan {}`.",
-        describe(&chosen.choice),
+        "\nChosen: {what}. Wrote {}; run it with `fanfold run {} --plan {}`.",
         file.display(),
         args.spec.display(),
         file.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// A candidate, by its index among the proxies or the strategies.
+#[derive(Clone, Copy)]
+enum Choice {
+    Proxy(usize),
+    Strategy(usize),
+}
+
+/// Runs the spec with one proxy for the cascade, on the planning store.
+fn measure_proxy(
+    args: &PlanArgs,
+    base: &Plan,
+    stage: &str,
+    out: &Path,
+    n: usize,
+    choice: CascadeChoice,
+) -> Result<Measured> {
+    let mut spec = base.spec.clone();
+    apply_choice(&mut spec, &choice).map_err(|e| anyhow!(e))?;
+    // A candidate is measured by its labels; what its proof leaves to
+    // the oracle is paid for only by the run of the chosen plan.
+    for s in &mut spec.stages {
+        if let StageSpec::Map(m) = s
+            && m.name == stage
+            && let Some(c) = m.cascade.as_mut()
+        {
+            c.measure_only = true;
+        }
+    }
+    let plan = Plan::from_spec(spec, &base.spec_path, &base.spec_dir)?;
+    let mut opts = RunOptions::new(args.input.store.clone());
+    opts.source = args.input.source();
+    opts.slots = args.slots as usize;
+    opts.max_unit_bytes = args.input.max_unit_bytes;
+    opts.out_dir = Some(out.join(format!("{}-{}", n + 1, label(&choice))));
+    eprintln!("measuring {} ...", describe(&choice));
+    let started = Instant::now();
+    let report = fanfold_engine::run(&plan, &opts, &NoProgress)
+        .with_context(|| format!("the run with {}", describe(&choice)))?;
+    let wall_secs = started.elapsed().as_secs_f64();
+    let cascade = report
+        .certificate
+        .stats
+        .reports
+        .get::<CascadeReport>(REPORT, stage)
+        .ok_or_else(|| anyhow!("the run with {} reported no cascade", describe(&choice)))?;
+    Ok(Measured {
+        choice,
+        report: cascade,
+        wall_secs,
+        new_calls: report.certificate.stats.model_calls,
+    })
 }
 
 /// The map stage whose cascade is planned, and its declared cascade.
@@ -168,7 +299,8 @@ fn planned_stage(spec: &Spec, named: Option<&str>) -> Result<(String, CascadeSpe
 }
 
 /// The proxies a cascade can use: the declared one, every scoring stage
-/// declared before the stage, and a proxy trained on each embed stage.
+/// declared before the stage, every map stage whose decisions are scored,
+/// and a proxy trained on each embed stage.
 fn candidates(spec: &Spec, stage: &str, declared: &CascadeSpec) -> Vec<CascadeChoice> {
     let choice = |proxy: &str, features: Option<&str>| CascadeChoice {
         stage: stage.to_owned(),
@@ -187,6 +319,21 @@ fn candidates(spec: &Spec, stage: &str, declared: &CascadeSpec) -> Vec<CascadeCh
             out.push(choice(s.name(), None));
         }
     }
+    // A map stage whose decisions are scored proxies wherever it is
+    // declared: the cascade runs it.
+    for s in &spec.stages {
+        if let StageSpec::Map(m) = s
+            && m.name != stage
+            && m.cascade.is_none()
+            && (m.decode == fanfold_core::spec::Decode::Choice
+                || matches!(
+                    spec.backends.get(&m.backend),
+                    Some(fanfold_core::spec::BackendSpec::Openai(h)) if h.logprobs
+                ))
+        {
+            out.push(choice(&m.name, None));
+        }
+    }
     for s in &spec.stages {
         if let StageSpec::Embed(e) = s {
             out.push(choice(TRAINED_PROXY, Some(&e.name)));
@@ -195,17 +342,6 @@ fn candidates(spec: &Spec, stage: &str, declared: &CascadeSpec) -> Vec<CascadeCh
     let mut seen = std::collections::HashSet::new();
     out.retain(|c| seen.insert((c.proxy.clone(), c.features.clone())));
     out
-}
-
-/// The candidate that proved the target with the fewest oracle calls (then
-/// labels); `None` when none proved that the proxy may decide anything.
-fn cheapest(measured: &[Measured]) -> Option<usize> {
-    measured
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| m.report.met && m.report.proxy_decided > 0)
-        .min_by_key(|(_, m)| (m.report.oracle_calls, m.report.labels))
-        .map(|(i, _)| i)
 }
 
 fn describe(c: &CascadeChoice) -> String {
@@ -227,9 +363,10 @@ fn table(
     declared: &CascadeSpec,
     measured: &[Measured],
     chosen: Option<usize>,
+    k: usize,
 ) -> String {
     let mut out = String::new();
-    let k = measured.len().max(1);
+    let k = k.max(1);
     let _ = writeln!(
         out,
         "Stage `{stage}`: {:?} ≥ {} with probability ≥ {}; {k} candidates, each tested at delta {:.4} (the declared {} split over them).\n",
@@ -298,6 +435,18 @@ pub fn departures(spec_path: &Path, file: &Path) -> Result<String> {
             out,
             "  stage `{}`: {proxy}; delta {} -> {} (split over the candidates the plan measured)",
             c.stage, d.delta, c.delta
+        );
+    }
+    if let Some(c) = &plan.strategy {
+        let rung = c
+            .rung
+            .as_deref()
+            .map(|r| format!(" (`{r}` alone)"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  stage `{}`: the whole-run strategy `{}`{rung} in place of the spec's stages and cascade",
+            c.stage, c.strategy
         );
     }
     Ok(out)

@@ -1,0 +1,521 @@
+//! The whole-run strategies `fanfold plan` measures beside a cascade's
+//! proxies: one micro-context per unit, chunks, one long context, the
+//! spec's own rungs without the cascade, and each scoring rung alone. They
+//! are the bench ladder's strategies, rewritten by the same
+//! [`fanfold_engine::strategy::apply`].
+//!
+//! A strategy decides every unit without the oracle, so it is measured on
+//! a seeded uniform sample of the units the prefilter keeps, labelled by
+//! the oracle, and run on that sample alone (a file of the sampled
+//! records, keyed as the input is, so its facts are the ones a whole run
+//! would reuse). Its quality is bounded exactly for sampling without
+//! replacement from the population ([`fanfold_ops::audit`]); its cost is
+//! the sample's, scaled to the population. It is held to the target on
+//! both sides (recall and precision), since a recall target alone is met
+//! by keeping everything and a precision target by keeping one sure unit.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow, bail};
+use fanfold_core::spec::{
+    CascadeOracle, CascadeSpec, PartitionSpec, QualityMetric, Spec, StageSpec,
+};
+use fanfold_core::{ContentHash, Status};
+use fanfold_engine::plan::StrategyChoice;
+use fanfold_engine::strategy::{self, CHUNK_RUBRIC, Roles, WINDOW_TOKENS};
+use fanfold_engine::{NoProgress, Plan, RunOptions, RunReport, Source};
+use fanfold_ops::audit::{misses_at_least, misses_at_most, sample_rank};
+
+/// What the strategies are measured with.
+pub(super) struct Setting<'a> {
+    pub base: &'a Plan,
+    pub stage: &'a str,
+    pub declared: &'a CascadeSpec,
+    pub source: Option<Source>,
+    pub store: PathBuf,
+    pub slots: usize,
+    pub max_unit_bytes: u64,
+    pub out: &'a Path,
+}
+
+/// The strategies a spec can be run as, each with the rung it keeps; and
+/// why some are not.
+pub(super) fn candidates(
+    spec: &Spec,
+    spec_dir: &Path,
+    stage: &str,
+    declared: &CascadeSpec,
+) -> (Vec<StrategyChoice>, Vec<String>) {
+    let choice = |strategy: &str, rung: Option<&str>| StrategyChoice {
+        stage: stage.to_owned(),
+        strategy: strategy.to_owned(),
+        rung: rung.map(str::to_owned),
+    };
+    if declared.labels.is_none() && declared.oracle == CascadeOracle::Person {
+        return (
+            Vec::new(),
+            vec!["the whole-run strategies: a person is the oracle and no labels file is declared, and they are measured on the labels of a uniform sample (declare `labels` to measure them)".to_owned()],
+        );
+    }
+    let mut out = Vec::new();
+    let mut skipped = Vec::new();
+    let before = spec
+        .stages
+        .iter()
+        .position(|s| s.name() == stage)
+        .unwrap_or(0);
+    for s in spec.stages.iter().take(before) {
+        if matches!(s, StageSpec::Bm25(_) | StageSpec::Embed(_)) {
+            out.push(choice("embed", Some(s.name())));
+        }
+    }
+    if oracle_is_backend(declared) {
+        skipped.push(
+            "micro: the oracle is the stage's own backend, so one micro-context per unit is the oracle deciding every unit".to_owned(),
+        );
+    } else {
+        out.push(choice("micro", None));
+    }
+    if before > 0 {
+        out.push(choice("adaptive", None));
+    }
+    if spec_dir.join(CHUNK_RUBRIC).is_file() {
+        for s in ["chunk-10", "chunk-50", "chunk-200", "long"] {
+            out.push(choice(s, None));
+        }
+    } else {
+        skipped.push(format!(
+            "chunk-10, chunk-50, chunk-200, long: no {CHUNK_RUBRIC} beside the spec (a context of many units is asked for the matching ids, by a rubric of its own)"
+        ));
+    }
+    (out, skipped)
+}
+
+/// Whether the cascade's oracle is the stage's own backend.
+pub(super) fn oracle_is_backend(declared: &CascadeSpec) -> bool {
+    declared.labels.is_none() && declared.oracle == CascadeOracle::Backend
+}
+
+/// One strategy's measured row.
+pub(super) struct Measured {
+    pub choice: StrategyChoice,
+    pub what: String,
+    pub counts: Counts,
+    pub bounds: Bounds,
+    /// The declared metric's value on the sample.
+    pub estimate: f64,
+    pub meets: bool,
+    /// Why it does not meet the target, beyond its bounds.
+    pub note: Option<String>,
+    pub sample_calls: u64,
+    pub sample_tokens: u64,
+    pub wall_secs: f64,
+    /// The population over the sample run's units.
+    pub scale: f64,
+}
+
+impl Measured {
+    pub fn model_calls(&self) -> f64 {
+        if self.choice.strategy == "long" {
+            // One context holds the population, when it fits at all.
+            return self.sample_calls.min(1) as f64;
+        }
+        self.sample_calls as f64 * self.scale
+    }
+
+    pub fn tokens(&self) -> f64 {
+        self.sample_tokens as f64 * self.scale
+    }
+
+    pub fn name(&self) -> String {
+        match &self.choice.rung {
+            Some(r) => format!("`{r}` alone"),
+            None if self.choice.strategy == "adaptive" => "the spec's rungs, no cascade".to_owned(),
+            None => self.choice.strategy.clone(),
+        }
+    }
+}
+
+/// A strategy's answer against the oracle's labels on the sample.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Counts {
+    pub tp: u64,
+    pub fp: u64,
+    pub fn_: u64,
+    pub tn: u64,
+    /// Sampled units the oracle gave no label: counted against every
+    /// metric.
+    pub unlabelled: u64,
+}
+
+impl Counts {
+    fn n(&self) -> u64 {
+        self.tp + self.fp + self.fn_ + self.tn + self.unlabelled
+    }
+
+    fn of(&self, metric: QualityMetric) -> f64 {
+        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        match metric {
+            QualityMetric::Recall => ratio(self.tp, self.tp + self.fn_ + self.unlabelled),
+            QualityMetric::Precision => ratio(self.tp, self.tp + self.fp + self.unlabelled),
+            QualityMetric::Accuracy => ratio(self.tp + self.tn, self.n()),
+        }
+    }
+}
+
+/// Lower bounds on the population's recall, precision and accuracy,
+/// jointly at 1 − `delta`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct Bounds {
+    pub recall: f64,
+    pub precision: f64,
+    pub accuracy: f64,
+}
+
+/// Exact bounds from a sample of `counts.n()` units drawn without
+/// replacement from `population`: the true positives bounded below and
+/// the misses and false positives above, each at δ/4, and the errors for
+/// accuracy at the fourth δ/4 (a union bound over the four).
+pub(super) fn bounds(counts: &Counts, population: u64, delta: f64) -> Bounds {
+    let n = counts.n();
+    let alpha = delta / 4.0;
+    let tp = misses_at_least(population, n, counts.tp, alpha) as f64;
+    let missed = misses_at_most(population, n, counts.fn_ + counts.unlabelled, alpha) as f64;
+    let wrong_kept = misses_at_most(population, n, counts.fp + counts.unlabelled, alpha) as f64;
+    let errors = misses_at_most(
+        population,
+        n,
+        counts.fp + counts.fn_ + counts.unlabelled,
+        alpha,
+    ) as f64;
+    let share = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    Bounds {
+        recall: share(tp, tp + missed),
+        precision: share(tp, tp + wrong_kept),
+        accuracy: 1.0 - share(errors, population as f64),
+    }
+}
+
+/// Whether the bounds prove the declared target: recall and precision
+/// targets on both sides, accuracy on its own.
+pub(super) fn proves(b: &Bounds, target: QualityMetric, at_least: f64) -> bool {
+    match target {
+        QualityMetric::Recall | QualityMetric::Precision => {
+            b.recall >= at_least && b.precision >= at_least
+        }
+        QualityMetric::Accuracy => b.accuracy >= at_least,
+    }
+}
+
+/// The seeded sample, its labels and the file of its records.
+pub(super) struct Sample {
+    /// Units the prefilter keeps: the population.
+    pub population: u64,
+    pub ids: Vec<String>,
+    /// The oracle's label of each sampled id; `None` where it gave none.
+    pub labels: HashMap<String, Option<bool>>,
+    pub file: PathBuf,
+    /// The sampled records' partition: JSONL, keyed as the input is.
+    pub partition: PartitionSpec,
+    /// Model calls the oracle's labels took (with the backend as oracle).
+    pub oracle_calls: u64,
+}
+
+/// Draws the sample (the declared label budget, seeded by the cascade's
+/// seed), writes its records and labels it.
+pub(super) fn sample(set: &Setting<'_>) -> Result<Sample> {
+    let plan = set.base;
+    let source = match &set.source {
+        Some(s) => s.clone(),
+        None => plan
+            .default_source()
+            .ok_or_else(|| anyhow!("the spec names no input: pass --input"))?,
+    };
+    let routed = fanfold_engine::run::route_source(plan, &source, set.max_unit_bytes)?;
+    let key = match &plan.spec.input.partition {
+        PartitionSpec::JsonArray { key: Some(k), .. }
+        | PartitionSpec::Jsonl { key: Some(k), .. }
+        | PartitionSpec::Csv { key: Some(k), .. } => k.clone(),
+        PartitionSpec::Lines { .. } => "line".to_owned(),
+        _ => bail!(
+            "the input has no `key`: a strategy is measured on a sample of its records, which must keep their ids"
+        ),
+    };
+    let mut kept: Vec<(u64, String, serde_json::Value)> = Vec::new();
+    for &i in routed.by_stage.values().flatten() {
+        let id = routed.table.id(i)?.as_str().to_owned();
+        let rank = sample_rank(set.declared.seed, &ContentHash::of_bytes(id.as_bytes()));
+        kept.push((rank, id, routed.table.value(i)));
+    }
+    let population = kept.len() as u64;
+    kept.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    kept.truncate(set.declared.label_budget.max(1));
+    std::fs::create_dir_all(set.out).with_context(|| format!("creating {}", set.out.display()))?;
+    let file = set.out.join("sample.jsonl");
+    let mut text = String::new();
+    for (_, _, value) in &kept {
+        text.push_str(&serde_json::to_string(value)?);
+        text.push('\n');
+    }
+    std::fs::write(&file, text).with_context(|| format!("writing {}", file.display()))?;
+    let partition = PartitionSpec::Jsonl {
+        key: Some(key),
+        kind: plan.spec.input.partition.kind().to_owned(),
+    };
+    let ids: Vec<String> = kept.into_iter().map(|(_, id, _)| id).collect();
+    let mut out = Sample {
+        population,
+        ids,
+        labels: HashMap::new(),
+        file,
+        partition,
+        oracle_calls: 0,
+    };
+    // The sample's records must come back under the ids they were drawn by.
+    let mut spec = plan.spec.clone();
+    spec.input.partition = out.partition.clone();
+    spec.input.command = None;
+    let probe = Plan::from_spec(spec, &plan.spec_path, &plan.spec_dir)?;
+    let again = fanfold_engine::run::route_source(
+        &probe,
+        &Source::File(out.file.clone()),
+        set.max_unit_bytes,
+    )?;
+    let back: BTreeSet<String> = (0..again.table.len())
+        .map(|i| Ok(again.table.id(i)?.as_str().to_owned()))
+        .collect::<Result<_, fanfold_engine::RunError>>()?;
+    if back != out.ids.iter().cloned().collect::<BTreeSet<_>>() {
+        bail!(
+            "the sampled records do not keep their ids when read back as JSONL keyed by `{}`",
+            match &out.partition {
+                PartitionSpec::Jsonl { key: Some(k), .. } => k.as_str(),
+                _ => "",
+            }
+        );
+    }
+    label(set, &mut out)?;
+    Ok(out)
+}
+
+/// The oracle's labels of the sample: the labels file's, or the stage's
+/// own backend judging each sampled unit.
+fn label(set: &Setting<'_>, sample: &mut Sample) -> Result<()> {
+    let judge = set
+        .base
+        .spec
+        .stages
+        .iter()
+        .find_map(|s| match s {
+            StageSpec::Map(m) if m.name == set.stage => Some(m),
+            _ => None,
+        })
+        .ok_or_else(|| anyhow!("no map stage `{}`", set.stage))?;
+    if let Some(file) = &set.declared.labels {
+        let path = set.base.spec_dir.join(file);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let all = fanfold_engine::stages::map_cascade::read_labels(judge, file, &text)
+            .map_err(|e| anyhow!(e))?;
+        for id in &sample.ids {
+            sample
+                .labels
+                .insert(id.clone(), all.get(id).copied().flatten());
+        }
+        return Ok(());
+    }
+    let (report, _) = run_on_sample(set, sample, "micro", None, "oracle")?;
+    sample.oracle_calls = report.certificate.stats.model_calls;
+    let decided = decisions(&report, set.stage);
+    for id in &sample.ids {
+        sample
+            .labels
+            .insert(id.clone(), decided.get(id.as_str()).copied());
+    }
+    Ok(())
+}
+
+/// Each unit's decision by `stage` in a run: positive or negative.
+fn decisions<'r>(report: &'r RunReport, stage: &str) -> HashMap<&'r str, bool> {
+    report
+        .facts
+        .iter()
+        .filter(|f| f.stage == stage)
+        .filter_map(|f| {
+            let positive = match f.status {
+                Status::Positive => true,
+                Status::Negative => false,
+                _ => return None,
+            };
+            Some((f.source_ids.first()?.as_str(), positive))
+        })
+        .collect()
+}
+
+/// Runs `strategy` on the sample's records alone: the report and the wall
+/// time.
+fn run_on_sample(
+    set: &Setting<'_>,
+    sample: &Sample,
+    strategy: &str,
+    rung: Option<&str>,
+    dir: &str,
+) -> Result<(RunReport, f64)> {
+    let roles = Roles::of(&set.base.spec, set.stage, rung).map_err(|e| anyhow!(e))?;
+    let (mut spec, _) =
+        strategy::apply(&set.base.spec, &roles, strategy, None, None).map_err(|e| anyhow!(e))?;
+    spec.input.partition = sample.partition.clone();
+    spec.input.command = None;
+    let plan = Plan::from_spec(spec, &set.base.spec_path, &set.base.spec_dir)?;
+    let mut opts = RunOptions::new(set.store.clone());
+    opts.source = Some(Source::File(sample.file.clone()));
+    opts.slots = set.slots;
+    opts.max_unit_bytes = set.max_unit_bytes;
+    opts.out_dir = Some(set.out.join(dir));
+    let started = Instant::now();
+    let report = fanfold_engine::run(&plan, &opts, &NoProgress)
+        .with_context(|| format!("the run of strategy {strategy} on the sample"))?;
+    Ok((report, started.elapsed().as_secs_f64()))
+}
+
+/// Runs and scores one strategy on the sample, its bounds at `delta`.
+pub(super) fn measure(
+    set: &Setting<'_>,
+    sample: &Sample,
+    choice: StrategyChoice,
+    delta: f64,
+) -> Result<Measured> {
+    let dir = format!(
+        "strategy-{}{}",
+        choice.strategy,
+        choice
+            .rung
+            .as_deref()
+            .map(|r| format!("-{r}"))
+            .unwrap_or_default()
+    );
+    let (report, wall_secs) =
+        run_on_sample(set, sample, &choice.strategy, choice.rung.as_deref(), &dir)?;
+    let roles =
+        Roles::of(&set.base.spec, set.stage, choice.rung.as_deref()).map_err(|e| anyhow!(e))?;
+    let (_, what) = strategy::apply(&set.base.spec, &roles, &choice.strategy, None, None)
+        .map_err(|e| anyhow!(e))?;
+    let answer: BTreeSet<&str> = report
+        .answer
+        .items
+        .iter()
+        .map(|i| i.unit_id.0.as_str())
+        .collect();
+    let mut counts = Counts::default();
+    for id in &sample.ids {
+        let kept = answer.contains(id.as_str());
+        match (sample.labels.get(id).copied().flatten(), kept) {
+            (None, _) => counts.unlabelled += 1,
+            (Some(true), true) => counts.tp += 1,
+            (Some(true), false) => counts.fn_ += 1,
+            (Some(false), true) => counts.fp += 1,
+            (Some(false), false) => counts.tn += 1,
+        }
+    }
+    let c = &report.certificate;
+    let bounds = bounds(&counts, sample.population, delta);
+    let scale = sample.population as f64 / sample.ids.len().max(1) as f64;
+    // What the strategy costs from an empty store: every fact keeps the
+    // cost of the call that made it (a context's call on its first
+    // member), so facts another strategy paid for still count here.
+    let mut cost = fanfold_core::Cost::default();
+    for f in &report.facts {
+        cost.add(&f.cost);
+    }
+    let sample_tokens = cost.prompt_tokens + cost.completion_tokens;
+    let mut m = Measured {
+        choice,
+        what,
+        counts,
+        estimate: counts.of(set.declared.target),
+        meets: proves(&bounds, set.declared.target, set.declared.at_least),
+        bounds,
+        note: None,
+        sample_calls: cost.calls,
+        sample_tokens,
+        wall_secs,
+        scale,
+    };
+    if m.choice.strategy == "long" {
+        let payload = cost.prompt_tokens as f64 * scale;
+        if payload > WINDOW_TOKENS as f64 {
+            m.meets = false;
+            m.note = Some(format!(
+                "the population's payload, about {payload:.0} tokens, does not fit one window of {WINDOW_TOKENS}"
+            ));
+        }
+    }
+    if c.simulated {
+        m.what.push_str(" [SIMULATED]");
+    }
+    Ok(m)
+}
+
+/// The strategies' table, as `fanfold plan` prints it.
+pub(super) fn table(
+    declared: &CascadeSpec,
+    sample: &Sample,
+    runs: &[Measured],
+    chosen: Option<usize>,
+    delta: f64,
+    skipped: &[String],
+) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let labelled = sample.labels.values().filter(|l| l.is_some()).count();
+    let positives = sample.labels.values().filter(|l| **l == Some(true)).count();
+    let _ = writeln!(
+        out,
+        "\nWhole-run strategies, each run on a seeded sample of {} of the {} units the prefilter keeps ({labelled} labelled by the oracle, {positives} positive{}). Each is bounded at delta {delta:.4}, exactly for sampling without replacement, and held to {:?} ≥ {} on both recall and precision (accuracy alone for an accuracy target); its cost is the sample's, scaled to the population.\n",
+        sample.ids.len(),
+        sample.population,
+        if sample.oracle_calls > 0 {
+            format!("; labelling took {} model calls", sample.oracle_calls)
+        } else {
+            String::new()
+        },
+        declared.target,
+        declared.at_least,
+    );
+    let _ = writeln!(
+        out,
+        "| strategy | meets | {:?} on the sample | positives found | kept | recall ≥ | precision ≥ | accuracy ≥ | model calls on the sample | model calls for all (est.) | tokens for all (est.) | wall s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        declared.target
+    );
+    for (i, m) in runs.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "| {}{} | {} | {:.3} | {} of {} | {} | {:.3} | {:.3} | {:.3} | {} | {:.0} | {:.0} | {:.1} |",
+            m.name(),
+            if Some(i) == chosen { " (chosen)" } else { "" },
+            if m.meets { "yes" } else { "no" },
+            m.estimate,
+            m.counts.tp,
+            m.counts.tp + m.counts.fn_ + m.counts.unlabelled,
+            m.counts.tp + m.counts.fp,
+            m.bounds.recall,
+            m.bounds.precision,
+            m.bounds.accuracy,
+            m.sample_calls,
+            m.model_calls(),
+            m.tokens(),
+            m.wall_secs
+        );
+    }
+    for m in runs {
+        let _ = writeln!(out, "\n- {}: {}", m.name(), m.what);
+        if let Some(note) = &m.note {
+            let _ = writeln!(out, "  Not a candidate: {note}.");
+        }
+    }
+    if !skipped.is_empty() {
+        let _ = writeln!(out, "\nNot measured: {}.", skipped.join("; "));
+    }
+    out
+}
