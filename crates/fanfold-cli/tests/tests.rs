@@ -5368,6 +5368,174 @@ fn a_plan_measures_whole_run_strategies_and_chooses_one() {
     assert_eq!(found, (0..150).collect::<Vec<u64>>());
 }
 
+/// Sums, means, ratios, grouped rows and pairs are folded from per-unit
+/// facts and stated in answer.json and answer.md: reviews of three films,
+/// each judged once, the numbers following from the facts.
+#[test]
+fn grouped_means_ratios_and_pairs_are_stated_from_the_facts() {
+    let reducers = r#"
+[[fold.reducers]]
+name = "liked"
+type = "set"
+
+[[fold.reducers]]
+name = "total"
+type = "sum"
+value = "/score"
+statuses = ["positive", "negative"]
+
+[[fold.reducers]]
+name = "average"
+type = "mean"
+value = "/score"
+statuses = ["positive", "negative"]
+
+[[fold.reducers]]
+name = "positive_share"
+type = "ratio"
+pointer = "/sentiment"
+numerator = ["pos"]
+denominator = ["neg"]
+statuses = ["positive", "negative"]
+
+[[fold.reducers]]
+name = "best_films"
+type = "group_by"
+key = "/film"
+reduce = { type = "mean", value = "/score" }
+limit = 2
+statuses = ["positive", "negative"]
+
+[[fold.reducers]]
+name = "disagreements"
+type = "pairs"
+key = "/film"
+value = "/sentiment"
+relation = "different"
+statuses = ["positive", "negative"]
+
+[contract]
+type = "exhaustive"
+answer = "liked"
+"#;
+    let f = Fixture::new(JSON_ARRAY, "");
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    let spec = spec.replace(
+        "[[fold.reducers]]\nname = \"flagged\"\ntype = \"set\"\n",
+        reducers,
+    );
+    let spec = spec
+        .split("\n[contract]\ntype = \"exhaustive\"\nanswer = \"flagged\"\n")
+        .collect::<String>();
+    std::fs::write(f.path("spec.toml"), spec).expect("spec");
+    std::fs::write(
+        f.path("schema.json"),
+        r#"{"type": "object", "additionalProperties": false, "required": ["decision", "score", "film", "sentiment"], "properties": {"decision": {"enum": ["yes", "no"]}, "score": {"type": "number"}, "film": {"type": "string"}, "sentiment": {"enum": ["pos", "neg"]}}}"#,
+    )
+    .expect("schema");
+    std::fs::write(
+        f.path("judge.jq"),
+        r#"{decision: (if .stars >= 3 then "yes" else "no" end), score: .stars, film: .film, sentiment: (if .stars >= 3 then "pos" else "neg" end)}"#,
+    )
+    .expect("judge");
+    let rows = serde_json::json!([
+        {"id": 1, "film": "alien", "stars": 5},
+        {"id": 2, "film": "alien", "stars": 1},
+        {"id": 3, "film": "brazil", "stars": 4},
+        {"id": 4, "film": "brazil", "stars": 4},
+        {"id": 5, "film": "cube", "stars": 2},
+        {"id": 6, "film": "alien", "stars": 4}
+    ]);
+    f.input(rows.to_string().as_bytes());
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let answer: Value =
+        serde_json::from_str(&std::fs::read_to_string(f.path("out/answer.json")).expect("answer"))
+            .expect("json");
+    let agg = |name: &str| {
+        answer["aggregates"]
+            .as_array()
+            .expect("aggregates")
+            .iter()
+            .find(|a| a["name"] == name)
+            .unwrap_or_else(|| panic!("no {name}: {answer}"))
+            .clone()
+    };
+    assert_eq!(
+        agg("total")["statement"],
+        "sum 20 over 6 facts: #1, #2, #3, #4, #5 and 1 more"
+    );
+    assert!(
+        agg("average")["statement"]
+            .as_str()
+            .unwrap()
+            .starts_with("mean 3.3333 ± "),
+        "{answer}"
+    );
+    assert!(
+        agg("positive_share")["statement"]
+            .as_str()
+            .unwrap()
+            .starts_with("0.6667 (4 of 6; 95 % Wilson interval 0.3"),
+        "{answer}"
+    );
+    let films = agg("best_films");
+    assert_eq!(films["rows"][0][0], "brazil", "{films}");
+    assert_eq!(films["rows"][0][1], "4", "{films}");
+    assert_eq!(films["rows"][1][0], "alien", "{films}");
+    assert_eq!(films["rows"].as_array().unwrap().len(), 2, "limited to 2");
+    let pairs = agg("disagreements");
+    assert_eq!(pairs["statement"], "2 pairs", "{pairs}");
+    assert_eq!(
+        pairs["rows"],
+        serde_json::json!([
+            ["alien", "#1", "pos", "#2", "neg"],
+            ["alien", "#2", "neg", "#6", "pos"]
+        ])
+    );
+    // The set that is the answer is shown as the answer, not again.
+    assert!(
+        answer["aggregates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["name"] != "liked")
+    );
+    let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
+    assert!(md.contains("## Aggregates [SIMULATED]"), "{md}");
+    assert!(
+        md.contains("  | brazil | 4 | mean 4 ± 0 (standard error) over 2 facts: #3, #4 |"),
+        "{md}"
+    );
+    assert!(md.contains("  | alien | #1 | pos | #2 | neg |"), "{md}");
+
+    // A pointer the stage's output schema cannot hold is refused at plan
+    // time, naming it.
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replace(
+            "name = \"best_films\"\ntype = \"group_by\"\n",
+            "name = \"best_films\"\ntype = \"group_by\"\nstage = \"judge\"\n",
+        )
+        .replace(
+            "reduce = { type = \"mean\", value = \"/score\" }",
+            "reduce = { type = \"mean\", value = \"/rating\" }",
+        ),
+    )
+    .expect("spec");
+    let o = run(bin()
+        .arg("explain")
+        .arg(f.path("spec.toml"))
+        .arg("--no-input"));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("reducer `best_films` reads `/rating`, but stage `judge`'s output schema declares no `rating`"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 /// A terminal of 80 by 24 under tmux, on a server of its own.
 struct Tmux {
     socket: String,

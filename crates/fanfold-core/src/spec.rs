@@ -1265,6 +1265,60 @@ pub enum ReducerKind {
     Join { key: String },
     /// The `k` highest numbers at `score`, ties broken by unit id ascending.
     TopK { score: String, k: usize },
+    /// The sum of the numbers at `value`, exact to 1e-9, with how many
+    /// facts fed it.
+    Sum { value: String },
+    /// The mean of the numbers at `value`, carried as a sum and a count,
+    /// reported with the count and its standard error.
+    Mean { value: String },
+    /// The share of facts whose value at `pointer` is one of `numerator`,
+    /// among those whose value is one of `numerator` or `denominator`,
+    /// with a 95 % Wilson interval.
+    Ratio {
+        pointer: String,
+        numerator: Vec<String>,
+        denominator: Vec<String>,
+    },
+    /// One row per distinct value at `key`, each the reducer `reduce` over
+    /// that group's facts; rows ordered by the reducer's number (`order`,
+    /// `desc` by default) and cut to the first `limit`.
+    GroupBy {
+        key: String,
+        reduce: Box<ReducerKind>,
+        #[serde(default)]
+        order: Order,
+        limit: Option<usize>,
+    },
+    /// Pairs of units that share the value at `key` and whose values at
+    /// `value` are `equal` or `different`; the first `limit` in a stable
+    /// order (key, then unit ids), or all.
+    Pairs {
+        key: String,
+        value: String,
+        relation: Relation,
+        limit: Option<usize>,
+    },
+}
+
+/// Which rows of a `group_by` come first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Order {
+    /// Largest number first.
+    #[default]
+    Desc,
+    /// Smallest number first.
+    Asc,
+    /// By the group's key.
+    Key,
+}
+
+/// How the two units of a pair relate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Relation {
+    Equal,
+    Different,
 }
 
 impl ReducerKind {
@@ -1276,6 +1330,14 @@ impl ReducerKind {
             ReducerKind::CountBy { key } | ReducerKind::Join { key } => vec![key],
             ReducerKind::Histogram { value, .. } | ReducerKind::MinMax { value } => vec![value],
             ReducerKind::TopK { score, .. } => vec![score],
+            ReducerKind::Sum { value } | ReducerKind::Mean { value } => vec![value],
+            ReducerKind::Ratio { pointer, .. } => vec![pointer],
+            ReducerKind::GroupBy { key, reduce, .. } => {
+                let mut out = vec![key.as_str()];
+                out.extend(reduce.pointers());
+                out
+            }
+            ReducerKind::Pairs { key, value, .. } => vec![key, value],
         }
     }
 
@@ -1288,6 +1350,11 @@ impl ReducerKind {
             ReducerKind::MinMax { .. } => "min_max",
             ReducerKind::Join { .. } => "join",
             ReducerKind::TopK { .. } => "top_k",
+            ReducerKind::Sum { .. } => "sum",
+            ReducerKind::Mean { .. } => "mean",
+            ReducerKind::Ratio { .. } => "ratio",
+            ReducerKind::GroupBy { .. } => "group_by",
+            ReducerKind::Pairs { .. } => "pairs",
         }
     }
 }
@@ -1420,6 +1487,10 @@ fn check_reducer_fields(text: &str) -> Result<(), SpecParseError> {
             "histogram" => &["value", "edges"],
             "min_max" => &["value"],
             "top_k" => &["score", "k"],
+            "sum" | "mean" => &["value"],
+            "ratio" => &["pointer", "numerator", "denominator"],
+            "group_by" => &["key", "reduce", "order", "limit"],
+            "pairs" => &["key", "value", "relation", "limit"],
             _ => continue,
         };
         let common = ["name", "stage", "statuses", "type"];

@@ -212,6 +212,33 @@ pub fn markdown(report: &RunReport) -> String {
             );
         }
     }
+    if !a.aggregates.is_empty() {
+        let _ = writeln!(out, "\n## Aggregates{sim}\n");
+        for g in &a.aggregates {
+            let _ = writeln!(
+                out,
+                "- **{}** ({}): {}",
+                md_text(&g.name),
+                g.kind,
+                md_text(&g.stated.statement)
+            );
+            if g.stated.columns.is_empty() {
+                continue;
+            }
+            let cells = |row: &[String]| {
+                row.iter()
+                    .map(|c| md_text(c))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            };
+            let _ = writeln!(out, "\n  | {} |", cells(&g.stated.columns));
+            let _ = writeln!(out, "  |{}", "---|".repeat(g.stated.columns.len()));
+            for row in &g.stated.rows {
+                let _ = writeln!(out, "  | {} |", cells(row));
+            }
+            let _ = writeln!(out);
+        }
+    }
     for section in &report.sections {
         out.push_str(section);
     }

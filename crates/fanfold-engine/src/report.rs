@@ -35,6 +35,16 @@ pub struct AnswerItem {
     pub evidence: Vec<fanfold_core::Evidence>,
 }
 
+/// One reducer's value, as the answer states it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Aggregate {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(flatten)]
+    pub stated: fanfold_ops::fold::Stated,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Theme {
     pub key: String,
@@ -62,6 +72,9 @@ pub struct Answer {
     pub quality: Vec<String>,
     pub items: Vec<AnswerItem>,
     pub themes: Vec<Theme>,
+    /// What every other reducer of the fold says.
+    #[serde(default)]
+    pub aggregates: Vec<Aggregate>,
     pub statuses: StatusCounts,
     pub excluded: u64,
     pub stop: StopReason,

@@ -4,12 +4,13 @@
 //! `fan_in` children. A node's key is the hash of the fold definition and its
 //! children's keys, so a changed leaf changes exactly the keys on its path to
 //! the root and only that path is recomputed. Every reducer here is
-//! deterministic, associative and commutative: reordering or regrouping the
-//! leaves cannot change the root value (property-tested below).
+//! deterministic, associative and commutative (sums are kept in fixed
+//! point, so adding is exact): reordering or regrouping the leaves cannot
+//! change the root value (property-tested below).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use fanfold_core::spec::{FoldSpec, ReducerKind, ReducerSpec};
+use fanfold_core::spec::{FoldSpec, Order, ReducerKind, ReducerSpec, Relation};
 use fanfold_core::{Bucket, ContentHash, StableHash, StableHasher, Status, StatusCounts, UnitId};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -66,7 +67,40 @@ pub enum Agg {
         k: usize,
         items: Vec<(f64, UnitId, String)>,
     },
+    /// A sum and a mean: the count, the sum and the sum of squares, each
+    /// in fixed point (`FIXED` units to one) so that adding them is exact
+    /// and so associative; the units that fed them.
+    Moments {
+        n: u64,
+        sum: i128,
+        /// `None` once it no longer fits: the standard error is then
+        /// not given.
+        sum_sq: Option<i128>,
+        ids: BTreeSet<UnitId>,
+    },
+    /// A ratio: the units on each side.
+    Ratio {
+        numerator: BTreeSet<UnitId>,
+        denominator: BTreeSet<UnitId>,
+    },
+    /// One aggregate per group key.
+    GroupBy {
+        groups: BTreeMap<String, Agg>,
+    },
+    /// Every unit (and the stage whose fact it is) with its value at
+    /// `value`, by key: the pairs follow from them at the end
+    /// ([`pairs`]).
+    Pairs {
+        members: BTreeMap<String, BTreeMap<(UnitId, String), String>>,
+    },
 }
+
+/// Fixed-point units per one: sums are exact to 1e-9.
+pub const FIXED: f64 = 1e9;
+
+/// The largest magnitude a summed number may have: beyond it the fixed
+/// point could not hold the sum of its square.
+const MAX_SUMMED: f64 = 1e9;
 
 /// The value of a fold node: per-stage status counts (all six, always) and
 /// one aggregate per reducer, plus how many leaves lacked a reducer's value.
@@ -101,6 +135,22 @@ fn empty_agg(kind: &ReducerKind) -> Agg {
         ReducerKind::TopK { k, .. } => Agg::TopK {
             k: *k,
             items: Vec::new(),
+        },
+        ReducerKind::Sum { .. } | ReducerKind::Mean { .. } => Agg::Moments {
+            n: 0,
+            sum: 0,
+            sum_sq: Some(0),
+            ids: BTreeSet::new(),
+        },
+        ReducerKind::Ratio { .. } => Agg::Ratio {
+            numerator: BTreeSet::new(),
+            denominator: BTreeSet::new(),
+        },
+        ReducerKind::GroupBy { .. } => Agg::GroupBy {
+            groups: BTreeMap::new(),
+        },
+        ReducerKind::Pairs { .. } => Agg::Pairs {
+            members: BTreeMap::new(),
         },
     }
 }
@@ -186,6 +236,58 @@ impl Agg {
                 items.extend(i2.iter().cloned());
                 items.sort_by(rank);
                 items.truncate(*k);
+            }
+            (
+                Agg::Moments {
+                    n,
+                    sum,
+                    sum_sq,
+                    ids,
+                },
+                Agg::Moments {
+                    n: n2,
+                    sum: s2,
+                    sum_sq: q2,
+                    ids: i2,
+                },
+            ) => {
+                *n += n2;
+                *sum = sum.saturating_add(*s2);
+                // Squares are never negative: the total overflows in any
+                // order exactly when it overflows in one.
+                *sum_sq = sum_sq.zip(*q2).and_then(|(a, b)| a.checked_add(b));
+                ids.extend(i2.iter().cloned());
+            }
+            (
+                Agg::Ratio {
+                    numerator,
+                    denominator,
+                },
+                Agg::Ratio {
+                    numerator: n2,
+                    denominator: d2,
+                },
+            ) => {
+                numerator.extend(n2.iter().cloned());
+                denominator.extend(d2.iter().cloned());
+            }
+            (Agg::GroupBy { groups }, Agg::GroupBy { groups: g2 }) => {
+                for (k, agg) in g2 {
+                    match groups.get_mut(k) {
+                        Some(mine) => mine.merge(agg),
+                        None => {
+                            groups.insert(k.clone(), agg.clone());
+                        }
+                    }
+                }
+            }
+            (Agg::Pairs { members }, Agg::Pairs { members: m2 }) => {
+                for (k, units) in m2 {
+                    members
+                        .entry(k.clone())
+                        .or_default()
+                        .extend(units.iter().map(|(u, v)| (u.clone(), v.clone())));
+                }
             }
             // Reducers are built from one spec, so kinds always line up.
             _ => {}
@@ -322,9 +424,486 @@ fn apply(kind: &ReducerKind, agg: &mut Agg, leaf: &Leaf) -> bool {
                 items.push((x, id, leaf.stage.clone()));
             }
         }
+        (
+            ReducerKind::Sum { value } | ReducerKind::Mean { value },
+            Agg::Moments {
+                n,
+                sum,
+                sum_sq,
+                ids,
+            },
+        ) => {
+            let Some(x) = at(value)
+                .and_then(Value::as_f64)
+                .filter(|x| x.is_finite() && x.abs() <= MAX_SUMMED)
+            else {
+                return false;
+            };
+            let fixed = (x * FIXED).round() as i128;
+            *n += 1;
+            *sum = sum.saturating_add(fixed);
+            *sum_sq = sum_sq.and_then(|q| q.checked_add(fixed.saturating_mul(fixed)));
+            ids.insert(id);
+        }
+        (
+            ReducerKind::Ratio {
+                pointer,
+                numerator: num,
+                denominator: den,
+            },
+            Agg::Ratio {
+                numerator,
+                denominator,
+            },
+        ) => {
+            let Some(v) = at(pointer).map(as_key) else {
+                return false;
+            };
+            if num.contains(&v) {
+                numerator.insert(id);
+            } else if den.contains(&v) {
+                denominator.insert(id);
+            } else {
+                return false;
+            }
+        }
+        (ReducerKind::GroupBy { key, reduce, .. }, Agg::GroupBy { groups }) => {
+            let Some(k) = at(key).map(as_key) else {
+                return false;
+            };
+            // A group holds only what fed it: a leaf without the inner
+            // value opens no group.
+            if let Some(inner) = groups.get_mut(&k) {
+                return apply(reduce, inner, leaf);
+            }
+            let mut inner = empty_agg(reduce);
+            if !apply(reduce, &mut inner, leaf) {
+                return false;
+            }
+            groups.insert(k, inner);
+        }
+        (ReducerKind::Pairs { key, value, .. }, Agg::Pairs { members }) => {
+            let (Some(k), Some(v)) = (at(key).map(as_key), at(value).map(as_key)) else {
+                return false;
+            };
+            members
+                .entry(k)
+                .or_default()
+                .insert((id, leaf.stage.clone()), v);
+        }
         _ => return false,
     }
     true
+}
+
+/// A sum or mean as the answer states it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MomentsSummary {
+    pub n: u64,
+    pub sum: f64,
+    /// `None` over no facts.
+    pub mean: Option<f64>,
+    /// The standard error of the mean; `None` under two facts or when the
+    /// squares no longer fit.
+    pub standard_error: Option<f64>,
+}
+
+/// Summarizes the fixed-point moments.
+pub fn moments(n: u64, sum: i128, sum_sq: Option<i128>) -> MomentsSummary {
+    let total = sum as f64 / FIXED;
+    // One division of the exact sum: 0.1, 0.2 and 0.3 average to 0.2.
+    let mean = (n > 0).then(|| sum as f64 / (n as f64 * FIXED));
+    let standard_error = match (mean, sum_sq) {
+        (Some(m), Some(q)) if n >= 2 => {
+            let squares = q as f64 / (FIXED * FIXED);
+            let var = ((squares - n as f64 * m * m) / (n - 1) as f64).max(0.0);
+            Some((var / n as f64).sqrt())
+        }
+        _ => None,
+    };
+    MomentsSummary {
+        n,
+        sum: total,
+        mean,
+        standard_error,
+    }
+}
+
+/// The 95 % Wilson score interval of `k` successes in `n` trials.
+pub fn wilson(k: u64, n: u64) -> (f64, f64) {
+    if n == 0 {
+        return (0.0, 1.0);
+    }
+    let z = 1.959_963_984_540_054_f64;
+    let (k, n) = (k as f64, n as f64);
+    let p = k / n;
+    let z2 = z * z;
+    let centre = (p + z2 / (2.0 * n)) / (1.0 + z2 / n);
+    let half = z * ((p * (1.0 - p) + z2 / (4.0 * n)) / n).sqrt() / (1.0 + z2 / n);
+    ((centre - half).max(0.0), (centre + half).min(1.0))
+}
+
+impl Agg {
+    /// The one number an aggregate of `kind` states: what a `group_by`
+    /// orders its rows by. `None` for the kinds that state no one number.
+    pub fn number(&self, kind: &ReducerKind) -> Option<f64> {
+        match (kind, self) {
+            (_, Agg::Count { n }) => Some(*n as f64),
+            (ReducerKind::Sum { .. }, Agg::Moments { n, sum, sum_sq, .. }) => {
+                Some(moments(*n, *sum, *sum_sq).sum)
+            }
+            (ReducerKind::Mean { .. }, Agg::Moments { n, sum, sum_sq, .. }) => {
+                moments(*n, *sum, *sum_sq).mean
+            }
+            (
+                _,
+                Agg::Ratio {
+                    numerator,
+                    denominator,
+                },
+            ) => {
+                let all = numerator.len() + denominator.len();
+                (all > 0).then(|| numerator.len() as f64 / all as f64)
+            }
+            (_, Agg::CountBy { groups }) => {
+                Some(groups.values().map(|g| g.count).sum::<u64>() as f64)
+            }
+            (_, Agg::Set { items }) => Some(items.len() as f64),
+            _ => None,
+        }
+    }
+}
+
+/// The rows of a `group_by`, in its order and cut to its limit: each key
+/// with its aggregate and number.
+pub fn group_rows<'a>(
+    groups: &'a BTreeMap<String, Agg>,
+    reduce: &ReducerKind,
+    order: Order,
+    limit: Option<usize>,
+) -> Vec<(&'a str, &'a Agg, Option<f64>)> {
+    let mut rows: Vec<(&str, &Agg, Option<f64>)> = groups
+        .iter()
+        .map(|(k, a)| (k.as_str(), a, a.number(reduce)))
+        .collect();
+    if order != Order::Key {
+        // A row without a number goes last either way; ties by key.
+        rows.sort_by(|a, b| {
+            a.2.is_none()
+                .cmp(&b.2.is_none())
+                .then_with(|| match (a.2, b.2) {
+                    (Some(x), Some(y)) if order == Order::Asc => x.total_cmp(&y),
+                    (Some(x), Some(y)) => y.total_cmp(&x),
+                    _ => std::cmp::Ordering::Equal,
+                })
+                .then_with(|| a.0.cmp(b.0))
+        });
+    }
+    if let Some(n) = limit {
+        rows.truncate(n);
+    }
+    rows
+}
+
+/// One pair of units that share a key, each with the stage whose fact
+/// gave its value.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pair {
+    pub key: String,
+    pub a: UnitId,
+    pub a_stage: String,
+    pub a_value: String,
+    pub b: UnitId,
+    pub b_stage: String,
+    pub b_value: String,
+}
+
+/// The pairs `members` hold under `relation`: by key, then by the first
+/// unit's id, then the second's; the first `limit`, or all.
+pub fn pairs(
+    members: &BTreeMap<String, BTreeMap<(UnitId, String), String>>,
+    relation: Relation,
+    limit: Option<usize>,
+) -> Vec<Pair> {
+    let mut out = Vec::new();
+    for (key, units) in members {
+        let list: Vec<(&(UnitId, String), &String)> = units.iter().collect();
+        for (i, ((a, a_stage), av)) in list.iter().enumerate() {
+            for ((b, b_stage), bv) in list.iter().skip(i + 1) {
+                // Two stages' facts of one unit are not a pair.
+                if a == b {
+                    continue;
+                }
+                let holds = match relation {
+                    Relation::Equal => av == bv,
+                    Relation::Different => av != bv,
+                };
+                if !holds {
+                    continue;
+                }
+                if limit.is_some_and(|n| out.len() >= n) {
+                    return out;
+                }
+                out.push(Pair {
+                    key: key.clone(),
+                    a: a.clone(),
+                    a_stage: a_stage.clone(),
+                    a_value: (*av).clone(),
+                    b: b.clone(),
+                    b_stage: b_stage.clone(),
+                    b_value: (*bv).clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// What one reducer's aggregate says, as the answer shows it: a sentence
+/// and, where it has rows, a table of text cells.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stated {
+    pub statement: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub columns: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rows: Vec<Vec<String>>,
+}
+
+/// At most this many ids are listed in one cell.
+const LISTED: usize = 5;
+
+fn listed<'a>(ids: impl IntoIterator<Item = &'a UnitId>) -> String {
+    let all: Vec<&str> = ids.into_iter().map(|i| i.0.as_str()).collect();
+    let mut out = all
+        .iter()
+        .take(LISTED)
+        .map(|i| format!("#{i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if all.len() > LISTED {
+        out.push_str(&format!(" and {} more", all.len() - LISTED));
+    }
+    out
+}
+
+fn number(x: f64) -> String {
+    let r = (x * 1e4).round() / 1e4;
+    format!("{r}")
+}
+
+/// States the aggregate of a reducer of `kind`.
+pub fn state(kind: &ReducerKind, agg: &Agg) -> Stated {
+    let table = |statement: String, columns: &[&str], rows: Vec<Vec<String>>| Stated {
+        statement,
+        columns: columns.iter().map(|c| (*c).to_owned()).collect(),
+        rows,
+    };
+    match (kind, agg) {
+        (_, Agg::Count { n }) => table(format!("{n} facts"), &[], Vec::new()),
+        (_, Agg::CountBy { groups }) => {
+            let mut g: Vec<(&String, &Group)> = groups.iter().collect();
+            g.sort_by(|a, b| b.1.count.cmp(&a.1.count).then_with(|| a.0.cmp(b.0)));
+            table(
+                format!("{} groups", g.len()),
+                &["key", "facts", "units"],
+                g.into_iter()
+                    .map(|(k, g)| vec![k.clone(), g.count.to_string(), listed(&g.ids)])
+                    .collect(),
+            )
+        }
+        (_, Agg::Set { items }) => table(
+            format!("{} distinct values", items.len()),
+            &["value", "units"],
+            items
+                .iter()
+                .map(|(v, ids)| vec![v.clone(), listed(ids)])
+                .collect(),
+        ),
+        (_, Agg::Histogram { edges, counts }) => {
+            let bucket =
+                |i: usize| match (i.checked_sub(1).and_then(|j| edges.get(j)), edges.get(i)) {
+                    (None, Some(hi)) => format!("< {hi}"),
+                    (Some(lo), Some(hi)) => format!("{lo} to < {hi}"),
+                    (Some(lo), None) => format!("≥ {lo}"),
+                    (None, None) => "all".to_owned(),
+                };
+            table(
+                format!("{} values", counts.iter().sum::<u64>()),
+                &["bucket", "count"],
+                counts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| vec![bucket(i), c.to_string()])
+                    .collect(),
+            )
+        }
+        (_, Agg::MinMax { min, max }) => match (min, max) {
+            (Some((lo, a)), Some((hi, b))) => table(
+                format!(
+                    "from {} (#{}) to {} (#{})",
+                    number(*lo),
+                    a.0,
+                    number(*hi),
+                    b.0
+                ),
+                &[],
+                Vec::new(),
+            ),
+            _ => table("no values".into(), &[], Vec::new()),
+        },
+        (_, Agg::Join { keys }) => table(
+            format!("{} keys", keys.len()),
+            &["key", "units by stage"],
+            keys.iter()
+                .map(|(k, stages)| {
+                    let by: Vec<String> = stages
+                        .iter()
+                        .map(|(s, ids)| format!("{s}: {}", listed(ids)))
+                        .collect();
+                    vec![k.clone(), by.join("; ")]
+                })
+                .collect(),
+        ),
+        (_, Agg::TopK { items, .. }) => table(
+            format!("the {} highest", items.len()),
+            &["rank", "unit", "score"],
+            items
+                .iter()
+                .enumerate()
+                .map(|(n, (x, id, _))| vec![(n + 1).to_string(), format!("#{}", id.0), number(*x)])
+                .collect(),
+        ),
+        (
+            ReducerKind::Mean { .. },
+            Agg::Moments {
+                n,
+                sum,
+                sum_sq,
+                ids,
+            },
+        ) => {
+            let m = moments(*n, *sum, *sum_sq);
+            let statement = match (m.mean, m.standard_error) {
+                (Some(mean), Some(se)) => format!(
+                    "mean {} ± {} (standard error) over {n} facts: {}",
+                    number(mean),
+                    number(se),
+                    listed(ids)
+                ),
+                (Some(mean), None) => {
+                    format!("mean {} over {n} facts: {}", number(mean), listed(ids))
+                }
+                (None, _) => "no values".to_owned(),
+            };
+            table(statement, &[], Vec::new())
+        }
+        (
+            _,
+            Agg::Moments {
+                n,
+                sum,
+                sum_sq,
+                ids,
+            },
+        ) => table(
+            format!(
+                "sum {} over {n} facts: {}",
+                number(moments(*n, *sum, *sum_sq).sum),
+                listed(ids)
+            ),
+            &[],
+            Vec::new(),
+        ),
+        (
+            _,
+            Agg::Ratio {
+                numerator,
+                denominator,
+            },
+        ) => {
+            let k = numerator.len() as u64;
+            let all = k + denominator.len() as u64;
+            let (lo, hi) = wilson(k, all);
+            let statement = if all == 0 {
+                "no values on either side".to_owned()
+            } else {
+                format!(
+                    "{} ({k} of {all}; 95 % Wilson interval {} to {})",
+                    number(k as f64 / all as f64),
+                    number(lo),
+                    number(hi)
+                )
+            };
+            table(statement, &[], Vec::new())
+        }
+        (
+            ReducerKind::GroupBy {
+                reduce,
+                order,
+                limit,
+                ..
+            },
+            Agg::GroupBy { groups },
+        ) => {
+            let rows = group_rows(groups, reduce, *order, *limit);
+            table(
+                format!(
+                    "{} of {} groups, by {} ({})",
+                    rows.len(),
+                    groups.len(),
+                    reduce.type_name(),
+                    match order {
+                        Order::Desc => "largest first",
+                        Order::Asc => "smallest first",
+                        Order::Key => "by key",
+                    }
+                ),
+                &["key", reduce.type_name(), "stated"],
+                rows.into_iter()
+                    .map(|(k, a, x)| {
+                        vec![
+                            k.to_owned(),
+                            x.map(number).unwrap_or_else(|| "-".into()),
+                            state(reduce, a).statement,
+                        ]
+                    })
+                    .collect(),
+            )
+        }
+        (
+            ReducerKind::Pairs {
+                relation, limit, ..
+            },
+            Agg::Pairs { members },
+        ) => {
+            let found = pairs(members, *relation, *limit);
+            table(
+                format!(
+                    "{} pairs{}",
+                    found.len(),
+                    match limit {
+                        Some(n) if found.len() >= *n => format!(" (the first {n})"),
+                        _ => String::new(),
+                    }
+                ),
+                &["key", "unit", "value", "unit", "value"],
+                found
+                    .into_iter()
+                    .map(|p| {
+                        vec![
+                            p.key,
+                            format!("#{}", p.a.0),
+                            p.a_value,
+                            format!("#{}", p.b.0),
+                            p.b_value,
+                        ]
+                    })
+                    .collect(),
+            )
+        }
+        _ => Stated::default(),
+    }
 }
 
 /// Where fold nodes are cached between runs.
@@ -584,6 +1163,46 @@ mod tests {
                     statuses: Some(Status::ALL.to_vec()),
                     kind: ReducerKind::Count,
                 },
+                r(
+                    "total",
+                    ReducerKind::Sum {
+                        value: "/score".into(),
+                    },
+                ),
+                r(
+                    "mean",
+                    ReducerKind::Mean {
+                        value: "/score".into(),
+                    },
+                ),
+                r(
+                    "share_x",
+                    ReducerKind::Ratio {
+                        pointer: "/cause".into(),
+                        numerator: vec!["x".into()],
+                        denominator: vec!["y".into(), "z".into()],
+                    },
+                ),
+                r(
+                    "mean_by_cause",
+                    ReducerKind::GroupBy {
+                        key: "/cause".into(),
+                        reduce: Box::new(ReducerKind::Mean {
+                            value: "/score".into(),
+                        }),
+                        order: Order::Desc,
+                        limit: Some(2),
+                    },
+                ),
+                r(
+                    "opposite",
+                    ReducerKind::Pairs {
+                        key: "/cause".into(),
+                        value: "/score".into(),
+                        relation: Relation::Different,
+                        limit: Some(5),
+                    },
+                ),
             ],
         }
     }
@@ -631,6 +1250,142 @@ mod tests {
             let regrouped = fold_tree(&spec(fan_b), &shuffled, &mut NoCache).root;
             prop_assert_eq!(&regrouped, &flat);
         }
+    }
+
+    fn scored(id: &str, film: &str, score: f64, sentiment: &str) -> Leaf {
+        Leaf {
+            unit_id: UnitId(id.into()),
+            stage: "a".into(),
+            status: Status::Positive,
+            facts: json!({"film": film, "score": score, "sentiment": sentiment}),
+        }
+    }
+
+    #[test]
+    fn a_mean_is_exact_and_states_its_count_and_standard_error() {
+        let spec = FoldSpec {
+            fan_in: 2,
+            reducers: vec![ReducerSpec {
+                name: "m".into(),
+                stage: None,
+                statuses: None,
+                kind: ReducerKind::Mean {
+                    value: "/score".into(),
+                },
+            }],
+        };
+        // 0.1 + 0.2 is not 0.3 in floating point; in fixed point it is.
+        let leaves = [
+            scored("1", "a", 0.1, "pos"),
+            scored("2", "a", 0.2, "pos"),
+            scored("3", "a", 0.3, "neg"),
+        ];
+        let root = fold_flat(&spec, &leaves);
+        let Some(Agg::Moments {
+            n,
+            sum,
+            sum_sq,
+            ids,
+        }) = root.reducers.get("m")
+        else {
+            panic!("{root:?}");
+        };
+        assert_eq!(*n, 3);
+        assert_eq!(*sum, 600_000_000);
+        assert_eq!(ids.len(), 3);
+        let m = moments(*n, *sum, *sum_sq);
+        assert_eq!(m.mean, Some(0.2));
+        // The sample standard deviation of 0.1, 0.2, 0.3 is 0.1.
+        let se = m.standard_error.expect("three facts");
+        assert!((se - 0.1 / 3f64.sqrt()).abs() < 1e-12, "{se}");
+    }
+
+    #[test]
+    fn groups_rank_by_their_number_and_pairs_come_in_a_stable_order() {
+        let mean = ReducerKind::Mean {
+            value: "/score".into(),
+        };
+        let spec = FoldSpec {
+            fan_in: 3,
+            reducers: vec![
+                ReducerSpec {
+                    name: "by_film".into(),
+                    stage: None,
+                    statuses: None,
+                    kind: ReducerKind::GroupBy {
+                        key: "/film".into(),
+                        reduce: Box::new(mean.clone()),
+                        order: Order::Desc,
+                        limit: Some(2),
+                    },
+                },
+                ReducerSpec {
+                    name: "opposite".into(),
+                    stage: None,
+                    statuses: None,
+                    kind: ReducerKind::Pairs {
+                        key: "/film".into(),
+                        value: "/sentiment".into(),
+                        relation: Relation::Different,
+                        limit: None,
+                    },
+                },
+                ReducerSpec {
+                    name: "share".into(),
+                    stage: None,
+                    statuses: None,
+                    kind: ReducerKind::Ratio {
+                        pointer: "/sentiment".into(),
+                        numerator: vec!["pos".into()],
+                        denominator: vec!["neg".into()],
+                    },
+                },
+            ],
+        };
+        let leaves = [
+            scored("1", "alien", 5.0, "pos"),
+            scored("2", "alien", 1.0, "neg"),
+            scored("3", "brazil", 4.0, "pos"),
+            scored("4", "brazil", 4.0, "pos"),
+            scored("5", "cube", 2.0, "neg"),
+            scored("6", "alien", 4.0, "pos"),
+        ];
+        let root = fold_tree(&spec, &leaves, &mut NoCache).root;
+        let Some(Agg::GroupBy { groups }) = root.reducers.get("by_film") else {
+            panic!("{root:?}");
+        };
+        let rows = group_rows(groups, &mean, Order::Desc, Some(2));
+        let ranked: Vec<(&str, Option<f64>)> = rows.iter().map(|r| (r.0, r.2)).collect();
+        assert_eq!(ranked, [("brazil", Some(4.0)), ("alien", Some(10.0 / 3.0))]);
+        let asc = group_rows(groups, &mean, Order::Asc, None);
+        assert_eq!(asc.first().map(|r| r.0), Some("cube"));
+        let Some(Agg::Pairs { members }) = root.reducers.get("opposite") else {
+            panic!("{root:?}");
+        };
+        let found: Vec<(String, String)> = pairs(members, Relation::Different, None)
+            .into_iter()
+            .map(|p| (p.a.0, p.b.0))
+            .collect();
+        // Alien's negative review against each positive one; brazil agrees.
+        assert_eq!(found, [("1".into(), "2".into()), ("2".into(), "6".into())]);
+        assert_eq!(pairs(members, Relation::Equal, Some(1)).len(), 1);
+        let Some(
+            share @ Agg::Ratio {
+                numerator,
+                denominator,
+            },
+        ) = root.reducers.get("share")
+        else {
+            panic!("{root:?}");
+        };
+        assert_eq!((numerator.len(), denominator.len()), (4, 2));
+        let kind = &spec.reducers[2].kind;
+        assert_eq!(share.number(kind), Some(4.0 / 6.0));
+        let (lo, hi) = wilson(4, 6);
+        assert!(
+            lo < 4.0 / 6.0 && 4.0 / 6.0 < hi && lo > 0.2 && hi < 0.95,
+            "{lo} {hi}"
+        );
     }
 
     #[derive(Default)]

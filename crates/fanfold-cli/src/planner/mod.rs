@@ -369,8 +369,8 @@ fn table(
     let k = k.max(1);
     let _ = writeln!(
         out,
-        "Stage `{stage}`: {:?} ≥ {} with probability ≥ {}; {k} candidates, each tested at delta {:.4} (the declared {} split over them).\n",
-        declared.target,
+        "Stage `{stage}`: {} ≥ {} with probability ≥ {}; {k} candidates, each tested at delta {:.4} (the declared {} split over them).\n",
+        strategies::metric_name(declared.target),
         declared.at_least,
         1.0 - declared.delta,
         declared.delta / k as f64,

@@ -423,10 +423,18 @@ pub(super) fn measure(
     let scale = sample.population as f64 / sample.ids.len().max(1) as f64;
     // What the strategy costs from an empty store: every fact keeps the
     // cost of the call that made it (a context's call on its first
-    // member), so facts another strategy paid for still count here.
-    let mut cost = fanfold_core::Cost::default();
+    // member), so facts another strategy paid for still count here. Units
+    // that share a view share its fact: it is counted once.
+    let mut paid: HashMap<ContentHash, &fanfold_core::Cost> = HashMap::new();
     for f in &report.facts {
-        cost.add(&f.cost);
+        let e = paid.entry(f.key).or_insert(&f.cost);
+        if f.cost.calls > e.calls {
+            *e = &f.cost;
+        }
+    }
+    let mut cost = fanfold_core::Cost::default();
+    for c in paid.values() {
+        cost.add(c);
     }
     let sample_tokens = cost.prompt_tokens + cost.completion_tokens;
     let mut m = Measured {
@@ -472,7 +480,7 @@ pub(super) fn table(
     let positives = sample.labels.values().filter(|l| **l == Some(true)).count();
     let _ = writeln!(
         out,
-        "\nWhole-run strategies, each run on a seeded sample of {} of the {} units the prefilter keeps ({labelled} labelled by the oracle, {positives} positive{}). Each is bounded at delta {delta:.4}, exactly for sampling without replacement, and held to {:?} ≥ {} on both recall and precision (accuracy alone for an accuracy target); its cost is the sample's, scaled to the population.\n",
+        "\nWhole-run strategies, each run on a seeded sample of {} of the {} units the prefilter keeps ({labelled} labelled by the oracle, {positives} positive{}). Each is bounded at delta {delta:.4}, exactly for sampling without replacement, and held to {} ≥ {} on both recall and precision (accuracy alone for an accuracy target). Its cost is the sample's from an empty store, scaled linearly to the population (units that share a view share a call, so a per-unit strategy's estimate can run high).\n",
         sample.ids.len(),
         sample.population,
         if sample.oracle_calls > 0 {
@@ -480,13 +488,13 @@ pub(super) fn table(
         } else {
             String::new()
         },
-        declared.target,
+        metric_name(declared.target),
         declared.at_least,
     );
     let _ = writeln!(
         out,
-        "| strategy | meets | {:?} on the sample | positives found | kept | recall ≥ | precision ≥ | accuracy ≥ | model calls on the sample | model calls for all (est.) | tokens for all (est.) | wall s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        declared.target
+        "| strategy | meets | {} on the sample | positives found | kept | recall ≥ | precision ≥ | accuracy ≥ | model calls on the sample | model calls for all (est.) | tokens for all (est.) | wall s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        metric_name(declared.target)
     );
     for (i, m) in runs.iter().enumerate() {
         let _ = writeln!(
@@ -518,4 +526,12 @@ pub(super) fn table(
         let _ = writeln!(out, "\nNot measured: {}.", skipped.join("; "));
     }
     out
+}
+
+pub(super) fn metric_name(m: QualityMetric) -> &'static str {
+    match m {
+        QualityMetric::Recall => "recall",
+        QualityMetric::Precision => "precision",
+        QualityMetric::Accuracy => "accuracy",
+    }
 }

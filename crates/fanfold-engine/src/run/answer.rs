@@ -11,12 +11,13 @@ use fanfold_ops::map::field_text;
 use fanfold_ops::partition::Coverage;
 
 use super::route::UnitTable;
-use crate::report::{AnswerItem, Theme};
+use crate::report::{Aggregate, AnswerItem, Theme};
 
 /// The answer's items, themes and, for a threshold, whether it was reached.
 pub struct Answered {
     pub items: Vec<AnswerItem>,
     pub themes: Vec<Theme>,
+    pub aggregates: Vec<Aggregate>,
     pub reached: Option<bool>,
 }
 
@@ -66,8 +67,33 @@ pub fn answer(
     Answered {
         items,
         themes,
+        aggregates: aggregates(spec, root),
         reached,
     }
+}
+
+/// Every reducer the answer's items and themes do not already show,
+/// stated in the spec's order.
+fn aggregates(spec: &Spec, root: &FoldValue) -> Vec<Aggregate> {
+    let shown: Vec<&str> = match &spec.contract {
+        ContractSpec::Exhaustive { answer, themes, .. } => std::iter::once(answer.as_str())
+            .chain(themes.as_deref())
+            .collect(),
+        _ => Vec::new(),
+    };
+    spec.fold
+        .reducers
+        .iter()
+        .filter(|r| !shown.contains(&r.name.as_str()))
+        .filter_map(|r| {
+            let agg = root.reducers.get(&r.name)?;
+            Some(Aggregate {
+                name: r.name.clone(),
+                kind: r.kind.type_name().to_owned(),
+                stated: fanfold_ops::fold::state(&r.kind, agg),
+            })
+        })
+        .collect()
 }
 
 /// Why the answer is not the whole answer the contract asks for; empty

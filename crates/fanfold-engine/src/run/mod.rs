@@ -427,6 +427,7 @@ fn run_begun(
         quality,
         items: answered.items,
         themes: answered.themes,
+        aggregates: answered.aggregates,
         statuses,
         excluded,
         stop: stop.clone(),
