@@ -15,6 +15,8 @@ use fanfold_ops::jq::{JqProgram, Site, to_val};
 use fanfold_ops::map::MapStage;
 use fanfold_ops::view::{INPUT_BUCKET, Projector};
 use fanfold_store::Store;
+
+use super::map_cascade::Scorer;
 use serde_json::Value;
 
 use crate::batches::StoreLedger;
@@ -158,11 +160,24 @@ impl MapRunner {
             detail: e.to_string(),
         })?;
         let mut runner = MapRunner::from_parts(s, rubric, schema, schema_text, ctx)?;
-        runner.cascade = s
-            .cascade
-            .as_ref()
-            .map(|c| super::map_cascade::CascadeRun::build(s, c, ctx))
-            .transpose()?;
+        runner.cascade = match &s.cascade {
+            Some(c) => {
+                // A map stage as the proxy scores the cascade's units
+                // through its own model turn.
+                let scorer: Option<Box<dyn Scorer>> =
+                    match ctx.spec.stages.iter().find(|d| d.name() == c.proxy) {
+                        Some(fanfold_core::spec::StageSpec::Map(m))
+                            if m.name != s.name && m.cascade.is_none() && c.features.is_none() =>
+                        {
+                            let m = m.clone();
+                            Some(Box::new(MapRunner::build(&m, ctx)?))
+                        }
+                        _ => None,
+                    };
+                Some(super::map_cascade::CascadeRun::build(s, c, ctx, scorer)?)
+            }
+            None => None,
+        };
         Ok(runner)
     }
 
@@ -267,6 +282,24 @@ pub fn model_params(info: &BackendInfo, stage: &MapStage) -> ModelParams {
 impl super::Kind for fanfold_core::spec::MapStageSpec {
     fn build(&self, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Stage>, PlanError> {
         Ok(Box::new(MapRunner::build(self, ctx)?))
+    }
+}
+
+impl Scorer for MapRunner {
+    fn stage_name(&self) -> &str {
+        self.stage.name()
+    }
+
+    fn positive(&self) -> &[String] {
+        &self.stage.spec.decision.positive
+    }
+
+    fn score(&self, ctx: &mut StageContext<'_>, units: Vec<usize>) -> Result<StageOutcome, RunError> {
+        let views = UnitViews {
+            projector: self.projector()?,
+            table: ctx.table,
+        };
+        self.run_views(ctx, units, &views)
     }
 }
 

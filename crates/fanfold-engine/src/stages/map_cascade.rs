@@ -56,7 +56,19 @@ pub(crate) struct CascadeRun {
     features: Option<Box<super::embed::EmbedRunner>>,
     /// With a map stage as the proxy: that stage, whose scored decisions
     /// give each unit its probability of being positive.
-    scorer: Option<Box<super::map::MapRunner>>,
+    scorer: Option<Box<dyn Scorer>>,
+}
+
+/// A map stage that is a cascade's proxy: its model turn over units, and
+/// the decision values that count as positive.
+pub(crate) trait Scorer: Send + Sync {
+    fn stage_name(&self) -> &str;
+    fn positive(&self) -> &[String];
+    fn score(
+        &self,
+        ctx: &mut StageContext<'_>,
+        units: Vec<usize>,
+    ) -> Result<StageOutcome, RunError>;
 }
 
 /// The file a run lists the labels it waits for in.
@@ -159,10 +171,12 @@ fn metric(m: QualityMetric) -> Metric {
 }
 
 impl CascadeRun {
+    /// `scorer` is the proxy's model turn when the proxy is a map stage.
     pub(crate) fn build(
         s: &MapStageSpec,
         c: &CascadeSpec,
         ctx: &mut BuildContext<'_>,
+        scorer: Option<Box<dyn Scorer>>,
     ) -> Result<CascadeRun, PlanError> {
         let stage = &s.name;
         let invalid = |ctx: &BuildContext<'_>, what: String| {
@@ -243,7 +257,7 @@ impl CascadeRun {
                         ),
                     ));
                 }
-                Some(Box::new(super::map::MapRunner::build(m, ctx)?))
+                scorer
             }
             _ => None,
         };
@@ -822,18 +836,14 @@ impl CascadeRun {
         let Some(scorer) = &self.scorer else {
             return Ok((vec![0.5; units.len()], StageOutcome::default()));
         };
-        let views = super::map::UnitViews {
-            projector: scorer.projector()?,
-            table: ctx.table,
-        };
-        let turn = scorer.run_views(ctx, units.to_vec(), &views)?;
+        let turn = scorer.score(ctx, units.to_vec())?;
         let by_unit = ctx
             .ledger
-            .positive_probabilities(scorer.stage.name(), &scorer.stage.spec.decision.positive);
+            .positive_probabilities(scorer.stage_name(), scorer.positive());
         let unscored = units.iter().filter(|i| !by_unit.contains_key(i)).count();
         if unscored > 0 {
             tracing::warn!(
-                proxy = scorer.stage.name(),
+                proxy = scorer.stage_name(),
                 unscored,
                 "units the proxy could not score are given 0.5"
             );
