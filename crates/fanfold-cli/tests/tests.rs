@@ -5176,6 +5176,37 @@ fn a_plan_chooses_the_proxy_that_meets_the_target_cheapest() {
     );
 }
 
+/// A backend oracle that cannot decide some of the units it is asked
+/// about gives no labels for them: the target is unmet, said at the top
+/// of the answer and in the exit code, never "holds".
+#[test]
+fn an_oracle_that_fails_leaves_the_target_unmet() {
+    let f = cascade_fixture(
+        r#"{ proxy = "lex", target = "recall", at_least = 0.7, delta = 0.2, label_budget = 300 }"#,
+    );
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    let failing: Vec<String> = (0..1000).map(|i| format!("\"{i}\"")).collect();
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replacen(
+            "script = \"judge.jq\"",
+            &format!(
+                "script = \"judge.jq\"\nfaults = [{{ kind = \"error\", units = [{}] }}]",
+                failing.join(", ")
+            ),
+            1,
+        ),
+    )
+    .expect("spec");
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let r = &f.certificate()["stats"]["cascades"]["judge"];
+    assert_eq!(r["met"], false, "{r}");
+    assert!(r["unlabelled"].as_u64().unwrap() > 0, "{r}");
+    let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
+    assert!(md.contains("is UNMET"), "{md}");
+}
+
 /// A cascade whose proxy is a cheap map stage's scored choice: its
 /// probability of a positive decision ranks the units. The cascade runs
 /// the cheap stage over its units (no unit is routed to it), and the

@@ -689,6 +689,12 @@ impl CascadeRun {
                 if !left.is_empty() {
                     merge(&mut outcome, judge(ctx, left)?);
                 }
+                // A unit the backend was asked about and could not decide
+                // (an error, an abstention) is not a label the proof or
+                // the answer may count on: the target is then unmet.
+                unlabelled += (0..units.len())
+                    .filter(|&p| self.label(ctx, &name, &units, &stored, p).is_none())
+                    .count();
             }
             Some(f) => {
                 for &i in &left {
@@ -1020,7 +1026,7 @@ pub(crate) fn shortfalls(stats: &RunStats, stage: &str) -> Vec<String> {
             r.target, r.unlabelled, r.wanted
         )],
         Some(r) if !r.met => vec![format!(
-            "stage `{stage}`'s quality target ({}) is unmet: {} units the cascade left to the oracle have no label",
+            "stage `{stage}`'s quality target ({}) is unmet: {} units the cascade needed the oracle for have no label (none given, or the oracle could not decide them)",
             r.target, r.unlabelled
         )],
         _ => Vec::new(),
