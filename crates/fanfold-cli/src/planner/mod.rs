@@ -298,6 +298,21 @@ fn planned_stage(spec: &Spec, named: Option<&str>) -> Result<(String, CascadeSpe
     }
 }
 
+/// The BM25 and embed stages declared before `stage`: each scores the
+/// units, so each can be a proxy or a strategy alone.
+fn rungs_before<'a>(spec: &'a Spec, stage: &str) -> impl Iterator<Item = &'a str> {
+    let before = spec
+        .stages
+        .iter()
+        .position(|s| s.name() == stage)
+        .unwrap_or(0);
+    spec.stages
+        .iter()
+        .take(before)
+        .filter(|s| matches!(s, StageSpec::Bm25(_) | StageSpec::Embed(_)))
+        .map(StageSpec::name)
+}
+
 /// The proxies a cascade can use: the declared one, every scoring stage
 /// declared before the stage, every map stage whose decisions are scored,
 /// and a proxy trained on each embed stage.
@@ -309,15 +324,8 @@ fn candidates(spec: &Spec, stage: &str, declared: &CascadeSpec) -> Vec<CascadeCh
         delta: declared.delta,
     };
     let mut out = vec![choice(&declared.proxy, declared.features.as_deref())];
-    let before = spec
-        .stages
-        .iter()
-        .position(|s| s.name() == stage)
-        .unwrap_or(0);
-    for s in spec.stages.iter().take(before) {
-        if matches!(s, StageSpec::Bm25(_) | StageSpec::Embed(_)) {
-            out.push(choice(s.name(), None));
-        }
+    for rung in rungs_before(spec, stage) {
+        out.push(choice(rung, None));
     }
     // A map stage whose decisions are scored proxies wherever it is
     // declared: the cascade runs it.

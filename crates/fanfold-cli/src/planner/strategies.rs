@@ -61,15 +61,8 @@ pub(super) fn candidates(
     }
     let mut out = Vec::new();
     let mut skipped = Vec::new();
-    let before = spec
-        .stages
-        .iter()
-        .position(|s| s.name() == stage)
-        .unwrap_or(0);
-    for s in spec.stages.iter().take(before) {
-        if matches!(s, StageSpec::Bm25(_) | StageSpec::Embed(_)) {
-            out.push(choice("embed", Some(s.name())));
-        }
+    for rung in super::rungs_before(spec, stage) {
+        out.push(choice("embed", Some(rung)));
     }
     if oracle_is_backend(declared) {
         skipped.push(
@@ -78,7 +71,7 @@ pub(super) fn candidates(
     } else {
         out.push(choice("micro", None));
     }
-    if before > 0 {
+    if spec.stages.first().is_some_and(|s| s.name() != stage) {
         out.push(choice("adaptive", None));
     }
     if spec_dir.join(CHUNK_RUBRIC).is_file() {
