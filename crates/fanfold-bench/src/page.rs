@@ -237,12 +237,43 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
         let _ = writeln!(md, "**{}**\n", md_text(&t));
         let _ = writeln!(h, "<div class=\"banner {class} quality\">{}</div>", esc(&t));
     }
-    let _ = writeln!(md, "## Answer: {} items\n", a.items.len());
-    let _ = writeln!(
-        h,
-        "<h2>Answer: {} items</h2>\n<ol id=\"answer\">",
-        a.items.len()
-    );
+    // Every unit the page cites gets a section further down.
+    let cited: BTreeSet<&str> = a
+        .items
+        .iter()
+        .map(|i| i.unit_id.as_str())
+        .chain(
+            a.themes
+                .iter()
+                .flat_map(|t| t.ids.iter().map(|i| i.as_str())),
+        )
+        .collect();
+    match &a.stated {
+        Some(g) => {
+            let _ = writeln!(md, "## Answer: {}\n", md_text(&g.stated.statement));
+            md.push_str(&aggregate_md(g));
+            let _ = writeln!(
+                h,
+                "<h2>Answer: {}</h2>\n<div id=\"stated\">{}</div>",
+                esc(&g.stated.statement),
+                aggregate_html(g, &cited)
+            );
+            let _ = writeln!(md, "\n### Cited: {} units\n", a.items.len());
+            let _ = writeln!(
+                h,
+                "<h3>Cited: {} units</h3>\n<ol id=\"answer\">",
+                a.items.len()
+            );
+        }
+        None => {
+            let _ = writeln!(md, "## Answer: {} items\n", a.items.len());
+            let _ = writeln!(
+                h,
+                "<h2>Answer: {} items</h2>\n<ol id=\"answer\">",
+                a.items.len()
+            );
+        }
+    }
     for item in &a.items {
         let id = item.unit_id.as_str();
         let title = item.title.as_deref().unwrap_or("");
@@ -308,6 +339,29 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
         }
         h.push_str("</table>\n");
     }
+    if !a.aggregates.is_empty() {
+        let _ = writeln!(md, "\n## Aggregates\n");
+        let _ = writeln!(h, "<h2>Aggregates</h2>\n<div id=\"aggregates\">");
+        for g in &a.aggregates {
+            let _ = writeln!(
+                md,
+                "- **{}** ({}): {}",
+                md_text(&g.name),
+                g.kind,
+                md_text(&g.stated.statement)
+            );
+            md.push_str(&aggregate_md(g));
+            let _ = writeln!(
+                h,
+                "<h3>{} <span class=\"meta\">({})</span></h3><p>{}</p>{}",
+                esc(&g.name),
+                esc(&g.kind),
+                esc(&g.stated.statement),
+                aggregate_html(g, &cited)
+            );
+        }
+        h.push_str("</div>\n");
+    }
 
     let cov = &c.coverage;
     let caption = format!(
@@ -340,17 +394,7 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
         &caption,
     ));
 
-    // Every unit the page cites gets a section, with what each stage said.
-    let cited: BTreeSet<&str> = a
-        .items
-        .iter()
-        .map(|i| i.unit_id.as_str())
-        .chain(
-            a.themes
-                .iter()
-                .flat_map(|t| t.ids.iter().map(|i| i.as_str())),
-        )
-        .collect();
+    // Every cited unit's section, with what each stage said.
     let mut by_unit: BTreeMap<&str, Vec<&FactRecord>> = BTreeMap::new();
     for f in &out.facts {
         if let Some(id) = f.source_ids.first()
@@ -409,6 +453,58 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
         h.push_str("</section>\n");
     }
     (md, page(&title, &h))
+}
+
+/// An aggregate's rows as a Markdown table; nothing when it has none.
+fn aggregate_md(g: &fanfold_engine::report::Aggregate) -> String {
+    let mut md = String::new();
+    if g.stated.columns.is_empty() {
+        return md;
+    }
+    let cells = |row: &[String]| {
+        row.iter()
+            .map(|c| md_text(c))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    let _ = writeln!(md, "\n| {} |", cells(&g.stated.columns));
+    let _ = writeln!(md, "|{}", "---|".repeat(g.stated.columns.len()));
+    for row in &g.stated.rows {
+        let _ = writeln!(md, "| {} |", cells(row));
+    }
+    md
+}
+
+/// An aggregate's rows as an HTML table; a cell naming a unit the page
+/// cites (`#id`) links to its section.
+fn aggregate_html(g: &fanfold_engine::report::Aggregate, cited: &BTreeSet<&str>) -> String {
+    if g.stated.columns.is_empty() {
+        return String::new();
+    }
+    let mut h = String::from("<table class=\"aggregate\"><tr>");
+    for c in &g.stated.columns {
+        let _ = write!(h, "<th>{}</th>", esc(c));
+    }
+    h.push_str("</tr>\n");
+    for row in &g.stated.rows {
+        h.push_str("<tr>");
+        for cell in row {
+            let linked = cell
+                .strip_prefix('#')
+                .filter(|id| cited.contains(id))
+                .map(|id| {
+                    format!(
+                        "<a class=\"cite\" href=\"#{}\">{}</a>",
+                        anchor(id),
+                        esc(cell)
+                    )
+                });
+            let _ = write!(h, "<td>{}</td>", linked.unwrap_or_else(|| esc(cell)));
+        }
+        h.push_str("</tr>\n");
+    }
+    h.push_str("</table>\n");
+    h
 }
 
 /// A scatter of held-out F1 against one cost, the frontier joined.

@@ -5900,3 +5900,149 @@ fn ids_people_cannot_read_as_stored_are_rejected_not_shown() {
     let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
     assert!(!md.contains('\u{202E}') && !md.contains('\u{0}'), "{md}");
 }
+
+/// A contract may name any reducer as its answer: here each film's mean
+/// score, keyed by a field of the unit that no fact holds, stated first in
+/// answer.md and answer.json and citing the units it rests on. Verify
+/// recomputes the numbers from the facts, so a fold node altered in the
+/// store fails the run.
+#[test]
+fn a_grouped_mean_keyed_by_a_unit_field_is_the_answer_and_verify_recomputes_it() {
+    let reducers = r#"
+[[fold.reducers]]
+name = "by_film"
+type = "group_by"
+key = "unit:/film"
+reduce = { type = "mean", value = "/score" }
+statuses = ["positive", "negative"]
+
+[[fold.reducers]]
+name = "far_apart"
+type = "pairs"
+key = "unit:/film"
+value = "/score"
+relation = { jq = "(.a - .b) | fabs >= 3" }
+statuses = ["positive", "negative"]
+
+[[fold.reducers]]
+name = "best_two"
+type = "set"
+order_by = "/score"
+limit = 2
+statuses = ["positive", "negative"]
+
+[contract]
+type = "exhaustive"
+answer = "by_film"
+"#;
+    let f = Fixture::new(JSON_ARRAY, "");
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    let spec = spec
+        .replace(
+            "[[fold.reducers]]\nname = \"flagged\"\ntype = \"set\"\n",
+            reducers,
+        )
+        .split("\n[contract]\ntype = \"exhaustive\"\nanswer = \"flagged\"\n")
+        .collect::<String>();
+    std::fs::write(f.path("spec.toml"), spec).expect("spec");
+    std::fs::write(
+        f.path("judge.jq"),
+        r#"{decision: (if .stars >= 3 then "yes" else "no" end), score: .stars}"#,
+    )
+    .expect("judge");
+    let rows = serde_json::json!([
+        {"id": 1, "film": "alien", "stars": 5},
+        {"id": 2, "film": "alien", "stars": 1},
+        {"id": 3, "film": "brazil", "stars": 4},
+        {"id": 4, "film": "brazil", "stars": 4},
+        {"id": 5, "film": "cube", "stars": 2},
+        {"id": 6, "film": "alien", "stars": 3}
+    ]);
+    f.input(rows.to_string().as_bytes());
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let answer: Value =
+        serde_json::from_str(&std::fs::read_to_string(f.path("out/answer.json")).expect("answer"))
+            .expect("json");
+    let stated = &answer["stated"];
+    assert_eq!(stated["name"], "by_film", "{answer}");
+    assert_eq!(
+        stated["statement"], "3 of 3 groups, by mean (largest first)",
+        "{stated}"
+    );
+    let firsts: Vec<(&str, &str)> = stated["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| (r[0].as_str().unwrap_or(""), r[1].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(firsts, [("brazil", "4"), ("alien", "3"), ("cube", "2")]);
+    // The items are the units the statement rests on: every review.
+    let items: Vec<&str> = answer["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|i| i["unit_id"].as_str())
+        .collect();
+    assert_eq!(items, ["1", "2", "3", "4", "5", "6"]);
+    let agg = |name: &str| {
+        answer["aggregates"]
+            .as_array()
+            .expect("aggregates")
+            .iter()
+            .find(|a| a["name"] == name)
+            .unwrap_or_else(|| panic!("no {name}: {answer}"))
+            .clone()
+    };
+    // Alien's 5 against its 1: the only scores three apart in one film.
+    assert_eq!(
+        agg("far_apart")["rows"],
+        serde_json::json!([["alien", "#1", "5", "#2", "1"]])
+    );
+    let best = agg("best_two");
+    assert_eq!(best["statement"], "2 units (the first 2)", "{best}");
+    assert_eq!(best["rows"][0][1], "#1", "{best}");
+    assert_eq!(
+        best["rows"][1][1], "#3",
+        "the tie at 4 goes to the smaller id"
+    );
+    let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
+    assert!(
+        md.contains("## Answer: 3 of 3 groups, by mean (largest first) [SIMULATED]"),
+        "{md}"
+    );
+    assert!(md.contains("### Cited: 6 units"), "{md}");
+    let c = f.certificate();
+    assert_eq!(c["verify"]["passed"], true);
+    assert_eq!(c["verify"]["numbers_checked"], 3, "{}", c["verify"]);
+
+    // Alter the stored root so it states another mean: the rerun reuses
+    // the node, and verify, recomputing from the facts, refuses it.
+    let root: fanfold_core::ContentHash = c["fold_root"]
+        .as_str()
+        .expect("fold_root")
+        .parse()
+        .expect("hash");
+    let store = fanfold_store::Store::open(&f.path("store.sqlite")).expect("store");
+    let mut node = store
+        .get_fold_node(&root)
+        .expect("read")
+        .expect("the root is stored");
+    let sum = &mut node["reducers"]["by_film"]["groups"]["cube"]["sum"];
+    let altered: i128 = sum
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .expect("a fixed-point sum, as text");
+    *sum = (altered + 7_000_000_000).to_string().into();
+    store.put_fold_node(&root, 9, &node).expect("write");
+    drop(store);
+    let o = f.run(&[]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("verification failed"), "{}", stderr(&o));
+    let c = f.certificate();
+    let mismatches = c["verify"]["number_mismatches"].to_string();
+    assert!(
+        mismatches.contains("reducer `by_film`") && mismatches.contains("cube"),
+        "{mismatches}"
+    );
+}

@@ -1256,7 +1256,15 @@ pub enum ReducerKind {
     /// Facts grouped by the string at `key`, with counts and citing ids.
     CountBy { key: String },
     /// The distinct values at `value` (the unit id when absent), with ids.
-    Set { value: Option<String> },
+    /// With `limit`, the first `limit` units instead: by the number at
+    /// `order_by`, highest first, or by unit id, ties by unit id.
+    Set {
+        value: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        order_by: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<usize>,
+    },
     /// Counts of the number at `value` per bucket; `edges` ascending.
     Histogram { value: String, edges: Vec<f64> },
     /// Smallest and largest number at `value`, with the unit holding each.
@@ -1313,12 +1321,15 @@ pub enum Order {
     Key,
 }
 
-/// How the two units of a pair relate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// How the two units of a pair relate: `"equal"`, `"different"`, or
+/// `{ jq = "..." }`, a predicate over `{key, a, b}` (the two values, the
+/// first unit's id the smaller) that holds when it yields `true`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Relation {
     Equal,
     Different,
+    Jq(String),
 }
 
 impl ReducerKind {
@@ -1326,7 +1337,9 @@ impl ReducerKind {
     pub fn pointers(&self) -> Vec<&str> {
         match self {
             ReducerKind::Count => Vec::new(),
-            ReducerKind::Set { value } => value.iter().map(String::as_str).collect(),
+            ReducerKind::Set {
+                value, order_by, ..
+            } => value.iter().chain(order_by).map(String::as_str).collect(),
             ReducerKind::CountBy { key } | ReducerKind::Join { key } => vec![key],
             ReducerKind::Histogram { value, .. } | ReducerKind::MinMax { value } => vec![value],
             ReducerKind::TopK { score, .. } => vec![score],
@@ -1483,7 +1496,7 @@ fn check_reducer_fields(text: &str) -> Result<(), SpecParseError> {
         let own: &[&str] = match kind {
             "count" => &[],
             "count_by" | "join" => &["key"],
-            "set" => &["value"],
+            "set" => &["value", "order_by", "limit"],
             "histogram" => &["value", "edges"],
             "min_max" => &["value"],
             "top_k" => &["score", "k"],

@@ -122,6 +122,26 @@ fn pretty<T: serde::Serialize>(v: &T) -> String {
 /// target.
 pub const UNMEASURED: &str = "No stage declares a quality target, so nothing measured how many of these decisions are right: \"complete\" means every unit the contract needs was decided, not that the decisions are correct. Declare a `cascade` target on the judge to have it proven.";
 
+/// An aggregate's rows as a Markdown table (nothing when it has none),
+/// indented to sit under a list item.
+fn aggregate_table(out: &mut String, g: &crate::report::Aggregate) {
+    if g.stated.columns.is_empty() {
+        return;
+    }
+    let cells = |row: &[String]| {
+        row.iter()
+            .map(|c| md_text(c))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    let _ = writeln!(out, "\n  | {} |", cells(&g.stated.columns));
+    let _ = writeln!(out, "  |{}", "---|".repeat(g.stated.columns.len()));
+    for row in &g.stated.rows {
+        let _ = writeln!(out, "  | {} |", cells(row));
+    }
+    let _ = writeln!(out);
+}
+
 pub fn markdown(report: &RunReport) -> String {
     let a = &report.answer;
     let c = &report.certificate;
@@ -164,7 +184,23 @@ pub fn markdown(report: &RunReport) -> String {
     if let Some(reached) = a.reached {
         let _ = writeln!(out, "Threshold reached: **{reached}**{sim}\n");
     }
-    let _ = writeln!(out, "## Answer: {} units{sim}\n", a.items.len());
+    match &a.stated {
+        // A number, rows or pairs: stated first, then the units cited.
+        Some(g) => {
+            let _ = writeln!(
+                out,
+                "## Answer: {}{sim}\n\n`{}` ({})",
+                md_text(&g.stated.statement),
+                md_text(&g.name),
+                g.kind
+            );
+            aggregate_table(&mut out, g);
+            let _ = writeln!(out, "\n### Cited: {} units{sim}\n", a.items.len());
+        }
+        None => {
+            let _ = writeln!(out, "## Answer: {} units{sim}\n", a.items.len());
+        }
+    }
     for item in &a.items {
         // Titles, ids and quotes are the input's text: shown as text,
         // never as Markdown or HTML, and only http(s) links are links.
@@ -222,21 +258,7 @@ pub fn markdown(report: &RunReport) -> String {
                 g.kind,
                 md_text(&g.stated.statement)
             );
-            if g.stated.columns.is_empty() {
-                continue;
-            }
-            let cells = |row: &[String]| {
-                row.iter()
-                    .map(|c| md_text(c))
-                    .collect::<Vec<_>>()
-                    .join(" | ")
-            };
-            let _ = writeln!(out, "\n  | {} |", cells(&g.stated.columns));
-            let _ = writeln!(out, "  |{}", "---|".repeat(g.stated.columns.len()));
-            for row in &g.stated.rows {
-                let _ = writeln!(out, "  | {} |", cells(row));
-            }
-            let _ = writeln!(out);
+            aggregate_table(&mut out, g);
         }
     }
     for section in &report.sections {
@@ -304,13 +326,17 @@ pub fn markdown(report: &RunReport) -> String {
     }
     let _ = writeln!(
         out,
-        "- verify: {} ({} cited ids, {} evidence quotes checked; {} negatives sampled and {} abstains listed for read-back)",
+        "- verify: {} ({} cited ids, {} evidence quotes checked, {} reducers recomputed from their facts; {} negatives sampled and {} abstains listed for read-back)",
         if c.verify.passed { "passed" } else { "FAILED" },
         c.verify.cited_checked,
         c.verify.evidence_checked,
+        c.verify.numbers_checked,
         c.verify.negative_sample.len(),
         c.verify.abstains.len()
     );
+    for m in &c.verify.number_mismatches {
+        let _ = writeln!(out, "  - **numbers differ:** {}", md_text(m));
+    }
     if !c.verify.negative_sample.is_empty() {
         let ids: Vec<String> = c
             .verify

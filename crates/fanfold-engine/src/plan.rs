@@ -298,6 +298,17 @@ impl Plan {
                 )));
             }
             for p in r.kind.pointers() {
+                // A unit's own field: no schema says what a unit holds, so
+                // a path that matches nothing is said after the run.
+                if let Some(field) = fanfold_ops::fold::unit_pointer(p) {
+                    if !field.starts_with('/') {
+                        return Err(invalid(format!(
+                            "reducer `{}` reads `{p}`, whose unit path is not a JSON pointer: write `unit:/{field}`",
+                            r.name
+                        )));
+                    }
+                    continue;
+                }
                 if !p.starts_with('/') {
                     return Err(invalid(format!(
                         "reducer `{}` reads `{p}`, which is not a JSON pointer: write `/{p}`",
@@ -332,6 +343,7 @@ impl Plan {
                     r.name
                 )));
             }
+            check_relations(&r.name, &r.kind).map_err(invalid)?;
             if reducers.insert(r.name.clone(), &r.kind).is_some() {
                 return Err(invalid(format!("reducer `{}` is declared twice", r.name)));
             }
@@ -341,13 +353,10 @@ impl Plan {
         }
         match &spec.contract {
             ContractSpec::Exhaustive { answer, themes, .. } => {
-                match reducers.get(answer) {
-                    Some(ReducerKind::Set { .. }) => {}
-                    _ => {
-                        return Err(invalid(format!(
-                            "contract.answer `{answer}` must name a `set` reducer"
-                        )));
-                    }
+                if !reducers.contains_key(answer) {
+                    return Err(invalid(format!(
+                        "contract.answer `{answer}` names no reducer of the fold"
+                    )));
                 }
                 if let Some(t) = themes
                     && !matches!(reducers.get(t), Some(ReducerKind::CountBy { .. }))
@@ -737,4 +746,18 @@ fn check_execution(spec: &Spec) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A `pairs` relation in jq must compile, here and in any `group_by`.
+fn check_relations(name: &str, kind: &ReducerKind) -> Result<(), String> {
+    match kind {
+        ReducerKind::Pairs {
+            relation: fanfold_core::spec::Relation::Jq(source),
+            ..
+        } => fanfold_ops::jq::JqProgram::compile(source)
+            .map(|_| ())
+            .map_err(|e| format!("reducer `{name}`'s relation: {e}")),
+        ReducerKind::GroupBy { reduce, .. } => check_relations(name, reduce),
+        _ => Ok(()),
+    }
 }

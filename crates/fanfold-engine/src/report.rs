@@ -71,6 +71,11 @@ pub struct Answer {
     #[serde(default)]
     pub quality: Vec<String>,
     pub items: Vec<AnswerItem>,
+    /// What the contract's answer reducer states when it is not a set of
+    /// units (a mean, a ratio, grouped rows, pairs); `items` are then the
+    /// units it cites.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stated: Option<Aggregate>,
     pub themes: Vec<Theme>,
     /// What every other reducer of the fold says.
     #[serde(default)]

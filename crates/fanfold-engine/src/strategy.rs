@@ -36,7 +36,7 @@ impl Roles {
             .iter()
             .find(|r| {
                 r.stage.as_deref().is_none_or(|s| s == judge)
-                    && matches!(r.kind, ReducerKind::Set { value: None })
+                    && matches!(r.kind, ReducerKind::Set { value: None, .. })
             })
             .map(|r| r.name.clone())
             .ok_or_else(|| {

@@ -23,6 +23,32 @@ pub struct Leaf {
     pub status: Status,
     /// The fact's output object, `null` when the unit has no decided fact.
     pub facts: Value,
+    /// The unit's own fields the reducers read (`unit:/film`), keyed by
+    /// that pointer; `null` when none is read.
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub unit: Value,
+}
+
+/// A reducer pointer with this prefix reads the unit's own record, not
+/// the fact: `unit:/film` groups reviews by their film whatever the model
+/// said.
+pub const UNIT_POINTER: &str = "unit:";
+
+/// The JSON pointer into the unit that `p` names, if it names one.
+pub fn unit_pointer(p: &str) -> Option<&str> {
+    p.strip_prefix(UNIT_POINTER)
+}
+
+impl Leaf {
+    /// The value at a reducer's pointer: the fact's, or the unit's for a
+    /// `unit:` pointer. Null counts as absent.
+    pub fn at(&self, p: &str) -> Option<&Value> {
+        let v = match unit_pointer(p) {
+            Some(_) => self.unit.get(p),
+            None => self.facts.pointer(p),
+        };
+        v.filter(|v| !v.is_null())
+    }
 }
 
 impl StableHash for Leaf {
@@ -31,6 +57,10 @@ impl StableHash for Leaf {
             .field("stage", &self.stage)
             .field("status", self.status.as_str())
             .field("facts", &self.facts);
+        // Absent for most specs, so their fold keys stay as they were.
+        if !self.unit.is_null() {
+            h.field("unit_fields", &self.unit);
+        }
     }
 }
 
@@ -67,14 +97,22 @@ pub enum Agg {
         k: usize,
         items: Vec<(f64, UnitId, String)>,
     },
+    /// A `set` with a `limit`: its first units, each with its number at
+    /// `order_by` (0 without one) and its value, in [`rank`] order.
+    Ranked {
+        limit: usize,
+        items: Vec<(f64, UnitId, String)>,
+    },
     /// A sum and a mean: the count, the sum and the sum of squares, each
     /// in fixed point (`FIXED` units to one) so that adding them is exact
     /// and so associative; the units that fed them.
     Moments {
         n: u64,
+        #[serde(with = "wide")]
         sum: i128,
         /// `None` once it no longer fits: the standard error is then
         /// not given.
+        #[serde(with = "wide_option")]
         sum_sq: Option<i128>,
         ids: BTreeSet<UnitId>,
     },
@@ -91,8 +129,76 @@ pub enum Agg {
     /// `value`, by key: the pairs follow from them at the end
     /// ([`pairs`]).
     Pairs {
-        members: BTreeMap<String, BTreeMap<(UnitId, String), String>>,
+        #[serde(with = "members")]
+        members: BTreeMap<String, BTreeMap<(UnitId, String), Value>>,
     },
+}
+
+/// Fixed-point sums as decimal text: JSON numbers (and `serde_json`'s
+/// `Value`) hold no more than 64 bits, and a sum of squares of 5 in fixed
+/// point is already 2.5e19.
+mod wide {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(x: &i128, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&x.to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<i128, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// A pairs aggregate's members as JSON, whose object keys are strings
+/// only: each key's members as a list of `[unit, stage, value]`.
+mod members {
+    use std::collections::BTreeMap;
+
+    use fanfold_core::UnitId;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde_json::Value;
+
+    type Members = BTreeMap<String, BTreeMap<(UnitId, String), Value>>;
+
+    pub fn serialize<S: Serializer>(m: &Members, s: S) -> Result<S::Ok, S::Error> {
+        let listed: BTreeMap<&String, Vec<(&UnitId, &String, &Value)>> = m
+            .iter()
+            .map(|(k, units)| (k, units.iter().map(|((u, st), v)| (u, st, v)).collect()))
+            .collect();
+        listed.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Members, D::Error> {
+        let listed = BTreeMap::<String, Vec<(UnitId, String, Value)>>::deserialize(d)?;
+        Ok(listed
+            .into_iter()
+            .map(|(k, units)| {
+                (
+                    k,
+                    units.into_iter().map(|(u, st, v)| ((u, st), v)).collect(),
+                )
+            })
+            .collect())
+    }
+}
+
+mod wide_option {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(x: &Option<i128>, s: S) -> Result<S::Ok, S::Error> {
+        match x {
+            Some(x) => s.serialize_some(&x.to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i128>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| t.parse().map_err(serde::de::Error::custom))
+            .transpose()
+    }
 }
 
 /// Fixed-point units per one: sums are exact to 1e-9.
@@ -117,6 +223,12 @@ fn empty_agg(kind: &ReducerKind) -> Agg {
         ReducerKind::Count => Agg::Count { n: 0 },
         ReducerKind::CountBy { .. } => Agg::CountBy {
             groups: BTreeMap::new(),
+        },
+        ReducerKind::Set {
+            limit: Some(limit), ..
+        } => Agg::Ranked {
+            limit: *limit,
+            items: Vec::new(),
         },
         ReducerKind::Set { .. } => Agg::Set {
             items: BTreeMap::new(),
@@ -232,10 +344,11 @@ impl Agg {
                     }
                 }
             }
-            (Agg::TopK { k, items }, Agg::TopK { items: i2, .. }) => {
+            (Agg::TopK { k: limit, items }, Agg::TopK { items: i2, .. })
+            | (Agg::Ranked { limit, items }, Agg::Ranked { items: i2, .. }) => {
                 items.extend(i2.iter().cloned());
                 items.sort_by(rank);
-                items.truncate(*k);
+                items.truncate(*limit);
             }
             (
                 Agg::Moments {
@@ -370,7 +483,7 @@ fn feeds(r: &ReducerSpec, leaf: &Leaf) -> bool {
 /// Adds one leaf to an aggregate; false when the leaf lacks the value.
 fn apply(kind: &ReducerKind, agg: &mut Agg, leaf: &Leaf) -> bool {
     let id = leaf.unit_id.clone();
-    let at = |p: &str| leaf.facts.pointer(p).filter(|v| !v.is_null());
+    let at = |p: &str| leaf.at(p);
     match (kind, agg) {
         (ReducerKind::Count, Agg::Count { n }) => *n += 1,
         (ReducerKind::CountBy { key }, Agg::CountBy { groups }) => {
@@ -382,7 +495,31 @@ fn apply(kind: &ReducerKind, agg: &mut Agg, leaf: &Leaf) -> bool {
             g.count += 1;
             g.ids.insert(id);
         }
-        (ReducerKind::Set { value }, Agg::Set { items }) => {
+        (
+            ReducerKind::Set {
+                value, order_by, ..
+            },
+            Agg::Ranked { limit, items },
+        ) => {
+            let shown = match value {
+                None => id.0.clone(),
+                Some(p) => match at(p) {
+                    Some(v) => as_key(v),
+                    None => return false,
+                },
+            };
+            let score = match order_by {
+                None => 0.0,
+                Some(p) => match at(p).and_then(Value::as_f64) {
+                    Some(x) => x,
+                    None => return false,
+                },
+            };
+            if *limit > 0 {
+                items.push((score, id, shown));
+            }
+        }
+        (ReducerKind::Set { value, .. }, Agg::Set { items }) => {
             let k = match value {
                 None => id.0.clone(),
                 Some(p) => match at(p) {
@@ -483,7 +620,7 @@ fn apply(kind: &ReducerKind, agg: &mut Agg, leaf: &Leaf) -> bool {
             groups.insert(k, inner);
         }
         (ReducerKind::Pairs { key, value, .. }, Agg::Pairs { members }) => {
-            let (Some(k), Some(v)) = (at(key).map(as_key), at(value).map(as_key)) else {
+            let (Some(k), Some(v)) = (at(key).map(as_key), at(value).cloned()) else {
                 return false;
             };
             members
@@ -569,6 +706,7 @@ impl Agg {
                 Some(groups.values().map(|g| g.count).sum::<u64>() as f64)
             }
             (_, Agg::Set { items }) => Some(items.len() as f64),
+            (_, Agg::Ranked { items, .. }) => Some(items.len() as f64),
             _ => None,
         }
     }
@@ -618,45 +756,73 @@ pub struct Pair {
     pub b_value: String,
 }
 
-/// The pairs `members` hold under `relation`: by key, then by the first
-/// unit's id, then the second's; the first `limit`, or all.
+/// The pairs `members` hold under `relation`, by key, then by the first
+/// unit's id, then the second's: the first `limit`, or all. A jq relation
+/// that fails on a pair does not hold there; the first such error comes
+/// back beside the pairs, with how many pairs it struck.
 pub fn pairs(
-    members: &BTreeMap<String, BTreeMap<(UnitId, String), String>>,
-    relation: Relation,
+    members: &BTreeMap<String, BTreeMap<(UnitId, String), Value>>,
+    relation: &Relation,
     limit: Option<usize>,
-) -> Vec<Pair> {
+) -> (Vec<Pair>, Option<(u64, String)>) {
+    let predicate = match relation {
+        Relation::Jq(source) => match crate::jq::JqProgram::compile(source) {
+            Ok(p) => Some(p),
+            // Refused at plan time; a fold read back from an older spec
+            // still says why it has no pairs.
+            Err(e) => return (Vec::new(), Some((0, e.to_string()))),
+        },
+        _ => None,
+    };
+    let mut failed: Option<(u64, String)> = None;
     let mut out = Vec::new();
     for (key, units) in members {
-        let list: Vec<(&(UnitId, String), &String)> = units.iter().collect();
+        let list: Vec<(&(UnitId, String), &Value)> = units.iter().collect();
         for (i, ((a, a_stage), av)) in list.iter().enumerate() {
             for ((b, b_stage), bv) in list.iter().skip(i + 1) {
                 // Two stages' facts of one unit are not a pair.
                 if a == b {
                     continue;
                 }
-                let holds = match relation {
-                    Relation::Equal => av == bv,
-                    Relation::Different => av != bv,
+                let holds = match (relation, &predicate) {
+                    (Relation::Equal, _) => as_key(av) == as_key(bv),
+                    (Relation::Different, _) => as_key(av) != as_key(bv),
+                    (Relation::Jq(_), Some(p)) => {
+                        let input = serde_json::json!({"key": key, "a": av, "b": bv});
+                        let unit = format!("{} and {}", a.0, b.0);
+                        match p.test_bool(
+                            crate::jq::to_val(&input),
+                            crate::jq::Site::new("pairs relation", &unit),
+                        ) {
+                            Ok(holds) => holds,
+                            Err(e) => {
+                                let f = failed.get_or_insert_with(|| (0, e.to_string()));
+                                f.0 += 1;
+                                false
+                            }
+                        }
+                    }
+                    (Relation::Jq(_), None) => false,
                 };
                 if !holds {
                     continue;
                 }
                 if limit.is_some_and(|n| out.len() >= n) {
-                    return out;
+                    return (out, failed);
                 }
                 out.push(Pair {
                     key: key.clone(),
                     a: a.clone(),
                     a_stage: a_stage.clone(),
-                    a_value: (*av).clone(),
+                    a_value: as_key(av),
                     b: b.clone(),
                     b_stage: b_stage.clone(),
-                    b_value: (*bv).clone(),
+                    b_value: as_key(bv),
                 });
             }
         }
     }
-    out
+    (out, failed)
 }
 
 /// What one reducer's aggregate says, as the answer shows it: a sentence
@@ -762,6 +928,30 @@ pub fn state(kind: &ReducerKind, agg: &Agg) -> Stated {
                         .map(|(s, ids)| format!("{s}: {}", listed(ids)))
                         .collect();
                     vec![k.clone(), by.join("; ")]
+                })
+                .collect(),
+        ),
+        (_, Agg::Ranked { items, limit }) => table(
+            format!(
+                "{} units{}",
+                items.len(),
+                if items.len() >= *limit {
+                    format!(" (the first {limit})")
+                } else {
+                    String::new()
+                }
+            ),
+            &["rank", "unit", "value", "order"],
+            items
+                .iter()
+                .enumerate()
+                .map(|(n, (x, id, v))| {
+                    vec![
+                        (n + 1).to_string(),
+                        format!("#{}", id.0),
+                        v.clone(),
+                        number(*x),
+                    ]
                 })
                 .collect(),
         ),
@@ -877,14 +1067,18 @@ pub fn state(kind: &ReducerKind, agg: &Agg) -> Stated {
             },
             Agg::Pairs { members },
         ) => {
-            let found = pairs(members, *relation, *limit);
+            let (found, failed) = pairs(members, relation, *limit);
             table(
                 format!(
-                    "{} pairs{}",
+                    "{} pairs{}{}",
                     found.len(),
                     match limit {
                         Some(n) if found.len() >= *n => format!(" (the first {n})"),
                         _ => String::new(),
+                    },
+                    match failed {
+                        Some((n, e)) => format!("; the relation failed on {n} pairs: {e}"),
+                        None => String::new(),
                     }
                 ),
                 &["key", "unit", "value", "unit", "value"],
@@ -903,6 +1097,57 @@ pub fn state(kind: &ReducerKind, agg: &Agg) -> Stated {
             )
         }
         _ => Stated::default(),
+    }
+}
+
+/// The units whose facts an aggregate's statement rests on: what verify
+/// reads back and an answer naming the reducer cites. A `count` and a
+/// `histogram` keep no ids; a `group_by` cites the rows it shows, a
+/// `pairs` the pairs it lists.
+pub fn cited(kind: &ReducerKind, agg: &Agg) -> BTreeSet<UnitId> {
+    match (kind, agg) {
+        (_, Agg::Count { .. } | Agg::Histogram { .. }) => BTreeSet::new(),
+        (_, Agg::CountBy { groups }) => groups.values().flat_map(|g| g.ids.clone()).collect(),
+        (_, Agg::Set { items }) => items.values().flatten().cloned().collect(),
+        (_, Agg::Ranked { items, .. } | Agg::TopK { items, .. }) => {
+            items.iter().map(|(_, id, _)| id.clone()).collect()
+        }
+        (_, Agg::MinMax { min, max }) => min.iter().chain(max).map(|(_, id)| id.clone()).collect(),
+        (_, Agg::Join { keys }) => keys
+            .values()
+            .flat_map(|stages| stages.values().flatten().cloned())
+            .collect(),
+        (_, Agg::Moments { ids, .. }) => ids.clone(),
+        (
+            _,
+            Agg::Ratio {
+                numerator,
+                denominator,
+            },
+        ) => numerator.union(denominator).cloned().collect(),
+        (
+            ReducerKind::GroupBy {
+                reduce,
+                order,
+                limit,
+                ..
+            },
+            Agg::GroupBy { groups },
+        ) => group_rows(groups, reduce, *order, *limit)
+            .into_iter()
+            .flat_map(|(_, a, _)| cited(reduce, a))
+            .collect(),
+        (
+            ReducerKind::Pairs {
+                relation, limit, ..
+            },
+            Agg::Pairs { members },
+        ) => pairs(members, relation, *limit)
+            .0
+            .into_iter()
+            .flat_map(|p| [p.a, p.b])
+            .collect(),
+        _ => BTreeSet::new(),
     }
 }
 
@@ -1130,7 +1375,14 @@ mod tests {
                         key: "/cause".into(),
                     },
                 ),
-                r("ids", ReducerKind::Set { value: None }),
+                r(
+                    "ids",
+                    ReducerKind::Set {
+                        value: None,
+                        order_by: None,
+                        limit: None,
+                    },
+                ),
                 r(
                     "hist",
                     ReducerKind::Histogram {
@@ -1203,6 +1455,42 @@ mod tests {
                         limit: Some(5),
                     },
                 ),
+                r(
+                    "far_apart_by_film",
+                    ReducerKind::Pairs {
+                        key: "unit:/film".into(),
+                        value: "/score".into(),
+                        relation: Relation::Jq("(.a - .b) | fabs >= 0.5".into()),
+                        limit: Some(7),
+                    },
+                ),
+                r(
+                    "mean_by_film",
+                    ReducerKind::GroupBy {
+                        key: "unit:/film".into(),
+                        reduce: Box::new(ReducerKind::Mean {
+                            value: "/score".into(),
+                        }),
+                        order: Order::Asc,
+                        limit: None,
+                    },
+                ),
+                r(
+                    "best_three",
+                    ReducerKind::Set {
+                        value: Some("/cause".into()),
+                        order_by: Some("/score".into()),
+                        limit: Some(3),
+                    },
+                ),
+                r(
+                    "first_four",
+                    ReducerKind::Set {
+                        value: None,
+                        order_by: None,
+                        limit: Some(4),
+                    },
+                ),
             ],
         }
     }
@@ -1215,8 +1503,9 @@ mod tests {
                 status: Status::ALL[st],
                 facts: {
                     let causes = [json!("x"), json!("y"), json!("z"), Value::Null];
-                    json!({"cause": causes[cause].clone(), "score": f64::from(score) / 4.0})
+                    json!({"cause": causes[cause].clone(), "score": f64::from(score) * 2.5})
                 },
+                unit: json!({"unit:/film": format!("f{}", id % 3)}),
             },
         )
     }
@@ -1239,6 +1528,10 @@ mod tests {
             let flat = fold_flat(&spec(fan_a), &leaves);
             let tree = fold_tree(&spec(fan_a), &leaves, &mut NoCache).root;
             prop_assert_eq!(&tree, &flat);
+            // Nodes are cached as JSON: every aggregate survives it.
+            let json = serde_json::to_value(&flat).expect("a fold value is JSON");
+            let back: FoldValue = serde_json::from_value(json).expect("and back");
+            prop_assert_eq!(&back, &flat);
             let mut shuffled = leaves.clone();
             // A seeded Fisher-Yates shuffle.
             let mut s = seed;
@@ -1258,6 +1551,7 @@ mod tests {
             stage: "a".into(),
             status: Status::Positive,
             facts: json!({"film": film, "score": score, "sentiment": sentiment}),
+            unit: Value::Null,
         }
     }
 
@@ -1362,13 +1656,23 @@ mod tests {
         let Some(Agg::Pairs { members }) = root.reducers.get("opposite") else {
             panic!("{root:?}");
         };
-        let found: Vec<(String, String)> = pairs(members, Relation::Different, None)
-            .into_iter()
-            .map(|p| (p.a.0, p.b.0))
-            .collect();
+        let ids = |found: Vec<Pair>| -> Vec<(String, String)> {
+            found.into_iter().map(|p| (p.a.0, p.b.0)).collect()
+        };
         // Alien's negative review against each positive one; brazil agrees.
+        let found = ids(pairs(members, &Relation::Different, None).0);
         assert_eq!(found, [("1".into(), "2".into()), ("2".into(), "6".into())]);
-        assert_eq!(pairs(members, Relation::Equal, Some(1)).len(), 1);
+        assert_eq!(pairs(members, &Relation::Equal, Some(1)).0.len(), 1);
+        // A declared predicate sees both values and the key.
+        let jq = Relation::Jq(r#".key == "alien" and .a == "pos" and .b == "pos""#.into());
+        let (found, failed) = pairs(members, &jq, None);
+        assert_eq!(ids(found), [("1".into(), "6".into())]);
+        assert_eq!(failed, None);
+        // One that fails says so, and holds nowhere.
+        let (found, failed) = pairs(members, &Relation::Jq(".a - .b > 0".into()), None);
+        assert!(found.is_empty());
+        let (struck, error) = failed.expect("strings cannot be subtracted");
+        assert_eq!(struck, 4, "{error}");
         let Some(
             share @ Agg::Ratio {
                 numerator,
@@ -1386,6 +1690,74 @@ mod tests {
             lo < 4.0 / 6.0 && 4.0 / 6.0 < hi && lo > 0.2 && hi < 0.95,
             "{lo} {hi}"
         );
+    }
+
+    #[test]
+    fn a_limited_set_keeps_its_best_units_and_unit_fields_key_groups() {
+        let r = |name: &str, kind| ReducerSpec {
+            name: name.into(),
+            stage: None,
+            statuses: None,
+            kind,
+        };
+        let spec = FoldSpec {
+            fan_in: 2,
+            reducers: vec![
+                r(
+                    "best",
+                    ReducerKind::Set {
+                        value: None,
+                        order_by: Some("/score".into()),
+                        limit: Some(2),
+                    },
+                ),
+                r(
+                    "by_release",
+                    ReducerKind::GroupBy {
+                        key: "unit:/release".into(),
+                        reduce: Box::new(ReducerKind::Count),
+                        order: Order::Key,
+                        limit: None,
+                    },
+                ),
+            ],
+        };
+        let with_release = |id: &str, score: f64, release: &str| Leaf {
+            unit: json!({ "unit:/release": release }),
+            ..scored(id, "alien", score, "pos")
+        };
+        let leaves = [
+            with_release("1", 3.0, "1979"),
+            with_release("2", 5.0, "1986"),
+            with_release("3", 5.0, "1979"),
+            with_release("4", 1.0, "1986"),
+            // No unit field: it opens no group, and is counted missing.
+            scored("5", "alien", 4.0, "pos"),
+        ];
+        let root = fold_tree(&spec, &leaves, &mut NoCache).root;
+        let Some(best @ Agg::Ranked { items, .. }) = root.reducers.get("best") else {
+            panic!("{root:?}");
+        };
+        // The two highest, the tie broken by unit id.
+        let kept: Vec<(f64, &str)> = items.iter().map(|(x, id, _)| (*x, id.as_str())).collect();
+        assert_eq!(kept, [(5.0, "2"), (5.0, "3")]);
+        let statement = state(&spec.reducers[0].kind, best).statement;
+        assert_eq!(statement, "2 units (the first 2)");
+        let Some(Agg::GroupBy { groups }) = root.reducers.get("by_release") else {
+            panic!("{root:?}");
+        };
+        let counts: Vec<(&str, Option<f64>)> =
+            group_rows(groups, &ReducerKind::Count, Order::Key, None)
+                .into_iter()
+                .map(|(k, _, x)| (k, x))
+                .collect();
+        assert_eq!(counts, [("1979", Some(2.0)), ("1986", Some(2.0))]);
+        assert_eq!(root.missing.get("by_release"), Some(&1));
+        let best_cites = cited(&spec.reducers[0].kind, best);
+        let ids: Vec<&str> = best_cites.iter().map(UnitId::as_str).collect();
+        assert_eq!(ids, ["2", "3"]);
+        // A count keeps no ids, so a grouped count cites none.
+        assert!(cited(&spec.reducers[1].kind, &root.reducers["by_release"]).is_empty());
     }
 
     #[derive(Default)]
@@ -1411,6 +1783,7 @@ mod tests {
                     Status::Negative
                 },
                 facts: json!({"cause": "x", "score": 0.5}),
+                unit: Value::Null,
             })
             .collect();
         let spec = spec(16);
@@ -1486,6 +1859,7 @@ mod tests {
                 stage: "a".into(),
                 status: Status::Positive,
                 facts: json!({"score": 1.0}),
+                unit: Value::Null,
             })
             .collect();
         let root = fold_tree(&spec, &leaves, &mut NoCache).root;

@@ -26,6 +26,60 @@ pub struct VerifyReport {
     pub negative_sample: Vec<UnitId>,
     /// Every abstain, listed for read-back.
     pub abstains: Vec<UnitId>,
+    /// Reducers whose aggregate was recomputed from the facts alone, in
+    /// one flat pass, without the cached fold tree.
+    #[serde(default)]
+    pub numbers_checked: u64,
+    /// Each reducer whose recomputed aggregate differs from the answer's:
+    /// what the fold said against what the facts say.
+    #[serde(default)]
+    pub number_mismatches: Vec<String>,
+}
+
+/// Recomputes every reducer from `leaves` in one flat pass, with no
+/// cached node, and compares each with the answer's fold `root`: a stale
+/// or altered node cannot state a number its facts do not give.
+pub fn recheck_numbers(
+    spec: &fanfold_core::spec::FoldSpec,
+    root: &crate::fold::FoldValue,
+    leaves: &[crate::fold::Leaf],
+    report: &mut VerifyReport,
+) {
+    let flat = crate::fold::fold_flat(spec, leaves);
+    for r in &spec.reducers {
+        report.numbers_checked += 1;
+        let (told, recomputed) = (root.reducers.get(&r.name), flat.reducers.get(&r.name));
+        if told == recomputed {
+            continue;
+        }
+        let say = |a: Option<&crate::fold::Agg>| {
+            a.map(|a| crate::fold::state(&r.kind, a))
+                .unwrap_or_default()
+        };
+        let (told, recomputed) = (say(told), say(recomputed));
+        // The statement, or the first row where they part.
+        let (a, b) = if told.statement != recomputed.statement {
+            (told.statement, recomputed.statement)
+        } else {
+            let row = |rows: &[Vec<String>], i: usize| {
+                rows.get(i).map(|r| r.join(" | ")).unwrap_or_default()
+            };
+            let i = (0..told.rows.len().max(recomputed.rows.len()))
+                .find(|&i| told.rows.get(i) != recomputed.rows.get(i))
+                .unwrap_or(0);
+            (row(&told.rows, i), row(&recomputed.rows, i))
+        };
+        report.number_mismatches.push(format!(
+            "reducer `{}`: the fold says {a:?}, its facts say {b:?}",
+            r.name
+        ));
+    }
+    if root.statuses != flat.statuses {
+        report
+            .number_mismatches
+            .push("the fold's status counts differ from its facts'".into());
+    }
+    report.passed = report.passed && report.number_mismatches.is_empty();
 }
 
 /// The source, as verify reads it back.

@@ -16,6 +16,10 @@ use crate::report::{Aggregate, AnswerItem, Theme};
 /// The answer's items, themes and, for a threshold, whether it was reached.
 pub struct Answered {
     pub items: Vec<AnswerItem>,
+    /// What the contract's answer reducer states, when it is not a set of
+    /// units (a mean, a ratio, grouped rows, pairs): the items are then
+    /// the units it cites.
+    pub stated: Option<Aggregate>,
     pub themes: Vec<Theme>,
     pub aggregates: Vec<Aggregate>,
     pub reached: Option<bool>,
@@ -66,10 +70,28 @@ pub fn answer(
         .collect();
     Answered {
         items,
+        stated: stated_answer(spec, root),
         themes,
         aggregates: aggregates(spec, root),
         reached,
     }
+}
+
+/// The contract's answer reducer, stated, when it is not a `set`.
+fn stated_answer(spec: &Spec, root: &FoldValue) -> Option<Aggregate> {
+    let ContractSpec::Exhaustive { answer, .. } = &spec.contract else {
+        return None;
+    };
+    let r = spec.fold.reducers.iter().find(|r| &r.name == answer)?;
+    if matches!(r.kind, ReducerKind::Set { .. }) {
+        return None;
+    }
+    let agg = root.reducers.get(answer)?;
+    Some(Aggregate {
+        name: r.name.clone(),
+        kind: r.kind.type_name().to_owned(),
+        stated: fanfold_ops::fold::state(&r.kind, agg),
+    })
 }
 
 /// Every reducer the answer's items and themes do not already show,
@@ -169,23 +191,28 @@ fn answer_ids(
             themes,
             top_themes,
         } => {
-            let set_by_value = spec
+            let kind = spec
                 .fold
                 .reducers
                 .iter()
                 .find(|r| &r.name == answer)
                 .map(|r| &r.kind);
-            let ids: BTreeSet<UnitId> = match root.reducers.get(answer) {
-                Some(Agg::Set { items }) => match set_by_value {
-                    Some(ReducerKind::Set { value: None }) => {
-                        items.keys().map(|k| UnitId(k.clone())).collect()
-                    }
-                    _ => items.values().flatten().cloned().collect(),
-                },
-                _ => BTreeSet::new(),
+            let ranked: Ranked = match (kind, root.reducers.get(answer)) {
+                // A limited set keeps its own order, and its numbers when
+                // it is ordered by one.
+                (Some(ReducerKind::Set { order_by, .. }), Some(Agg::Ranked { items, .. })) => items
+                    .iter()
+                    .map(|(x, id, _)| (id.clone(), order_by.as_ref().map(|_| *x)))
+                    .collect(),
+                (Some(ReducerKind::Set { value: None, .. }), Some(Agg::Set { items })) => {
+                    in_natural_order(items.keys().map(|k| UnitId(k.clone())).collect())
+                }
+                (Some(ReducerKind::Set { .. }), Some(Agg::Set { items })) => {
+                    in_natural_order(items.values().flatten().cloned().collect())
+                }
+                (Some(kind), Some(agg)) => in_natural_order(fanfold_ops::fold::cited(kind, agg)),
+                _ => Vec::new(),
             };
-            let mut ranked: Ranked = ids.into_iter().map(|i| (i, None)).collect();
-            ranked.sort_by(|a, b| natural(&a.0.0).cmp(&natural(&b.0.0)));
             let themes = match themes.as_ref().and_then(|t| root.reducers.get(t)) {
                 Some(Agg::CountBy { groups }) => {
                     let mut list: Vec<Theme> = groups
@@ -233,6 +260,12 @@ fn answer_ids(
             (pos, Vec::new(), Some(reached))
         }
     }
+}
+
+fn in_natural_order(ids: BTreeSet<UnitId>) -> Ranked {
+    let mut ranked: Ranked = ids.into_iter().map(|i| (i, None)).collect();
+    ranked.sort_by(|a, b| natural(&a.0.0).cmp(&natural(&b.0.0)));
+    ranked
 }
 
 /// Sort key that puts "9" before "10".

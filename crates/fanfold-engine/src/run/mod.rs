@@ -338,23 +338,27 @@ fn run_begun(
 
     // Verify against the stored artifact, read back by byte range.
     let cited = cited_units(plan, &answered, &facts, &stats);
+    // The fold's order, which the flat re-check of its numbers keeps.
+    let folded: Vec<&FactRecord> = facts.iter().map(|(_, f)| f).collect();
+    let report = verify::verify_stored(
+        plan,
+        store,
+        verify::Checked {
+            artifact,
+            partition: partition_id,
+            facts: &folded,
+            cited: &cited,
+            added: routed.table.added_fields(),
+            root: &fold.root,
+        },
+    );
+    drop(folded);
     let mut facts: Vec<FactRecord> = facts.into_iter().map(|(_, f)| f).collect();
     facts.sort_by(|a, b| {
         a.source_ids
             .cmp(&b.source_ids)
             .then_with(|| a.stage.cmp(&b.stage))
     });
-    let decided: Vec<&FactRecord> = facts.iter().filter(|f| f.status.is_cacheable()).collect();
-    let report = verify::verify_stored(
-        plan,
-        store,
-        artifact,
-        partition_id,
-        &decided,
-        &cited,
-        routed.table.added_fields(),
-    );
-    drop(decided);
     phases.mark("verify");
 
     stats.phases_ms = phases.list;
@@ -392,6 +396,7 @@ fn run_begun(
             .cloned()
             .chain(unmatched_reducer_paths(spec, &facts))
             .chain(unmatched_fields(plan, &routed.table))
+            .chain(unmatched_unit_paths(spec, &routed.table))
             .collect(),
         rejected_by_reason: routed.rejected_by_reason.clone(),
         rejections: routed.rejections.clone(),
@@ -427,6 +432,7 @@ fn run_begun(
         quality,
         items: answered.items,
         themes: answered.themes,
+        stated: answered.stated,
         aggregates: answered.aggregates,
         statuses,
         excluded,
@@ -485,7 +491,18 @@ fn fold_facts(
             .cmp(&ordinal(*b))
             .then_with(|| fa.stage.cmp(&fb.stage))
     });
-    let leaves: Vec<Leaf> = facts.iter().map(|(_, f)| leaf_of(f)).collect();
+    let read = unit_pointers(&spec.fold);
+    let leaves: Vec<Leaf> = facts
+        .iter()
+        .map(|(i, f)| {
+            let unit = if read.is_empty() {
+                Value::Null
+            } else {
+                unit_fields(&read, &table.value(*i))
+            };
+            leaf_of(f, unit)
+        })
+        .collect();
     let fold = fold_tree(&spec.fold, &leaves, &mut StoreNodes(store));
     stats.fold_depth = fold.depth;
     stats.fold_nodes_computed = fold.nodes_computed;
@@ -589,6 +606,38 @@ fn unmatched_fields(plan: &Plan, table: &crate::kit::UnitTable) -> Vec<String> {
     notes
 }
 
+/// `unit:` paths no unit holds: the groups they key would be empty
+/// without a word. The scan stops at the first unit holding each.
+fn unmatched_unit_paths(
+    spec: &fanfold_core::spec::Spec,
+    table: &crate::kit::UnitTable,
+) -> Vec<String> {
+    let mut missing = unit_pointers(&spec.fold);
+    for i in 0..table.len() {
+        if missing.is_empty() {
+            break;
+        }
+        let value = table.value(i);
+        missing.retain(|p| {
+            fanfold_ops::fold::unit_pointer(p).is_none_or(|f| value.pointer(f).is_none())
+        });
+    }
+    if table.is_empty() {
+        return Vec::new();
+    }
+    missing
+        .into_iter()
+        .map(|p| {
+            let note = format!(
+                "the reducers read `{p}`, which none of the {} units holds: check the path against the input",
+                table.len()
+            );
+            tracing::warn!("{note}");
+            note
+        })
+        .collect()
+}
+
 /// Reducers whose path matched none of the facts they read: a typo in
 /// `key` or `value` gives an empty answer without any error, so it is said.
 fn unmatched_reducer_paths(spec: &fanfold_core::spec::Spec, facts: &[FactRecord]) -> Vec<String> {
@@ -607,6 +656,9 @@ fn unmatched_reducer_paths(spec: &fanfold_core::spec::Spec, facts: &[FactRecord]
             continue;
         }
         for p in r.kind.pointers() {
+            if fanfold_ops::fold::unit_pointer(p).is_some() {
+                continue;
+            }
             if !read.iter().any(|f| f.facts.pointer(p).is_some()) {
                 let note = format!(
                     "reducer `{}` read {} facts and its path `{p}` matched none of them: check the path against the stage's output schema",
@@ -634,8 +686,32 @@ fn new_run_id(source: &ContentHash) -> String {
     )
 }
 
-/// What the rungs an audit reads threw away, so far in this run.
-fn leaf_of(f: &FactRecord) -> Leaf {
+/// The `unit:` pointers the fold's reducers read.
+pub(crate) fn unit_pointers(fold: &fanfold_core::spec::FoldSpec) -> Vec<&str> {
+    let mut read: Vec<&str> = fold
+        .reducers
+        .iter()
+        .flat_map(|r| r.kind.pointers())
+        .filter(|p| fanfold_ops::fold::unit_pointer(p).is_some())
+        .collect();
+    read.sort_unstable();
+    read.dedup();
+    read
+}
+
+/// The unit's values at `read`, keyed by pointer, as a leaf carries them.
+pub(crate) fn unit_fields(read: &[&str], unit: &Value) -> Value {
+    let fields: serde_json::Map<String, Value> = read
+        .iter()
+        .filter_map(|p| {
+            let field = fanfold_ops::fold::unit_pointer(p)?;
+            Some(((*p).to_owned(), unit.pointer(field)?.clone()))
+        })
+        .collect();
+    Value::Object(fields)
+}
+
+pub(crate) fn leaf_of(f: &FactRecord, unit: Value) -> Leaf {
     Leaf {
         unit_id: f
             .source_ids
@@ -649,6 +725,7 @@ fn leaf_of(f: &FactRecord) -> Leaf {
         } else {
             Value::Null
         },
+        unit,
     }
 }
 

@@ -104,15 +104,27 @@ impl ReadBack for StoredSource<'_> {
     }
 }
 
-pub fn verify_stored(
-    plan: &Plan,
-    store: &Store,
-    artifact: &Artifact,
-    partition: i64,
-    facts: &[&FactRecord],
-    cited: &BTreeSet<UnitId>,
-    added: HashMap<UnitId, serde_json::Map<String, Value>>,
-) -> VerifyReport {
+/// What verify reads back and re-checks: the stored source, the decided
+/// facts and the units the answer cites, and the fold the answer states.
+pub struct Checked<'a> {
+    pub artifact: &'a Artifact,
+    pub partition: i64,
+    /// Every fact of the answer, in the fold's order.
+    pub facts: &'a [&'a FactRecord],
+    pub cited: &'a BTreeSet<UnitId>,
+    pub added: HashMap<UnitId, serde_json::Map<String, Value>>,
+    pub root: &'a fanfold_ops::fold::FoldValue,
+}
+
+pub fn verify_stored(plan: &Plan, store: &Store, checked: Checked<'_>) -> VerifyReport {
+    let Checked {
+        artifact,
+        partition,
+        facts,
+        cited,
+        added,
+        root,
+    } = checked;
     let mut bytes = ArtifactBytes::new(store, artifact);
     let spec = &plan.spec.input.partition;
     let header = match spec {
@@ -144,11 +156,33 @@ pub fn verify_stored(
         projectors,
         added,
     };
-    verify(
+    let decided: Vec<&FactRecord> = facts
+        .iter()
+        .copied()
+        .filter(|f| f.status.is_cacheable())
+        .collect();
+    let mut report = verify(
         &mut source,
-        facts,
+        &decided,
         cited,
         plan.spec.verify.negative_sample,
         plan.spec.verify.seed,
-    )
+    );
+    // The numbers, from the facts alone; a unit field a reducer reads is
+    // read back from the source too, one unit at a time.
+    let read = super::unit_pointers(&plan.spec.fold);
+    let leaves: Vec<fanfold_ops::fold::Leaf> = facts
+        .iter()
+        .map(|f| {
+            let unit = match f.source_ids.first() {
+                Some(id) if !read.is_empty() => source
+                    .judged(id)
+                    .map_or(Value::Null, |v| super::unit_fields(&read, &v)),
+                _ => Value::Null,
+            };
+            super::leaf_of(f, unit)
+        })
+        .collect();
+    fanfold_ops::verify::recheck_numbers(&plan.spec.fold, root, &leaves, &mut report);
+    report
 }
