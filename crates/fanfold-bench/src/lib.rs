@@ -16,6 +16,7 @@ mod http;
 mod incremental;
 pub mod ladder;
 pub mod page;
+mod pairs;
 pub mod provider;
 mod relations;
 pub mod report;
@@ -71,6 +72,10 @@ pub enum BenchCommand {
     /// The relations example record-level and widened: what widening
     /// recovers of an answer one record cannot give, against its oracle.
     Relations(RelationsCliArgs),
+    /// "Pairs of reviews of one film with opposite sentiment": per-unit
+    /// facts folded into pairs, against a pairwise judge (one context a
+    /// candidate pair), on the same model and reviews, side by side.
+    Pairs(PairsCliArgs),
     /// Read-only enrichment on the example's comment fetch, against the
     /// local tracker with injected latency, 429s and hangs: calls against
     /// units, what deduplication, the observation cache and a contract's
@@ -144,6 +149,24 @@ pub struct IncrementalCliArgs {
     /// Seeds which issues are touched.
     #[arg(long, default_value_t = 7)]
     seed: u64,
+}
+
+#[derive(Args)]
+pub struct PairsCliArgs {
+    /// The film-reviews example folder (its specs, reviews and oracle).
+    #[arg(long, default_value = "examples/film-reviews")]
+    example: PathBuf,
+    #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
+    report: PathBuf,
+    /// Reviews of each film taken, the first by id: the pairwise judge
+    /// makes one call per pair of them.
+    #[arg(long, default_value_t = 6)]
+    per_film: usize,
+    #[arg(long, default_value_t = 4)]
+    slots: usize,
+    /// Run every model turn on this backend of the spec (e.g. `scripted`).
+    #[arg(long)]
+    backend: Option<String>,
 }
 
 #[derive(Args)]
@@ -317,6 +340,16 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                 backend: a.backend,
                 slots: a.slots,
                 seed: a.seed,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Pairs(a) => {
+            pairs::main(&pairs::PairsArgs {
+                example: a.example,
+                report: a.report,
+                per_film: a.per_film,
+                slots: a.slots,
+                backend: a.backend,
             })?;
             Ok(ExitCode::SUCCESS)
         }

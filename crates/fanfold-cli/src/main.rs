@@ -328,6 +328,16 @@ enum FixtureCommand {
         #[arg(long, default_value_t = 120)]
         count: usize,
     },
+    /// Film reviews with a known sentiment and score each, and their
+    /// oracle.
+    FilmReviews {
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 5)]
+        seed: u64,
+        #[arg(long, default_value_t = 20)]
+        per_film: usize,
+    },
     /// Serves an issue export and its comments over HTTP in the GitHub
     /// REST shapes `gh api` reads (`/repos/OWNER/REPO/issues/N`,
     /// `.../issues/N/comments`, `.../milestones/N`,
@@ -553,6 +563,16 @@ fn real_main() -> Result<ExitCode> {
                 server.addr
             );
             server.wait();
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Fixture(FixtureCommand::FilmReviews {
+            out,
+            seed,
+            per_film,
+        }) => {
+            fanfold_fixtures::reviews::write_film_reviews(&out, seed, per_film)
+                .with_context(|| format!("writing the fixture to {}", out.display()))?;
+            eprintln!("wrote {}/reviews.jsonl and oracle.json", out.display());
             Ok(ExitCode::SUCCESS)
         }
         Command::Fixture(FixtureCommand::IssueRelations { out, seed, count }) => {

@@ -9,6 +9,7 @@
 pub mod issues;
 pub mod jsonl;
 pub mod relations;
+pub mod reviews;
 
 mod rng;
 mod time;

@@ -756,10 +756,14 @@ pub struct Pair {
     pub b_value: String,
 }
 
-/// The pairs `members` hold under `relation`, by key, then by the first
-/// unit's id, then the second's: the first `limit`, or all. A jq relation
-/// that fails on a pair does not hold there; the first such error comes
-/// back beside the pairs, with how many pairs it struck.
+/// The pairs `members` hold under `relation`, the first `limit` or all,
+/// in a stable order that spreads them: the keys take turns, and within a
+/// key the pairs whose units no earlier pair of that key used come first
+/// (each key's pairs otherwise by the first unit's id, then the
+/// second's). So ten pairs from six films name twenty reviews where they
+/// can, not one review ten times. A jq relation that fails on a pair does
+/// not hold there; the first such error comes back beside the pairs, with
+/// how many pairs it struck.
 pub fn pairs(
     members: &BTreeMap<String, BTreeMap<(UnitId, String), Value>>,
     relation: &Relation,
@@ -775,42 +779,43 @@ pub fn pairs(
         _ => None,
     };
     let mut failed: Option<(u64, String)> = None;
-    let mut out = Vec::new();
+    let mut holds =
+        |key: &str, a: &UnitId, av: &Value, b: &UnitId, bv: &Value| match (relation, &predicate) {
+            (Relation::Equal, _) => as_key(av) == as_key(bv),
+            (Relation::Different, _) => as_key(av) != as_key(bv),
+            (Relation::Jq(_), Some(p)) => {
+                let input = serde_json::json!({"key": key, "a": av, "b": bv});
+                let unit = format!("{} and {}", a.0, b.0);
+                match p.test_bool(
+                    crate::jq::to_val(&input),
+                    crate::jq::Site::new("pairs relation", &unit),
+                ) {
+                    Ok(holds) => holds,
+                    Err(e) => {
+                        let f = failed.get_or_insert_with(|| (0, e.to_string()));
+                        f.0 += 1;
+                        false
+                    }
+                }
+            }
+            (Relation::Jq(_), None) => false,
+        };
+    // Each key's pairs, those with fresh units first; no key can give
+    // more than `limit` to the turns.
+    let cap = limit.unwrap_or(usize::MAX);
+    let mut per_key: Vec<std::collections::VecDeque<Pair>> = Vec::new();
     for (key, units) in members {
         let list: Vec<(&(UnitId, String), &Value)> = units.iter().collect();
-        for (i, ((a, a_stage), av)) in list.iter().enumerate() {
+        let mut fresh = Vec::new();
+        let mut rest = Vec::new();
+        let mut used: BTreeSet<&UnitId> = BTreeSet::new();
+        'scan: for (i, ((a, a_stage), av)) in list.iter().enumerate() {
             for ((b, b_stage), bv) in list.iter().skip(i + 1) {
                 // Two stages' facts of one unit are not a pair.
-                if a == b {
+                if a == b || !holds(key, a, av, b, bv) {
                     continue;
                 }
-                let holds = match (relation, &predicate) {
-                    (Relation::Equal, _) => as_key(av) == as_key(bv),
-                    (Relation::Different, _) => as_key(av) != as_key(bv),
-                    (Relation::Jq(_), Some(p)) => {
-                        let input = serde_json::json!({"key": key, "a": av, "b": bv});
-                        let unit = format!("{} and {}", a.0, b.0);
-                        match p.test_bool(
-                            crate::jq::to_val(&input),
-                            crate::jq::Site::new("pairs relation", &unit),
-                        ) {
-                            Ok(holds) => holds,
-                            Err(e) => {
-                                let f = failed.get_or_insert_with(|| (0, e.to_string()));
-                                f.0 += 1;
-                                false
-                            }
-                        }
-                    }
-                    (Relation::Jq(_), None) => false,
-                };
-                if !holds {
-                    continue;
-                }
-                if limit.is_some_and(|n| out.len() >= n) {
-                    return (out, failed);
-                }
-                out.push(Pair {
+                let pair = Pair {
                     key: key.clone(),
                     a: a.clone(),
                     a_stage: a_stage.clone(),
@@ -818,7 +823,31 @@ pub fn pairs(
                     b: b.clone(),
                     b_stage: b_stage.clone(),
                     b_value: as_key(bv),
-                });
+                };
+                if !used.contains(a) && !used.contains(b) {
+                    used.insert(a);
+                    used.insert(b);
+                    fresh.push(pair);
+                    if fresh.len() >= cap {
+                        break 'scan;
+                    }
+                } else {
+                    rest.push(pair);
+                }
+            }
+        }
+        fresh.extend(rest);
+        fresh.truncate(cap);
+        per_key.push(fresh.into());
+    }
+    let mut out = Vec::new();
+    while out.len() < cap && per_key.iter().any(|q| !q.is_empty()) {
+        for q in &mut per_key {
+            if out.len() >= cap {
+                break;
+            }
+            if let Some(p) = q.pop_front() {
+                out.push(p);
             }
         }
     }
@@ -870,8 +899,11 @@ pub fn state(kind: &ReducerKind, agg: &Agg) -> Stated {
         (_, Agg::CountBy { groups }) => {
             let mut g: Vec<(&String, &Group)> = groups.iter().collect();
             g.sort_by(|a, b| b.1.count.cmp(&a.1.count).then_with(|| a.0.cmp(b.0)));
+            // The counts themselves, so a grouped `count_by` row reads
+            // "positive 11, negative 9".
+            let counts: Vec<String> = g.iter().map(|(k, g)| format!("{k} {}", g.count)).collect();
             table(
-                format!("{} groups", g.len()),
+                counts.join(", "),
                 &["key", "facts", "units"],
                 g.into_iter()
                     .map(|(k, g)| vec![k.clone(), g.count.to_string(), listed(&g.ids)])
