@@ -6271,3 +6271,43 @@ fn bench_pairs_sets_per_unit_facts_beside_a_pairwise_judge() {
     assert_eq!((unit[7].as_str(), unit[8].as_str()), ("1.000", "1.000"));
     assert_eq!((pair[7].as_str(), pair[8].as_str()), ("1.000", "1.000"));
 }
+
+/// An answer that is a reducer's table (pairs of reviews) renders in a
+/// browser as a table whose unit cells link to the cited units' sections.
+#[test]
+fn a_stated_answer_renders_as_a_table_with_linked_units() {
+    let browser = chromium();
+    let out = tempfile::tempdir().expect("out");
+    let o = run(bin()
+        .current_dir(repo().join("examples/film-reviews"))
+        .args([
+            "run",
+            "opposite-pairs.toml",
+            "--backend",
+            "scripted",
+            "--json",
+        ])
+        .arg("--store")
+        .arg(out.path().join("store.sqlite"))
+        .arg("--out")
+        .arg(out.path().join("run")));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = run(bin().arg("report").arg("run").arg(out.path().join("run")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (dom, _) = render(&browser, &out.path().join("run/report.html"));
+    assert!(
+        dom.contains("<h2>Answer: 10 pairs (the first 10)</h2>"),
+        "the answer's statement heads the page"
+    );
+    let table = dom
+        .split("<div id=\"stated\">")
+        .nth(1)
+        .and_then(|t| t.split("</table>").next())
+        .expect("the stated answer's table");
+    // Ten rows of two units each, every unit a link to its section.
+    assert_eq!(table.matches("<tr>").count(), 11, "{table}");
+    assert_eq!(table.matches("class=\"cite\"").count(), 20, "{table}");
+    let (links, dangling) = dangling_links(&dom);
+    assert!(links >= 20);
+    assert!(dangling.is_empty(), "links to nothing: {dangling:?}");
+}
