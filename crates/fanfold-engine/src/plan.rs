@@ -498,9 +498,17 @@ impl Plan {
                 .as_ref()
                 .map(|l| l.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("|"))
                 .unwrap_or_else(|| "positive".into());
+            // The paths it reads, fact's or unit's (`unit:`), so a typo
+            // shows before the run.
+            let reads = r.kind.pointers();
+            let reads = if reads.is_empty() {
+                String::new()
+            } else {
+                format!(" reads={}", reads.join(","))
+            };
             let _ = writeln!(
                 out,
-                "  {:<12} {:<9} stage={} statuses={}",
+                "  {:<12} {:<9} stage={} statuses={}{reads}",
                 r.name,
                 r.kind.type_name(),
                 r.stage.as_deref().unwrap_or("*"),
