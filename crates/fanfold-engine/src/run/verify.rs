@@ -171,18 +171,15 @@ pub fn verify_stored(plan: &Plan, store: &Store, checked: Checked<'_>) -> Verify
     // The numbers, from the facts alone; a unit field a reducer reads is
     // read back from the source too, one unit at a time.
     let read = super::unit_pointers(&plan.spec.fold);
-    let leaves: Vec<fanfold_ops::fold::Leaf> = facts
-        .iter()
-        .map(|f| {
-            let unit = match f.source_ids.first() {
-                Some(id) if !read.is_empty() => source
-                    .judged(id)
-                    .map_or(Value::Null, |v| super::unit_fields(&read, &v)),
-                _ => Value::Null,
-            };
-            super::leaf_of(f, unit)
-        })
-        .collect();
-    fanfold_ops::verify::recheck_numbers(&plan.spec.fold, root, &leaves, &mut report);
+    let leaves = facts.iter().map(|f| {
+        let unit = match f.source_ids.first() {
+            Some(id) if !read.is_empty() => source
+                .judged(id)
+                .map_or(Value::Null, |v| super::unit_fields(&read, &v)),
+            _ => Value::Null,
+        };
+        super::leaf_of(f, unit)
+    });
+    fanfold_ops::verify::recheck_numbers(&plan.spec.fold, root, leaves, &mut report);
     report
 }
