@@ -6311,3 +6311,54 @@ fn a_stated_answer_renders_as_a_table_with_linked_units() {
     assert!(links >= 20);
     assert!(dangling.is_empty(), "links to nothing: {dangling:?}");
 }
+
+/// Units that share a view share one call, so the planner scales a
+/// strategy of one context a unit by the judge's distinct views: here the
+/// judge sees only `flag`, two views among 1,000 units.
+#[test]
+fn a_plan_scales_one_context_a_unit_by_distinct_views() {
+    let f = cascade_fixture(
+        r#"{ proxy = "lex", target = "recall", at_least = 0.7, delta = 0.2, label_budget = 300, labels = "labels.jsonl" }"#,
+    );
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replacen(
+            "rubric = \"rubric.md\"\n",
+            "rubric = \"rubric.md\"\nfields = [\"flag\"]\n",
+            1,
+        ),
+    )
+    .expect("spec");
+    let labels: String = (0..1000)
+        .map(|i| {
+            format!(
+                "{{\"id\": {i}, \"decision\": \"{}\"}}\n",
+                if i < 150 { "yes" } else { "no" }
+            )
+        })
+        .collect();
+    std::fs::write(f.path("labels.jsonl"), labels).expect("labels");
+    let o = run(bin()
+        .arg("plan")
+        .arg(f.path("spec.toml"))
+        .arg("--store")
+        .arg(f.path("store.sqlite"))
+        .arg("--out")
+        .arg(f.path("plans"))
+        .env("FANFOLD_LOG", "error"));
+    let table = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{table}{}", stderr(&o));
+    let micro = table
+        .lines()
+        .find(|l| l.starts_with("| micro"))
+        .unwrap_or_else(|| panic!("no micro row: {table}"))
+        .to_owned();
+    let cell = |n: usize| micro.split('|').nth(n).unwrap_or("").trim().to_owned();
+    assert_eq!(cell(9), "2", "one call a view on the sample: {table}");
+    assert_eq!(
+        cell(10),
+        "2",
+        "two views in all, not 2 × 1000 / 300: {table}"
+    );
+}

@@ -214,6 +214,35 @@ pub(super) struct Sample {
     pub partition: PartitionSpec,
     /// Model calls the oracle's labels took (with the backend as oracle).
     pub oracle_calls: u64,
+    /// Distinct views of the judge among the population and among the
+    /// sample: units that share a view share one call, so a strategy of
+    /// one context a unit scales by views, not units. `None` when the
+    /// judge declares no view to count.
+    pub views: Option<(u64, u64)>,
+}
+
+/// How many distinct views the judge `stage` has of `units`; `None` when
+/// it declares none or a unit cannot be projected.
+fn distinct_views(
+    plan: &Plan,
+    stage: &str,
+    units: &[(u64, String, serde_json::Value)],
+) -> Option<u64> {
+    let view = plan
+        .stages
+        .iter()
+        .find(|s| s.name() == stage)?
+        .evidence_view()?;
+    let projector =
+        fanfold_ops::view::Projector::compile(stage, view.project.as_deref(), &view.fields).ok()?;
+    let mut seen = std::collections::HashSet::new();
+    for (_, id, value) in units {
+        let v = projector.project(id, value).ok()?;
+        seen.insert(ContentHash::of_bytes(
+            serde_json::to_string(&v).ok()?.as_bytes(),
+        ));
+    }
+    Some(seen.len() as u64)
 }
 
 /// Draws the sample (the declared label budget, seeded by the cascade's
@@ -244,7 +273,13 @@ pub(super) fn sample(set: &Setting<'_>) -> Result<Sample> {
     }
     let population = kept.len() as u64;
     kept.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-    kept.truncate(set.declared.label_budget.max(1));
+    let budget = set.declared.label_budget.max(1);
+    let views = distinct_views(plan, set.stage, &kept).zip(distinct_views(
+        plan,
+        set.stage,
+        kept.get(..budget).unwrap_or(&kept),
+    ));
+    kept.truncate(budget);
     std::fs::create_dir_all(set.out).with_context(|| format!("creating {}", set.out.display()))?;
     let file = set.out.join("sample.jsonl");
     let mut text = String::new();
@@ -265,6 +300,7 @@ pub(super) fn sample(set: &Setting<'_>) -> Result<Sample> {
         file,
         partition,
         oracle_calls: 0,
+        views,
     };
     // The sample's records must come back under the ids they were drawn by.
     let mut spec = plan.spec.clone();
@@ -413,7 +449,12 @@ pub(super) fn measure(
     }
     let c = &report.certificate;
     let bounds = bounds(&counts, sample.population, delta);
-    let scale = sample.population as f64 / sample.ids.len().max(1) as f64;
+    // One context a unit costs one call a distinct view; contexts of
+    // many units, one a share of the units.
+    let scale = match (choice.strategy.as_str(), sample.views) {
+        ("micro" | "adaptive", Some((all, drawn))) => all as f64 / drawn.max(1) as f64,
+        _ => sample.population as f64 / sample.ids.len().max(1) as f64,
+    };
     // What the strategy costs from an empty store: every fact keeps the
     // cost of the call that made it (a context's call on its first
     // member), so facts another strategy paid for still count here. Units
@@ -473,7 +514,7 @@ pub(super) fn table(
     let positives = sample.labels.values().filter(|l| **l == Some(true)).count();
     let _ = writeln!(
         out,
-        "\nWhole-run strategies, each run on a seeded sample of {} of the {} units the prefilter keeps ({labelled} labelled by the oracle, {positives} positive{}). Each is bounded at delta {delta:.4}, exactly for sampling without replacement, and held to {} ≥ {} on both recall and precision (accuracy alone for an accuracy target). Its cost is the sample's from an empty store, scaled linearly to the population (units that share a view share a call, so a per-unit strategy's estimate can run high).\n",
+        "\nWhole-run strategies, each run on a seeded sample of {} of the {} units the prefilter keeps ({labelled} labelled by the oracle, {positives} positive{}). Each is bounded at delta {delta:.4}, exactly for sampling without replacement, and held to {} ≥ {} on both recall and precision (accuracy alone for an accuracy target). Its cost is the sample's from an empty store, scaled to the population: by the judge's distinct views for one context a unit (units that share a view share a call), by units for contexts of many.\n",
         sample.ids.len(),
         sample.population,
         if sample.oracle_calls > 0 {
