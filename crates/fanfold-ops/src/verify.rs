@@ -176,3 +176,139 @@ pub fn verify(
         && report.evidence_failures.is_empty();
     report
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeSet, HashMap};
+
+    use fanfold_core::spec::{FoldSpec, ReducerKind, ReducerSpec};
+    use fanfold_core::{ContentHash, Cost, Evidence, FactRecord, ModelParams, Status, UnitId};
+    use serde_json::{Value, json};
+
+    use super::{ReadBack, recheck_numbers, verify};
+    use crate::fold::{Leaf, fold_flat};
+
+    /// A source of units by id, each read back as stored.
+    struct Units(HashMap<UnitId, Value>);
+
+    impl ReadBack for Units {
+        fn unit_hash(&mut self, id: &UnitId) -> Option<ContentHash> {
+            self.0
+                .get(id)
+                .map(|v| ContentHash::of_bytes(v.to_string().as_bytes()))
+        }
+        fn view(&mut self, fact: &FactRecord) -> Option<Value> {
+            self.0.get(fact.source_ids.first()?).cloned()
+        }
+    }
+
+    fn unit(id: &str, text: &str) -> (UnitId, Value) {
+        (UnitId(id.into()), json!({ "text": text }))
+    }
+
+    fn fact(id: &str, judged: &Value, quote: &str, start: u64) -> FactRecord {
+        FactRecord {
+            schema: fanfold_core::FACT_SCHEMA.into(),
+            key: ContentHash::of_bytes(id.as_bytes()),
+            source_ids: vec![UnitId(id.into())],
+            source_hashes: vec![ContentHash::of_bytes(judged.to_string().as_bytes())],
+            stage: "judge".into(),
+            stage_version: 1,
+            rubric_hash: ContentHash::of_bytes(b"rubric"),
+            model: ModelParams {
+                backend: "scripted".into(),
+                model_id: "test".into(),
+                temperature: 0.0,
+                max_output_tokens: 8,
+                seed: 0,
+                simulated: true,
+            },
+            status: Status::Positive,
+            decision: Some("yes".into()),
+            facts: json!({ "decision": "yes", "score": 2 }),
+            confidence: None,
+            choice_scores: Vec::new(),
+            reason: None,
+            evidence: vec![Evidence {
+                field: "text".into(),
+                start,
+                end: start + quote.len() as u64,
+                quote: quote.into(),
+            }],
+            cost: Cost::default(),
+            attempts: 1,
+            reducer_path: Vec::new(),
+            truncated_tokens: 0,
+        }
+    }
+
+    #[test]
+    fn an_answer_that_matches_its_source_passes() {
+        let (a, av) = unit("1", "the disk failed twice");
+        let mut source = Units(HashMap::from([(a.clone(), av.clone())]));
+        let f = fact("1", &av, "disk failed", 4);
+        let report = verify(&mut source, &[&f], &BTreeSet::from([a]), 0, 0);
+        assert!(report.passed, "{report:?}");
+        assert_eq!((report.cited_checked, report.evidence_checked), (1, 1));
+    }
+
+    #[test]
+    fn a_missing_unit_an_edited_unit_and_a_moved_quote_each_fail() {
+        let (a, av) = unit("1", "the disk failed twice");
+        let (b, bv) = unit("2", "a fan is loud");
+        // Unit 2 was judged as other text than the source now holds.
+        let judged_b = json!({ "text": "a fan is very loud" });
+        let mut source = Units(HashMap::from([(a.clone(), av.clone()), (b.clone(), bv)]));
+        let moved = fact("1", &av, "disk failed", 5);
+        let edited = fact("2", &judged_b, "a fan", 0);
+        let gone = UnitId("3".into());
+        let cited = BTreeSet::from([a, b.clone(), gone.clone()]);
+        let report = verify(&mut source, &[&moved, &edited], &cited, 0, 0);
+        assert!(!report.passed);
+        assert_eq!(report.cited_missing, [gone]);
+        assert_eq!(report.hash_mismatches, [b]);
+        assert_eq!(report.evidence_failures.len(), 1, "{report:?}");
+        assert!(report.evidence_failures[0].starts_with("unit 1 field `text` bytes 5..16"));
+    }
+
+    #[test]
+    fn a_fold_that_states_other_numbers_than_its_facts_fails() {
+        let spec = FoldSpec {
+            fan_in: 2,
+            reducers: vec![ReducerSpec {
+                name: "total".into(),
+                stage: None,
+                statuses: None,
+                kind: ReducerKind::Sum {
+                    value: "/score".into(),
+                },
+            }],
+        };
+        let leaf = |id: &str, score: f64| Leaf {
+            unit_id: UnitId(id.into()),
+            stage: "judge".into(),
+            status: Status::Positive,
+            facts: json!({ "score": score }),
+            unit: Value::Null,
+        };
+        let leaves = vec![leaf("1", 2.0), leaf("2", 3.0)];
+        let root = fold_flat(&spec, &leaves);
+        let mut report = super::VerifyReport {
+            passed: true,
+            ..Default::default()
+        };
+        recheck_numbers(&spec, &root, leaves.clone(), &mut report);
+        assert!(report.passed && report.number_mismatches.is_empty());
+        assert_eq!(report.numbers_checked, 1);
+        // One fact fewer than the fold was told about.
+        recheck_numbers(&spec, &root, leaves.into_iter().take(1), &mut report);
+        assert!(!report.passed);
+        assert_eq!(
+            report.number_mismatches,
+            [
+                "reducer `total`: the fold says \"sum 5 over 2 facts: #1, #2\", its facts say \"sum 2 over 1 facts: #1\"",
+                "the fold's status counts differ from its facts'"
+            ]
+        );
+    }
+}
