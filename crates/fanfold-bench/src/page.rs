@@ -10,7 +10,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use fanfold_core::{FactRecord, StatusCounts};
-use fanfold_engine::output::{md_text, safe_link};
+use fanfold_engine::output::{aggregate_table, md_text, safe_link};
 use fanfold_engine::report::{Answer, Certificate};
 
 use crate::ladder::{Ladder, Row, frontier};
@@ -251,7 +251,7 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
     match &a.stated {
         Some(g) => {
             let _ = writeln!(md, "## Answer: {}\n", md_text(&g.stated.statement));
-            md.push_str(&aggregate_md(g));
+            aggregate_table(&mut md, g, "");
             let _ = writeln!(
                 h,
                 "<h2>Answer: {}</h2>\n<div id=\"stated\">{}</div>",
@@ -350,7 +350,7 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
                 g.kind,
                 md_text(&g.stated.statement)
             );
-            md.push_str(&aggregate_md(g));
+            aggregate_table(&mut md, g, "");
             let _ = writeln!(
                 h,
                 "<h3>{} <span class=\"meta\">({})</span></h3><p>{}</p>{}",
@@ -453,26 +453,6 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
         h.push_str("</section>\n");
     }
     (md, page(&title, &h))
-}
-
-/// An aggregate's rows as a Markdown table; nothing when it has none.
-fn aggregate_md(g: &fanfold_engine::report::Aggregate) -> String {
-    let mut md = String::new();
-    if g.stated.columns.is_empty() {
-        return md;
-    }
-    let cells = |row: &[String]| {
-        row.iter()
-            .map(|c| md_text(c))
-            .collect::<Vec<_>>()
-            .join(" | ")
-    };
-    let _ = writeln!(md, "\n| {} |", cells(&g.stated.columns));
-    let _ = writeln!(md, "|{}", "---|".repeat(g.stated.columns.len()));
-    for row in &g.stated.rows {
-        let _ = writeln!(md, "| {} |", cells(row));
-    }
-    md
 }
 
 /// An aggregate's rows as an HTML table; a cell naming a unit the page

@@ -123,8 +123,8 @@ fn pretty<T: serde::Serialize>(v: &T) -> String {
 pub const UNMEASURED: &str = "No stage declares a quality target, so nothing measured how many of these decisions are right: \"complete\" means every unit the contract needs was decided, not that the decisions are correct. Declare a `cascade` target on the judge to have it proven.";
 
 /// An aggregate's rows as a Markdown table (nothing when it has none),
-/// indented to sit under a list item.
-fn aggregate_table(out: &mut String, g: &crate::report::Aggregate) {
+/// each line after `indent` (two spaces sit it under a list item).
+pub fn aggregate_table(out: &mut String, g: &crate::report::Aggregate, indent: &str) {
     if g.stated.columns.is_empty() {
         return;
     }
@@ -134,10 +134,10 @@ fn aggregate_table(out: &mut String, g: &crate::report::Aggregate) {
             .collect::<Vec<_>>()
             .join(" | ")
     };
-    let _ = writeln!(out, "\n  | {} |", cells(&g.stated.columns));
-    let _ = writeln!(out, "  |{}", "---|".repeat(g.stated.columns.len()));
+    let _ = writeln!(out, "\n{indent}| {} |", cells(&g.stated.columns));
+    let _ = writeln!(out, "{indent}|{}", "---|".repeat(g.stated.columns.len()));
     for row in &g.stated.rows {
-        let _ = writeln!(out, "  | {} |", cells(row));
+        let _ = writeln!(out, "{indent}| {} |", cells(row));
     }
     let _ = writeln!(out);
 }
@@ -194,7 +194,7 @@ pub fn markdown(report: &RunReport) -> String {
                 md_text(&g.name),
                 g.kind
             );
-            aggregate_table(&mut out, g);
+            aggregate_table(&mut out, g, "  ");
             let _ = writeln!(out, "\n### Cited: {} units{sim}\n", a.items.len());
         }
         None => {
@@ -258,7 +258,7 @@ pub fn markdown(report: &RunReport) -> String {
                 g.kind,
                 md_text(&g.stated.statement)
             );
-            aggregate_table(&mut out, g);
+            aggregate_table(&mut out, g, "  ");
         }
     }
     for section in &report.sections {
