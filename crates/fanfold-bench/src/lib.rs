@@ -307,6 +307,7 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                     every_429: a.every_429,
                     every_hang: a.every_hang,
                     hang_ms: a.hang_ms,
+                    lose_every: 0,
                 },
                 threshold: a.threshold,
             })?;

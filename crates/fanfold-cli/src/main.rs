@@ -263,6 +263,10 @@ struct RunArgs {
     /// stops the run as a full disk would, before more calls are paid for.
     #[arg(long, value_name = "BYTES")]
     store_max_bytes: Option<u64>,
+    /// Effect stages show what they would do (answer.md, effects.jsonl)
+    /// and send nothing; the rest of the run is as usual.
+    #[arg(long)]
+    dry_run: bool,
     /// Print JSON Lines envelopes (answer, certificate) instead of text.
     #[arg(long)]
     json: bool,
@@ -341,8 +345,9 @@ enum FixtureCommand {
     /// Serves an issue export and its comments over HTTP in the GitHub
     /// REST shapes `gh api` reads (`/repos/OWNER/REPO/issues/N`,
     /// `.../issues/N/comments`, `.../milestones/N`,
-    /// `.../issues?state=&per_page=&page=`), with
-    /// what it saw at `/_stats`. A spec's tool stage pointed here works
+    /// `.../issues?state=&per_page=&page=`), takes effects (labels added
+    /// and removed, comments posted) and counts them, with
+    /// what it saw at `/_stats` and `/_effects`. A spec's tool stage pointed here works
     /// against api.github.com by changing the host.
     Serve {
         /// A folder with `issues.json` (as `gh issue list --json` writes)
@@ -362,6 +367,10 @@ enum FixtureCommand {
         every_hang: u64,
         #[arg(long, default_value_t = 30_000)]
         hang_ms: u64,
+        /// Apply every N-th effect, then answer it 502, as when the
+        /// answer is lost on the way back (0: never).
+        #[arg(long, default_value_t = 0)]
+        lose_every: u64,
     },
     /// Synthetic JSONL event records.
     Jsonl {
@@ -537,6 +546,7 @@ fn real_main() -> Result<ExitCode> {
             every_429,
             every_hang,
             hang_ms,
+            lose_every,
         }) => {
             let data = tracker_data(&dir)?;
             let (issues, comments) = (data.issues.len(), data.comment_count());
@@ -546,6 +556,7 @@ fn real_main() -> Result<ExitCode> {
                 every_429,
                 every_hang,
                 hang_ms,
+                lose_every,
             };
             let app = fanfold_testkit::tracker::app(
                 std::sync::Arc::new(data),
@@ -620,6 +631,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     opts.max_unit_bytes = args.input.max_unit_bytes;
     opts.record = args.record.clone();
     opts.store_max_bytes = args.store_max_bytes;
+    opts.dry_run = args.dry_run;
     let out = args
         .out
         .clone()

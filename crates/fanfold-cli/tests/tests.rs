@@ -9,6 +9,8 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
+mod effects;
+
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_fanfold"));
     c.env_remove("FANFOLD_STORE").env("FANFOLD_LOG", "error");

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub mod effect;
 pub mod tool;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -148,6 +149,7 @@ macro_rules! stage_kinds {
             Bm25(bm25, $crate::spec::Bm25StageSpec) = "bm25",
             Widen(widen, $crate::spec::WidenStageSpec) = "widen",
             Tool(tool, $crate::spec::tool::ToolStageSpec) = "tool",
+            Effect(effect, $crate::spec::effect::EffectStageSpec) = "effect",
         }
     };
 }

@@ -228,7 +228,9 @@ impl Plan {
                     }
                     continue;
                 }
-                if there.is_none_or(|(t, next)| t <= at || next.shape().reads_facts().is_some()) {
+                if there.is_none_or(|(t, next)| {
+                    t <= at || next.shape().reads_facts().is_some() || next.shape().reads_answer()
+                }) {
                     return Err(invalid(format!(
                         "stage `{}` passes units on to `{then}`, which is not a stage declared after it",
                         stage.name()
@@ -581,11 +583,16 @@ impl Plan {
             }
         }
         for stage in &self.stages {
-            if let crate::kit::Calls::Tool { sends_to: Some(to) } = stage.shape().calls {
-                hosts.push(format!(
+            match stage.shape().calls {
+                crate::kit::Calls::Tool { sends_to: Some(to) } => hosts.push(format!(
                     "  {to} (tool `{}`: requests built from records)",
                     stage.name()
-                ));
+                )),
+                crate::kit::Calls::Effect { acts_on } => hosts.push(format!(
+                    "  {acts_on} (effect `{}`: acts on the answer's units once verified)",
+                    stage.name()
+                )),
+                _ => {}
             }
         }
         if hosts.is_empty() {

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fanfold_core::Status;
 use fanfold_core::spec::{BreakerSpec, BudgetSpec, ContractSpec};
@@ -122,6 +122,12 @@ impl BudgetPool {
 
     pub fn wall_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
+    }
+
+    /// What is left of the wall budget, if there is one.
+    pub fn wall_left(&self) -> Option<Duration> {
+        let limit = Duration::from_secs(self.limits.max_wall_secs?);
+        Some(limit.saturating_sub(self.started.elapsed()))
     }
 
     /// The wall budget's stop, once it is spent.

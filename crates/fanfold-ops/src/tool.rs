@@ -50,17 +50,17 @@ pub enum Refused {
 
 /// One piece of a template: literal text or a hole an argument fills.
 #[derive(Clone, Debug, PartialEq)]
-enum Piece {
+pub(crate) enum Piece {
     Text(String),
     Hole(String),
 }
 
 /// A template string split at its `{name}` holes.
 #[derive(Clone, Debug, PartialEq)]
-struct Template(Vec<Piece>);
+pub(crate) struct Template(pub(crate) Vec<Piece>);
 
 impl Template {
-    fn parse(text: &str) -> Result<Template, String> {
+    pub(crate) fn parse(text: &str) -> Result<Template, String> {
         let mut pieces = Vec::new();
         let mut rest = text;
         while let Some(open) = rest.find('{') {
@@ -84,7 +84,7 @@ impl Template {
         Ok(Template(pieces))
     }
 
-    fn holes(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn holes(&self) -> impl Iterator<Item = &str> {
         self.0.iter().filter_map(|p| match p {
             Piece::Hole(h) => Some(h.as_str()),
             Piece::Text(_) => None,
@@ -96,7 +96,7 @@ impl Template {
     }
 
     /// The template with each hole replaced by `fill(name, value)`.
-    fn fill(
+    pub(crate) fn fill(
         &self,
         args: &BTreeMap<String, Value>,
         fill: impl Fn(&str, &str) -> Result<String, &'static str>,
@@ -132,7 +132,7 @@ impl Template {
 
 /// An argument as the text a hole takes; `None` for arrays, objects and
 /// null, which no hole takes.
-fn scalar(v: &Value) -> Option<String> {
+pub(crate) fn scalar(v: &Value) -> Option<String> {
     match v {
         Value::String(s) => Some(s.clone()),
         Value::Number(n) => Some(n.to_string()),
@@ -150,7 +150,7 @@ fn shown(v: &Option<String>) -> String {
 
 /// Percent-encodes everything but RFC 3986's unreserved characters, so a
 /// value is one path segment or one query value, whatever it holds.
-fn encode_component(value: &str) -> String {
+pub(crate) fn encode_component(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for b in value.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
@@ -163,7 +163,7 @@ fn encode_component(value: &str) -> String {
 }
 
 /// A value that would climb out of its segment once a path is resolved.
-fn is_dot_segment(value: &str) -> bool {
+pub(crate) fn is_dot_segment(value: &str) -> bool {
     value == "." || value == ".."
 }
 
@@ -273,14 +273,7 @@ impl ToolStage {
                 "attempts, timeout_ms and max_bytes must each be at least 1".into(),
             ));
         }
-        let schema = serde_json::json!({
-            "type": "object",
-            "additionalProperties": false,
-            "required": spec.args.keys().collect::<Vec<_>>(),
-            "properties": spec.args,
-        });
-        let validator = jsonschema::validator_for(&schema)
-            .map_err(|e| invalid(format!("args is not a JSON Schema: {e}")))?;
+        let validator = args_validator(&spec.args).map_err(&invalid)?;
         let templates = templates(&spec.capability).map_err(&invalid)?;
         for t in &templates {
             for hole in t.holes() {
@@ -330,21 +323,14 @@ impl ToolStage {
     /// The unit's request, `None` when its expression yields `null` (no
     /// request for this unit).
     pub fn request(&self, unit_id: &str, unit: &Value) -> Result<Option<Request>, Refused> {
-        let built = self
-            .request
-            .first_json(to_val(unit), Site::new("the tool's request", unit_id))
-            .map_err(|e| Refused::Expression(e.to_string()))?;
-        let args = match built {
-            None | Some(Value::Null) => return Ok(None),
-            Some(Value::Object(map)) => Value::Object(map),
-            Some(other) => return Err(Refused::NotObject(kind_of(&other).into())),
-        };
-        if let Some(e) = self.validator.iter_errors(&args).next() {
-            return Err(Refused::Schema(format!("{e} at {}", e.instance_path())));
-        }
-        let args: BTreeMap<String, Value> = match args {
-            Value::Object(map) => map.into_iter().collect(),
-            _ => BTreeMap::new(),
+        let Some(args) = build_args(
+            &self.request,
+            &self.validator,
+            unit,
+            Site::new("the tool's request", unit_id),
+        )?
+        else {
+            return Ok(None);
         };
         let target = self.target(&args)?;
         let mut h = StableHasher::new(REQUEST);
@@ -364,13 +350,7 @@ impl ToolStage {
         let mut next = || templates.next().cloned().unwrap_or(Template(Vec::new()));
         Ok(match &self.spec.capability {
             Capability::HttpGet { .. } => Target::Http {
-                url: next().fill(args, |_, v| {
-                    if is_dot_segment(v) {
-                        Err("a dot segment would climb the path")
-                    } else {
-                        Ok(encode_component(v))
-                    }
-                })?,
+                url: fill_url(&next(), args)?,
             },
             Capability::Argv { .. } => {
                 let mut argv = Vec::new();
@@ -416,27 +396,81 @@ impl ToolStage {
 
 /// The capability's templates, checked for holes only where a value
 /// cannot change what is reached.
+/// The validator of an `args` table: an object of exactly those
+/// arguments, each under its schema.
+pub(crate) fn args_validator(
+    args: &BTreeMap<String, Value>,
+) -> Result<jsonschema::Validator, String> {
+    let schema = serde_json::json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": args.keys().collect::<Vec<_>>(),
+        "properties": args,
+    });
+    jsonschema::validator_for(&schema).map_err(|e| format!("args is not a JSON Schema: {e}"))
+}
+
+/// The arguments `request` builds from `input`, checked against their
+/// schema; `None` when it yields `null`.
+pub(crate) fn build_args(
+    request: &JqProgram,
+    validator: &jsonschema::Validator,
+    input: &Value,
+    at: Site<'_>,
+) -> Result<Option<BTreeMap<String, Value>>, Refused> {
+    let built = request
+        .first_json(to_val(input), at)
+        .map_err(|e| Refused::Expression(e.to_string()))?;
+    let args = match built {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(map)) => Value::Object(map),
+        Some(other) => return Err(Refused::NotObject(kind_of(&other).into())),
+    };
+    if let Some(e) = validator.iter_errors(&args).next() {
+        return Err(Refused::Schema(format!("{e} at {}", e.instance_path())));
+    }
+    Ok(match args {
+        Value::Object(map) => Some(map.into_iter().collect()),
+        _ => None,
+    })
+}
+
+/// A URL template whose scheme, host and port are fixed, and its
+/// authority (`host:port`), which no hole may touch.
+pub(crate) fn url_template(url: &str) -> Result<(Template, String), String> {
+    let t = Template::parse(url)?;
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| format!("`{url}` is not an http or https URL"))?;
+    if scheme != "http" && scheme != "https" {
+        return Err(format!("`{url}` is not an http or https URL"));
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.contains('{') || authority.is_empty() {
+        return Err(format!(
+            "`{url}`: the host is fixed, a hole may fill only the path or the query"
+        ));
+    }
+    if rest.contains('#') {
+        return Err(format!("`{url}` may not carry a fragment"));
+    }
+    Ok((t, format!("{scheme}://{authority}")))
+}
+
+/// Fills a URL template: each value one path segment or query value.
+pub(crate) fn fill_url(t: &Template, args: &BTreeMap<String, Value>) -> Result<String, Refused> {
+    t.fill(args, |_, v| {
+        if is_dot_segment(v) {
+            Err("a dot segment would climb the path")
+        } else {
+            Ok(encode_component(v))
+        }
+    })
+}
+
 fn templates(cap: &Capability) -> Result<Vec<Template>, String> {
     match cap {
-        Capability::HttpGet { url, .. } => {
-            let t = Template::parse(url)?;
-            let (scheme, rest) = url
-                .split_once("://")
-                .ok_or_else(|| format!("`{url}` is not an http or https URL"))?;
-            if scheme != "http" && scheme != "https" {
-                return Err(format!("`{url}` is not an http or https URL"));
-            }
-            let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-            if authority.contains('{') || authority.is_empty() {
-                return Err(format!(
-                    "`{url}`: the host is fixed, a hole may fill only the path or the query"
-                ));
-            }
-            if rest.contains('#') {
-                return Err(format!("`{url}` may not carry a fragment"));
-            }
-            Ok(vec![t])
-        }
+        Capability::HttpGet { url, .. } => Ok(vec![url_template(url)?.0]),
         Capability::Argv { argv } => {
             let templates = argv
                 .iter()
@@ -469,7 +503,7 @@ fn templates(cap: &Capability) -> Result<Vec<Template>, String> {
     }
 }
 
-fn kind_of(v: &Value) -> &'static str {
+pub(crate) fn kind_of(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -12,13 +12,18 @@
 //! holder stops renewing it), and `batches`
 //! with `batch_requests` (provider batches and the content keys of the
 //! requests in them, so a run stopped while a batch is pending collects it
-//! when run again).
+//! when run again), and `effects` with `effect_journal` (every action on
+//! a target, its steps written ahead of the acts: `effects.rs`).
 //!
 //! Architecture Invariant: every write is a single statement or one
 //! transaction, in WAL mode, so a process killed at any instant leaves a
 //! consistent file, and a rerun finds every fact that was written before the
 //! kill. Only decided facts (positive, negative, abstain) enter `facts`:
 //! a failure is never cached as an answer.
+
+mod effects;
+
+pub use effects::{EffectRow, EffectState, JournalEntry};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
@@ -540,6 +545,7 @@ impl Store {
         // process opening the same new file sees none of them or all.
         let tx = conn.transaction().map_err(sql)?;
         tx.execute_batch(SCHEMA).map_err(sql)?;
+        tx.execute_batch(effects::SCHEMA).map_err(sql)?;
         if app != APPLICATION_ID {
             tx.pragma_update(None, "application_id", APPLICATION_ID)
                 .map_err(sql)?;

@@ -4,18 +4,28 @@
 //! Latency, 429s and hangs can be injected, and the server counts what it
 //! saw (requests, the most in flight at once) for a bench to check the
 //! client's quota against.
+//!
+//! It also takes effects as GitHub does: labels added to an issue
+//! (`POST .../issues/N/labels`), removed (`DELETE .../labels/NAME`) and
+//! comments posted (`POST .../issues/N/comments`), read back through
+//! `GET .../labels` and `GET .../comments`. It counts every effect it
+//! applied and every one that repeated an earlier one (a label already on
+//! the issue, a comment with the body of one already posted), so a test
+//! can prove exactly-once; `/_effects` shows them. A request carrying an
+//! `Idempotency-Key` it has seen is answered as before and applies
+//! nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{delete, get};
 use serde_json::{Value, json};
 
 /// What the tracker serves.
@@ -124,6 +134,9 @@ pub struct Faults {
     /// Every n-th request hangs for `hang_ms` before it is answered.
     pub every_hang: u64,
     pub hang_ms: u64,
+    /// Every n-th effect is applied and then answered 502, as when the
+    /// answer is lost on its way back.
+    pub lose_every: u64,
 }
 
 /// What the tracker saw.
@@ -136,6 +149,63 @@ pub struct TrackerStats {
     pub hung: AtomicU64,
     pub not_modified: AtomicU64,
     pub not_found: AtomicU64,
+    pub effects: Mutex<EffectLog>,
+}
+
+/// The effects the tracker took.
+#[derive(Debug, Default)]
+pub struct EffectLog {
+    /// Effect requests received, answered or not.
+    pub requests: u64,
+    /// Effects that changed something.
+    pub applied: u64,
+    /// Effects that repeated one already applied.
+    pub duplicates: u64,
+    /// Requests answered from an `Idempotency-Key` already seen.
+    pub replayed: u64,
+    /// Answers dropped by the `lose_every` fault after applying.
+    pub lost_answers: u64,
+    /// Labels added by effects and still on, by issue.
+    pub labels: BTreeMap<u64, BTreeSet<String>>,
+    /// Labels removed by effects, by issue (base labels taken off).
+    pub removed: BTreeMap<u64, BTreeSet<String>>,
+    /// Comments posted, by issue.
+    pub comments: BTreeMap<u64, Vec<Value>>,
+    /// How many times each (issue, kind, what) was applied or repeated.
+    pub times: BTreeMap<(u64, String, String), u64>,
+    keys: HashMap<String, (u16, Value)>,
+}
+
+impl EffectLog {
+    pub fn json(&self) -> Value {
+        let times: Vec<Value> = self
+            .times
+            .iter()
+            .map(|((issue, kind, what), n)| json!({"issue": issue, "kind": kind, "what": what, "times": n}))
+            .collect();
+        json!({
+            "requests": self.requests,
+            "applied": self.applied,
+            "duplicates": self.duplicates,
+            "replayed": self.replayed,
+            "lost_answers": self.lost_answers,
+            "effects": times,
+        })
+    }
+
+    /// One more effect of `kind` on `issue`; a repeat when it was seen.
+    fn count(&mut self, issue: u64, kind: &str, what: &str) {
+        let n = self
+            .times
+            .entry((issue, kind.to_owned(), what.to_owned()))
+            .or_insert(0);
+        *n += 1;
+        if *n == 1 {
+            self.applied += 1;
+        } else {
+            self.duplicates += 1;
+        }
+    }
 }
 
 impl TrackerStats {
@@ -148,7 +218,14 @@ impl TrackerStats {
             "hung": g(&self.hung),
             "not_modified": g(&self.not_modified),
             "not_found": g(&self.not_found),
+            "effects": self.effect_log().json(),
         })
+    }
+}
+
+impl TrackerStats {
+    pub fn effect_log(&self) -> std::sync::MutexGuard<'_, EffectLog> {
+        self.effects.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -189,7 +266,19 @@ pub fn app(data: Arc<TrackerData>, faults: Faults, stats: Arc<TrackerStats>) -> 
         .route("/repos/{owner}/{repo}/issues/{number}", get(issue))
         .route(
             "/repos/{owner}/{repo}/issues/{number}/comments",
-            get(comments),
+            get(comments).post(post_comment),
+        )
+        .route(
+            "/repos/{owner}/{repo}/issues/{number}/labels",
+            get(labels).post(add_labels),
+        )
+        .route(
+            "/repos/{owner}/{repo}/issues/{number}/labels/{name}",
+            delete(remove_label),
+        )
+        .route(
+            "/_effects",
+            get(|State(s): State<Shared>| async move { axum::Json(s.stats.effect_log().json()) }),
         )
         .route("/repos/{owner}/{repo}/milestones/{number}", get(milestone))
         .route(
@@ -321,8 +410,187 @@ async fn comments(
     else {
         return not_found(&s);
     };
-    let list = Value::Array(s.data.comments.get(&n).cloned().unwrap_or_default());
-    tagged(&s, &headers, &list)
+    let mut list = s.data.comments.get(&n).cloned().unwrap_or_default();
+    list.extend(
+        s.stats
+            .effect_log()
+            .comments
+            .get(&n)
+            .cloned()
+            .unwrap_or_default(),
+    );
+    tagged(&s, &headers, &Value::Array(list))
+}
+
+/// The issue's number, if the repository and the issue exist.
+fn known_issue(s: &Shared, owner: &str, repo: &str, number: &str) -> Option<u64> {
+    number
+        .parse::<u64>()
+        .ok()
+        .filter(|n| repo_matches(s, owner, repo) && s.data.issues.contains_key(n))
+}
+
+/// The issue's labels now: its own, less those removed, with those added.
+fn labels_now(s: &Shared, log: &EffectLog, n: u64) -> Vec<String> {
+    let mut names: BTreeSet<String> = s
+        .data
+        .issues
+        .get(&n)
+        .and_then(|i| i.get("labels"))
+        .and_then(Value::as_array)
+        .map(|ls| {
+            ls.iter()
+                .filter_map(|l| l.get("name").and_then(Value::as_str).map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(gone) = log.removed.get(&n) {
+        names.retain(|l| !gone.contains(l));
+    }
+    names.extend(log.labels.get(&n).cloned().unwrap_or_default());
+    names.into_iter().collect()
+}
+
+fn label_list(names: &[String]) -> Value {
+    Value::Array(names.iter().map(|n| json!({"name": n})).collect())
+}
+
+async fn labels(
+    State(s): State<Shared>,
+    Path((owner, repo, number)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let _flight = InFlight::enter(&s.stats);
+    if let Some(r) = admit(&s).await {
+        return r;
+    }
+    let Some(n) = known_issue(&s, &owner, &repo, &number) else {
+        return not_found(&s);
+    };
+    let names = labels_now(&s, &s.stats.effect_log(), n);
+    tagged(&s, &headers, &label_list(&names))
+}
+
+/// An effect request: counted, faults applied, an `Idempotency-Key` seen
+/// before answered as it was. `apply` changes the log and gives the
+/// answer.
+async fn effect(
+    s: &Shared,
+    headers: &HeaderMap,
+    apply: impl FnOnce(&mut EffectLog) -> (StatusCode, Value),
+) -> Response {
+    let _flight = InFlight::enter(&s.stats);
+    let n = {
+        let mut log = s.stats.effect_log();
+        log.requests += 1;
+        log.requests
+    };
+    if let Some(r) = admit(s).await {
+        return r;
+    }
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let mut log = s.stats.effect_log();
+    if let Some(k) = &key
+        && let Some((status, body)) = log.keys.get(k).cloned()
+    {
+        log.replayed += 1;
+        return (
+            StatusCode::from_u16(status).unwrap_or(StatusCode::OK),
+            axum::Json(body),
+        )
+            .into_response();
+    }
+    let (status, body) = apply(&mut log);
+    if let Some(k) = key
+        && status.is_success()
+    {
+        log.keys.insert(k, (status.as_u16(), body.clone()));
+    }
+    if s.faults.lose_every > 0 && n.is_multiple_of(s.faults.lose_every) {
+        log.lost_answers += 1;
+        return error(StatusCode::BAD_GATEWAY, "upstream connection lost");
+    }
+    (status, axum::Json(body)).into_response()
+}
+
+async fn add_labels(
+    State(s): State<Shared>,
+    Path((owner, repo, number)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let Some(n) = known_issue(&s, &owner, &repo, &number) else {
+        return not_found(&s);
+    };
+    let wanted: Option<Vec<String>> = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v.get("labels").cloned())
+        .and_then(|v| serde_json::from_value(v).ok());
+    let Some(wanted) = wanted else {
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "labels must be a list of names",
+        );
+    };
+    let shared = s.clone();
+    effect(&s, &headers, move |log| {
+        for name in &wanted {
+            log.count(n, "label", name);
+            if let Some(gone) = log.removed.get_mut(&n) {
+                gone.remove(name);
+            }
+            log.labels.entry(n).or_default().insert(name.clone());
+        }
+        (StatusCode::OK, label_list(&labels_now(&shared, log, n)))
+    })
+    .await
+}
+
+async fn remove_label(
+    State(s): State<Shared>,
+    Path((owner, repo, number, name)): Path<(String, String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(n) = known_issue(&s, &owner, &repo, &number) else {
+        return not_found(&s);
+    };
+    let shared = s.clone();
+    effect(&s, &headers, move |log| {
+        if let Some(added) = log.labels.get_mut(&n) {
+            added.remove(&name);
+        }
+        log.removed.entry(n).or_default().insert(name);
+        (StatusCode::OK, label_list(&labels_now(&shared, log, n)))
+    })
+    .await
+}
+
+async fn post_comment(
+    State(s): State<Shared>,
+    Path((owner, repo, number)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let Some(n) = known_issue(&s, &owner, &repo, &number) else {
+        return not_found(&s);
+    };
+    let text = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v.get("body").and_then(Value::as_str).map(str::to_owned));
+    let Some(text) = text else {
+        return error(StatusCode::UNPROCESSABLE_ENTITY, "body must be a string");
+    };
+    effect(&s, &headers, move |log| {
+        log.count(n, "comment", &text);
+        let id = 1_000_000 + log.comments.values().map(Vec::len).sum::<usize>() as u64;
+        let comment = json!({"id": id, "body": text, "user": {"login": "fanfold"}});
+        log.comments.entry(n).or_default().push(comment.clone());
+        (StatusCode::CREATED, comment)
+    })
+    .await
 }
 
 async fn list(

@@ -140,8 +140,21 @@ pub struct StageContext<'a> {
     /// What the earlier rungs threw away, for a stage that reads it.
     pub negatives: &'a Negatives,
     /// The answer's facts (table position, fact), for a stage that reads
-    /// facts; empty for every other stage.
+    /// facts or the answer; empty for every other stage.
     pub facts: &'a [(usize, FactRecord)],
+    /// Whether a stage that acts on the answer may act.
+    pub act: &'a ActGate,
+}
+
+/// What a stage that acts on the answer (an effect) may do in this run.
+#[derive(Clone, Debug, Default)]
+pub struct ActGate {
+    /// Show what would be done; send nothing, lease nothing, journal
+    /// nothing.
+    pub dry_run: bool,
+    /// Why nothing may be done at all (the answer is incomplete or did not
+    /// verify), if so.
+    pub held: Option<String>,
 }
 
 impl StageContext<'_> {
@@ -169,6 +182,7 @@ impl StageContext<'_> {
             stats: &mut *self.stats,
             negatives: self.negatives,
             facts: self.facts,
+            act: self.act,
         }
     }
 }
@@ -320,6 +334,10 @@ pub enum Reads<'a> {
     /// The negatives of earlier rungs (an audit): it runs once, after
     /// every stage before it, and may pass units back to an earlier stage.
     Negatives(&'a NegativeReads),
+    /// The units the answer selected (an effect): it runs once the answer
+    /// is folded and verified, over the answer's items, with their facts
+    /// in [`StageContext::facts`].
+    Answer,
 }
 
 /// What a stage calls to decide a unit.
@@ -332,6 +350,9 @@ pub enum Calls<'a> {
     /// A read-only tool; `sends_to` is what leaves the machine (a URL
     /// template, a program), `None` for a local read (a file, SQLite).
     Tool { sends_to: Option<&'a str> },
+    /// An action on a target outside (`acts_on`: the method and URL
+    /// template), carried out once and read back.
+    Effect { acts_on: &'a str },
 }
 
 /// Whether a stage's facts are stored under their content keys (a rerun
@@ -394,8 +415,13 @@ impl<'a> Shape<'a> {
     pub fn backend(&self) -> Option<&'a str> {
         match self.calls {
             Calls::Model { backend } => Some(backend),
-            Calls::Nothing | Calls::Tool { .. } => None,
+            Calls::Nothing | Calls::Tool { .. } | Calls::Effect { .. } => None,
         }
+    }
+
+    /// Whether it acts on the answer once it is verified (an effect).
+    pub fn reads_answer(&self) -> bool {
+        matches!(self.reads, Reads::Answer)
     }
 }
 

@@ -52,6 +52,8 @@ pub struct RunOptions {
     pub budget: Option<BudgetSpec>,
     /// Caps the store's size in bytes; a write past it stops the run.
     pub store_max_bytes: Option<u64>,
+    /// Effects show what they would do and do nothing.
+    pub dry_run: bool,
 }
 
 /// What a run's phases read of its options and spec, resolved once: a
@@ -92,6 +94,7 @@ impl RunOptions {
             record: None,
             budget: None,
             store_max_bytes: None,
+            dry_run: false,
         }
     }
 }
@@ -300,7 +303,7 @@ fn run_begun(
     let stages::State {
         mut stats,
         backends,
-        ..
+        shared,
     } = state;
     stats.model_calls += totals.calls;
     stats.cost.add(&totals.cost);
@@ -323,7 +326,7 @@ fn run_begun(
         &routed.rejected_by_reason,
         answered.reached,
     );
-    for stage in &plan.stages {
+    for stage in plan.stages.iter().filter(|s| !s.shape().reads_answer()) {
         incomplete.extend(stage.shortfalls(&stats));
     }
     // Units pruned before a bound was broken were pruned on a false proof.
@@ -353,13 +356,43 @@ fn run_begun(
         },
     );
     drop(folded);
+    phases.mark("verify");
+
+    // Effects, on the units the answer selected, once it verified.
+    let act = crate::kit::ActGate {
+        dry_run: opts.dry_run,
+        held: if !report.passed {
+            Some("the answer did not verify".into())
+        } else if !incomplete.is_empty() {
+            Some(format!(
+                "the answer is incomplete: {}",
+                incomplete.join("; ")
+            ))
+        } else {
+            None
+        },
+    };
+    let mut state = stages::State {
+        backends,
+        shared,
+        stats,
+    };
+    let targets = answer_targets(&answered, &facts);
+    scope.effects(&mut state, &targets, &facts, &act, &mut phases)?;
+    let stages::State {
+        mut stats,
+        backends,
+        ..
+    } = state;
+    for stage in plan.stages.iter().filter(|s| s.shape().reads_answer()) {
+        incomplete.extend(stage.shortfalls(&stats));
+    }
     let mut facts: Vec<FactRecord> = facts.into_iter().map(|(_, f)| f).collect();
     facts.sort_by(|a, b| {
         a.source_ids
             .cmp(&b.source_ids)
             .then_with(|| a.stage.cmp(&b.stage))
     });
-    phases.mark("verify");
 
     stats.phases_ms = phases.list;
     stats.peak_rss_kib = crate::report::peak_rss_kib();
@@ -511,6 +544,22 @@ fn fold_facts(
         f.reducer_path = path.iter().map(|k| k.short(12)).collect();
     }
     fold
+}
+
+/// The table positions of the units the answer selected, in the answer's
+/// order.
+fn answer_targets(answered: &answer::Answered, facts: &[(usize, FactRecord)]) -> Vec<usize> {
+    let at: HashMap<&UnitId, usize> = facts
+        .iter()
+        .filter_map(|(i, f)| Some((f.source_ids.first()?, *i)))
+        .collect();
+    let mut seen = BTreeSet::new();
+    answered
+        .items
+        .iter()
+        .filter_map(|item| at.get(&item.unit_id).copied())
+        .filter(|i| seen.insert(*i))
+        .collect()
 }
 
 /// Every unit verify reads back: the answer's items and themes, what the

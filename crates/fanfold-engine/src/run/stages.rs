@@ -14,8 +14,8 @@ use super::{Phases, RunOptions, RunSettings, route};
 use crate::Progress;
 use crate::error::RunError;
 use crate::kit::{
-    Backends, FactLedger, NegativeReads, Negatives, RungUnits, Shared, Stage, StageContext,
-    UnitScores,
+    ActGate, Backends, FactLedger, NegativeReads, Negatives, RungUnits, Shared, Stage,
+    StageContext, UnitScores,
 };
 use crate::plan::Plan;
 use crate::queue::BudgetPool;
@@ -87,6 +87,7 @@ impl Scope<'_> {
         ledger: &'b FactLedger<'b>,
         negatives: &'b Negatives,
         facts: &'b [(usize, FactRecord)],
+        act: &'b ActGate,
     ) -> StageContext<'b> {
         StageContext {
             spec: &self.plan.spec,
@@ -103,10 +104,13 @@ impl Scope<'_> {
             stats: &mut state.stats,
             negatives,
             facts,
+            act,
         }
     }
 
-    /// Runs every stage that reads units or negatives. The first pass
+    /// Runs every stage that reads units or negatives (a model reducer
+    /// reads the answer's facts once they are all known, `reducers`; an
+    /// effect acts on the verified answer, `effects`). The first pass
     /// runs them in spec order; an audit runs once, there. Units it sends
     /// back to an earlier stage run in a second pass, which only moves
     /// units forward, so it is the last.
@@ -124,6 +128,10 @@ impl Scope<'_> {
         let mut queued: BTreeMap<String, Vec<usize>> = self.routed.by_stage.clone();
         for pass in 0..2 {
             for stage in &self.plan.stages {
+                let shape = stage.shape();
+                if shape.reads_facts().is_some() || shape.reads_answer() {
+                    continue;
+                }
                 self.unit_stage(
                     stage.as_ref(),
                     pass,
@@ -152,12 +160,7 @@ impl Scope<'_> {
         queued: &mut BTreeMap<String, Vec<usize>>,
         staged: &mut Staged,
     ) -> Result<(), RunError> {
-        // A model reducer reads the answer's facts once they are all
-        // known: `reducers`.
         let shape = stage.shape();
-        if shape.reads_facts().is_some() {
-            return Ok(());
-        }
         let reads = shape.reads_negatives();
         let tripped = matches!(staged.stop, StopReason::BreakerTripped { .. });
         let units = match reads {
@@ -177,7 +180,11 @@ impl Scope<'_> {
             Some(reads) => self.negatives_for(reads, ledger, &mut state.shared),
             None => Negatives::default(),
         };
-        let outcome = stage.run(&mut self.context(state, ledger, &negatives, &[]), units)?;
+        let held = ActGate::default();
+        let outcome = stage.run(
+            &mut self.context(state, ledger, &negatives, &[], &held),
+            units,
+        )?;
         if let Some(s) = outcome.stop
             && staged.stop == StopReason::Completed
         {
@@ -235,8 +242,9 @@ impl Scope<'_> {
             let ledger =
                 FactLedger::new(self.store, Controller::new(crate::kit::no_contract()), None);
             let negatives = Negatives::default();
+            let held = ActGate::default();
             let outcome = stage.run(
-                &mut self.context(state, &ledger, &negatives, facts),
+                &mut self.context(state, &ledger, &negatives, facts, &held),
                 Vec::new(),
             )?;
             if let Some(s) = outcome.stop
@@ -244,6 +252,31 @@ impl Scope<'_> {
             {
                 *stop = s;
             }
+            phases.mark(&format!("{}:{}", stage.kind(), stage.name()));
+        }
+        Ok(())
+    }
+
+    /// Effects: the stages that act on the answer, once it is folded and
+    /// verified, over the units it selected (`targets`, table positions)
+    /// with the answer's facts. They never change the answer; what they
+    /// did goes to their reports.
+    pub fn effects(
+        &self,
+        state: &mut State,
+        targets: &[usize],
+        facts: &[(usize, FactRecord)],
+        act: &ActGate,
+        phases: &mut Phases,
+    ) -> Result<(), RunError> {
+        for stage in self.plan.stages.iter().filter(|s| s.shape().reads_answer()) {
+            let ledger =
+                FactLedger::new(self.store, Controller::new(crate::kit::no_contract()), None);
+            let negatives = Negatives::default();
+            stage.run(
+                &mut self.context(state, &ledger, &negatives, facts, act),
+                targets.to_vec(),
+            )?;
             phases.mark(&format!("{}:{}", stage.kind(), stage.name()));
         }
         Ok(())

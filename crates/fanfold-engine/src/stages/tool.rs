@@ -1019,14 +1019,14 @@ fn query_rows(
 }
 
 /// A body as JSON when it parses, else as text.
-fn body_of(bytes: &[u8]) -> Value {
+pub(crate) fn body_of(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
 }
 
 /// Checks a filled URL reaches the template's scheme, host and port, with
 /// its path exactly as filled (nothing a resolver would rewrite).
-fn same_origin(template: &str, filled: &str) -> Result<(), String> {
+pub(crate) fn same_origin(template: &str, filled: &str) -> Result<(), String> {
     let placeholder = |s: &str| {
         let mut out = String::new();
         let mut in_hole = false;
