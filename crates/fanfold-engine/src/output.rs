@@ -157,7 +157,7 @@ pub fn markdown(report: &RunReport) -> String {
         let _ = writeln!(out, "# INCOMPLETE: {}{sim}\n", a.question);
         let _ = writeln!(
             out,
-            "> **This answer is incomplete.** {}. The items below are only part of the answer; rerun (cached facts are reused) once the cause is fixed.\n",
+            "> **This answer is incomplete.** {}. What follows may be only part of the answer; rerun (cached facts are reused, effects in place are only read back) once the cause is fixed.\n",
             a.incomplete.join("; ")
         );
     }

@@ -291,8 +291,15 @@ pub fn app(data: Arc<TrackerData>, faults: Faults, stats: Arc<TrackerStats>) -> 
 /// Counts the request and applies the faults; `Some` answer when a fault
 /// decides it.
 async fn admit(s: &Shared) -> Option<Response> {
+    admit_after(s, true).await
+}
+
+/// `admit`, with the latency first or, for an effect, left to the caller
+/// to add after the effect is applied: a client that gives up (or is
+/// killed) while waiting for the answer has acted all the same.
+async fn admit_after(s: &Shared, latency_first: bool) -> Option<Response> {
     let n = s.stats.requests.fetch_add(1, Ordering::SeqCst) + 1;
-    if s.faults.latency_ms > 0 {
+    if latency_first && s.faults.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(s.faults.latency_ms)).await;
     }
     if s.faults.every_hang > 0 && n.is_multiple_of(s.faults.every_hang) {
@@ -473,7 +480,7 @@ async fn labels(
 
 /// An effect request: counted, faults applied, an `Idempotency-Key` seen
 /// before answered as it was. `apply` changes the log and gives the
-/// answer.
+/// answer, which waits out the latency after the change is made.
 async fn effect(
     s: &Shared,
     headers: &HeaderMap,
@@ -485,32 +492,47 @@ async fn effect(
         log.requests += 1;
         log.requests
     };
-    if let Some(r) = admit(s).await {
+    if let Some(r) = admit_after(s, false).await {
         return r;
     }
     let key = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let mut log = s.stats.effect_log();
-    if let Some(k) = &key
-        && let Some((status, body)) = log.keys.get(k).cloned()
-    {
-        log.replayed += 1;
-        return (
-            StatusCode::from_u16(status).unwrap_or(StatusCode::OK),
-            axum::Json(body),
-        )
-            .into_response();
+    // The log's lock is let go before the answer waits.
+    let applied = {
+        let mut log = s.stats.effect_log();
+        match key.as_ref().and_then(|k| log.keys.get(k).cloned()) {
+            Some(seen) => {
+                log.replayed += 1;
+                Err(seen)
+            }
+            None => {
+                let (status, body) = apply(&mut log);
+                if let Some(k) = key
+                    && status.is_success()
+                {
+                    log.keys.insert(k, (status.as_u16(), body.clone()));
+                }
+                let lost = s.faults.lose_every > 0 && n.is_multiple_of(s.faults.lose_every);
+                if lost {
+                    log.lost_answers += 1;
+                }
+                Ok((status, body, lost))
+            }
+        }
+    };
+    let (status, body, lost) = match applied {
+        Ok(done) => done,
+        Err((status, body)) => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+            return (status, axum::Json(body)).into_response();
+        }
+    };
+    if s.faults.latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(s.faults.latency_ms)).await;
     }
-    let (status, body) = apply(&mut log);
-    if let Some(k) = key
-        && status.is_success()
-    {
-        log.keys.insert(k, (status.as_u16(), body.clone()));
-    }
-    if s.faults.lose_every > 0 && n.is_multiple_of(s.faults.lose_every) {
-        log.lost_answers += 1;
+    if lost {
         return error(StatusCode::BAD_GATEWAY, "upstream connection lost");
     }
     (status, axum::Json(body)).into_response()
