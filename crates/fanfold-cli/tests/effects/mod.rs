@@ -329,13 +329,13 @@ fn a_cancel_after_dispatch_is_journaled_and_the_next_run_finishes_the_rest() {
     // One effect at a time, each slow, and a wall budget that ends the
     // stage part way.
     let s = Setup::new(Faults {
-        latency_ms: 200,
+        latency_ms: 100,
         ..Faults::default()
     });
     let spec = std::fs::read_to_string(s.dir.path().join("effects.toml"))
         .unwrap()
         .replace("quota = { concurrency = 4 }", "quota = { concurrency = 1 }")
-        + "\n[budget]\nmax_wall_secs = 3\n";
+        + "\n[budget]\nmax_wall_secs = 2\n";
     std::fs::write(s.dir.path().join("effects.toml"), &spec).unwrap();
     let o = s.go(&[]);
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
@@ -356,7 +356,7 @@ fn a_cancel_after_dispatch_is_journaled_and_the_next_run_finishes_the_rest() {
     // Without the limit the next run finishes: each issue labelled once.
     std::fs::write(
         s.dir.path().join("effects.toml"),
-        spec.replace("max_wall_secs = 3", "max_wall_secs = 600")
+        spec.replace("max_wall_secs = 2", "max_wall_secs = 600")
             .replace("quota = { concurrency = 1 }", "quota = { concurrency = 8 }"),
     )
     .unwrap();
@@ -479,4 +479,64 @@ answer = "asked"
         "{log}"
     );
     assert_eq!(log["effects"][0]["what"], "release-blocker");
+}
+
+#[test]
+fn a_lost_store_sends_nothing_twice() {
+    let s = Setup::new(Faults::default());
+    let o = s.go(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ids = s.answer_ids();
+    // The store is lost: its journal no longer knows what was done. Each
+    // effect is read back before it is sent, found, and not sent.
+    std::fs::remove_file(s.store()).unwrap();
+    let o = s.go(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let log = s.log();
+    assert_eq!(log["requests"], 2 * ids.len() as u64, "{log}");
+    assert_eq!(log["duplicates"], 0, "{log}");
+    let report = s.report("comment_cause");
+    assert_eq!(
+        outcome_count(&report, "already"),
+        ids.len() as u64,
+        "{report}"
+    );
+}
+
+#[test]
+fn an_idempotency_key_guards_resends_a_read_back_cannot_see() {
+    // Every answer is lost, and the read-back never sees the label (a
+    // target that shows changes late): each effect is sent
+    // again, always with its key, and the tracker applies it once.
+    let s = Setup::new(Faults {
+        lose_every: 1,
+        ..Faults::default()
+    });
+    let spec = std::fs::read_to_string(s.dir.path().join("effects.toml"))
+        .unwrap()
+        .replace(
+            "body = { labels = [\"release-blocker-auth\"] } }",
+            "body = { labels = [\"release-blocker-auth\"] }, idempotency_header = \"Idempotency-Key\" }",
+        )
+        .replace(
+            "holds = 'any(.body[]; .name == \"release-blocker-auth\")'",
+            "holds = 'false'",
+        );
+    assert!(spec.contains("idempotency_header") && spec.contains("holds = 'false'"));
+    std::fs::write(s.dir.path().join("effects.toml"), spec).unwrap();
+    let o = s.go(&[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let ids = s.answer_ids();
+    let n = ids.len() as u64;
+    let log = s.log();
+    let labels = applied(&log, "label");
+    assert_eq!(labels.len() as u64, n, "{log}");
+    assert!(labels.values().all(|&t| t == 1), "{log}");
+    // Two sends an effect: the first's answer lost, the second answered
+    // from its key with the first's receipt, applying nothing.
+    assert_eq!(log["replayed"], n, "{log}");
+    let report = s.report("label_blockers");
+    assert_eq!(report["sent"], 2 * n, "{report}");
+    // A receipt the read-back does not confirm is not in place.
+    assert_eq!(outcome_count(&report, "absent"), n, "{report}");
 }

@@ -5,8 +5,11 @@
 //! 1. the intent is journaled under the effect's idempotency key;
 //! 2. a lease on the key is taken in the store (the run's heartbeat renews
 //!    it; a killed run's lapses);
-//! 3. an effect the journal says may already have acted (dispatched, a
-//!    receipt, cancelled, unknown) is read back before anything is sent;
+//! 3. the target is read back before anything is sent: an effect the
+//!    journal says may already have acted (dispatched, cancelled,
+//!    unknown), or one this store never journaled (another store, a lost
+//!    one), is not made twice; one the journal says was done (a receipt,
+//!    confirmed) is only read back;
 //! 4. `dispatched` is journaled before the request leaves, the receipt
 //!    after it answers, and the read-back after that;
 //! 5. an answer that is lost (timeout, 5xx, 429, reset) is followed by a
@@ -398,30 +401,53 @@ impl Work<'_> {
         attempts: u32,
     ) -> Result<(), RunError> {
         use EffectState as S;
+        if gate.budget.wall_spent().is_some() {
+            // Nothing more is sent or read: what may have acted stays for
+            // the next run's read-back.
+            self.line.outcome = if prior.may_have_acted() {
+                Outcome::Unknown
+            } else {
+                Outcome::NotRun
+            };
+            self.line.detail = Some("the run's wall budget is spent".into());
+            return Ok(());
+        }
         match prior {
             // Done before: never sent again, only read back.
             S::Confirmed | S::Receipt | S::Absent => {
                 let seen = self.read_back_settled(action, 1);
                 return self.settle(seen, Outcome::Already, Outcome::Absent);
             }
-            // It may have acted: read back before anything is sent.
-            S::Dispatched | S::Unknown | S::Cancelled => match self.read_back(action) {
-                Ok((true, v)) => {
-                    if self.step(S::Confirmed, v)? {
-                        self.line.outcome = Outcome::Done;
-                        self.line.detail =
-                            Some("an earlier send took place: resolved by read-back".into());
+            // Read back before anything is sent: a send that may have
+            // acted (dispatched with no receipt, cancelled, unknown), or
+            // one this store never journaled (another store, a lost one)
+            // is not made twice.
+            S::Dispatched | S::Unknown | S::Cancelled | S::Intent | S::Refused => {
+                match self.read_back(action) {
+                    Ok((true, v)) => {
+                        if self.step(S::Confirmed, v)? {
+                            let sent_before = prior.may_have_acted();
+                            self.line.outcome = if sent_before {
+                                Outcome::Done
+                            } else {
+                                Outcome::Already
+                            };
+                            self.line.detail = Some(if sent_before {
+                                "an earlier send took place: resolved by read-back".into()
+                            } else {
+                                "in place before any send of this store: not sent".into()
+                            });
+                        }
+                        return Ok(());
                     }
-                    return Ok(());
+                    Ok((false, _)) => {}
+                    Err(why) => {
+                        self.line.outcome = Outcome::Unknown;
+                        self.line.detail = Some(format!("not sent: {why}"));
+                        return Ok(());
+                    }
                 }
-                Ok((false, _)) => {}
-                Err(why) => {
-                    self.line.outcome = Outcome::Unknown;
-                    self.line.detail = Some(format!("not sent again: {why}"));
-                    return Ok(());
-                }
-            },
-            S::Intent | S::Refused => {}
+            }
         }
         for attempt in 1..=attempts {
             if let Err(why) = gate.admit() {
