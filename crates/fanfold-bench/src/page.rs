@@ -95,6 +95,10 @@ pub struct RunOutput {
     pub answer: Answer,
     pub certificate: Certificate,
     pub facts: Vec<FactRecord>,
+    /// What the folder shows of being changed after its run (a fact that
+    /// no longer matches its digest, an answer item no fact supports);
+    /// empty when nothing does.
+    pub changed: Vec<String>,
 }
 
 impl RunOutput {
@@ -111,19 +115,22 @@ impl RunOutput {
                 dir.display()
             )
         })?;
-        let mut facts = Vec::new();
+        let mut lines = Vec::new();
         for (n, line) in read("facts.jsonl")?.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
             }
-            facts.push(serde_json::from_str(line).with_context(|| {
+            let fact: FactRecord = serde_json::from_str(line).with_context(|| {
                 format!("{}/facts.jsonl line {}: not a fact", dir.display(), n + 1)
-            })?);
+            })?;
+            lines.push((n + 1, fact));
         }
+        let changed = fanfold_engine::recheck::check_folder(&answer, &certificate, &lines);
         Ok(RunOutput {
             answer,
             certificate,
-            facts,
+            facts: lines.into_iter().map(|(_, f)| f).collect(),
+            changed,
         })
     }
 }
@@ -189,7 +196,18 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
         let _ = writeln!(md, "**{t}**\n");
         let _ = writeln!(h, "<div class=\"banner sim\">{}</div>", esc(t));
     }
-    if a.complete {
+    if !out.changed.is_empty() {
+        let t = format!(
+            "NOT VERIFIED: this folder was changed after its run, so what it shows cannot be trusted: {}",
+            out.changed.join("; ")
+        );
+        let _ = writeln!(md, "**{t}**\n");
+        let _ = writeln!(
+            h,
+            "<div class=\"banner bad\" id=\"changed\">{}</div>",
+            esc(&t)
+        );
+    } else if a.complete {
         let t = format!(
             "Complete: every unit the contract needs was decided{}.",
             if a.verified {

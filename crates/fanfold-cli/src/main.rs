@@ -1,6 +1,7 @@
 //! The `fanfold` command: glue between the user and the engine.
 
 mod label;
+mod new;
 mod planner;
 mod progress;
 
@@ -54,6 +55,36 @@ enum Command {
     /// the cheapest that proves the declared target is written as a plan
     /// file for `run --plan`.
     Plan(planner::PlanArgs),
+    /// Write a spec folder from a question and an input file: the format
+    /// and key it detected (and why), a rubric drafted from the question, a
+    /// decision schema with evidence, prefilter rules commented out, the
+    /// embedded backend and a [SIMULATED] keyword judge; then explain it.
+    New(new::NewArgs),
+    /// Ask a question of an input file in one command: `new` into
+    /// `.fanfold/ask/NAME` (printed, to refine and rerun), then run it.
+    Ask(new::AskArgs),
+    /// Re-check a finished answer from its output folder, later or on
+    /// another machine: every fact against its digest, the counts, the
+    /// answer against what its facts give, and every cited unit and quote
+    /// against the source read again. Exits 4 on any mismatch, naming
+    /// each.
+    Verify {
+        /// The run's output folder (answer.json, certificate.json,
+        /// facts.jsonl).
+        run: PathBuf,
+        /// Read the source from here instead of the spec's input.
+        #[arg(long, value_name = "FILE")]
+        input: Option<PathBuf>,
+    },
+    /// What each stage of a finished run said of one unit, and why: its
+    /// facts with their evidence, the fold path up to the answer, the
+    /// select's choice and the effects taken on it.
+    Why {
+        /// The run's output folder.
+        run: PathBuf,
+        /// The unit's id.
+        unit: String,
+    },
     /// Prove the spine's claims on the issue-triage fixture.
     Selfcheck(SelfcheckArgs),
     /// Print what a finished run measured, from its output folder.
@@ -452,6 +483,77 @@ fn real_main() -> Result<ExitCode> {
         Command::Batches(args) => batches(args).map(|()| ExitCode::SUCCESS),
         Command::Gc(args) => gc(args).map(|()| ExitCode::SUCCESS),
         Command::Label(args) => label::label(&args).map(|()| ExitCode::SUCCESS),
+        Command::New(args) => {
+            let (spec, why) = new::write(&args.dir, &args.question, &args.input)?;
+            println!(
+                "wrote {}: spec.toml, rubric.md, decision.schema.json, scripted.jq\ninput: {why}\n",
+                args.dir.display()
+            );
+            explain_new(&spec)?;
+            println!(
+                "\nedit rubric.md and the fields, then: fanfold run {} (or --backend scripted to try it without a model)",
+                spec.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ask(args) => {
+            let dir = match args.dir {
+                Some(d) => d,
+                None => free_folder(&args.question)?,
+            };
+            let (spec, why) = new::write(&dir, &args.question, &args.input)?;
+            eprintln!(
+                "the spec is in {} (edit it and run `fanfold run {}` to refine)\ninput: {why}",
+                dir.display(),
+                spec.display()
+            );
+            let spec_arg = spec.display().to_string();
+            let out_arg = dir.join("out").display().to_string();
+            let store_arg = dir.join("store.sqlite").display().to_string();
+            let cli = Cli::try_parse_from([
+                "fanfold",
+                "run",
+                spec_arg.as_str(),
+                "--backend",
+                args.backend.as_str(),
+                "--out",
+                out_arg.as_str(),
+                "--store",
+                store_arg.as_str(),
+            ])?;
+            match cli.command {
+                Command::Run(run_args) => run(run_args),
+                _ => bail!("internal: `ask` could not build its run"),
+            }
+        }
+        Command::Verify { run, input } => {
+            let checked =
+                fanfold_engine::recheck::recheck(&run, input.map(fanfold_engine::Source::File))?;
+            if checked.passed() {
+                println!(
+                    "verify {}: passed: {} facts match their digests, the counts add up, the answer is what its facts give ({} reducers), {} cited units and {} quotes read back from the source",
+                    run.display(),
+                    checked.facts,
+                    checked.numbers_checked,
+                    checked.cited_checked,
+                    checked.evidence_checked
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            println!(
+                "verify {}: FAILED, {} mismatches:",
+                run.display(),
+                checked.mismatches.len()
+            );
+            for m in &checked.mismatches {
+                println!("  - {m}");
+            }
+            Ok(ExitCode::from(fanfold_engine::EXIT_VERIFY_FAILED))
+        }
+        Command::Why { run, unit } => {
+            print!("{}", fanfold_engine::recheck::why(&run, &unit)?);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Report(ReportCommand::Run { run, html, md }) => {
             let out = fanfold_bench::page::RunOutput::read(&run)?;
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -461,7 +563,13 @@ fn real_main() -> Result<ExitCode> {
             write_file(&md, &text)?;
             write_file(&html, &page)?;
             println!("wrote {} and {}", md.display(), html.display());
-            Ok(if out.answer.complete {
+            Ok(if !out.changed.is_empty() {
+                eprintln!(
+                    "the folder was changed after its run: {}",
+                    out.changed.join("; ")
+                );
+                ExitCode::from(fanfold_engine::EXIT_VERIFY_FAILED)
+            } else if out.answer.complete {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(fanfold_engine::EXIT_INCOMPLETE)
@@ -737,6 +845,59 @@ fn explain(args: ExplainArgs) -> Result<ExitCode> {
         print!("{}", planner::departures(&args.spec, file)?);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `explain` for a spec `new` just wrote, over its input.
+fn explain_new(spec: &std::path::Path) -> Result<()> {
+    let plan = fanfold_engine::Plan::load(spec)?;
+    let routing = match plan.default_source() {
+        Some(src) => Some(fanfold_engine::run::explain_routing(
+            &plan,
+            &src,
+            None,
+            fanfold_ops::partition::DEFAULT_MAX_UNIT_BYTES,
+        )?),
+        None => None,
+    };
+    print!("{}", plan.explain(routing.as_ref()));
+    Ok(())
+}
+
+/// `.fanfold/ask/NAME`, NAME from the question, numbered past folders
+/// that exist.
+fn free_folder(question: &str) -> Result<PathBuf> {
+    let slug: String = question
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect::<String>()
+        .split('-')
+        .filter(|w| !w.is_empty())
+        .take(6)
+        .collect::<Vec<_>>()
+        .join("-");
+    let slug = if slug.is_empty() {
+        "question".to_owned()
+    } else {
+        slug
+    };
+    let base = PathBuf::from(".fanfold/ask");
+    for n in 1..1000 {
+        let dir = if n == 1 {
+            base.join(&slug)
+        } else {
+            base.join(format!("{slug}-{n}"))
+        };
+        if !dir.join("spec.toml").exists() {
+            return Ok(dir);
+        }
+    }
+    bail!("{}: no free folder for this question", base.display())
 }
 
 /// The store a maintenance command reads: it must exist already.

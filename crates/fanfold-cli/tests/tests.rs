@@ -10,6 +10,8 @@ use std::process::{Command, Output, Stdio};
 use serde_json::Value;
 
 mod effects;
+mod newuser;
+mod recheck;
 
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_fanfold"));
@@ -6363,4 +6365,21 @@ fn a_plan_scales_one_context_a_unit_by_distinct_views() {
         "2",
         "two views in all, not 2 × 1000 / 300: {table}"
     );
+}
+
+#[test]
+fn the_readme_shows_a_whole_spec_that_explains() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let spec = std::fs::read_to_string(repo().join("examples/minimal/spec.toml")).unwrap();
+    assert!(
+        readme.contains(&format!("```toml\n{spec}```")),
+        "README.md must show examples/minimal/spec.toml as it is"
+    );
+    let o = run(bin()
+        .arg("explain")
+        .arg(repo().join("examples/minimal/spec.toml")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("excluded closed: 587"), "{text}");
+    assert!(text.contains("stage judge: 413 units"), "{text}");
 }

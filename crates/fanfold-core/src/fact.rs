@@ -109,8 +109,53 @@ pub struct FactRecord {
     /// context did not see the whole unit. 0 when it did.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub truncated_tokens: u64,
+    /// The hash of what the fact says ([`FactRecord::content_digest`]),
+    /// set when it is recorded: a fact changed afterwards (a flipped
+    /// decision in the store or in facts.jsonl) no longer matches it, and
+    /// every reader refuses it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<ContentHash>,
 }
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+impl FactRecord {
+    /// The hash of what the fact says: its key, units, stage, status,
+    /// decision, output, confidence, evidence and reason. Not its cost or
+    /// its path through the fold, which say how it was made and used.
+    pub fn content_digest(&self) -> ContentHash {
+        let said = serde_json::json!({
+            "schema": self.schema,
+            "key": self.key,
+            "source_ids": self.source_ids,
+            "source_hashes": self.source_hashes,
+            "stage": self.stage,
+            "stage_version": self.stage_version,
+            "rubric_hash": self.rubric_hash,
+            "model": self.model,
+            "status": self.status,
+            "decision": self.decision,
+            "facts": self.facts,
+            "confidence": self.confidence,
+            "choice_scores": self.choice_scores,
+            "reason": self.reason,
+            "evidence": self.evidence,
+            "truncated_tokens": self.truncated_tokens,
+        });
+        let mut h = crate::StableHasher::new(crate::Bucket::Kind("fact-seal-v1"));
+        h.field("fact", &said);
+        h.finish()
+    }
+
+    /// Sets `digest` to what the fact says now.
+    pub fn seal(&mut self) {
+        self.digest = Some(self.content_digest());
+    }
+
+    /// Whether the fact still says what it was sealed saying.
+    pub fn is_intact(&self) -> bool {
+        self.digest == Some(self.content_digest())
+    }
 }

@@ -10,6 +10,7 @@ pub mod models;
 pub mod output;
 pub mod plan;
 pub mod queue;
+pub mod recheck;
 pub mod report;
 pub mod run;
 pub mod source;

@@ -219,6 +219,17 @@ pub fn markdown(report: &RunReport) -> String {
             .map(|s| format!(" (score {s})"))
             .unwrap_or_default();
         let _ = writeln!(out, "- {id} {title}{theme}{score}");
+        if !item.fields.is_empty() {
+            let shown: Vec<String> = item
+                .fields
+                .iter()
+                .map(|(k, v)| {
+                    let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+                    format!("{}: {}", md_text(k), md_text(&v))
+                })
+                .collect();
+            let _ = writeln!(out, "  {}", shown.join(" · "));
+        }
         for ev in item.evidence.iter().take(2) {
             let _ = writeln!(
                 out,

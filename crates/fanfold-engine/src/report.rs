@@ -33,6 +33,10 @@ pub struct AnswerItem {
     pub theme: Option<String>,
     pub score: Option<f64>,
     pub evidence: Vec<fanfold_core::Evidence>,
+    /// What the unit's fact extracted beside its decision (a sender, a
+    /// subject, a cause): the output schema's scalar fields.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fields: BTreeMap<String, serde_json::Value>,
 }
 
 /// One reducer's value, as the answer states it.
@@ -132,6 +136,13 @@ pub struct Certificate {
     pub simulated: bool,
     /// The figures that come from a simulated backend, when any do.
     pub simulated_figures: Vec<String>,
+    /// The spec file it ran (absolute), and the spec as it ran (after
+    /// command-line overrides): `fanfold verify` rebuilds the plan from
+    /// them, and refuses it unless its files still hash to `spec_hash`.
+    #[serde(default)]
+    pub spec_path: Option<String>,
+    #[serde(default)]
+    pub spec_as_run: Option<serde_json::Value>,
 }
 
 pub struct RunReport {

@@ -239,6 +239,7 @@ mod tests {
             attempts: 1,
             reducer_path: Vec::new(),
             truncated_tokens: 0,
+            digest: None,
         }
     }
 

@@ -1000,7 +1000,11 @@ impl Store {
             return Ok(None);
         };
         let why = match serde_json::from_str::<FactRecord>(&text) {
-            Ok(fact) if fact.key == *key => return Ok(Some(fact)),
+            Ok(fact) if fact.key == *key && fact.is_intact() => return Ok(Some(fact)),
+            Ok(fact) if fact.key == *key => {
+                "what it says no longer matches its digest: it was changed after it was stored"
+                    .to_owned()
+            }
             Ok(fact) => format!("it holds the fact of key {}", fact.key.short(16)),
             Err(e) => e.to_string(),
         };
@@ -1096,7 +1100,10 @@ impl Store {
                 status: fact.status.to_string(),
             });
         }
-        let record = serde_json::to_string(fact).map_err(|e| self.decode(e))?;
+        // Sealed as stored: a row edited afterwards is refused when read.
+        let mut sealed = fact.clone();
+        sealed.seal();
+        let record = serde_json::to_string(&sealed).map_err(|e| self.decode(e))?;
         let unit = fact
             .source_ids
             .first()
@@ -1789,6 +1796,7 @@ mod tests {
             attempts: 1,
             reducer_path: vec![],
             truncated_tokens: 0,
+            digest: None,
         }
     }
 
@@ -1798,7 +1806,10 @@ mod tests {
         let store = Store::open(&dir.path().join("s.sqlite")).expect("open");
         let f = fact(Status::Negative);
         store.put_fact(&f).expect("put");
-        assert_eq!(store.get_fact(&f.key).expect("get"), Some(f));
+        // Stored sealed: what comes back is the fact with its digest.
+        let mut sealed = f.clone();
+        sealed.seal();
+        assert_eq!(store.get_fact(&f.key).expect("get"), Some(sealed));
         for st in [Status::Error, Status::Cancelled, Status::NotRun] {
             assert!(matches!(
                 store.put_fact(&fact(st)),
@@ -1806,6 +1817,18 @@ mod tests {
             ));
         }
         assert_eq!(store.count_facts().expect("count"), 1);
+        // A row whose status was edited no longer matches its digest: it
+        // is refused, dropped and counted, and computed again by its run.
+        store
+            .conn()
+            .execute(
+                "UPDATE facts SET record = replace(record, '\"negative\"', '\"positive\"')",
+                [],
+            )
+            .expect("edit");
+        assert_eq!(store.get_fact(&f.key).expect("get"), None);
+        assert_eq!(store.corrupt_facts(), 1);
+        assert_eq!(store.count_facts().expect("count"), 0);
     }
 
     #[test]

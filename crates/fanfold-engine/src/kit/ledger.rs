@@ -171,7 +171,10 @@ impl<'a> FactLedger<'a> {
 
     /// Records the fact of unit `index`; a second fact for the same unit
     /// and stage is ignored.
-    pub fn record(&self, index: usize, fact: FactRecord, origin: Origin) {
+    pub fn record(&self, index: usize, mut fact: FactRecord, origin: Origin) {
+        // Sealed here, where every fact of the answer passes: facts.jsonl
+        // carries the digest, and an edit to a line is caught by verify.
+        fact.seal();
         let mut state = self.lock();
         // The first fact's status stands, as the first fact does.
         let first = match state.seen.get_mut(&fact.stage) {

@@ -65,6 +65,7 @@ pub fn answer(
                     .get(id)
                     .map(|f| f.evidence.clone())
                     .unwrap_or_default(),
+                fields: fact_of.get(id).map(|f| extracted(f)).unwrap_or_default(),
             }
         })
         .collect();
@@ -275,4 +276,19 @@ fn natural(s: &str) -> (usize, &str) {
     } else {
         (usize::MAX, s)
     }
+}
+
+/// What a fact extracted beside its decision, as the answer shows it: the
+/// output's scalar fields (a sender, a subject, a cause), not the decision
+/// itself, its evidence or other lists and objects.
+fn extracted(f: &FactRecord) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let Some(map) = f.facts.as_object() else {
+        return Default::default();
+    };
+    map.iter()
+        .filter(|(_, v)| v.is_string() || v.is_number() || v.is_boolean())
+        .filter(|(_, v)| v.as_str().is_none_or(|s| Some(s) != f.decision.as_deref()))
+        .filter(|(k, _)| k.as_str() != "confidence")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }

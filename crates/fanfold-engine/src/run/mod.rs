@@ -445,6 +445,10 @@ fn run_begun(
         verify: report.clone(),
         backends: backends.infos.clone(),
         simulated,
+        spec_path: std::path::absolute(&plan.spec_path)
+            .ok()
+            .map(|p| p.display().to_string()),
+        spec_as_run: serde_json::to_value(&plan.spec).ok(),
         simulated_figures: if simulated {
             vec![
                 "answer quality (ids, themes, precision, recall)".into(),

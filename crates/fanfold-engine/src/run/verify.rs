@@ -79,29 +79,46 @@ impl ReadBack for StoredSource<'_> {
     }
 
     fn view(&mut self, fact: &FactRecord) -> Option<Value> {
-        let (first, members) = fact.source_ids.split_first()?;
-        let value = self.judged(first)?;
-        let widened = self.projectors.get(&fact.stage)?.1;
-        let view = self
-            .projectors
-            .get(&fact.stage)?
-            .0
-            .project(first.as_str(), &value);
-        if !widened {
-            return view.ok();
-        }
-        let mut related = Vec::with_capacity(members.len());
-        for id in members {
-            let value = self.judged(id)?;
-            let member = self
-                .projectors
-                .get(&fact.stage)?
-                .0
-                .project(id.as_str(), &value);
-            related.push((id.0.clone(), member.ok()?));
-        }
-        fanfold_ops::widen::widened_view(view.ok()?, related).ok()
+        let projectors = std::mem::take(&mut self.projectors);
+        let view = judged_view(&projectors, fact, |id| self.judged(id));
+        self.projectors = projectors;
+        view
     }
+}
+
+/// Each stage whose facts quote what their context showed: its projection,
+/// and whether its view is widened with the fact's other cited units.
+pub(crate) fn evidence_projectors(plan: &Plan) -> HashMap<String, (Projector, bool)> {
+    plan.stages
+        .iter()
+        .filter_map(|s| {
+            let v = s.evidence_view()?;
+            let p = Projector::compile(s.name(), v.project.as_deref(), &v.fields).ok()?;
+            Some((s.name().to_owned(), (p, v.widened)))
+        })
+        .collect()
+}
+
+/// The view `fact` was judged in, rebuilt from its cited units as `unit`
+/// reads them back: the first unit's projection, widened with the rest's
+/// where its stage widens.
+pub(crate) fn judged_view(
+    projectors: &HashMap<String, (Projector, bool)>,
+    fact: &FactRecord,
+    mut unit: impl FnMut(&UnitId) -> Option<Value>,
+) -> Option<Value> {
+    let (first, members) = fact.source_ids.split_first()?;
+    let (projector, widened) = projectors.get(&fact.stage)?;
+    let view = projector.project(first.as_str(), &unit(first)?).ok()?;
+    if !*widened {
+        return Some(view);
+    }
+    let mut related = Vec::with_capacity(members.len());
+    for id in members {
+        let member = projector.project(id.as_str(), &unit(id)?).ok()?;
+        related.push((id.0.clone(), member));
+    }
+    fanfold_ops::widen::widened_view(view, related).ok()
 }
 
 /// What verify reads back and re-checks: the stored source, the decided
@@ -138,15 +155,7 @@ pub fn verify_stored(plan: &Plan, store: &Store, checked: Checked<'_>) -> Verify
         }
         _ => None,
     };
-    let projectors = plan
-        .stages
-        .iter()
-        .filter_map(|s| {
-            let v = s.evidence_view()?;
-            let p = Projector::compile(s.name(), v.project.as_deref(), &v.fields).ok()?;
-            Some((s.name().to_owned(), (p, v.widened)))
-        })
-        .collect();
+    let projectors = evidence_projectors(plan);
     let mut source = StoredSource {
         bytes,
         store,

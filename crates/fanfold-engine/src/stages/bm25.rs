@@ -196,6 +196,7 @@ impl Stage for Bm25Runner {
                 attempts: 0,
                 reducer_path: Vec::new(),
                 truncated_tokens: 0,
+                digest: None,
             };
             ctx.progress.unit_finished(stage.name(), status);
             ctx.ledger.record(i, fact, Origin::Derived);

@@ -336,6 +336,7 @@ impl Stage for ChunkRunner {
                 attempts: 0,
                 reducer_path: Vec::new(),
                 truncated_tokens: 0,
+                digest: None,
             }
         };
         // (table position, unit) of the `k`th unit routed here; `layout`

@@ -438,6 +438,7 @@ fn run_stage(
                 reducer_path: Vec::new(),
                 // The encoder's own cut is counted in the stage's stats.
                 truncated_tokens: 0,
+                digest: None,
             };
             fresh.push((i, fact, Origin::Fresh));
         }

@@ -671,6 +671,7 @@ impl MapRunner {
                 attempts: r.attempts,
                 reducer_path: Vec::new(),
                 truncated_tokens: r.truncated_tokens,
+                digest: None,
             })
         };
         let ledger = ctx.ledger;

@@ -944,6 +944,7 @@ fn derived_fact(
         attempts: 0,
         reducer_path: Vec::new(),
         truncated_tokens: 0,
+        digest: None,
     }
 }
 

@@ -643,6 +643,7 @@ impl SelectRunner {
             attempts: 0,
             reducer_path: Vec::new(),
             truncated_tokens: 0,
+            digest: None,
         })
     }
 }

@@ -174,6 +174,7 @@ impl Observation {
             attempts: 0,
             reducer_path: Vec::new(),
             truncated_tokens: 0,
+            digest: None,
         }
     }
 

@@ -1,0 +1,505 @@
+//! `fanfold new` and `fanfold ask`: from a question and an input file to a
+//! spec folder that explains and runs. The input's first bytes say its
+//! format (a JSON array, JSON lines, CSV, or text lines) and which field,
+//! if any, is a key; the rest is drafted from the question for the user to
+//! edit: a rubric, a decision schema with evidence, prefilter rules left
+//! commented out, the embedded backend, and a [SIMULATED] keyword judge.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+/// How much of the input is read to guess its shape.
+const SAMPLE_BYTES: u64 = 256 << 10;
+/// Fields a key is looked for under, in order.
+const KEY_NAMES: [&str; 8] = [
+    "id",
+    "number",
+    "key",
+    "uuid",
+    "message_id",
+    "slug",
+    "name",
+    "path",
+];
+/// The most fields a context shows by default.
+const MOST_FIELDS: usize = 6;
+
+#[derive(clap::Args)]
+pub struct NewArgs {
+    /// The folder to write the spec into (created; must not hold a spec).
+    pub dir: PathBuf,
+    /// The question, in words.
+    #[arg(long)]
+    pub question: String,
+    /// The input file: a JSON array, JSON lines, CSV, or a text or log
+    /// file.
+    #[arg(long)]
+    pub input: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct AskArgs {
+    /// The question, in words.
+    pub question: String,
+    /// The input file: a JSON array, JSON lines, CSV, or a text or log
+    /// file.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Where the spec folder goes; `.fanfold/ask/<name>` by default.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Run on this backend of the spec (`default`, the embedded model, or
+    /// `scripted`, the keyword judge).
+    #[arg(long, default_value = "default")]
+    pub backend: String,
+}
+
+/// What the input looks like.
+#[derive(Debug, PartialEq)]
+pub struct Shape {
+    /// The partition table, as TOML.
+    pub partition: String,
+    /// Why, in words.
+    pub reason: String,
+    /// The fields a context shows, most telling first.
+    pub fields: Vec<String>,
+    /// A field to title answer items by, if one looks like a title.
+    pub title: Option<String>,
+}
+
+/// Reads the input's first bytes and says what it is.
+pub fn inspect(input: &Path) -> Result<Shape> {
+    if input.is_dir() {
+        bail!(
+            "{} is a folder: fanfold reads one file (a JSON array, JSON lines, CSV or text lines); write the folder's files as JSON lines first, e.g. one {{\"path\", \"text\"}} object each",
+            input.display()
+        );
+    }
+    let mut head = Vec::new();
+    std::fs::File::open(input)
+        .with_context(|| format!("opening {}", input.display()))?
+        .take(SAMPLE_BYTES)
+        .read_to_end(&mut head)
+        .with_context(|| format!("reading {}", input.display()))?;
+    if head.is_empty() {
+        bail!(
+            "{} is empty: there is nothing to ask about",
+            input.display()
+        );
+    }
+    let text = String::from_utf8_lossy(&head);
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('[') {
+        let records = array_sample(trimmed);
+        if records.is_empty() {
+            bail!(
+                "{} starts like a JSON array, but no object could be read from its first {} KiB",
+                input.display(),
+                SAMPLE_BYTES >> 10
+            );
+        }
+        return Ok(json_shape(
+            "json_array",
+            "a JSON array of objects",
+            &records,
+        ));
+    }
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    // The last line may be cut by the sample.
+    let whole = match lines.split_last() {
+        Some((_, before)) if head.len() as u64 == SAMPLE_BYTES && !before.is_empty() => before,
+        _ => &lines[..],
+    };
+    let objects: Vec<Value> = whole
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(Value::is_object)
+        .collect();
+    if !whole.is_empty() && objects.len() == whole.len() {
+        return Ok(json_shape("jsonl", "one JSON object a line", &objects));
+    }
+    let is_csv_name = input
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
+    if let Some(shape) = csv_shape(whole, is_csv_name) {
+        return Ok(shape);
+    }
+    Ok(Shape {
+        partition: "{ type = \"lines\", kind = \"line\" }".into(),
+        reason: "text that is not JSON or CSV: one unit a line, its id made from its content"
+            .into(),
+        fields: vec!["text".into()],
+        title: Some("text".into()),
+    })
+}
+
+/// The objects of a JSON array's first bytes, as many as parse whole.
+fn array_sample(text: &str) -> Vec<Value> {
+    let mut rest = text.strip_prefix('[').unwrap_or(text);
+    let mut out = Vec::new();
+    // One element at a time, past the comma before it.
+    while out.len() < 200 {
+        rest = rest.trim_start().trim_start_matches(',').trim_start();
+        let mut it = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        match it.next() {
+            Some(Ok(v)) => {
+                let used = it.byte_offset();
+                if v.is_object() {
+                    out.push(v);
+                }
+                rest = rest.get(used..).unwrap_or("");
+            }
+            _ => break,
+        }
+    }
+    out
+}
+
+/// A key: the first of [`KEY_NAMES`] every sampled record has as a
+/// scalar, all distinct.
+fn key_of(records: &[Value]) -> Option<(String, String)> {
+    for name in KEY_NAMES {
+        let values: Vec<String> = records
+            .iter()
+            .filter_map(|r| match r.get(name)? {
+                Value::String(s) if !s.is_empty() => Some(s.clone()),
+                Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            })
+            .collect();
+        if values.len() == records.len() && !values.is_empty() {
+            let distinct: BTreeSet<&String> = values.iter().collect();
+            if distinct.len() == values.len() {
+                return Some((
+                    name.to_owned(),
+                    format!(
+                        "`{name}` is present and distinct in all {} records read",
+                        records.len()
+                    ),
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// The fields worth showing: those holding text, longest on average
+/// first, then the rest of the scalars.
+fn telling_fields(records: &[Value], skip: Option<&str>) -> (Vec<String>, Option<String>) {
+    let mut chars: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for r in records {
+        let Some(map) = r.as_object() else { continue };
+        for (k, v) in map {
+            let n = match v {
+                Value::String(s) => s.chars().count(),
+                Value::Number(_) | Value::Bool(_) => 1,
+                Value::Array(a) if a.iter().all(|x| x.is_string()) => {
+                    a.iter().filter_map(Value::as_str).map(str::len).sum()
+                }
+                _ => continue,
+            };
+            let e = chars.entry(k.clone()).or_insert((0, 0));
+            e.0 += n;
+            e.1 += 1;
+        }
+    }
+    let mut ranked: Vec<(String, f64)> = chars
+        .into_iter()
+        .filter(|(k, _)| Some(k.as_str()) != skip)
+        .map(|(k, (n, seen))| (k, n as f64 / seen.max(1) as f64))
+        .collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let title = ["title", "subject", "name", "summary"]
+        .iter()
+        .find(|t| ranked.iter().any(|(k, _)| k == *t))
+        .map(|t| (*t).to_owned());
+    let fields = ranked
+        .into_iter()
+        .take(MOST_FIELDS)
+        .map(|(k, _)| k)
+        .collect();
+    (fields, title)
+}
+
+fn json_shape(kind: &str, what: &str, records: &[Value]) -> Shape {
+    let key = key_of(records);
+    let (fields, title) = telling_fields(records, key.as_ref().map(|(k, _)| k.as_str()));
+    let (partition, reason) = match key {
+        Some((k, why)) => (
+            format!("{{ type = \"{kind}\", key = \"{k}\" }}"),
+            format!("{what}; {why}, so it is the key"),
+        ),
+        None => (
+            format!("{{ type = \"{kind}\" }}"),
+            format!(
+                "{what}; no field looks like a key, so ids are made from each record's content"
+            ),
+        ),
+    };
+    Shape {
+        partition,
+        reason,
+        fields,
+        title,
+    }
+}
+
+/// CSV: a header and rows with as many fields, by comma count; the file's
+/// name ending in `.csv` is enough when there is one column.
+fn csv_shape(lines: &[&str], named_csv: bool) -> Option<Shape> {
+    let header = lines.first()?;
+    let columns = header.split(',').count();
+    let consistent = lines.len() > 1
+        && lines
+            .iter()
+            .skip(1)
+            .take(50)
+            .all(|l| l.split(',').count() >= columns);
+    if !(named_csv || (columns > 1 && consistent)) {
+        return None;
+    }
+    let names: Vec<String> = header
+        .split(',')
+        .map(|c| c.trim().trim_matches('"').to_owned())
+        .filter(|c| !c.is_empty())
+        .collect();
+    let key = KEY_NAMES
+        .iter()
+        .find(|k| names.iter().any(|n| n == *k))
+        .map(|k| (*k).to_owned());
+    let fields: Vec<String> = names
+        .iter()
+        .filter(|n| Some(n.as_str()) != key.as_deref())
+        .take(MOST_FIELDS)
+        .cloned()
+        .collect();
+    let title = ["title", "subject", "name", "summary"]
+        .iter()
+        .find(|t| names.iter().any(|n| n == *t))
+        .map(|t| (*t).to_owned());
+    let (partition, reason) = match &key {
+        Some(k) => (
+            format!("{{ type = \"csv\", key = \"{k}\" }}"),
+            format!(
+                "CSV with a header of {} columns; `{k}` is the key",
+                names.len()
+            ),
+        ),
+        None => (
+            "{ type = \"csv\" }".to_owned(),
+            format!(
+                "CSV with a header of {} columns; none is named like a key, so ids are made from each row's content",
+                names.len()
+            ),
+        ),
+    };
+    Some(Shape {
+        partition,
+        reason,
+        fields,
+        title,
+    })
+}
+
+/// The question's words worth matching, for the keyword judge and the
+/// commented prefilter.
+fn keywords(question: &str) -> Vec<String> {
+    const STOP: [&str; 24] = [
+        "which", "what", "where", "when", "there", "their", "about", "these", "those", "that",
+        "this", "have", "does", "with", "from", "into", "they", "them", "were", "been", "being",
+        "would", "could", "should",
+    ];
+    let mut seen = BTreeSet::new();
+    question
+        .split(|c: char| !c.is_alphanumeric())
+        .map(str::to_lowercase)
+        .filter(|w| w.chars().count() >= 4 && !STOP.contains(&w.as_str()))
+        .filter(|w| seen.insert(w.clone()))
+        .take(6)
+        .collect()
+}
+
+fn toml_str(s: &str) -> String {
+    toml::Value::String(s.to_owned()).to_string()
+}
+
+/// Writes the spec folder; returns the spec's path and why its partition
+/// was chosen.
+pub fn write(dir: &Path, question: &str, input: &Path) -> Result<(PathBuf, String)> {
+    let shape = inspect(input)?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let spec_path = dir.join("spec.toml");
+    if spec_path.exists() {
+        bail!(
+            "{} exists: refusing to overwrite a spec; choose another folder",
+            spec_path.display()
+        );
+    }
+    let input_abs =
+        std::path::absolute(input).with_context(|| format!("resolving {}", input.display()))?;
+    let words = keywords(question);
+    let pattern = if words.is_empty() {
+        ".".to_owned()
+    } else {
+        words.join("|")
+    };
+    let name: String = words.iter().take(3).cloned().collect::<Vec<_>>().join("-");
+    let name = if name.is_empty() {
+        "question".into()
+    } else {
+        name
+    };
+    let fields_toml: Vec<String> = shape.fields.iter().map(|f| toml_str(f)).collect();
+    let text_of = shape
+        .fields
+        .iter()
+        .map(|f| format!("(.{} // \"\" | tostring)", jq_field(f)))
+        .collect::<Vec<_>>()
+        .join(" + \" \" + ");
+    let text_of = if text_of.is_empty() {
+        "tostring".to_owned()
+    } else {
+        text_of
+    };
+    let mut spec = String::new();
+    let _ = writeln!(
+        spec,
+        "# Written by `fanfold new`: edit the rubric, the fields and the rules,\n# then `fanfold explain spec.toml` and `fanfold run spec.toml`.\nname = {}\nquestion = {}\n\n[input]\npath = {}\n# {}\npartition = {}\n",
+        toml_str(&name),
+        toml_str(question),
+        toml_str(&input_abs.display().to_string()),
+        shape.reason,
+        shape.partition
+    );
+    let _ = writeln!(
+        spec,
+        "# Rules run before any model; the first that matches decides. Uncomment\n# one to drop records that cannot be about the question:\n# [[prefilter]]\n# name = \"off_topic\"\n# when = '({text_of}) | test({}; \"i\") | not'\n# action = \"exclude\"\n# reason = \"off_topic\"\n",
+        toml_str(&pattern)
+    );
+    let _ = writeln!(
+        spec,
+        "[[stages]]\nname = \"judge\"\ntype = \"map\"\nversion = 1\nrubric = \"rubric.md\"\noutput_schema = \"decision.schema.json\"\nfields = [{}]\ndecision = {{ pointer = \"/decision\", positive = [\"positive\"], negative = [\"negative\"], abstain = [\"unsure\"] }}\nevidence = \"/evidence\"\nbackend = \"default\"\nmax_attempts = 2\nmax_output_tokens = 200\n",
+        fields_toml.join(", ")
+    );
+    let _ = writeln!(
+        spec,
+        "# The embedded model; point `model` at a bigger GGUF, or use an\n# `openai` or `anthropic` backend, for answers worth reading.\n[backends.default]\ntype = \"llama\"\nslot_tokens = 1024\n\n# [SIMULATED] A keyword judge for trying the spec: `--backend scripted`.\n[backends.scripted]\ntype = \"scripted\"\nscript = \"scripted.jq\"\n\n[[fold.reducers]]\nname = \"answer\"\ntype = \"set\"\n\n[contract]\ntype = \"exhaustive\"\nanswer = \"answer\"\n"
+    );
+    if let Some(t) = &shape.title {
+        let _ = writeln!(spec, "[output]\ntitle = {}", toml_str(t));
+    }
+    let rubric = format!(
+        "Question: {question}\n\nYou see one record. Answer `positive` when this record, on its own, is part of\nthe answer to the question; `negative` when it is not; `unsure` when the\nrecord does not say enough to tell. Judge only from what the record says.\n\nQuote, verbatim and from the record's content (not its headers or ids), the\nwords that decide it, naming the field they are in.\n"
+    );
+    let field_enum: Vec<Value> = shape
+        .fields
+        .iter()
+        .map(|f| Value::String(f.clone()))
+        .collect();
+    let schema = serde_json::json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["decision", "evidence"],
+        "properties": {
+            "decision": {"enum": ["positive", "negative", "unsure"]},
+            "evidence": {
+                "type": "array",
+                "maxItems": 1,
+                "items": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["field", "quote"],
+                    "properties": {
+                        "field": {"enum": field_enum},
+                        "quote": {"type": "string", "minLength": 4, "maxLength": 200}
+                    }
+                }
+            }
+        }
+    });
+    let script = format!(
+        "# [SIMULATED] A keyword judge standing in for a model: positive when the\n# record's text names a word of the question. Not a judgment.\n{{decision: (if (({text_of}) | test({}; \"i\")) then \"positive\" else \"negative\" end), evidence: []}}\n",
+        toml_json_str(&pattern)
+    );
+    let files = [
+        (spec_path.clone(), spec),
+        (dir.join("rubric.md"), rubric),
+        (
+            dir.join("decision.schema.json"),
+            serde_json::to_string_pretty(&schema).unwrap_or_default() + "\n",
+        ),
+        (dir.join("scripted.jq"), script),
+    ];
+    for (path, text) in files {
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok((spec_path, shape.reason))
+}
+
+/// A field name as jq reads it: `.name`, or `.["odd name"]`.
+fn jq_field(f: &str) -> String {
+    if f.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && f.chars().next().is_some_and(|c| !c.is_ascii_digit())
+    {
+        f.to_owned()
+    } else {
+        format!("[{}]", toml_json_str(f))
+    }
+}
+
+/// A string as a JSON (and jq) literal.
+fn toml_json_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_array_with_a_distinct_number_is_keyed_by_it() {
+        let dir = tempfile::tempdir().expect("dir");
+        let p = dir.path().join("a.json");
+        std::fs::write(
+            &p,
+            r#"[{"number": 1, "title": "Login fails", "body": "After the upgrade users cannot log in at all."},
+                {"number": 2, "title": "Typo", "body": "A typo on the about page."}]"#,
+        )
+        .expect("write");
+        let s = inspect(&p).expect("shape");
+        assert_eq!(s.partition, r#"{ type = "json_array", key = "number" }"#);
+        assert_eq!(s.fields.first().map(String::as_str), Some("body"));
+        assert_eq!(s.title.as_deref(), Some("title"));
+    }
+
+    #[test]
+    fn lines_csv_and_folders_are_told_apart() {
+        let dir = tempfile::tempdir().expect("dir");
+        let log = dir.path().join("app.log");
+        std::fs::write(
+            &log,
+            "2026-01-01 ERROR disk full\n2026-01-01 INFO started\n",
+        )
+        .expect("w");
+        assert!(inspect(&log).expect("log").partition.contains("lines"));
+        let csv = dir.path().join("t.csv");
+        std::fs::write(&csv, "id,text\n1,hello\n2,world\n").expect("w");
+        let s = inspect(&csv).expect("csv");
+        assert_eq!(s.partition, r#"{ type = "csv", key = "id" }"#);
+        assert!(inspect(dir.path()).is_err());
+    }
+
+    #[test]
+    fn the_question_gives_the_keywords() {
+        assert_eq!(
+            keywords("Which e-mails discuss the merger first-hand?"),
+            vec!["mails", "discuss", "merger", "first", "hand"]
+        );
+    }
+}

@@ -1,0 +1,202 @@
+//! What a new user meets: `fanfold new` and `fanfold ask` from a question
+//! and a file fanfold has never seen, in each shape it reads, run on the
+//! scripted and the embedded backends.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::{bin, run, stderr, stdout};
+
+const QUESTION: &str = "Which messages report a failed payment?";
+
+/// The same six messages in each shape; two report a failed payment.
+fn write_inputs(dir: &Path) -> Vec<(&'static str, std::path::PathBuf)> {
+    let rows = [
+        (
+            1,
+            "Invoice 2231",
+            "The card payment failed twice this morning.",
+        ),
+        (2, "Lunch", "Are we still on for Thursday?"),
+        (3, "Refund", "Please confirm the refund was sent."),
+        (
+            4,
+            "Card declined",
+            "My payment failed at checkout with error 51.",
+        ),
+        (5, "Newsletter", "Our spring collection is here."),
+        (
+            6,
+            "Meeting notes",
+            "Notes from the planning meeting attached.",
+        ),
+    ];
+    let objects: Vec<Value> = rows
+        .iter()
+        .map(|(id, subject, body)| serde_json::json!({"id": id, "subject": subject, "body": body}))
+        .collect();
+    let array = dir.join("messages.json");
+    std::fs::write(&array, serde_json::to_string_pretty(&objects).unwrap()).unwrap();
+    let jsonl = dir.join("messages.jsonl");
+    let text: String = objects.iter().map(|o| format!("{o}\n")).collect();
+    std::fs::write(&jsonl, text).unwrap();
+    let csv = dir.join("messages.csv");
+    let mut text = "id,subject,body\n".to_owned();
+    for (id, subject, body) in rows {
+        text.push_str(&format!("{id},{subject},\"{body}\"\n"));
+    }
+    std::fs::write(&csv, text).unwrap();
+    let log = dir.join("messages.log");
+    let text: String = rows
+        .iter()
+        .map(|(id, subject, body)| format!("2026-12-0{id} 10:00:00 INFO mail {subject}: {body}\n"))
+        .collect();
+    std::fs::write(&log, text).unwrap();
+    vec![
+        ("json_array", array),
+        ("jsonl", jsonl),
+        ("csv", csv),
+        ("lines", log),
+    ]
+}
+
+fn answer(dir: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(dir.join("answer.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn new_writes_a_spec_that_explains_and_runs_for_each_shape_of_input() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (shape, input) in write_inputs(tmp.path()) {
+        let dir = tmp.path().join(format!("spec-{shape}"));
+        let o = run(bin()
+            .arg("new")
+            .arg(&dir)
+            .args(["--question", QUESTION])
+            .arg("--input")
+            .arg(&input));
+        assert!(o.status.success(), "{shape}: {}", stderr(&o));
+        let said = stdout(&o);
+        // The explain that follows read the input: six units, none rejected.
+        assert!(said.contains("6 units, 0 rejected"), "{shape}: {said}");
+        let spec = std::fs::read_to_string(dir.join("spec.toml")).unwrap();
+        assert!(
+            spec.contains(&format!("type = \"{shape}\"")),
+            "{shape}: {spec}"
+        );
+        if shape != "lines" {
+            assert!(spec.contains("key = \"id\""), "{shape}: {spec}");
+        }
+        // A spec folder is not overwritten.
+        let again = run(bin()
+            .arg("new")
+            .arg(&dir)
+            .args(["--question", QUESTION])
+            .arg("--input")
+            .arg(&input));
+        assert!(!again.status.success(), "{shape}");
+        // It runs, on the keyword judge: the two failed payments.
+        let out = dir.join("out");
+        let o = run(bin()
+            .arg("run")
+            .arg(dir.join("spec.toml"))
+            .args(["--backend", "scripted", "--json"])
+            .arg("--store")
+            .arg(dir.join("store.sqlite"))
+            .arg("--out")
+            .arg(&out));
+        assert_eq!(o.status.code(), Some(0), "{shape}: {}", stderr(&o));
+        let a = answer(&out);
+        assert_eq!(a["items"].as_array().unwrap().len(), 2, "{shape}: {a}");
+        let v = run(bin().arg("verify").arg(&out));
+        assert_eq!(v.status.code(), Some(0), "{shape}: {}", stdout(&v));
+    }
+    // A folder is refused with what to do instead.
+    let o = run(bin()
+        .arg("new")
+        .arg(tmp.path().join("spec-folder"))
+        .args(["--question", QUESTION])
+        .arg("--input")
+        .arg(tmp.path()));
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("is a folder"), "{}", stderr(&o));
+}
+
+#[test]
+fn ask_answers_in_one_command_and_says_where_its_spec_is() {
+    let tmp = tempfile::tempdir().unwrap();
+    let inputs = write_inputs(tmp.path());
+    let (_, jsonl) = &inputs[1];
+    let o = run(bin()
+        .current_dir(tmp.path())
+        .args(["ask", QUESTION, "--backend", "scripted", "--input"])
+        .arg(jsonl));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let dir = tmp
+        .path()
+        .join(".fanfold/ask/which-messages-report-a-failed-payment");
+    assert!(
+        stderr(&o).contains("the spec is in .fanfold/ask/which-messages-report-a-failed-payment"),
+        "{}",
+        stderr(&o)
+    );
+    let a = answer(&dir.join("out"));
+    let ids: Vec<&str> = a["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["unit_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["1", "4"]);
+    // Asked again, it writes a folder of its own beside the first.
+    let o = run(bin()
+        .current_dir(tmp.path())
+        .args(["ask", QUESTION, "--backend", "scripted", "--input"])
+        .arg(jsonl));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        tmp.path()
+            .join(".fanfold/ask/which-messages-report-a-failed-payment-2/spec.toml")
+            .exists()
+    );
+}
+
+#[test]
+fn embedded_ask_runs_a_new_spec_on_the_embedded_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let inputs = write_inputs(tmp.path());
+    let (_, jsonl) = &inputs[1];
+    let o = run(bin()
+        .current_dir(tmp.path())
+        .args(["ask", QUESTION, "--input"])
+        .arg(jsonl));
+    // What the 135M model says is not checked; that every message was
+    // judged and accounted for, and the answer verified, is.
+    assert!(
+        matches!(o.status.code(), Some(0) | Some(3)),
+        "{}",
+        stderr(&o)
+    );
+    let out = tmp
+        .path()
+        .join(".fanfold/ask/which-messages-report-a-failed-payment/out");
+    let cert: Value =
+        serde_json::from_slice(&std::fs::read(out.join("certificate.json")).unwrap()).unwrap();
+    let s = &cert["statuses"];
+    let total: u64 = [
+        "positive",
+        "negative",
+        "abstain",
+        "error",
+        "cancelled",
+        "not_run",
+    ]
+    .iter()
+    .map(|k| s[*k].as_u64().unwrap())
+    .sum();
+    assert_eq!(total, 6, "{s}");
+    assert!(cert["stats"]["model_calls"].as_u64().unwrap() >= 6);
+    assert_eq!(cert["simulated"], false);
+    assert_eq!(cert["verify"]["passed"], true, "{}", cert["verify"]);
+}
