@@ -315,6 +315,28 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
             esc(title),
             esc(&theme)
         );
+        if !item.fields.is_empty() {
+            let shown: Vec<(String, String)> = item
+                .fields
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v.as_str().map_or_else(|| v.to_string(), str::to_owned),
+                    )
+                })
+                .collect();
+            let text: Vec<String> = shown
+                .iter()
+                .map(|(k, v)| format!("{}: {}", md_text(k), md_text(v)))
+                .collect();
+            let _ = writeln!(md, "  {}", text.join(" · "));
+            let html: Vec<String> = shown
+                .iter()
+                .map(|(k, v)| format!("<span class=\"meta\">{}:</span> {}", esc(k), esc(v)))
+                .collect();
+            let _ = write!(h, "<div class=\"fields\">{}</div>", html.join(" · "));
+        }
         for e in &item.evidence {
             let _ = writeln!(md, "  > {} ({})", md_text(&e.quote), md_text(&e.field));
             let _ = write!(

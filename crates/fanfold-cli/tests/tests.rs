@@ -3473,6 +3473,15 @@ fn a_run_report_renders_in_a_browser_with_every_citation_resolving() {
     let (links, dangling) = dangling_links(&dom);
     assert!(links >= items, "{links} citation links for {items} items");
     assert!(dangling.is_empty(), "links to nothing: {dangling:?}");
+    // Each item shows what its fact extracted beside the decision: the
+    // cause the judge named.
+    let first_cause = answer["items"][0]["fields"]["cause"]
+        .as_str()
+        .expect("the first item's extracted cause");
+    assert!(
+        dom.contains(&format!("<span class=\"meta\">cause:</span> {first_cause}")),
+        "the page does not show the extracted cause {first_cause}"
+    );
     assert!(png.len() > 10_000, "a screenshot of {} bytes", png.len());
     let md = std::fs::read_to_string(out.path().join("run/report.md")).expect("markdown");
     assert!(md.contains(&format!("## Answer: {items} items")));
