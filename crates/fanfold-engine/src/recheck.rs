@@ -257,9 +257,14 @@ pub fn recheck(dir: &Path, input: Option<Source>) -> Result<Rechecked, RecheckEr
             .push("no source to read: give --input".into());
         return Ok(out);
     };
-    // Every unit, not only those the prefilter kept: a cited unit edited
-    // since may no longer pass it, and is then changed, not missing. (So
-    // the whole partition is held in memory, unlike a run.)
+    // Every unit a fact is about, whether the prefilter keeps it now or
+    // not: a cited unit edited since may no longer pass it, and is then
+    // changed, not missing. Only those units are held.
+    let wanted: std::collections::HashSet<String> = facts
+        .iter()
+        .flat_map(|f| f.source_ids.iter().map(|id| id.0.clone()))
+        .chain(out_dir.answer.items.iter().map(|i| i.unit_id.0.clone()))
+        .collect();
     let mut every = plan.spec.clone();
     every.prefilter.clear();
     let unfiltered = match rebuild(every) {
@@ -269,8 +274,12 @@ pub fn recheck(dir: &Path, input: Option<Source>) -> Result<Rechecked, RecheckEr
             return Ok(out);
         }
     };
-    let routed = match crate::run::route_source(&unfiltered, &source, cert.settings.max_unit_bytes)
-    {
+    let routed = match crate::run::route_source_keeping(
+        &unfiltered,
+        &source,
+        cert.settings.max_unit_bytes,
+        Some(&wanted),
+    ) {
         Ok(r) => r,
         Err(e) => {
             out.mismatches

@@ -789,6 +789,16 @@ pub fn route_source(
     source: &Source,
     max_unit_bytes: u64,
 ) -> Result<route::Routed, RunError> {
+    route_source_keeping(plan, source, max_unit_bytes, None)
+}
+
+/// [`route_source`], holding only the units whose ids `keep` lists.
+pub fn route_source_keeping(
+    plan: &Plan,
+    source: &Source,
+    max_unit_bytes: u64,
+    keep: Option<&std::collections::HashSet<String>>,
+) -> Result<route::Routed, RunError> {
     // Units carry their source's hash, so the source is hashed first; a
     // stream that cannot be read twice is read into memory.
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
@@ -802,14 +812,15 @@ pub fn route_source(
             reader.finish()?;
             let hash = ContentHash(*hasher.finalize().as_bytes());
             let mut reader = source.open()?;
-            let routed = route::route(plan, hash, &origin, &mut reader, None, options)?;
+            let routed =
+                route::route_keeping(plan, hash, &origin, &mut reader, None, options, keep)?;
             reader.finish()?;
             Ok(routed)
         }
         _ => {
             let bytes = source.read()?;
             let hash = ContentHash::of_bytes(&bytes);
-            route::route(plan, hash, &origin, bytes.as_slice(), None, options)
+            route::route_keeping(plan, hash, &origin, bytes.as_slice(), None, options, keep)
         }
     }
 }

@@ -126,6 +126,9 @@ struct Sink<'a> {
     routed: Routed,
     /// The first failure; the source stops being read once it is set.
     failed: Option<RunError>,
+    /// When set, only units with these ids are held (re-checking a run
+    /// needs its facts' units, not the whole input).
+    keep: Option<&'a std::collections::HashSet<String>>,
 }
 
 /// An excluded unit kept for an audit's sample, with its JSON text.
@@ -183,6 +186,20 @@ pub fn route(
     store: Option<&Store>,
     options: StreamOptions,
 ) -> Result<Routed, RunError> {
+    route_keeping(plan, source_hash, origin, reader, store, options, None)
+}
+
+/// [`route`], holding in the table only the units whose ids `keep` lists
+/// (all when `None`).
+pub fn route_keeping(
+    plan: &Plan,
+    source_hash: ContentHash,
+    origin: &str,
+    reader: impl Read + Send,
+    store: Option<&Store>,
+    options: StreamOptions,
+    keep: Option<&std::collections::HashSet<String>>,
+) -> Result<Routed, RunError> {
     let prefilter = RecordPrefilter::compile(&plan.spec.prefilter)?;
     let first_stage = plan.first_stage();
     let actions: Vec<Action> = (0..plan.spec.prefilter.len())
@@ -236,6 +253,7 @@ pub fn route(
             prefilter_id: ids.map(|(_, f)| f),
         },
         failed: None,
+        keep,
     });
     let stop = AtomicBool::new(false);
     let rules = &plan.spec.prefilter;
@@ -379,7 +397,9 @@ impl Sink<'_> {
                 };
                 // The unit moves to where it is kept; only a routed unit
                 // that is also written is copied.
+                let held = self.keep.is_none_or(|k| k.contains(unit.unit_id.as_str()));
                 let stored = match stage {
+                    Some(_) if !held => Some(unit),
                     Some(stage) => {
                         let copy = self
                             .writer
