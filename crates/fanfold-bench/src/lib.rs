@@ -308,6 +308,7 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                     every_hang: a.every_hang,
                     hang_ms: a.hang_ms,
                     lose_every: 0,
+                    hang_once_at: 0,
                 },
                 threshold: a.threshold,
             })?;

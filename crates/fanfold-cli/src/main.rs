@@ -665,6 +665,7 @@ fn real_main() -> Result<ExitCode> {
                 every_hang,
                 hang_ms,
                 lose_every,
+                hang_once_at: 0,
             };
             let app = fanfold_testkit::tracker::app(
                 std::sync::Arc::new(data),

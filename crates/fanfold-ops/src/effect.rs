@@ -17,7 +17,8 @@ use serde_json::Value;
 
 use crate::jq::{JqError, JqProgram, Site, to_val};
 use crate::tool::{
-    Piece, Refused, Template, ToolSpecError, args_validator, build_args, fill_url, url_template,
+    Piece, Refused, Template, ToolSpecError, args_validator, build_args, check_quota, fill_url,
+    url_template,
 };
 
 /// The namespace of an effect stage's definition.
@@ -79,12 +80,7 @@ impl EffectStage {
         };
         let request = JqProgram::compile(&spec.request).map_err(jq)?;
         let holds = JqProgram::compile(&spec.read_back.holds).map_err(jq)?;
-        if spec.quota.concurrency == 0 {
-            return Err(invalid("quota.concurrency must be at least 1".into()));
-        }
-        if spec.quota.per_second.is_some_and(|r| r.is_nan() || r <= 0.0) {
-            return Err(invalid("quota.per_second must be above 0".into()));
-        }
+        check_quota(&spec.quota).map_err(&invalid)?;
         if spec.attempts == 0 || spec.timeout_ms == 0 {
             return Err(invalid(
                 "attempts and timeout_ms must each be at least 1".into(),

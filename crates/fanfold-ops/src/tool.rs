@@ -262,12 +262,7 @@ impl ToolStage {
         if spec.field.is_empty() {
             return Err(invalid("`as` must name a field".into()));
         }
-        if spec.quota.concurrency == 0 {
-            return Err(invalid("quota.concurrency must be at least 1".into()));
-        }
-        if spec.quota.per_second.is_some_and(|r| r.is_nan() || r <= 0.0) {
-            return Err(invalid("quota.per_second must be above 0".into()));
-        }
+        check_quota(&spec.quota).map_err(&invalid)?;
         if spec.attempts == 0 || spec.timeout_ms == 0 || spec.max_bytes == 0 {
             return Err(invalid(
                 "attempts, timeout_ms and max_bytes must each be at least 1".into(),
@@ -396,6 +391,17 @@ impl ToolStage {
 
 /// The capability's templates, checked for holes only where a value
 /// cannot change what is reached.
+/// A quota a stage can keep: at least one in flight, a positive rate.
+pub(crate) fn check_quota(quota: &fanfold_core::spec::tool::QuotaSpec) -> Result<(), String> {
+    if quota.concurrency == 0 {
+        return Err("quota.concurrency must be at least 1".into());
+    }
+    if quota.per_second.is_some_and(|r| r.is_nan() || r <= 0.0) {
+        return Err("quota.per_second must be above 0".into());
+    }
+    Ok(())
+}
+
 /// The validator of an `args` table: an object of exactly those
 /// arguments, each under its schema.
 pub(crate) fn args_validator(

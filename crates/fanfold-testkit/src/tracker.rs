@@ -134,6 +134,8 @@ pub struct Faults {
     /// Every n-th request hangs for `hang_ms` before it is answered.
     pub every_hang: u64,
     pub hang_ms: u64,
+    /// The n-th request (from 1) hangs for `hang_ms`, once.
+    pub hang_once_at: u64,
     /// Every n-th effect is applied and then answered 502, as when the
     /// answer is lost on its way back.
     pub lose_every: u64,
@@ -302,7 +304,9 @@ async fn admit_after(s: &Shared, latency_first: bool) -> Option<Response> {
     if latency_first && s.faults.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(s.faults.latency_ms)).await;
     }
-    if s.faults.every_hang > 0 && n.is_multiple_of(s.faults.every_hang) {
+    let hang = (s.faults.every_hang > 0 && n.is_multiple_of(s.faults.every_hang))
+        || (s.faults.hang_once_at > 0 && n == s.faults.hang_once_at);
+    if hang {
         s.stats.hung.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(s.faults.hang_ms)).await;
     }

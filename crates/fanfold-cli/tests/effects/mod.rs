@@ -328,35 +328,43 @@ fn two_processes_on_one_store_act_once() {
 fn a_cancel_after_dispatch_is_journaled_and_the_next_run_finishes_the_rest() {
     // One effect at a time, each slow, and a wall budget that ends the
     // stage part way.
+    // One effect at a time (a read-back, the send, a read-back: three
+    // requests each); the third effect's send (request 8) hangs past the
+    // run's wall budget.
     let s = Setup::new(Faults {
         latency_ms: 100,
+        hang_once_at: 8,
+        hang_ms: 10_000,
         ..Faults::default()
     });
     let spec = std::fs::read_to_string(s.dir.path().join("effects.toml"))
         .unwrap()
         .replace("quota = { concurrency = 4 }", "quota = { concurrency = 1 }")
-        + "\n[budget]\nmax_wall_secs = 2\n";
+        + "\n[budget]\nmax_wall_secs = 4\n";
     std::fs::write(s.dir.path().join("effects.toml"), &spec).unwrap();
     let o = s.go(&[]);
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     let ids = s.answer_ids();
     let report = s.report("label_blockers");
-    let done = outcome_count(&report, "done");
-    assert!(done > 0 && done < ids.len() as u64, "{report}");
-    assert!(outcome_count(&report, "not_run") > 0, "{report}");
-    // Whatever was cut off after a send is journaled as such, not undone.
-    for line in report["effects"].as_array().unwrap() {
-        if line["outcome"] == "cancelled" {
-            assert_eq!(
-                line["journal"].as_array().unwrap().last().unwrap(),
-                "cancelled"
-            );
-        }
-    }
+    assert_eq!(outcome_count(&report, "done"), 2, "{report}");
+    assert_eq!(outcome_count(&report, "cancelled"), 1, "{report}");
+    assert_eq!(
+        outcome_count(&report, "not_run"),
+        ids.len() as u64 - 3,
+        "{report}"
+    );
+    // Cut off after its send: journaled as such, not undone.
+    let cut = &report["effects"][2];
+    assert_eq!(cut["outcome"], "cancelled", "{report}");
+    assert_eq!(
+        cut["journal"],
+        serde_json::json!(["intent", "dispatched", "cancelled"]),
+        "{cut}"
+    );
     // Without the limit the next run finishes: each issue labelled once.
     std::fs::write(
         s.dir.path().join("effects.toml"),
-        spec.replace("max_wall_secs = 2", "max_wall_secs = 600")
+        spec.replace("max_wall_secs = 4", "max_wall_secs = 600")
             .replace("quota = { concurrency = 1 }", "quota = { concurrency = 8 }"),
     )
     .unwrap();

@@ -563,3 +563,35 @@ impl Backends {
             })
     }
 }
+
+/// Requests started per second, at most: each caller waits for its turn.
+/// Shared by the stages that reach outside under a declared `per_second`
+/// quota (tools, effects).
+pub struct Pace {
+    per_second: Option<f64>,
+    next_start: std::sync::Mutex<std::time::Instant>,
+}
+
+impl Pace {
+    pub fn new(per_second: Option<f64>) -> Pace {
+        Pace {
+            per_second,
+            next_start: std::sync::Mutex::new(std::time::Instant::now()),
+        }
+    }
+
+    /// Sleeps until this caller's start is due.
+    pub fn wait(&self) {
+        let Some(rate) = self.per_second else {
+            return;
+        };
+        let wait = {
+            let mut next = self.next_start.lock().unwrap_or_else(|e| e.into_inner());
+            let now = std::time::Instant::now();
+            let start = (*next).max(now);
+            *next = start + std::time::Duration::from_secs_f64(1.0 / rate);
+            start - now
+        };
+        std::thread::sleep(wait);
+    }
+}

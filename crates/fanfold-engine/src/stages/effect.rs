@@ -281,8 +281,7 @@ struct Gate<'a> {
     budget: &'a crate::queue::BudgetPool,
     max_actions: Option<u64>,
     sent: AtomicU64,
-    per_second: Option<f64>,
-    next_start: Mutex<Instant>,
+    pace: crate::kit::Pace,
 }
 
 impl Gate<'_> {
@@ -297,16 +296,7 @@ impl Gate<'_> {
             self.sent.fetch_sub(1, Ordering::SeqCst);
             return Err("the stage's max_actions are used".into());
         }
-        if let Some(rate) = self.per_second {
-            let wait = {
-                let mut next = lock(&self.next_start);
-                let now = Instant::now();
-                let start = (*next).max(now);
-                *next = start + Duration::from_secs_f64(1.0 / rate);
-                start - now
-            };
-            std::thread::sleep(wait);
-        }
+        self.pace.wait();
         Ok(())
     }
 }
@@ -442,7 +432,13 @@ impl Work<'_> {
                     }
                     Ok((false, _)) => {}
                     Err(why) => {
-                        self.line.outcome = Outcome::Unknown;
+                        // Nothing is sent unseen: what may have acted
+                        // stays unknown, what never was stays not run.
+                        self.line.outcome = if prior.may_have_acted() {
+                            Outcome::Unknown
+                        } else {
+                            Outcome::NotRun
+                        };
                         self.line.detail = Some(format!("not sent: {why}"));
                         return Ok(());
                     }
@@ -696,8 +692,7 @@ impl Stage for EffectRunner {
                 budget: ctx.budget,
                 max_actions: sp.max_actions,
                 sent: AtomicU64::new(0),
-                per_second: sp.quota.per_second,
-                next_start: Mutex::new(Instant::now()),
+                pace: crate::kit::Pace::new(sp.quota.per_second),
             };
             let queue = Mutex::new(queue);
             let done: Mutex<Vec<(usize, EffectLine, u64)>> = Mutex::new(Vec::new());

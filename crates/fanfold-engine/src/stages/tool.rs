@@ -227,8 +227,7 @@ struct Gate<'a> {
     ledger: &'a crate::kit::FactLedger<'a>,
     max_requests: Option<u64>,
     sent: AtomicU64,
-    per_second: Option<f64>,
-    next_start: Mutex<Instant>,
+    pace: crate::kit::Pace,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
     stop: Mutex<Option<StopReason>>,
@@ -261,16 +260,7 @@ impl Gate<'_> {
         if self.max_requests.is_some_and(|max| n >= max) {
             return false;
         }
-        if let Some(rate) = self.per_second {
-            let wait = {
-                let mut next = self.next_start.lock().unwrap_or_else(|e| e.into_inner());
-                let now = Instant::now();
-                let start = (*next).max(now);
-                *next = start + Duration::from_secs_f64(1.0 / rate);
-                start - now
-            };
-            std::thread::sleep(wait);
-        }
+        self.pace.wait();
         true
     }
 
@@ -448,8 +438,7 @@ impl Stage for ToolRunner {
             ledger: ctx.ledger,
             max_requests: sp.max_requests,
             sent: AtomicU64::new(0),
-            per_second: sp.quota.per_second,
-            next_start: Mutex::new(Instant::now()),
+            pace: crate::kit::Pace::new(sp.quota.per_second),
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
             stop: Mutex::new(None),
