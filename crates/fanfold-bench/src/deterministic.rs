@@ -16,7 +16,7 @@ use clap::{Args, ValueEnum};
 use fanfold_core::ContentHash;
 use fanfold_core::spec::{PartitionSpec, PrefilterAction, PrefilterRule};
 use fanfold_ops::jq::to_val;
-use fanfold_ops::partition::fast_jsonl::{self, FastElement, FastOptions, Record};
+use fanfold_ops::partition::jsonl::{self, FastElement, FastOptions, Record};
 use fanfold_ops::partition::{self, Element, PartitionOptions};
 use fanfold_ops::prefilter::fast::RecordPrefilter;
 use fanfold_ops::prefilter::{Outcome, Prefilter};
@@ -69,7 +69,7 @@ pub struct DeterministicArgs {
 enum PathKind {
     /// `partition_reader` into `serde_json::Value`, `to_val`, `decide`.
     Serde,
-    /// `fast_jsonl::partition_jsonl` with the prefilter on its workers.
+    /// `jsonl::partition_jsonl` with the prefilter on its workers.
     Fast,
 }
 
@@ -159,7 +159,7 @@ fn count_fast(
     RecordPrefilter::compile(&rules)?;
     let mut counts = Counts::default();
     let mut failure = None;
-    let coverage = fast_jsonl::partition_jsonl(
+    let coverage = jsonl::partition_jsonl(
         Some(KEY),
         "event",
         source_hash,
@@ -764,7 +764,7 @@ fn render(
     line(format!(
         "- fanfold partitions the file as JSONL keyed by `{KEY}` and runs a prefilter with one rule, `exclude when (P) | not`, counting kept and excluded units without keeping units in memory. It first hashes the whole file, because every unit carries the source's hash; that pass is included in its wall time."
     ));
-    line("- The value path is `partition::partition_reader` (the one JSONL scanner, on the calling thread, handing each unit over as a `serde_json::Value`) followed by `jq::to_val` and `Prefilter::decide`, what a caller that needs values pays. The fast path is `partition::fast_jsonl::partition_jsonl` with `prefilter::fast::RecordPrefilter` deciding on the worker threads, the path `fanfold run` takes.".to_owned());
+    line("- The value path is `partition::partition_reader` (the one JSONL scanner, on the calling thread, handing each unit over as a `serde_json::Value`) followed by `jq::to_val` and `Prefilter::decide`, what a caller that needs values pays. The fast path is `partition::jsonl::partition_jsonl` with `prefilter::fast::RecordPrefilter` deciding on the worker threads, the path `fanfold run` takes.".to_owned());
     line(String::new());
     line("| side | wall s | records/s | MB/s | peak RSS MiB | matched | CPU s |".to_owned());
     line("|---|---:|---:|---:|---:|---:|---:|".to_owned());

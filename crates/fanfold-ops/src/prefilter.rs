@@ -127,7 +127,7 @@ impl Prefilter {
     }
 }
 
-/// The prefilter for records read by [`crate::partition::fast_jsonl`].
+/// The prefilter for records read by [`crate::partition::jsonl`].
 ///
 /// Rules of the common shape (field paths compared with literals, joined by
 /// `and`, `or` and `| not`) are evaluated on the record itself, without
@@ -143,7 +143,7 @@ pub mod fast {
 
     use super::{Outcome, Prefilter, PrefilterError};
     use crate::jq::Site;
-    use crate::partition::fast_jsonl::{Record, Shape, ValueRef};
+    use crate::partition::jsonl::{Record, Shape, ValueRef};
 
     /// Compile once per thread, like [`Prefilter`].
     pub struct RecordPrefilter {

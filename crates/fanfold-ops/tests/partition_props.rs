@@ -25,7 +25,7 @@ use fanfold_core::spec::PartitionSpec;
 use fanfold_core::{ByteRange, ContentHash, Unit};
 use fanfold_ops::partition::{
     self, Coverage, DEFAULT_MAX_UNIT_BYTES, PartUnit, PartitionError, PartitionOptions, Rejection,
-    SeenKeys, StreamOptions, Streamed, UnitView, fast_jsonl,
+    SeenKeys, StreamOptions, Streamed, UnitView, jsonl,
 };
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -691,24 +691,24 @@ fn fast_path(
     let mut units = Vec::new();
     let mut raws = Vec::new();
     let mut rejections = Vec::new();
-    let coverage = fast_jsonl::partition_jsonl(
+    let coverage = jsonl::partition_jsonl(
         key_of(spec),
         spec.kind(),
         ContentHash::of_bytes(src),
         src,
-        fast_jsonl::FastOptions {
+        jsonl::FastOptions {
             partition: options,
             threads,
             chunk_bytes,
         },
         &mut SeenKeys::default(),
-        || |_: &str, _: &fast_jsonl::Record| (),
+        || |_: &str, _: &jsonl::Record| (),
         &mut |el| match el {
-            fast_jsonl::FastElement::Unit { unit, raw, .. } => {
+            jsonl::FastElement::Unit { unit, raw, .. } => {
                 units.push(unit);
                 raws.push(raw.to_vec());
             }
-            fast_jsonl::FastElement::Rejected(r) => rejections.push(r),
+            jsonl::FastElement::Rejected(r) => rejections.push(r),
         },
     );
     let flat = coverage

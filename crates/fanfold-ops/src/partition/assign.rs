@@ -1,0 +1,344 @@
+//! Ids, duplicates and coverage: every format's elements pass through the
+//! one [`Assigner`], so a rejection reads the same whatever the format.
+
+use std::collections::{BTreeMap, HashSet};
+
+use fanfold_core::UnitId;
+
+use super::*;
+
+/// Remembers the ids given so far, to tell a repeat from a first
+/// occurrence. The engine's implementation keeps compact fingerprints and
+/// confirms a hit against the store, so it stays exact and small at any
+/// size; [`SeenKeys`] keeps everything in memory.
+pub trait SeenIds {
+    /// Records `id` for the element at `ordinal`; false when an earlier
+    /// element already has it.
+    fn first(&mut self, id: &str, ordinal: u64) -> Result<bool, PartitionError>;
+}
+
+/// Why a repeated key is rejected. Keys compare as text, so a number and
+/// the string of its digits are one id, which the message says where it
+/// may be the cause.
+fn repeat_detail(ordinal: u64, byte: u64, key: &str, id: &str) -> String {
+    let mut detail = format!(
+        "element {ordinal} at byte {byte} repeats {key} = {id}; the first occurrence is kept \
+         and this element is not judged"
+    );
+    if canonical_u64(id).is_some() {
+        detail.push_str(&format!(
+            " (keys compare as text: {id} and \"{id}\" are one id)"
+        ));
+    }
+    detail
+}
+
+/// The id of the `n`-th occurrence (from 1) of a content-derived id: the
+/// first keeps it, later ones gain `-n`, which an edit elsewhere in the
+/// source cannot shift.
+pub(super) fn content_id(
+    seen: &mut dyn SeenIds,
+    base: String,
+    ordinal: u64,
+) -> Result<String, PartitionError> {
+    if seen.first(&base, ordinal)? {
+        return Ok(base);
+    }
+    let mut n = 2u64;
+    loop {
+        let id = format!("{base}-{n}");
+        if seen.first(&id, ordinal)? {
+            return Ok(id);
+        }
+        n += 1;
+    }
+}
+
+/// How an element proposes its id.
+pub(super) enum Proposed {
+    /// The scalar value of the record's key field, `None` when it has none.
+    Key(Option<String>),
+    /// An id derived from the element's content or its place (a path, a
+    /// heading path): a repeat gains `-n` rather than being rejected.
+    Derived(String),
+}
+
+/// The scalar a key field holds, as an id: keys compare as text.
+pub(super) fn scalar_id(value: Option<&Value>) -> Option<String> {
+    match value? {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// Assigns ids and tracks duplicates and coverage while elements stream
+/// by, for every format: each element is counted once, and is either a
+/// unit or a [`Rejection`] whose reason and wording do not depend on the
+/// format it came from.
+pub(super) struct Assigner<'a> {
+    pub kind: &'a str,
+    pub key: Option<&'a str>,
+    pub source_hash: ContentHash,
+    pub max_unit_bytes: u64,
+    pub seen: &'a mut dyn SeenIds,
+    pub coverage: Coverage,
+}
+
+impl<'a> Assigner<'a> {
+    pub fn new(
+        kind: &'a str,
+        key: Option<&'a str>,
+        source_hash: ContentHash,
+        options: PartitionOptions,
+        seen: &'a mut dyn SeenIds,
+    ) -> Self {
+        Assigner {
+            kind,
+            key,
+            source_hash,
+            max_unit_bytes: options.max_unit_bytes,
+            seen,
+            coverage: Coverage::default(),
+        }
+    }
+
+    /// An element that cannot become a unit, counted and explained;
+    /// `detail` is given the element's ordinal.
+    pub fn reject(
+        &mut self,
+        bytes: ByteRange,
+        reason: &str,
+        detail: impl FnOnce(u64) -> String,
+    ) -> Rejection {
+        let ordinal = self.coverage.elements;
+        self.coverage.elements += 1;
+        self.coverage.rejected += 1;
+        Rejection {
+            ordinal,
+            bytes,
+            reason: reason.to_owned(),
+            detail: detail(ordinal),
+        }
+    }
+
+    /// An element over the unit limit.
+    pub fn too_large(&mut self, bytes: ByteRange, size: u64) -> Rejection {
+        let max = self.max_unit_bytes;
+        self.reject(bytes, "too_large", |ordinal| {
+            format!(
+                "element {ordinal} at bytes {}..{} is {size} bytes, over the {max}-byte unit limit; \
+                 raise --max-unit-bytes or split the record",
+                bytes.start, bytes.end,
+            )
+        })
+    }
+
+    /// A record without a scalar key field.
+    pub fn missing_key(&mut self, bytes: ByteRange) -> Rejection {
+        let key = self.key.unwrap_or("id");
+        self.reject(bytes, "missing_key", |ordinal| {
+            format!(
+                "element {ordinal} at byte {} has no scalar `{key}` field",
+                bytes.start
+            )
+        })
+    }
+
+    /// The unit an element of `size` bytes at `bytes` becomes, or why it
+    /// cannot become one.
+    pub fn admit(
+        &mut self,
+        bytes: ByteRange,
+        size: u64,
+        id: Proposed,
+        unit_hash: ContentHash,
+    ) -> Result<Result<Unit, Rejection>, PartitionError> {
+        if size > self.max_unit_bytes {
+            return Ok(Err(self.too_large(bytes, size)));
+        }
+        let ordinal = self.coverage.elements;
+        let key = self.key.unwrap_or("id");
+        let id = match id {
+            Proposed::Key(None) => return Ok(Err(self.missing_key(bytes))),
+            Proposed::Key(Some(id)) => {
+                if let Some(flaw) = key_flaw(&id) {
+                    return Ok(Err(self.reject(bytes, "bad_key", |ordinal| {
+                        format!(
+                            "element {ordinal} at byte {}: its `{key}` {flaw}",
+                            bytes.start
+                        )
+                    })));
+                }
+                if !self.seen.first(&id, ordinal)? {
+                    return Ok(Err(self.reject(bytes, "duplicate_key", |ordinal| {
+                        repeat_detail(ordinal, bytes.start, key, &id)
+                    })));
+                }
+                id
+            }
+            Proposed::Derived(base) => content_id(self.seen, base, ordinal)?,
+        };
+        self.coverage.elements += 1;
+        self.coverage.units += 1;
+        Ok(Ok(Unit {
+            unit_id: UnitId(id),
+            unit_kind: self.kind.to_owned(),
+            ordinal,
+            source_hash: self.source_hash,
+            unit_hash,
+            bytes,
+        }))
+    }
+
+    /// A parsed record: its id is its key field's value, or without a key
+    /// derived from its content hash.
+    pub fn element(
+        &mut self,
+        value: Value,
+        bytes: ByteRange,
+        canonical: ContentHash,
+    ) -> Result<Element, PartitionError> {
+        let id = match self.key {
+            Some(key) => Proposed::Key(scalar_id(value.get(key))),
+            None => Proposed::Derived(format!("c{}", canonical.short(16))),
+        };
+        Ok(match self.admit(bytes, bytes.len(), id, canonical)? {
+            Ok(unit) => Element::Unit(PartUnit { unit, value }),
+            Err(r) => Element::Rejected(r),
+        })
+    }
+}
+
+/// Why a record's key cannot be a unit id, if it cannot: an id is shown
+/// to people (answer.md, the report, citations), so it must be visible and
+/// read the way it is stored. An empty id cites nothing; a control
+/// character (a NUL, a newline) vanishes or breaks a line; a bidirectional
+/// control (U+202E and its kin) makes the text around it read in another
+/// order than it is.
+pub fn key_flaw(id: &str) -> Option<String> {
+    if id.is_empty() {
+        return Some("is empty".into());
+    }
+    let (at, c) = id.char_indices().find(|&(_, c)| {
+        c.is_control()
+            || matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    })?;
+    let what = if c.is_control() {
+        "a control character"
+    } else {
+        "a bidirectional control character"
+    };
+    Some(format!(
+        "holds {what} (U+{:04X}) at byte {at}",
+        u32::from(c)
+    ))
+}
+
+/// Keys seen so far. Decimal-integer ids are kept as runs of consecutive
+/// numbers, so a source with sequential ids costs a few bytes in all.
+#[derive(Default)]
+pub struct SeenKeys {
+    /// Run start -> run end (inclusive); runs neither overlap nor touch.
+    pub(super) runs: BTreeMap<u64, u64>,
+    others: HashSet<Box<str>>,
+}
+
+impl SeenIds for SeenKeys {
+    fn first(&mut self, id: &str, _ordinal: u64) -> Result<bool, PartitionError> {
+        Ok(self.insert(id))
+    }
+}
+
+impl SeenKeys {
+    /// False when `id` was seen before.
+    pub fn insert(&mut self, id: &str) -> bool {
+        match canonical_u64(id) {
+            Some(n) => self.insert_int(n),
+            None => self.others.insert(id.into()),
+        }
+    }
+
+    fn insert_int(&mut self, n: u64) -> bool {
+        let before = self.runs.range(..=n).next_back().map(|(&s, &e)| (s, e));
+        if let Some((_, end)) = before
+            && n <= end
+        {
+            return false;
+        }
+        let joins_before = before.filter(|&(_, end)| end + 1 == n).map(|(s, _)| s);
+        let after = n
+            .checked_add(1)
+            .and_then(|next| self.runs.get(&next).map(|&end| (next, end)));
+        match (joins_before, after) {
+            (Some(start), Some((next, end))) => {
+                self.runs.remove(&next);
+                self.runs.insert(start, end);
+            }
+            (Some(start), None) => {
+                self.runs.insert(start, n);
+            }
+            (None, Some((next, end))) => {
+                self.runs.remove(&next);
+                self.runs.insert(n, end);
+            }
+            (None, None) => {
+                self.runs.insert(n, n);
+            }
+        }
+        true
+    }
+}
+
+/// The number an id spells, when the id is exactly that number's
+/// decimal form (so `7` and `07` stay different ids).
+fn canonical_u64(id: &str) -> Option<u64> {
+    let b = id.as_bytes();
+    if b.is_empty() || (b.len() > 1 && b.starts_with(b"0")) || !b.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    id.parse().ok()
+}
+
+/// Confirms that an id whose fingerprint was seen before really belongs to
+/// an earlier element (fingerprints of different ids can collide).
+pub trait ConfirmRepeat {
+    fn earlier(&mut self, id: &str, ordinal: u64) -> Result<bool, PartitionError>;
+}
+
+/// Ids in little memory, exactly: decimal-integer ids as runs (like
+/// [`SeenKeys`]), every other id as a 64-bit fingerprint. A fingerprint hit
+/// is confirmed through [`ConfirmRepeat`] (the engine asks the store), so a
+/// collision never makes a unit a duplicate. Memory is 8 bytes and change
+/// per non-integer id, not the id itself.
+pub struct CompactSeen<C> {
+    runs: SeenKeys,
+    fingerprints: HashSet<u64>,
+    confirm: C,
+}
+
+impl<C: ConfirmRepeat> CompactSeen<C> {
+    pub fn new(confirm: C) -> Self {
+        CompactSeen {
+            runs: SeenKeys::default(),
+            fingerprints: std::collections::HashSet::new(),
+            confirm,
+        }
+    }
+}
+
+impl<C: ConfirmRepeat> SeenIds for CompactSeen<C> {
+    fn first(&mut self, id: &str, ordinal: u64) -> Result<bool, PartitionError> {
+        if let Some(n) = canonical_u64(id) {
+            return Ok(self.runs.insert_int(n));
+        }
+        let digest = ContentHash::of_bytes(id.as_bytes());
+        let mut fp = [0u8; 8];
+        fp.copy_from_slice(&digest.0[..8]);
+        if self.fingerprints.insert(u64::from_le_bytes(fp)) {
+            return Ok(true);
+        }
+        Ok(!self.confirm.earlier(id, ordinal)?)
+    }
+}
