@@ -315,17 +315,17 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
             esc(title),
             esc(&theme)
         );
-        if !item.fields.is_empty() {
-            let shown: Vec<(String, String)> = item
-                .fields
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.clone(),
-                        v.as_str().map_or_else(|| v.to_string(), str::to_owned),
-                    )
-                })
-                .collect();
+        let extracted = item.fields.iter().map(|(k, v)| {
+            (
+                k.clone(),
+                v.as_str().map_or_else(|| v.to_string(), str::to_owned),
+            )
+        });
+        // The source's own fields first, then what the fact extracted.
+        for shown in [item.shown.clone(), extracted.collect()] {
+            if shown.is_empty() {
+                continue;
+            }
             let text: Vec<String> = shown
                 .iter()
                 .map(|(k, v)| format!("{}: {}", md_text(k), md_text(v)))

@@ -70,15 +70,17 @@ pub struct Shape {
     pub fields: Vec<String>,
     /// A field to title answer items by, if one looks like a title.
     pub title: Option<String>,
+    /// The fields evidence may quote, when not every shown field: content,
+    /// not headers.
+    pub evidence: Vec<String>,
+    /// Fields shown beside each answer item as the source has them.
+    pub show: Vec<String>,
 }
 
 /// Reads the input's first bytes and says what it is.
 pub fn inspect(input: &Path) -> Result<Shape> {
     if input.is_dir() {
-        bail!(
-            "{} is a folder: fanfold reads one file (a JSON array, JSON lines, CSV or text lines); write the folder's files as JSON lines first, e.g. one {{\"path\", \"text\"}} object each",
-            input.display()
-        );
+        return folder_shape(input);
     }
     let mut head = Vec::new();
     std::fs::File::open(input)
@@ -93,6 +95,9 @@ pub fn inspect(input: &Path) -> Result<Shape> {
         );
     }
     let text = String::from_utf8_lossy(&head);
+    if let Some(shape) = document_shape(input, &text) {
+        return Ok(shape);
+    }
     let trimmed = text.trim_start();
     if trimmed.starts_with('[') {
         let records = array_sample(trimmed);
@@ -135,7 +140,158 @@ pub fn inspect(input: &Path) -> Result<Shape> {
             .into(),
         fields: vec!["text".into()],
         title: Some("text".into()),
+        evidence: Vec::new(),
+        show: Vec::new(),
     })
+}
+
+/// Whether text opens like an e-mail: header lines, with a sender, a
+/// subject or a date among them, before the first blank line.
+fn looks_like_email(text: &str) -> bool {
+    let mut named = 0;
+    for line in text.lines().take(40) {
+        if line.trim().is_empty() {
+            break;
+        }
+        if line.starts_with([' ', '\t']) {
+            continue;
+        }
+        let Some((name, _)) = line.split_once(':') else {
+            return false;
+        };
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            return false;
+        }
+        let name = name.to_ascii_lowercase();
+        if matches!(name.as_str(), "from" | "subject" | "date" | "message-id") {
+            named += 1;
+        }
+    }
+    named >= 2
+}
+
+/// The shape of a document format, by what its files are.
+fn document_format(kind: &str) -> Shape {
+    let (partition, reason, fields, title, evidence, show): (
+        &str,
+        &str,
+        &[&str],
+        &str,
+        &[&str],
+        &[&str],
+    ) = match kind {
+        "email" => (
+            "{ type = \"email\" }",
+            "e-mail messages: one unit a message, its id the file's path (and Message-ID in an mbox); evidence quotes the body, not the headers",
+            &["subject", "from", "date", "body"],
+            "subject",
+            &["body"],
+            &["from", "date"],
+        ),
+        "markdown" => (
+            "{ type = \"markdown\" }",
+            "Markdown: one unit a section, its id the file's path and heading path",
+            &["heading", "text"],
+            "heading",
+            &["text"],
+            &["path", "line"],
+        ),
+        "code" => (
+            "{ type = \"code\" }",
+            "Rust and Python source: one unit a symbol (function, type, method), its id the file's path and symbol path",
+            &["symbol", "text"],
+            "symbol",
+            &["text"],
+            &["path", "line"],
+        ),
+        _ => (
+            "{ type = \"files\" }",
+            "a folder of text files: one unit a file, its id the relative path; binary and non-UTF-8 files are rejected with their reason",
+            &["path", "text"],
+            "path",
+            &["text"],
+            &["modified"],
+        ),
+    };
+    let owned = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    Shape {
+        partition: partition.to_owned(),
+        reason: reason.to_owned(),
+        fields: owned(fields),
+        title: Some(title.to_owned()),
+        evidence: owned(evidence),
+        show: owned(show),
+    }
+}
+
+/// One file that is a document: an mbox or a message, or Markdown.
+fn document_shape(input: &Path, head: &str) -> Option<Shape> {
+    let ext = input
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    if head.starts_with("From ") || looks_like_email(head) || matches!(ext.as_str(), "eml" | "mbox")
+    {
+        return Some(document_format("email"));
+    }
+    if matches!(ext.as_str(), "md" | "markdown") {
+        return Some(document_format("markdown"));
+    }
+    None
+}
+
+/// A folder: e-mail when most of a sample of its files are messages,
+/// Markdown or code when most have those extensions, else files.
+fn folder_shape(dir: &Path) -> Result<Shape> {
+    let mut files = Vec::new();
+    for entry in walkdir::WalkDir::new(dir)
+        .sort_by_file_name()
+        .into_iter()
+        .filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'))
+    {
+        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
+        if entry.file_type().is_file() {
+            files.push(entry.into_path());
+        }
+        if files.len() >= 200 {
+            break;
+        }
+    }
+    if files.is_empty() {
+        bail!("{} holds no files (hidden ones are skipped)", dir.display());
+    }
+    let ext_share = |exts: &[&str]| {
+        let n = files
+            .iter()
+            .filter(|p| {
+                p.extension().is_some_and(|e| {
+                    exts.contains(&e.to_string_lossy().to_ascii_lowercase().as_str())
+                })
+            })
+            .count();
+        n * 2 > files.len()
+    };
+    let emails = files
+        .iter()
+        .take(20)
+        .filter(|p| {
+            let mut head = Vec::new();
+            std::fs::File::open(p)
+                .and_then(|f| f.take(4096).read_to_end(&mut head))
+                .is_ok()
+                && looks_like_email(&String::from_utf8_lossy(&head))
+        })
+        .count();
+    let kind = if emails * 2 > files.len().min(20) {
+        "email"
+    } else if ext_share(&["md", "markdown"]) {
+        "markdown"
+    } else if ext_share(&["rs", "py"]) {
+        "code"
+    } else {
+        "files"
+    };
+    Ok(document_format(kind))
 }
 
 /// The objects of a JSON array's first bytes, as many as parse whole.
@@ -246,6 +402,8 @@ fn json_shape(kind: &str, what: &str, records: &[Value]) -> Shape {
         reason,
         fields,
         title,
+        evidence: Vec::new(),
+        show: Vec::new(),
     }
 }
 
@@ -303,6 +461,8 @@ fn csv_shape(lines: &[&str], named_csv: bool) -> Option<Shape> {
         reason,
         fields,
         title,
+        evidence: Vec::new(),
+        show: Vec::new(),
     })
 }
 
@@ -390,17 +550,25 @@ pub fn write(dir: &Path, question: &str, input: &Path) -> Result<(PathBuf, Strin
         spec,
         "# The embedded model; point `model` at a bigger GGUF, or use an\n# `openai` or `anthropic` backend, for answers worth reading.\n[backends.default]\ntype = \"llama\"\nslot_tokens = 1024\n\n# [SIMULATED] A keyword judge for trying the spec: `--backend scripted`.\n[backends.scripted]\ntype = \"scripted\"\nscript = \"scripted.jq\"\n\n[[fold.reducers]]\nname = \"answer\"\ntype = \"set\"\n\n[contract]\ntype = \"exhaustive\"\nanswer = \"answer\"\n"
     );
+    if shape.title.is_some() || !shape.show.is_empty() {
+        let _ = writeln!(spec, "[output]");
+    }
     if let Some(t) = &shape.title {
-        let _ = writeln!(spec, "[output]\ntitle = {}", toml_str(t));
+        let _ = writeln!(spec, "title = {}", toml_str(t));
+    }
+    if !shape.show.is_empty() {
+        let show: Vec<String> = shape.show.iter().map(|f| toml_str(f)).collect();
+        let _ = writeln!(spec, "show = [{}]", show.join(", "));
     }
     let rubric = format!(
         "Question: {question}\n\nYou see one record. Answer `positive` when this record, on its own, is part of\nthe answer to the question; `negative` when it is not; `unsure` when the\nrecord does not say enough to tell. Judge only from what the record says.\n\nQuote, verbatim and from the record's content (not its headers or ids), the\nwords that decide it, naming the field they are in.\n"
     );
-    let field_enum: Vec<Value> = shape
-        .fields
-        .iter()
-        .map(|f| Value::String(f.clone()))
-        .collect();
+    let quotable = if shape.evidence.is_empty() {
+        &shape.fields
+    } else {
+        &shape.evidence
+    };
+    let field_enum: Vec<Value> = quotable.iter().map(|f| Value::String(f.clone())).collect();
     let schema = serde_json::json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "type": "object",
@@ -492,7 +660,21 @@ mod tests {
         std::fs::write(&csv, "id,text\n1,hello\n2,world\n").expect("w");
         let s = inspect(&csv).expect("csv");
         assert_eq!(s.partition, r#"{ type = "csv", key = "id" }"#);
-        assert!(inspect(dir.path()).is_err());
+        let mail = dir.path().join("mail");
+        std::fs::create_dir(&mail).expect("dir");
+        for n in 0..3 {
+            std::fs::write(
+                mail.join(format!("{n}.txt")),
+                "From: a@example.org\nSubject: hello\nDate: Tue, 03 Nov 2026 02:41:07 +0000\n\nbody\n",
+            )
+            .expect("w");
+        }
+        assert!(inspect(&mail).expect("mail").partition.contains("email"));
+        let notes = dir.path().join("notes");
+        std::fs::create_dir(&notes).expect("dir");
+        std::fs::write(notes.join("a.txt"), "plain words\n").expect("w");
+        std::fs::write(notes.join("b.md"), "# Title\ntext\n").expect("w");
+        assert!(inspect(&notes).expect("notes").partition.contains("files"));
     }
 
     #[test]

@@ -84,6 +84,62 @@ pub enum PartitionSpec {
         #[serde(default = "default_kind")]
         kind: String,
     },
+    /// A folder (or one file): one unit per file whose path, relative to
+    /// the folder, matches `glob`. Its id is that path; its fields are
+    /// `path`, `size`, `modified` and `text`. Binary and non-UTF-8 files
+    /// are rejections with their reason.
+    Files {
+        /// Which files, by path relative to the folder (default `**/*`).
+        /// Hidden files and folders are skipped.
+        glob: Option<String>,
+        #[serde(default = "default_file_kind")]
+        kind: String,
+    },
+    /// E-mail: RFC 5322 messages, one a file in a folder, or many in an
+    /// mbox file. Fields: `path`, `from`, `to`, `cc`, `date`, `subject`,
+    /// `message_id`, `in_reply_to`, `attachments` and `body` (the text).
+    Email {
+        glob: Option<String>,
+        #[serde(default = "default_email_kind")]
+        kind: String,
+    },
+    /// Markdown documents split into sections at their headings. A unit's
+    /// id is `path#Heading/Sub-heading`; text before the first heading is
+    /// the unit `path`. Fields: `path`, `heading`, `level`, `start` and
+    /// `end` (byte offsets in the file), `line` and `text`.
+    Markdown {
+        /// Default `**/*.md`.
+        glob: Option<String>,
+        #[serde(default = "default_section_kind")]
+        kind: String,
+    },
+    /// Source files split into symbols (functions, types, methods) with
+    /// tree-sitter: Rust (`.rs`) and Python (`.py`). A unit's id is
+    /// `path#symbol::path`; fields: `path`, `language`, `symbol`,
+    /// `symbol_kind`, `start`, `end`, `line` and `text` (with the doc
+    /// comments and attributes just above the symbol).
+    Code {
+        /// Default `**/*.{rs,py}`.
+        glob: Option<String>,
+        #[serde(default = "default_symbol_kind")]
+        kind: String,
+    },
+}
+
+fn default_file_kind() -> String {
+    "file".to_owned()
+}
+
+fn default_email_kind() -> String {
+    "message".to_owned()
+}
+
+fn default_section_kind() -> String {
+    "section".to_owned()
+}
+
+fn default_symbol_kind() -> String {
+    "symbol".to_owned()
 }
 
 fn default_kind() -> String {
@@ -96,8 +152,25 @@ impl PartitionSpec {
             PartitionSpec::JsonArray { kind, .. }
             | PartitionSpec::Jsonl { kind, .. }
             | PartitionSpec::Csv { kind, .. }
-            | PartitionSpec::Lines { kind, .. } => kind,
+            | PartitionSpec::Lines { kind, .. }
+            | PartitionSpec::Files { kind, .. }
+            | PartitionSpec::Email { kind, .. }
+            | PartitionSpec::Markdown { kind, .. }
+            | PartitionSpec::Code { kind, .. } => kind,
         }
+    }
+
+    /// For a format that reads documents (a folder or one file, never a
+    /// stream), the glob that picks the files.
+    pub fn document_glob(&self) -> Option<&str> {
+        let (glob, default) = match self {
+            PartitionSpec::Files { glob, .. } => (glob, "**/*"),
+            PartitionSpec::Email { glob, .. } => (glob, "**/*"),
+            PartitionSpec::Markdown { glob, .. } => (glob, "**/*.md"),
+            PartitionSpec::Code { glob, .. } => (glob, "**/*.{rs,py}"),
+            _ => return None,
+        };
+        Some(glob.as_deref().unwrap_or(default))
     }
 
     pub fn type_name(&self) -> &'static str {
@@ -106,6 +179,10 @@ impl PartitionSpec {
             PartitionSpec::Jsonl { .. } => "jsonl",
             PartitionSpec::Csv { .. } => "csv",
             PartitionSpec::Lines { .. } => "lines",
+            PartitionSpec::Files { .. } => "files",
+            PartitionSpec::Email { .. } => "email",
+            PartitionSpec::Markdown { .. } => "markdown",
+            PartitionSpec::Code { .. } => "code",
         }
     }
 }
@@ -1461,6 +1538,10 @@ pub struct OutputSpec {
     pub link: Option<String>,
     /// Top-level field holding the unit's title.
     pub title: Option<String>,
+    /// Top-level fields shown beside each answer item as the source has
+    /// them (a sender, a date): read from the unit, never from a model.
+    #[serde(default)]
+    pub show: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -219,6 +219,14 @@ pub fn markdown(report: &RunReport) -> String {
             .map(|s| format!(" (score {s})"))
             .unwrap_or_default();
         let _ = writeln!(out, "- {id} {title}{theme}{score}");
+        if !item.shown.is_empty() {
+            let shown: Vec<String> = item
+                .shown
+                .iter()
+                .map(|(k, v)| format!("{}: {}", md_text(k), md_text(v)))
+                .collect();
+            let _ = writeln!(out, "  {}", shown.join(" · "));
+        }
         if !item.fields.is_empty() {
             let shown: Vec<String> = item
                 .fields

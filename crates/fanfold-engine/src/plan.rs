@@ -410,7 +410,22 @@ impl Plan {
             .input
             .path
             .as_ref()
-            .map(|p| Source::File(self.spec_dir.join(p)))
+            .map(|p| Source::at(&self.spec.input.partition, self.spec_dir.join(p)))
+    }
+
+    /// `source` as this spec's partition reads it: a file or folder is
+    /// read as documents by a document format, which reads no stream.
+    pub fn resolve(&self, source: Source) -> Result<Source, crate::source::SourceError> {
+        let partition = &self.spec.input.partition;
+        match (source, partition.document_glob()) {
+            (Source::File(path), Some(_)) => Ok(Source::at(partition, path)),
+            (Source::Stdin | Source::Command(..), Some(_)) => {
+                Err(crate::source::SourceError::NotDocuments {
+                    format: partition.type_name().to_owned(),
+                })
+            }
+            (source, _) => Ok(source),
+        }
     }
 
     pub fn stage(&self, name: &str) -> Option<&dyn Stage> {

@@ -257,6 +257,7 @@ pub fn recheck(dir: &Path, input: Option<Source>) -> Result<Rechecked, RecheckEr
             .push("no source to read: give --input".into());
         return Ok(out);
     };
+    let source = plan.resolve(source).map_err(crate::RunError::from)?;
     // Every unit a fact is about, whether the prefilter keeps it now or
     // not: a cited unit edited since may no longer pass it, and is then
     // changed, not missing. Only those units are held.
@@ -402,15 +403,13 @@ pub fn recheck(dir: &Path, input: Option<Source>) -> Result<Rechecked, RecheckEr
 /// The source's hash, for a file; a stream read again may not be what the
 /// run read, so it is not hashed.
 fn source_hash(source: &Source) -> Option<ContentHash> {
-    match source {
-        Source::File(path) => {
-            let mut hasher = blake3::Hasher::new();
-            let mut f = std::fs::File::open(path).ok()?;
-            std::io::copy(&mut f, &mut hasher).ok()?;
-            Some(ContentHash(*hasher.finalize().as_bytes()))
-        }
-        _ => None,
+    if !source.rereadable() {
+        return None;
     }
+    let mut hasher = blake3::Hasher::new();
+    let mut reader = source.open().ok()?;
+    std::io::copy(&mut reader, &mut hasher).ok()?;
+    Some(ContentHash(*hasher.finalize().as_bytes()))
 }
 
 /// What each stage said of one unit of a finished run, and why, in words:

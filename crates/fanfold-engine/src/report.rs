@@ -37,6 +37,10 @@ pub struct AnswerItem {
     /// subject, a cause): the output schema's scalar fields.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub fields: BTreeMap<String, serde_json::Value>,
+    /// The unit's own fields the spec's `output.show` names, in its
+    /// order, as the source has them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shown: Vec<(String, String)>,
 }
 
 /// One reducer's value, as the answer states it.

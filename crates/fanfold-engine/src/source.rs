@@ -8,6 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
+use fanfold_core::spec::PartitionSpec;
+use fanfold_ops::partition::documents::DocumentStream;
+
 /// How long an input command may run before it is killed: long enough for
 /// `gh` to page through thousands of issues, short enough that a command
 /// waiting on a prompt or a dead network does not hang a run for ever.
@@ -22,6 +25,12 @@ pub enum Source {
     /// A program and its arguments (never run through a shell), and how
     /// long it may run.
     Command(Vec<String>, Duration),
+    /// A folder's files matching a glob (or one file), read as the
+    /// canonical document stream the document formats partition.
+    Documents {
+        root: PathBuf,
+        glob: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +53,14 @@ pub enum SourceError {
         status: String,
         stderr: String,
     },
+    #[error(transparent)]
+    Documents(#[from] fanfold_ops::partition::documents::DocumentError),
+    #[error(
+        "input {path} is a folder; a folder is read by the `files`, `email`, `markdown` or `code` partition (`[input.partition] type = \"files\"`)"
+    )]
+    Folder { path: String },
+    #[error("the `{format}` partition reads a file or a folder (`--input PATH`), not a stream")]
+    NotDocuments { format: String },
     #[error("the input command is empty")]
     EmptyCommand,
     #[error(
@@ -53,12 +70,31 @@ pub enum SourceError {
 }
 
 impl Source {
+    /// The source a path is for `partition`: a document format reads a
+    /// folder or a file as documents; every other format reads the file.
+    pub fn at(partition: &PartitionSpec, path: PathBuf) -> Source {
+        match partition.document_glob() {
+            Some(glob) => Source::Documents {
+                root: path,
+                glob: glob.to_owned(),
+            },
+            None => Source::File(path),
+        }
+    }
+
+    /// Whether the source can be read again to the same bytes (a file or
+    /// a folder, not a stream).
+    pub fn rereadable(&self) -> bool {
+        matches!(self, Source::File(_) | Source::Documents { .. })
+    }
+
     /// A name for reports and error messages.
     pub fn origin(&self) -> String {
         match self {
             Source::File(p) => p.display().to_string(),
             Source::Stdin => "<stdin>".to_owned(),
             Source::Command(c, _) => format!("$ {}", c.join(" ")),
+            Source::Documents { root, glob } => format!("{} ({glob})", root.display()),
         }
     }
 
@@ -67,12 +103,20 @@ impl Source {
     pub fn open(&self) -> Result<SourceReader, SourceError> {
         match self {
             Source::File(path) => {
+                if path.is_dir() {
+                    return Err(SourceError::Folder {
+                        path: path.display().to_string(),
+                    });
+                }
                 let file = std::fs::File::open(path).map_err(|source| SourceError::File {
                     path: path.display().to_string(),
                     source,
                 })?;
                 Ok(SourceReader::File(file))
             }
+            Source::Documents { root, glob } => Ok(SourceReader::Documents(Box::new(
+                DocumentStream::open(root, glob)?,
+            ))),
             Source::Stdin => Ok(SourceReader::Stdin(std::io::stdin())),
             Source::Command(argv, timeout) => {
                 let (program, args) = argv.split_first().ok_or(SourceError::EmptyCommand)?;
@@ -126,6 +170,17 @@ impl Source {
 
     pub fn read(&self) -> Result<Vec<u8>, SourceError> {
         match self {
+            Source::Documents { .. } => {
+                let mut buf = Vec::new();
+                let mut reader = self.open()?;
+                reader
+                    .read_to_end(&mut buf)
+                    .map_err(|source| SourceError::File {
+                        path: self.origin(),
+                        source,
+                    })?;
+                Ok(buf)
+            }
             Source::File(path) => std::fs::read(path).map_err(|source| SourceError::File {
                 path: path.display().to_string(),
                 source,
@@ -156,6 +211,7 @@ impl Source {
 
 pub enum SourceReader {
     File(std::fs::File),
+    Documents(Box<DocumentStream>),
     Stdin(std::io::Stdin),
     Command {
         child: Arc<Mutex<Child>>,
@@ -173,6 +229,7 @@ impl Read for SourceReader {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match self {
             SourceReader::File(f) => f.read(buf),
+            SourceReader::Documents(d) => d.read(buf),
             SourceReader::Stdin(s) => s.read(buf),
             SourceReader::Command { stdout, .. } => match stdout.as_mut() {
                 Some(out) => out.read(buf),

@@ -71,7 +71,7 @@ fn key_of(spec: &PartitionSpec) -> Option<&str> {
         PartitionSpec::JsonArray { key, .. }
         | PartitionSpec::Jsonl { key, .. }
         | PartitionSpec::Csv { key, .. } => key.as_deref(),
-        PartitionSpec::Lines { .. } => None,
+        _ => None,
     }
 }
 
@@ -486,6 +486,7 @@ fn holds_no_record(spec: &PartitionSpec, src: &[u8]) -> bool {
         PartitionSpec::Lines {
             record_start: None, ..
         } => std::str::from_utf8(src).is_ok_and(|s| s.trim().is_empty()),
+        _ => src.is_empty(),
     }
 }
 
@@ -623,7 +624,7 @@ fn check_coverage(spec: &PartitionSpec, src: &[u8], parts: &Parts) -> Result<(),
         check_id(spec, u)?;
         let bytes = &src[unit.bytes.start as usize..unit.bytes.end as usize];
         let first_line = u.value.get("line").and_then(Value::as_u64).unwrap_or(0);
-        let reread = partition::reread(spec, bytes, header, first_line);
+        let reread = partition::reread(spec, bytes, header, first_line, unit.unit_id.as_str());
         prop_assert!(
             matches!(&reread, Ok(v) if *v == u.value),
             "unit {} at {:?} reads back as {:?}, not {}",
@@ -1013,7 +1014,8 @@ fn csv_rows_read_back_when_lines_end_in_a_lone_carriage_return() {
     for u in &units {
         let r = u.unit.bytes;
         let bytes = &src[r.start as usize..r.end as usize];
-        let value = partition::reread(&spec, bytes, header, 0).expect("reads back");
+        let value = partition::reread(&spec, bytes, header, 0, u.unit.unit_id.as_str())
+            .expect("reads back");
         assert_eq!(value, u.value);
     }
 }

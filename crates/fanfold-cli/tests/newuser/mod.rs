@@ -53,11 +53,21 @@ fn write_inputs(dir: &Path) -> Vec<(&'static str, std::path::PathBuf)> {
         .map(|(id, subject, body)| format!("2026-12-0{id} 10:00:00 INFO mail {subject}: {body}\n"))
         .collect();
     std::fs::write(&log, text).unwrap();
+    let folder = dir.join("messages");
+    std::fs::create_dir(&folder).unwrap();
+    for (id, subject, body) in rows {
+        std::fs::write(
+            folder.join(format!("{id}.txt")),
+            format!("{subject}\n\n{body}\n"),
+        )
+        .unwrap();
+    }
     vec![
         ("json_array", array),
         ("jsonl", jsonl),
         ("csv", csv),
         ("lines", log),
+        ("files", folder),
     ]
 }
 
@@ -85,7 +95,7 @@ fn new_writes_a_spec_that_explains_and_runs_for_each_shape_of_input() {
             spec.contains(&format!("type = \"{shape}\"")),
             "{shape}: {spec}"
         );
-        if shape != "lines" {
+        if !matches!(shape, "lines" | "files") {
             assert!(spec.contains("key = \"id\""), "{shape}: {spec}");
         }
         // A spec folder is not overwritten.
@@ -112,15 +122,122 @@ fn new_writes_a_spec_that_explains_and_runs_for_each_shape_of_input() {
         let v = run(bin().arg("verify").arg(&out));
         assert_eq!(v.status.code(), Some(0), "{shape}: {}", stdout(&v));
     }
-    // A folder is refused with what to do instead.
+    // A folder with no files is refused, saying so.
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
     let o = run(bin()
         .arg("new")
-        .arg(tmp.path().join("spec-folder"))
+        .arg(tmp.path().join("spec-empty"))
         .args(["--question", QUESTION])
         .arg("--input")
-        .arg(tmp.path()));
+        .arg(&empty));
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("is a folder"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("holds no files"), "{}", stderr(&o));
+}
+
+const MAIL_QUESTION: &str = "Which messages report a production incident first-hand?";
+
+/// `fanfold ask` over the example folder of e-mails, on `backend`.
+fn ask_mail(tmp: &Path, backend: &str) -> (std::process::Output, std::path::PathBuf) {
+    let mail = super::repo().join("examples/mailbox/mail");
+    let o = run(bin()
+        .current_dir(tmp)
+        .args(["ask", MAIL_QUESTION, "--backend", backend, "--input"])
+        .arg(&mail));
+    let out = tmp.join(".fanfold/ask/which-messages-report-a-production-incident/out");
+    (o, out)
+}
+
+#[test]
+fn a_folder_of_emails_is_answered_in_one_command_with_sender_and_subject() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (o, out) = ask_mail(tmp.path(), "scripted");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let spec = std::fs::read_to_string(out.join("../spec.toml")).unwrap();
+    assert!(spec.contains("type = \"email\""), "{spec}");
+    let a = answer(&out);
+    let items = a["items"].as_array().unwrap();
+    assert!(!items.is_empty(), "{a}");
+    let md = std::fs::read_to_string(out.join("answer.md")).unwrap();
+    // Each item is titled by its subject and shows its sender, read from
+    // the message's headers, never from a model.
+    let mail = super::repo().join("examples/mailbox/mail");
+    for item in items {
+        let id = item["unit_id"].as_str().unwrap();
+        let raw = std::fs::read_to_string(mail.join(id)).unwrap();
+        let header = |name: &str| {
+            raw.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(str::trim)
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(item["title"], header("Subject:"), "{item}");
+        let from = header("From:");
+        let (name, address) = from.split_once(" <").unwrap();
+        let shown = format!("from: {name} \\<{}", address.trim_end_matches('>'));
+        let at = md.find(&format!("#{id} {}", header("Subject:"))).expect(id);
+        let block = &md[at..];
+        let block = &block[..block.find("\n- #").unwrap_or(block.len())];
+        assert!(block.contains(&shown), "{shown} not in {block}");
+    }
+    // The answer re-checks against the folder; an edited message fails it.
+    let v = run(bin().arg("verify").arg(&out));
+    assert_eq!(v.status.code(), Some(0), "{}", stdout(&v));
+    let copy = tmp.path().join("mail");
+    std::fs::create_dir(&copy).unwrap();
+    for entry in std::fs::read_dir(&mail).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
+    }
+    let cited = items[0]["unit_id"].as_str().unwrap();
+    let text = std::fs::read_to_string(copy.join(cited)).unwrap();
+    std::fs::write(copy.join(cited), format!("{text}Edited since.\n")).unwrap();
+    let v = run(bin().arg("verify").arg(&out).arg("--input").arg(&copy));
+    assert_eq!(v.status.code(), Some(4), "{}", stdout(&v));
+    assert!(stdout(&v).contains(cited), "{}", stdout(&v));
+    // `why` tells one message's story.
+    let w = run(bin().arg("why").arg(&out).arg(cited));
+    assert_eq!(w.status.code(), Some(0), "{}", stderr(&w));
+    assert!(stdout(&w).contains("the answer lists it"), "{}", stdout(&w));
+}
+
+#[test]
+fn embedded_ask_answers_a_folder_of_emails_quoting_bodies_not_headers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (o, out) = ask_mail(tmp.path(), "default");
+    assert!(
+        matches!(o.status.code(), Some(0) | Some(3)),
+        "{}",
+        stderr(&o)
+    );
+    let cert: Value =
+        serde_json::from_slice(&std::fs::read(out.join("certificate.json")).unwrap()).unwrap();
+    assert_eq!(cert["coverage"]["units"], 24, "{}", cert["coverage"]);
+    assert_eq!(cert["simulated"], false);
+    assert_eq!(cert["verify"]["passed"], true, "{}", cert["verify"]);
+    // Whatever the small model decided, what it quotes is the body.
+    let facts = std::fs::read_to_string(out.join("facts.jsonl")).unwrap();
+    let mut quotes = 0;
+    for line in facts.lines() {
+        let f: Value = serde_json::from_str(line).unwrap();
+        for e in f["evidence"].as_array().into_iter().flatten() {
+            assert_eq!(e["field"], "body", "{e}");
+            quotes += 1;
+        }
+    }
+    let a = answer(&out);
+    for item in a["items"].as_array().unwrap() {
+        assert!(
+            item["title"].as_str().is_some_and(|t| !t.is_empty()),
+            "{item}"
+        );
+        assert!(
+            item["shown"].as_array().is_some_and(|s| s[0][0] == "from"),
+            "{item}"
+        );
+    }
+    eprintln!("{quotes} quotes, all from bodies");
 }
 
 #[test]

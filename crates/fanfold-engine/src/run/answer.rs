@@ -66,6 +66,16 @@ pub fn answer(
                     .map(|f| f.evidence.clone())
                     .unwrap_or_default(),
                 fields: fact_of.get(id).map(|f| extracted(f)).unwrap_or_default(),
+                shown: value
+                    .as_ref()
+                    .map(|v| {
+                        spec.output
+                            .show
+                            .iter()
+                            .filter_map(|f| Some((f.clone(), field_text(v, f)?)))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
             }
         })
         .collect();

@@ -173,6 +173,7 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
         .clone()
         .or_else(|| plan.default_source())
         .ok_or(RunError::NoInput)?;
+    let source = plan.resolve(source)?;
     if let Some(dir) = &opts.out_dir {
         crate::output::check_writable(dir)?;
     }
@@ -803,9 +804,10 @@ pub fn route_source_keeping(
     // stream that cannot be read twice is read into memory.
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let options = route::stream_options(max_unit_bytes, threads);
+    let source = &plan.resolve(source.clone())?;
     let origin = source.origin();
     match source {
-        Source::File(_) => {
+        Source::File(_) | Source::Documents { .. } => {
             let mut hasher = blake3::Hasher::new();
             let mut reader = source.open()?;
             std::io::copy(&mut reader, &mut hasher).map_err(|e| reader.read_error(&origin, e))?;

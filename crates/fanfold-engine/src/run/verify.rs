@@ -68,6 +68,7 @@ impl StoredSource<'_> {
             &bytes,
             self.header.as_deref(),
             line,
+            id.as_str(),
         )?))
     }
 }

@@ -178,7 +178,14 @@ impl<'a> Assigner<'a> {
                 }
                 id
             }
-            Proposed::Derived(base) => content_id(self.seen, base, ordinal)?,
+            Proposed::Derived(base) => {
+                if let Some(flaw) = key_flaw(&base) {
+                    return Ok(Err(self.reject(bytes, "bad_key", |ordinal| {
+                        format!("element {ordinal} at byte {}: its id {flaw}", bytes.start)
+                    })));
+                }
+                content_id(self.seen, base, ordinal)?
+            }
         };
         self.coverage.elements += 1;
         self.coverage.units += 1;

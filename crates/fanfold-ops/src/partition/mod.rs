@@ -18,8 +18,13 @@ use serde_json::Value;
 
 mod array;
 mod assign;
+mod code;
+pub mod documents;
+mod email;
+mod files;
 pub mod jsonl;
 mod lines;
+mod markdown;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -90,6 +95,10 @@ pub enum PartitionError {
         "invalid UTF-8 at byte {offset} (line {line}): the input must be UTF-8 text; convert it first (e.g. `iconv -f latin1 -t utf-8`)"
     )]
     NotUtf8 { offset: u64, line: u64 },
+    #[error(
+        "no file matches the glob {glob:?} (hidden files and folders are skipped); check the folder and the partition's `glob`"
+    )]
+    NoFiles { glob: String },
     #[error("invalid record_start regex: {0}")]
     Regex(#[from] regex::Error),
     #[error("csv delimiter must be one byte, got {0:?}")]
@@ -130,6 +139,7 @@ pub fn content_hash(spec: &PartitionSpec, value: &Value) -> ContentHash {
         (PartitionSpec::Lines { .. }, Some(Value::String(text))) => {
             ContentHash::of_bytes(text.as_bytes())
         }
+        (PartitionSpec::Files { .. }, _) => files::hash(value),
         _ => unit_hash(value),
     }
 }
@@ -206,7 +216,11 @@ pub fn partition_reader(
         PartitionSpec::JsonArray { key, kind }
         | PartitionSpec::Jsonl { key, kind }
         | PartitionSpec::Csv { key, kind, .. } => (key.as_deref(), kind.as_str()),
-        PartitionSpec::Lines { kind, .. } => (None, kind.as_str()),
+        PartitionSpec::Lines { kind, .. }
+        | PartitionSpec::Files { kind, .. }
+        | PartitionSpec::Email { kind, .. }
+        | PartitionSpec::Markdown { kind, .. }
+        | PartitionSpec::Code { kind, .. } => (None, kind.as_str()),
     };
     let mut assigner = Assigner::new(kind, key, source_hash, options, seen);
     match spec {
@@ -219,11 +233,33 @@ pub fn partition_reader(
             let start = record_start.as_deref().map(regex::Regex::new).transpose()?;
             lines(reader, start.as_ref(), &mut assigner, emit)?
         }
+        PartitionSpec::Files { .. }
+        | PartitionSpec::Email { .. }
+        | PartitionSpec::Markdown { .. }
+        | PartitionSpec::Code { .. } => {
+            let format = spec.type_name();
+            let hash = |value: &Value| content_hash(spec, value);
+            documents::each_piece(
+                reader,
+                format,
+                &hash,
+                &mut assigner,
+                emit,
+                &mut splitter(spec),
+            )?
+        }
     }
     // An empty array is an answer (`gh` found nothing); an input with no
     // records at all is more likely a mistake.
-    if assigner.coverage.elements == 0 && !matches!(spec, PartitionSpec::JsonArray { .. }) {
-        return Err(PartitionError::Empty);
+    if assigner.coverage.elements == 0 {
+        if let Some(glob) = spec.document_glob() {
+            return Err(PartitionError::NoFiles {
+                glob: glob.to_owned(),
+            });
+        }
+        if !matches!(spec, PartitionSpec::JsonArray { .. }) {
+            return Err(PartitionError::Empty);
+        }
     }
     Ok(assigner.coverage)
 }
@@ -375,6 +411,7 @@ pub fn reread(
     bytes: &[u8],
     header: Option<&[u8]>,
     first_line: u64,
+    id: &str,
 ) -> Result<Value, PartitionError> {
     let malformed = |detail: String| PartitionError::Malformed {
         format: spec.type_name(),
@@ -390,6 +427,25 @@ pub fn reread(
             table::reread_row(bytes, header, delimiter.as_deref()).map_err(malformed)
         }
         PartitionSpec::Lines { .. } => lines::reread_record(bytes, first_line).map_err(malformed),
+        PartitionSpec::Files { .. }
+        | PartitionSpec::Email { .. }
+        | PartitionSpec::Markdown { .. }
+        | PartitionSpec::Code { .. } => documents::pieces_of(bytes, &mut splitter(spec))
+            .map_err(malformed)?
+            .into_iter()
+            .find(|p| p.id == id)
+            .map(|p| p.value)
+            .ok_or_else(|| malformed(format!("no unit `{id}` in the document at these bytes"))),
+    }
+}
+
+/// The document format's split, for a format that reads documents.
+fn splitter(spec: &PartitionSpec) -> Box<documents::Split<'static>> {
+    match spec {
+        PartitionSpec::Email { .. } => Box::new(email::split),
+        PartitionSpec::Markdown { .. } => Box::new(markdown::split),
+        PartitionSpec::Code { .. } => Box::new(code::split),
+        _ => Box::new(files::split),
     }
 }
 

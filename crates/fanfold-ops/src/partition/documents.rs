@@ -1,0 +1,350 @@
+//! Documents as a source: a folder (or one file) read as one canonical
+//! stream, one JSON line per file in path order, carrying its path, size,
+//! modification time, a digest of its bytes and its text. The stream is
+//! what the store keeps and hashes, so the source hash covers the manifest
+//! and the contents: an edited file changes its own line and nothing else.
+//!
+//! The document formats (`files`, `email`, `markdown`, `code`) read this
+//! stream and split each document into pieces; [`each_piece`] gives every
+//! piece to the one assigner. A unit's byte range is its document's line
+//! in the stream; where a piece lies inside its file is in its own fields
+//! (`start`, `end`, `line`).
+
+use std::io::{BufRead, Read};
+use std::path::{Path, PathBuf};
+
+use fanfold_core::ByteRange;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::assign::{Assigner, Proposed};
+use super::{Element, PartUnit, PartitionError};
+
+/// A file larger than this is listed with its digest, not read: no
+/// document format splits a file that large into units a model can take.
+pub const MAX_DOCUMENT_BYTES: u64 = 256 * 1024 * 1024;
+
+/// How much of a file is looked at for a NUL byte, the mark of a binary
+/// file (what git and grep look at too).
+const BINARY_PROBE: usize = 8000;
+
+/// One file of the stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Document {
+    /// Relative to the folder, `/`-separated.
+    pub path: String,
+    pub size: u64,
+    /// Last modification, RFC 3339 in UTC to the second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modified: Option<String>,
+    /// BLAKE3 of the file's bytes.
+    pub digest: String,
+    /// The file as UTF-8 text (a leading byte order mark dropped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Why there is no text: `binary`, `not_utf8`, `too_large`,
+    /// `unreadable`, with the detail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<Skipped>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Skipped {
+    pub reason: String,
+    pub detail: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DocumentError {
+    #[error("input {path}: {source}")]
+    Root {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("glob {glob:?}: {source}")]
+    Glob {
+        glob: String,
+        source: globset::Error,
+    },
+    #[error("listing {path}: {detail}")]
+    Walk { path: String, detail: String },
+}
+
+/// The canonical stream of a folder's matching files, or of one file,
+/// written as it is read: one file's bytes are held at a time.
+pub struct DocumentStream {
+    root: PathBuf,
+    /// Paths relative to `root` (empty for a single-file root), in order.
+    files: std::vec::IntoIter<(PathBuf, String)>,
+    line: Vec<u8>,
+    at: usize,
+}
+
+impl DocumentStream {
+    /// Lists the files now; reads each when the stream reaches it.
+    pub fn open(root: &Path, glob: &str) -> Result<DocumentStream, DocumentError> {
+        let meta = std::fs::metadata(root).map_err(|source| DocumentError::Root {
+            path: root.display().to_string(),
+            source,
+        })?;
+        let files = if meta.is_file() {
+            let name = root
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| root.display().to_string());
+            vec![(root.to_path_buf(), name)]
+        } else {
+            list(root, glob)?
+        };
+        Ok(DocumentStream {
+            root: root.to_path_buf(),
+            files: files.into_iter(),
+            line: Vec::new(),
+            at: 0,
+        })
+    }
+
+    /// The folder or file the stream reads.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn next_line(&mut self) -> bool {
+        let Some((full, rel)) = self.files.next() else {
+            return false;
+        };
+        let doc = read_document(&full, rel);
+        self.line.clear();
+        // Writing a plain struct to memory cannot fail.
+        let _ = serde_json::to_writer(&mut self.line, &doc);
+        self.line.push(b'\n');
+        self.at = 0;
+        true
+    }
+}
+
+impl Read for DocumentStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.at >= self.line.len() {
+            if !self.next_line() {
+                return Ok(0);
+            }
+        }
+        let rest = self.line.get(self.at..).unwrap_or_default();
+        let n = rest.len().min(buf.len());
+        if let (Some(dst), Some(src)) = (buf.get_mut(..n), rest.get(..n)) {
+            dst.copy_from_slice(src);
+        }
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// The files under `root` whose relative paths match `glob`, in path
+/// order; hidden entries (a name starting with `.`) are skipped, and
+/// symbolic links are not followed.
+fn list(root: &Path, glob: &str) -> Result<Vec<(PathBuf, String)>, DocumentError> {
+    let matcher = globset::GlobBuilder::new(glob)
+        .literal_separator(true)
+        .build()
+        .map_err(|source| DocumentError::Glob {
+            glob: glob.to_owned(),
+            source,
+        })?
+        .compile_matcher();
+    let mut files = Vec::new();
+    let walk = walkdir::WalkDir::new(root)
+        .sort_by_file_name()
+        .into_iter()
+        .filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'));
+    for entry in walk {
+        let entry = entry.map_err(|e| DocumentError::Walk {
+            path: e
+                .path()
+                .map_or_else(|| root.display().to_string(), |p| p.display().to_string()),
+            detail: e.to_string(),
+        })?;
+        if !entry.file_type().is_file() {
+            continue;
+        }
+        let Ok(rel) = entry.path().strip_prefix(root) else {
+            continue;
+        };
+        let rel_text = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy())
+            .collect::<Vec<_>>()
+            .join("/");
+        if matcher.is_match(&rel_text) {
+            files.push((entry.path().to_path_buf(), rel_text));
+        }
+    }
+    // Walking sorts each folder's entries; the stream's order is the
+    // paths' own, so `a/b` and `a.txt` sort the same on every system.
+    files.sort_by(|a, b| a.1.cmp(&b.1));
+    Ok(files)
+}
+
+/// One file as a stream line: never an error, since a file that cannot be
+/// read is a rejection with its reason, and the rest of the folder stands.
+fn read_document(full: &Path, path: String) -> Document {
+    let meta = std::fs::metadata(full).ok();
+    let size = meta.as_ref().map_or(0, |m| m.len());
+    let modified = meta
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| jiff::Timestamp::try_from(t).ok())
+        .and_then(|t| jiff::Timestamp::from_second(t.as_second()).ok())
+        .map(|t| t.to_string());
+    let skipped = |reason: &str, detail: String, digest: String| Document {
+        path: path.clone(),
+        size,
+        modified: modified.clone(),
+        digest,
+        text: None,
+        skipped: Some(Skipped {
+            reason: reason.to_owned(),
+            detail,
+        }),
+    };
+    if size > MAX_DOCUMENT_BYTES {
+        return skipped(
+            "too_large",
+            format!("{size} bytes, over the {MAX_DOCUMENT_BYTES}-byte document limit"),
+            String::new(),
+        );
+    }
+    let bytes = match std::fs::read(full) {
+        Ok(b) => b,
+        Err(e) => return skipped("unreadable", e.to_string(), String::new()),
+    };
+    let digest = blake3::hash(&bytes).to_hex().to_string();
+    let probe = bytes.get(..BINARY_PROBE).unwrap_or(&bytes);
+    if let Some(at) = memchr::memchr(0, probe) {
+        return skipped(
+            "binary",
+            format!("a binary file (a NUL byte at offset {at})"),
+            digest,
+        );
+    }
+    let body = bytes.strip_prefix(super::BOM).unwrap_or(&bytes);
+    match std::str::from_utf8(body) {
+        Ok(text) => Document {
+            path,
+            size,
+            modified,
+            digest,
+            text: Some(text.to_owned()),
+            skipped: None,
+        },
+        Err(e) => {
+            let at = e.valid_up_to() + (bytes.len() - body.len());
+            skipped(
+                "not_utf8",
+                format!(
+                    "invalid UTF-8 at byte {at}; convert it first (e.g. `iconv -f latin1 -t utf-8`)"
+                ),
+                digest,
+            )
+        }
+    }
+}
+
+/// A piece of a document that becomes a unit: its id (unique within the
+/// document, or made so with `-n`), its value and its own size.
+pub(super) struct Piece {
+    pub id: String,
+    pub value: Value,
+    pub size: u64,
+}
+
+/// What a document format does with one readable document: its pieces,
+/// or why it has none (a reason and a detail).
+pub(super) type Split<'a> = dyn FnMut(&Document, &str) -> Result<Vec<Piece>, (String, String)> + 'a;
+
+/// Reads the document stream and gives each document's pieces to the
+/// assigner, in order. A skipped file, or a document the format finds
+/// nothing in, is one rejection naming the file.
+pub(super) fn each_piece(
+    mut reader: impl BufRead,
+    format: &'static str,
+    hash: &dyn Fn(&Value) -> fanfold_core::ContentHash,
+    assigner: &mut Assigner,
+    emit: &mut dyn FnMut(Element),
+    split: &mut Split<'_>,
+) -> Result<(), PartitionError> {
+    let mut line = Vec::new();
+    let mut offset = 0u64;
+    let mut line_no = 0u64;
+    loop {
+        line.clear();
+        let n = reader.read_until(b'\n', &mut line)?;
+        if n == 0 {
+            return Ok(());
+        }
+        line_no += 1;
+        let bytes = ByteRange {
+            start: offset,
+            end: offset + n as u64,
+        };
+        offset += n as u64;
+        let doc: Document =
+            serde_json::from_slice(&line).map_err(|e| PartitionError::Malformed {
+                format,
+                offset: bytes.start,
+                line: line_no,
+                detail: format!(
+                    "not a document stream line ({e}); a `{format}` input is a folder or a file, \
+                 read by fanfold itself"
+                ),
+            })?;
+        let path = doc.path.clone();
+        let (reason, detail) = match (&doc.skipped, &doc.text) {
+            (Some(s), _) => (s.reason.clone(), s.detail.clone()),
+            (None, Some(text)) => match split(&doc, text) {
+                Ok(pieces) if !pieces.is_empty() => {
+                    for piece in pieces {
+                        let hash = hash(&piece.value);
+                        let id = Proposed::Derived(piece.id);
+                        emit(match assigner.admit(bytes, piece.size, id, hash)? {
+                            Ok(unit) => Element::Unit(PartUnit {
+                                unit,
+                                value: piece.value,
+                            }),
+                            Err(r) => Element::Rejected(r),
+                        });
+                    }
+                    continue;
+                }
+                Ok(_) => ("empty".to_owned(), format!("no {format} units in it")),
+                Err(why) => why,
+            },
+            (None, None) => ("unreadable".to_owned(), "no text recorded".to_owned()),
+        };
+        emit(Element::Rejected(assigner.reject(
+            bytes,
+            &reason,
+            |ordinal| format!("element {ordinal}: file {path}: {detail}"),
+        )));
+    }
+}
+
+/// One document's pieces again, for reading a unit back from its
+/// document's line: the ids as [`each_piece`] gave them within it.
+pub(super) fn pieces_of(line: &[u8], split: &mut Split<'_>) -> Result<Vec<Piece>, String> {
+    let doc: Document = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+    let Some(text) = doc.text.as_deref() else {
+        return Ok(Vec::new());
+    };
+    let mut pieces = split(&doc, text).map_err(|(_, detail)| detail)?;
+    let mut seen = std::collections::HashSet::new();
+    for piece in &mut pieces {
+        if !seen.insert(piece.id.clone()) {
+            let mut n = 2u64;
+            while !seen.insert(format!("{}-{n}", piece.id)) {
+                n += 1;
+            }
+            piece.id = format!("{}-{n}", piece.id);
+        }
+    }
+    Ok(pieces)
+}

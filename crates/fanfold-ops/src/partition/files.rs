@@ -1,0 +1,30 @@
+//! `files`: one unit per file of a folder, its id the relative path.
+
+use fanfold_core::ContentHash;
+use serde_json::{Value, json};
+
+use super::documents::{Document, Piece};
+
+pub(super) fn split(doc: &Document, text: &str) -> Result<Vec<Piece>, (String, String)> {
+    Ok(vec![Piece {
+        id: doc.path.clone(),
+        value: json!({
+            "path": doc.path,
+            "size": doc.size,
+            "modified": doc.modified,
+            "text": text,
+        }),
+        size: text.len() as u64,
+    }])
+}
+
+/// A file unit's content hash leaves its modification time out: a file
+/// touched, copied or checked out again is the same unit, and a fact
+/// about it stands; an edit to its text or a rename is a new unit.
+pub(super) fn hash(value: &Value) -> ContentHash {
+    let mut content = value.clone();
+    if let Some(obj) = content.as_object_mut() {
+        obj.remove("modified");
+    }
+    super::unit_hash(&content)
+}
