@@ -315,12 +315,17 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
             esc(title),
             esc(&theme)
         );
-        let extracted = item.fields.iter().map(|(k, v)| {
-            (
-                k.clone(),
-                v.as_str().map_or_else(|| v.to_string(), str::to_owned),
-            )
-        });
+        // A field whose value is the item's theme is already shown by it.
+        let extracted = item
+            .fields
+            .iter()
+            .filter(|(_, v)| item.theme.is_none() || v.as_str() != item.theme.as_deref())
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    v.as_str().map_or_else(|| v.to_string(), str::to_owned),
+                )
+            });
         // The source's own fields first, then what the fact extracted.
         for shown in [item.shown.clone(), extracted.collect()] {
             if shown.is_empty() {

@@ -433,6 +433,28 @@ fn limit_malloc_arenas() {
 #[global_allocator]
 static ALLOC: fanfold_ops::jq::MeteredAlloc = fanfold_ops::jq::MeteredAlloc;
 
+/// `fanfold explain spec.toml | head` closes the pipe early: printing
+/// then fails, which `println!` reports as a panic. The reader has what it
+/// wanted, so the process ends quietly, with the status a shell gives a
+/// command a closed pipe ended (128 + SIGPIPE). SIGPIPE itself is left
+/// ignored, as Rust sets it: a socket an endpoint closed must stay an error
+/// the run handles, never a signal that kills it.
+fn quiet_on_closed_stdout() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        report(info);
+    }));
+}
+
 fn main() -> ExitCode {
     limit_malloc_arenas();
     let filter = tracing_subscriber::EnvFilter::try_from_env(env_vars::LOG)
@@ -451,6 +473,7 @@ fn main() -> ExitCode {
         let _ = writeln!(std::io::stderr(), "error: {r}");
         std::process::exit(i32::from(fanfold_engine::error::EXIT_INPUT));
     });
+    quiet_on_closed_stdout();
     match real_main() {
         Ok(code) => code,
         Err(e) => {

@@ -3474,14 +3474,47 @@ fn a_run_report_renders_in_a_browser_with_every_citation_resolving() {
     assert!(links >= items, "{links} citation links for {items} items");
     assert!(dangling.is_empty(), "links to nothing: {dangling:?}");
     // Each item shows what its fact extracted beside the decision: the
-    // cause the judge named.
-    let first_cause = answer["items"][0]["fields"]["cause"]
-        .as_str()
-        .expect("the first item's extracted cause");
-    assert!(
-        dom.contains(&format!("<span class=\"meta\">cause:</span> {first_cause}")),
-        "the page does not show the extracted cause {first_cause}"
-    );
+    // cause the judge named, once: as the item's theme when it is that,
+    // else as a field.
+    let mut as_field = 0;
+    for item in answer["items"].as_array().expect("items") {
+        let cause = item["fields"]["cause"]
+            .as_str()
+            .expect("an extracted cause");
+        let field = format!("<span class=\"meta\">cause:</span> {cause}</div>");
+        if item["theme"].as_str() == Some(cause) {
+            continue;
+        }
+        as_field += 1;
+        assert!(
+            dom.contains(&field),
+            "the page does not show the extracted cause {cause}"
+        );
+    }
+    let md_answer = std::fs::read_to_string(out.path().join("run/answer.md")).expect("answer.md");
+    let mut as_theme = 0;
+    for item in answer["items"].as_array().expect("items") {
+        let (Some(theme), Some(cause)) = (item["theme"].as_str(), item["fields"]["cause"].as_str())
+        else {
+            continue;
+        };
+        if theme != cause {
+            continue;
+        }
+        as_theme += 1;
+        let id = item["unit_id"].as_str().expect("id");
+        let at = md_answer
+            .find(&format!("#{id}]"))
+            .expect("the item in answer.md");
+        let block = &md_answer[at..];
+        let block = &block[..block.find("\n- ").unwrap_or(block.len())];
+        assert!(
+            block.contains(&format!("*{}*", theme.replace('_', "\\_")))
+                && !block.contains("\n  cause: "),
+            "answer.md shows the theme {theme} twice: {block}"
+        );
+    }
+    assert!(as_theme + as_field > 0);
     assert!(png.len() > 10_000, "a screenshot of {} bytes", png.len());
     let md = std::fs::read_to_string(out.path().join("run/report.md")).expect("markdown");
     assert!(md.contains(&format!("## Answer: {items} items")));

@@ -227,9 +227,14 @@ pub fn markdown(report: &RunReport) -> String {
                 .collect();
             let _ = writeln!(out, "  {}", shown.join(" · "));
         }
-        if !item.fields.is_empty() {
-            let shown: Vec<String> = item
-                .fields
+        // A field whose value is the item's theme is already shown by it.
+        let fields: Vec<(&String, &serde_json::Value)> = item
+            .fields
+            .iter()
+            .filter(|(_, v)| item.theme.is_none() || v.as_str() != item.theme.as_deref())
+            .collect();
+        if !fields.is_empty() {
+            let shown: Vec<String> = fields
                 .iter()
                 .map(|(k, v)| {
                     let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);

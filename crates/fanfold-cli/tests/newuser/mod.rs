@@ -280,40 +280,98 @@ fn ask_answers_in_one_command_and_says_where_its_spec_is() {
 }
 
 #[test]
-fn embedded_ask_runs_a_new_spec_on_the_embedded_model() {
+fn embedded_ask_runs_a_new_spec_on_the_embedded_model_for_each_shape() {
     let tmp = tempfile::tempdir().unwrap();
-    let inputs = write_inputs(tmp.path());
-    let (_, jsonl) = &inputs[1];
+    for (shape, input) in write_inputs(tmp.path()) {
+        let dir = tmp.path().join(format!("ask-{shape}"));
+        let o = run(bin()
+            .args(["ask", QUESTION, "--input"])
+            .arg(&input)
+            .arg("--dir")
+            .arg(&dir));
+        // What the 135M model says is not checked; that every message was
+        // judged and accounted for, and the answer verified, is.
+        assert!(
+            matches!(o.status.code(), Some(0) | Some(3)),
+            "{shape}: {}",
+            stderr(&o)
+        );
+        let cert: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("out/certificate.json")).unwrap())
+                .unwrap();
+        let s = &cert["statuses"];
+        let total: u64 = [
+            "positive",
+            "negative",
+            "abstain",
+            "error",
+            "cancelled",
+            "not_run",
+        ]
+        .iter()
+        .map(|k| s[*k].as_u64().unwrap())
+        .sum();
+        assert_eq!(total, 6, "{shape}: {s}");
+        assert!(
+            cert["stats"]["model_calls"].as_u64().unwrap() >= 6,
+            "{shape}"
+        );
+        assert_eq!(cert["simulated"], false, "{shape}");
+        assert_eq!(
+            cert["verify"]["passed"], true,
+            "{shape}: {}",
+            cert["verify"]
+        );
+    }
+}
+
+#[test]
+fn the_mailbox_report_shows_each_messages_sender_in_a_browser() {
+    let browser = super::chromium();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
     let o = run(bin()
-        .current_dir(tmp.path())
-        .args(["ask", QUESTION, "--input"])
-        .arg(jsonl));
-    // What the 135M model says is not checked; that every message was
-    // judged and accounted for, and the answer verified, is.
-    assert!(
-        matches!(o.status.code(), Some(0) | Some(3)),
-        "{}",
-        stderr(&o)
-    );
-    let out = tmp
-        .path()
-        .join(".fanfold/ask/which-messages-report-a-failed-payment/out");
-    let cert: Value =
-        serde_json::from_slice(&std::fs::read(out.join("certificate.json")).unwrap()).unwrap();
-    let s = &cert["statuses"];
-    let total: u64 = [
-        "positive",
-        "negative",
-        "abstain",
-        "error",
-        "cancelled",
-        "not_run",
-    ]
-    .iter()
-    .map(|k| s[*k].as_u64().unwrap())
-    .sum();
-    assert_eq!(total, 6, "{s}");
-    assert!(cert["stats"]["model_calls"].as_u64().unwrap() >= 6);
-    assert_eq!(cert["simulated"], false);
-    assert_eq!(cert["verify"]["passed"], true, "{}", cert["verify"]);
+        .arg("run")
+        .arg(super::repo().join("examples/mailbox/spec.toml"))
+        .args(["--backend", "scripted"])
+        .arg("--store")
+        .arg(tmp.path().join("store.sqlite"))
+        .arg("--out")
+        .arg(&out));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = run(bin().arg("report").arg("run").arg(&out));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (dom, _) = super::render(&browser, &out.join("report.html"));
+    let a = answer(&out);
+    let items = a["items"].as_array().unwrap();
+    assert!(!items.is_empty());
+    for item in items {
+        let from = item["shown"][0][1].as_str().unwrap();
+        let escaped = from.replace('<', "&lt;").replace('>', "&gt;");
+        assert!(
+            dom.contains(&format!("<span class=\"meta\">from:</span> {escaped}")),
+            "the page does not show the sender {from}"
+        );
+        assert!(dom.contains(item["title"].as_str().unwrap()));
+    }
+}
+
+/// `fanfold spec-schema | head` closes the pipe early: the command ends
+/// quietly with a closed pipe's status, not a panic.
+#[test]
+fn a_reader_that_stops_early_gets_no_panic() {
+    use std::io::Read;
+    let mut child = bin()
+        .arg("spec-schema")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 16];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    // The read end is closed here, long before the schema is written.
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(o.status.code(), Some(141), "{err}");
 }

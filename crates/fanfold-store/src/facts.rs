@@ -1,0 +1,238 @@
+//! What was decided: `facts` (stage outputs by content key, sealed by
+//! their digest), `labels`, `embeddings` and `fold_nodes`.
+
+use super::*;
+
+impl Store {
+    /// The fact cached under `key`. A row that does not decode as a fact
+    /// of this key (a damaged file, a hand edit) is no answer: it is
+    /// deleted and counted, so the caller computes the fact again instead
+    /// of every later run failing on it.
+    pub fn get_fact(&self, key: &ContentHash) -> Result<Option<FactRecord>, StoreError> {
+        let text: Option<String> = self
+            .conn()
+            .query_row(
+                "SELECT record FROM facts WHERE key = ?1",
+                [key.to_hex()],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))?;
+        let Some(text) = text else {
+            return Ok(None);
+        };
+        let why = match serde_json::from_str::<FactRecord>(&text) {
+            Ok(fact) if fact.key == *key && fact.is_intact() => return Ok(Some(fact)),
+            Ok(fact) if fact.key == *key => {
+                "what it says no longer matches its digest: it was changed after it was stored"
+                    .to_owned()
+            }
+            Ok(fact) => format!("it holds the fact of key {}", fact.key.short(16)),
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!(
+            key = %key.short(16),
+            "stored fact does not decode ({why}); it is dropped and computed again"
+        );
+        // Only the row read: another process may have stored a good fact
+        // under the key meanwhile.
+        self.conn()
+            .execute(
+                "DELETE FROM facts WHERE key = ?1 AND record = ?2",
+                params![key.to_hex(), text],
+            )
+            .map_err(|e| self.sql(e))?;
+        self.corrupt_facts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(None)
+    }
+    /// Stores a label, replacing an earlier one under the same key.
+    pub fn put_label(&self, label: &Label) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "INSERT OR REPLACE INTO labels (key, stage, unit_id, decision, labeller, created_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    label.key.to_hex(),
+                    label.stage,
+                    label.unit_id,
+                    label.decision,
+                    label.labeller,
+                    now_ms() as i64
+                ],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+    pub fn get_label(&self, key: &ContentHash) -> Result<Option<Label>, StoreError> {
+        self.conn()
+            .query_row(
+                "SELECT stage, unit_id, decision, labeller FROM labels WHERE key = ?1",
+                [key.to_hex()],
+                |r| {
+                    Ok(Label {
+                        key: *key,
+                        stage: r.get(0)?,
+                        unit_id: r.get(1)?,
+                        decision: r.get(2)?,
+                        labeller: r.get(3)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(|e| self.sql(e))
+    }
+    /// Takes a label back (an undo); true when there was one.
+    pub fn delete_label(&self, key: &ContentHash) -> Result<bool, StoreError> {
+        self.conn()
+            .execute("DELETE FROM labels WHERE key = ?1", [key.to_hex()])
+            .map(|n| n > 0)
+            .map_err(|e| self.sql(e))
+    }
+    /// How many stored facts [`Store::get_fact`] found damaged and dropped
+    /// since the store was opened.
+    pub fn corrupt_facts(&self) -> u64 {
+        self.corrupt_facts
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// Reads the JSON text column of the one row `sql` selects by `key`.
+    fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        sql: &str,
+        key: &ContentHash,
+    ) -> Result<Option<T>, StoreError> {
+        let text: Option<String> = self
+            .conn()
+            .query_row(sql, [key.to_hex()], |r| r.get(0))
+            .optional()
+            .map_err(|e| self.sql(e))?;
+        text.map(|t| serde_json::from_str(&t).map_err(|e| self.decode(e)))
+            .transpose()
+    }
+    /// Caches a decided fact under its key.
+    pub fn put_fact(&self, fact: &FactRecord) -> Result<(), StoreError> {
+        if !fact.status.is_cacheable() {
+            return Err(StoreError::NotCacheable {
+                status: fact.status.to_string(),
+            });
+        }
+        // Sealed as stored: a row edited afterwards is refused when read.
+        let mut sealed = fact.clone();
+        sealed.seal();
+        let record = serde_json::to_string(&sealed).map_err(|e| self.decode(e))?;
+        let unit = fact
+            .source_ids
+            .first()
+            .map(|u| u.0.clone())
+            .unwrap_or_default();
+        let unit_hash = fact
+            .source_hashes
+            .first()
+            .map(|h| h.to_hex())
+            .unwrap_or_default();
+        self.conn()
+            .execute(
+                "INSERT OR REPLACE INTO facts (key, unit_id, unit_hash, stage, stage_version, status, record, created_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    fact.key.to_hex(),
+                    unit,
+                    unit_hash,
+                    fact.stage,
+                    fact.stage_version,
+                    fact.status.as_str(),
+                    record,
+                    now_ms() as i64
+                ],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+    /// How many embedding vectors the store holds.
+    pub fn count_embeddings(&self) -> Result<u64, StoreError> {
+        self.conn()
+            .query_row("SELECT COUNT(*) FROM embeddings", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|n| n.max(0) as u64)
+            .map_err(|e| self.sql(e))
+    }
+    pub fn count_facts(&self) -> Result<u64, StoreError> {
+        self.conn()
+            .query_row("SELECT COUNT(*) FROM facts", [], |r| r.get::<_, i64>(0))
+            .map(|n| n as u64)
+            .map_err(|e| self.sql(e))
+    }
+    /// A cached embedding: little-endian `f32`s, `dim` of them.
+    pub fn get_embedding(&self, key: &ContentHash) -> Result<Option<Vec<f32>>, StoreError> {
+        let row: Option<(i64, Vec<u8>)> = self
+            .conn()
+            .query_row(
+                "SELECT dim, vector FROM embeddings WHERE key = ?1",
+                [key.to_hex()],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))?;
+        let Some((dim, bytes)) = row else {
+            return Ok(None);
+        };
+        if bytes.len() != dim as usize * 4 {
+            return Err(self.decode(format!(
+                "embedding {} holds {} bytes, not {dim} floats",
+                key.short(12),
+                bytes.len()
+            )));
+        }
+        Ok(Some(
+            bytes
+                .as_chunks::<4>()
+                .0
+                .iter()
+                .map(|&c| f32::from_le_bytes(c))
+                .collect(),
+        ))
+    }
+    /// Caches embeddings in one transaction.
+    pub fn put_embeddings(
+        &self,
+        model: &str,
+        rows: &[(ContentHash, &[f32])],
+    ) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        {
+            let mut stmt = tx
+                .prepare(
+                    "INSERT OR REPLACE INTO embeddings (key, model, dim, vector) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(|e| self.sql(e))?;
+            for (key, v) in rows {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                stmt.execute(params![key.to_hex(), model, v.len() as i64, bytes])
+                    .map_err(|e| self.sql(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.sql(e))
+    }
+    pub fn get_fold_node(
+        &self,
+        key: &ContentHash,
+    ) -> Result<Option<serde_json::Value>, StoreError> {
+        self.get_json("SELECT value FROM fold_nodes WHERE key = ?1", key)
+    }
+    pub fn put_fold_node(
+        &self,
+        key: &ContentHash,
+        level: u32,
+        value: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "INSERT OR REPLACE INTO fold_nodes (key, level, value) VALUES (?1, ?2, ?3)",
+                params![key.to_hex(), level, value.to_string()],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,249 @@
+//! Runs and who pays for what: `runs` (with pid, host and heartbeat),
+//! `claims` (leases on fact keys), `run_units` and `run_events`.
+
+use super::*;
+
+impl Store {
+    pub fn begin_run(
+        &self,
+        run_id: &str,
+        spec_name: &str,
+        spec_hash: &ContentHash,
+        source: &ContentHash,
+    ) -> Result<(), StoreError> {
+        let now = now_ms() as i64;
+        self.conn()
+            .execute(
+                "INSERT INTO runs (run_id, spec_name, spec_hash, source_hash, started_ms, pid, host, heartbeat_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?5)",
+                params![run_id, spec_name, spec_hash.to_hex(), source.to_hex(), now, std::process::id(), this_host()],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+    /// Claims `key` for `run_id` for `lease_ms`, unless another run holds a
+    /// lease on it that has not lapsed. One statement: two processes
+    /// claiming at once cannot both win.
+    pub fn claim(
+        &self,
+        key: &ContentHash,
+        run_id: &str,
+        lease_ms: u64,
+    ) -> Result<Claim, StoreError> {
+        let now = now_ms() as i64;
+        let conn = self.conn();
+        let won = conn
+            .execute(
+                "INSERT INTO claims (key, run_id, expires_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (key) DO UPDATE SET run_id = excluded.run_id, expires_ms = excluded.expires_ms
+                 WHERE claims.run_id = excluded.run_id OR claims.expires_ms < ?4",
+                params![key.to_hex(), run_id, now + lease_ms as i64, now],
+            )
+            .map_err(|e| self.sql(e))?;
+        if won == 1 {
+            return Ok(Claim::Mine);
+        }
+        let held = conn
+            .query_row(
+                "SELECT run_id, expires_ms FROM claims WHERE key = ?1",
+                [key.to_hex()],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))?;
+        Ok(match held {
+            Some((holder, expires)) if holder != run_id => Claim::Held {
+                run_id: holder,
+                expires_ms: expires.max(0) as u64,
+            },
+            _ => Claim::Mine,
+        })
+    }
+    /// Gives up `run_id`'s lease on `key` (its unit ended without a fact
+    /// to share: another run may try it).
+    pub fn release_claim(&self, key: &ContentHash, run_id: &str) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "DELETE FROM claims WHERE key = ?1 AND run_id = ?2",
+                params![key.to_hex(), run_id],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+    /// Renews every lease `run_id` holds and marks the run alive.
+    pub fn heartbeat(&self, run_id: &str, lease_ms: u64) -> Result<(), StoreError> {
+        let now = now_ms() as i64;
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        tx.execute(
+            "UPDATE claims SET expires_ms = ?2 WHERE run_id = ?1",
+            params![run_id, now + lease_ms as i64],
+        )
+        .map_err(|e| self.sql(e))?;
+        tx.execute(
+            "UPDATE runs SET heartbeat_ms = ?2 WHERE run_id = ?1",
+            params![run_id, now],
+        )
+        .map_err(|e| self.sql(e))?;
+        tx.commit().map_err(|e| self.sql(e))
+    }
+    /// Runs that never finished and whose process is gone are marked
+    /// `abandoned`, and their leases dropped: a run of this host whose
+    /// process no longer exists, or any run whose last heartbeat is older
+    /// than `stale_ms`. Returns how many.
+    pub fn close_abandoned_runs(&self, stale_ms: u64) -> Result<usize, StoreError> {
+        let now = now_ms() as i64;
+        let host = this_host();
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        let gone: Vec<String> = {
+            let mut st = tx
+                .prepare("SELECT run_id, pid FROM runs WHERE finished_ms IS NULL AND host = ?1")
+                .map_err(|e| self.sql(e))?;
+            let rows = st
+                .query_map([&host], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
+                })
+                .map_err(|e| self.sql(e))?;
+            let rows: Vec<(String, Option<i64>)> =
+                rows.collect::<Result<_, _>>().map_err(|e| self.sql(e))?;
+            rows.into_iter()
+                .filter(|(_, pid)| pid.is_some_and(|p| !process_exists(p)))
+                .map(|(run_id, _)| run_id)
+                .collect()
+        };
+        let mut n = 0;
+        for run_id in &gone {
+            n += tx
+                .execute(
+                    "UPDATE runs SET finished_ms = ?1, stop_reason = 'abandoned' WHERE run_id = ?2",
+                    params![now, run_id],
+                )
+                .map_err(|e| self.sql(e))?;
+        }
+        n += tx
+            .execute(
+                "UPDATE runs SET finished_ms = ?1, stop_reason = 'abandoned'
+                 WHERE finished_ms IS NULL AND COALESCE(heartbeat_ms, started_ms) < ?2",
+                params![now, now - stale_ms as i64],
+            )
+            .map_err(|e| self.sql(e))?;
+        tx.execute(
+            "DELETE FROM claims WHERE run_id IN (SELECT run_id FROM runs WHERE stop_reason = 'abandoned')",
+            [],
+        )
+        .map_err(|e| self.sql(e))?;
+        tx.commit().map_err(|e| self.sql(e))?;
+        Ok(n)
+    }
+    /// Unfinished runs whose heartbeat is at most `stale_ms` old.
+    pub fn live_runs(&self, stale_ms: u64) -> Result<Vec<RunInfo>, StoreError> {
+        live_runs_at(&self.path, stale_ms).map_err(|e| self.sql(e))
+    }
+    /// Records the outcome of many units in one transaction.
+    pub fn put_run_units(&self, run_id: &str, rows: &[RunUnitRow]) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        {
+            let mut ins = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO run_units (run_id, unit_id, stage, status, reason, fact_key)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .map_err(|e| self.sql(e))?;
+            for r in rows {
+                ins.execute(params![
+                    run_id,
+                    r.unit_id,
+                    r.stage,
+                    r.status,
+                    r.reason,
+                    r.fact_key.map(|k| k.to_hex())
+                ])
+                .map_err(|e| self.sql(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.sql(e))
+    }
+    pub fn event(
+        &self,
+        run_id: &str,
+        kind: &str,
+        payload: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "INSERT INTO run_events (run_id, seq, at_ms, kind, payload)
+                 VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM run_events WHERE run_id = ?1), ?2, ?3, ?4)",
+                params![run_id, now_ms() as i64, kind, payload.to_string()],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+    /// Records the run's end and drops its leases.
+    pub fn finish_run(
+        &self,
+        run_id: &str,
+        stop_reason: &str,
+        certificate_json: &str,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        tx.execute(
+            "UPDATE runs SET finished_ms = ?2, stop_reason = ?3, certificate = ?4 WHERE run_id = ?1",
+            params![run_id, now_ms() as i64, stop_reason, certificate_json],
+        )
+        .map_err(|e| self.sql(e))?;
+        tx.execute("DELETE FROM claims WHERE run_id = ?1", [run_id])
+            .map_err(|e| self.sql(e))?;
+        tx.commit().map_err(|e| self.sql(e))
+    }
+    /// Ends a run that failed: `failed`, with its leases dropped. When
+    /// `forget_source` is set (its input did not parse) and no other run
+    /// read the same source, the source goes too: a file that was refused
+    /// does not stay in the store.
+    pub fn fail_run(&self, run_id: &str, forget_source: bool) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        tx.execute(
+            "UPDATE runs SET finished_ms = ?2, stop_reason = 'failed' WHERE run_id = ?1",
+            params![run_id, now_ms() as i64],
+        )
+        .map_err(|e| self.sql(e))?;
+        tx.execute("DELETE FROM claims WHERE run_id = ?1", [run_id])
+            .map_err(|e| self.sql(e))?;
+        if forget_source {
+            let source: Option<String> = tx
+                .query_row(
+                    "SELECT source_hash FROM runs WHERE run_id = ?1
+                     AND NOT EXISTS (SELECT 1 FROM runs o WHERE o.source_hash = runs.source_hash
+                                     AND o.run_id != ?1)",
+                    [run_id],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(|e| self.sql(e))?;
+            if let Some(source) = source {
+                drop_source(&tx, &source).map_err(|e| self.sql(e))?;
+                tx.execute("DELETE FROM run_units WHERE run_id = ?1", [run_id])
+                    .map_err(|e| self.sql(e))?;
+                tx.execute("DELETE FROM run_events WHERE run_id = ?1", [run_id])
+                    .map_err(|e| self.sql(e))?;
+                tx.execute("DELETE FROM runs WHERE run_id = ?1", [run_id])
+                    .map_err(|e| self.sql(e))?;
+                delete_orphan_chunks(&tx).map_err(|e| self.sql(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.sql(e))
+    }
+    /// Runs that began and never finished (killed processes).
+    pub fn unfinished_runs(&self) -> Result<Vec<String>, StoreError> {
+        let conn = self.conn();
+        let mut st = conn
+            .prepare("SELECT run_id FROM runs WHERE finished_ms IS NULL ORDER BY started_ms")
+            .map_err(|e| self.sql(e))?;
+        let rows = st.query_map([], |r| r.get(0)).map_err(|e| self.sql(e))?;
+        rows.collect::<Result<Vec<String>, _>>()
+            .map_err(|e| self.sql(e))
+    }
+}

@@ -1,0 +1,241 @@
+//! Partitions and routing: `partitions`, `units` and `rejections` (each
+//! partition's elements), `prefilters`, `routings` and `route_chunks` (the
+//! rule that decided each element).
+
+use super::*;
+
+impl Store {
+    /// The partition of `source` that `key` names (the source and the
+    /// partition's settings), created when new. Returns its id and, when a
+    /// run finished it before, its counts.
+    pub fn open_partition(
+        &self,
+        key: &ContentHash,
+        source: &ContentHash,
+        spec: &str,
+    ) -> Result<(i64, Option<PartitionCounts>), StoreError> {
+        let conn = self.conn();
+        conn.execute(
+            "INSERT OR IGNORE INTO partitions (key, source_hash, spec) VALUES (?1, ?2, ?3)",
+            params![key.to_hex(), source.to_hex(), spec],
+        )
+        .map_err(|e| self.sql(e))?;
+        conn.query_row(
+            "SELECT id, elements, units, rejected FROM partitions WHERE key = ?1",
+            [key.to_hex()],
+            |r| {
+                let counts = match (
+                    r.get::<_, Option<i64>>(1)?,
+                    r.get::<_, Option<i64>>(2)?,
+                    r.get::<_, Option<i64>>(3)?,
+                ) {
+                    (Some(elements), Some(units), Some(rejected)) => Some(PartitionCounts {
+                        elements: elements as u64,
+                        units: units as u64,
+                        rejected: rejected as u64,
+                    }),
+                    _ => None,
+                };
+                Ok((r.get(0)?, counts))
+            },
+        )
+        .map_err(|e| self.sql(e))
+    }
+    /// Marks a partition whole: every element is stored as a unit or a
+    /// rejection.
+    pub fn finish_partition(&self, id: i64, counts: PartitionCounts) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "UPDATE partitions SET elements = ?2, units = ?3, rejected = ?4 WHERE id = ?1",
+                params![
+                    id,
+                    counts.elements as i64,
+                    counts.units as i64,
+                    counts.rejected as i64
+                ],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+    /// Writes one batch of a partition's units and rejections, and the
+    /// prefilter's decisions for them, in one transaction. Rows stored
+    /// before (a resumed or repeated run) are kept as they are.
+    pub fn put_partition_batch(&self, batch: &PartitionBatch<'_>) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().map_err(|e| self.sql(e))?;
+        {
+            let mut ins = tx
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO units (partition, unit_id, ordinal, unit_hash, byte_start, byte_end)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .map_err(|e| self.sql(e))?;
+            for u in batch.units {
+                ins.execute(params![
+                    batch.partition,
+                    u.unit_id.as_str(),
+                    u.ordinal as i64,
+                    &u.unit_hash.0[..],
+                    u.bytes.start as i64,
+                    u.bytes.end as i64
+                ])
+                .map_err(|e| self.sql(e))?;
+            }
+            let mut rej = tx
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO rejections (partition, ordinal, reason, detail, byte_start, byte_end)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .map_err(|e| self.sql(e))?;
+            for r in batch.rejections {
+                rej.execute(params![
+                    batch.partition,
+                    r.ordinal as i64,
+                    r.reason,
+                    r.detail,
+                    r.byte_start as i64,
+                    r.byte_end as i64
+                ])
+                .map_err(|e| self.sql(e))?;
+            }
+            if let Some(prefilter) = batch.prefilter
+                && !batch.rules.is_empty()
+            {
+                tx.prepare_cached(
+                    "INSERT OR IGNORE INTO route_chunks (partition, prefilter, first_ordinal, rules)
+                     VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(|e| self.sql(e))?
+                .execute(params![
+                    batch.partition,
+                    prefilter,
+                    batch.first_ordinal as i64,
+                    batch.rules
+                ])
+                .map_err(|e| self.sql(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.sql(e))
+    }
+    /// Whether an element before `ordinal` in the partition has `unit_id`:
+    /// the exact check behind a fingerprint hit.
+    pub fn unit_id_before(
+        &self,
+        partition: i64,
+        unit_id: &str,
+        ordinal: u64,
+    ) -> Result<bool, StoreError> {
+        self.conn()
+            .query_row(
+                "SELECT 1 FROM units WHERE partition = ?1 AND unit_id = ?2 AND ordinal < ?3",
+                params![partition, unit_id, ordinal as i64],
+                |_| Ok(()),
+            )
+            .optional()
+            .map(|r| r.is_some())
+            .map_err(|e| self.sql(e))
+    }
+    /// Where unit `unit_id` of a partition lies in its source.
+    pub fn unit_range(
+        &self,
+        partition: i64,
+        unit_id: &str,
+    ) -> Result<Option<(u64, u64)>, StoreError> {
+        self.conn()
+            .query_row(
+                "SELECT byte_start, byte_end FROM units WHERE partition = ?1 AND unit_id = ?2",
+                params![partition, unit_id],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))
+    }
+    /// The id of a prefilter (its rules, by their hash), created when new.
+    pub fn open_prefilter(&self, key: &ContentHash, rules: &str) -> Result<i64, StoreError> {
+        let conn = self.conn();
+        conn.execute(
+            "INSERT OR IGNORE INTO prefilters (key, rules) VALUES (?1, ?2)",
+            params![key.to_hex(), rules],
+        )
+        .map_err(|e| self.sql(e))?;
+        conn.query_row(
+            "SELECT id FROM prefilters WHERE key = ?1",
+            [key.to_hex()],
+            |r| r.get(0),
+        )
+        .map_err(|e| self.sql(e))
+    }
+    /// The rule byte (see [`PartitionBatch::rules`]) of element `ordinal`.
+    pub fn route_of(
+        &self,
+        partition: i64,
+        prefilter: i64,
+        ordinal: u64,
+    ) -> Result<Option<u8>, StoreError> {
+        let row: Option<(i64, Vec<u8>)> = self
+            .conn()
+            .query_row(
+                "SELECT first_ordinal, rules FROM route_chunks
+                 WHERE partition = ?1 AND prefilter = ?2 AND first_ordinal <= ?3
+                 ORDER BY first_ordinal DESC LIMIT 1",
+                params![partition, prefilter, ordinal as i64],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))?;
+        Ok(row.and_then(|(first, rules)| {
+            rules
+                .get(usize::try_from(ordinal.checked_sub(first as u64)?).ok()?)
+                .copied()
+        }))
+    }
+    /// Whether every unit of `partition` has its decision by `prefilter`
+    /// stored.
+    pub fn routing_done(&self, partition: i64, prefilter: i64) -> Result<bool, StoreError> {
+        self.conn()
+            .query_row(
+                "SELECT 1 FROM routings WHERE partition = ?1 AND prefilter = ?2",
+                params![partition, prefilter],
+                |_| Ok(()),
+            )
+            .optional()
+            .map(|r| r.is_some())
+            .map_err(|e| self.sql(e))
+    }
+    pub fn finish_routing(&self, partition: i64, prefilter: i64) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "INSERT OR IGNORE INTO routings (partition, prefilter) VALUES (?1, ?2)",
+                params![partition, prefilter],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+    /// Units stored for every partition of a source.
+    pub fn count_units(&self, source: &ContentHash) -> Result<u64, StoreError> {
+        self.conn()
+            .query_row(
+                "SELECT COUNT(*) FROM units WHERE partition IN
+                   (SELECT id FROM partitions WHERE source_hash = ?1)",
+                [source.to_hex()],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+            .map_err(|e| self.sql(e))
+    }
+    /// Names the partition and prefilter a run read its units through.
+    pub fn set_run_routing(
+        &self,
+        run_id: &str,
+        partition: i64,
+        prefilter: i64,
+    ) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "UPDATE runs SET partition = ?2, prefilter = ?3 WHERE run_id = ?1",
+                params![run_id, partition, prefilter],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+}
