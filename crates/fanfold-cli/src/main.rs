@@ -45,6 +45,11 @@ enum Command {
     /// runs, and the sources only they read. Facts stay (they are the
     /// cache). Refused while a run is live on the store.
     Gc(BatchesArgs),
+    /// The runs on a store, newest first: live ones with their host, pid,
+    /// heartbeat, the leases it holds, each stage's units by status
+    /// and the budget spent against its limits; finished ones with how
+    /// they stopped.
+    Status(StatusArgs),
     /// Answer, as a person at a terminal, the labels a cascade asked for
     /// (OUT_DIR/labels-wanted.jsonl): one unit at a time, single keys,
     /// stored at once; resumes where it stopped.
@@ -323,6 +328,15 @@ struct BatchesArgs {
 }
 
 #[derive(Args)]
+struct StatusArgs {
+    #[command(flatten)]
+    store: BatchesArgs,
+    /// How many runs to show.
+    #[arg(long, default_value_t = 10)]
+    limit: usize,
+}
+
+#[derive(Args)]
 struct SelfcheckArgs {
     /// The issue-triage example folder.
     #[arg(long)]
@@ -505,6 +519,7 @@ fn real_main() -> Result<ExitCode> {
         Command::Plan(args) => planner::plan(args),
         Command::Batches(args) => batches(args).map(|()| ExitCode::SUCCESS),
         Command::Gc(args) => gc(args).map(|()| ExitCode::SUCCESS),
+        Command::Status(args) => status(args).map(|()| ExitCode::SUCCESS),
         Command::Label(args) => label::label(&args).map(|()| ExitCode::SUCCESS),
         Command::New(args) => {
             let (spec, why) = new::write(&args.dir, &args.question, &args.input)?;
@@ -944,6 +959,121 @@ fn gc(args: BatchesArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn status(args: StatusArgs) -> Result<()> {
+    let store = existing_store(&args.store)?;
+    let now = fanfold_store::now_ms();
+    let runs = store.run_overview(args.limit)?;
+    if args.store.json {
+        for r in &runs {
+            let mut v = match serde_json::to_value(r)? {
+                serde_json::Value::Object(m) => m,
+                _ => serde_json::Map::new(),
+            };
+            v.insert("state".into(), r.state(now).into());
+            // The JSON columns as JSON, not as strings holding it.
+            for (name, text) in [("progress", &r.progress), ("statuses", &r.statuses)] {
+                if let Some(text) = text {
+                    v.insert(name.into(), serde_json::from_str(text).unwrap_or_default());
+                }
+            }
+            let v = serde_json::Value::Object(v);
+            println!("{v}");
+        }
+        return Ok(());
+    }
+    if runs.is_empty() {
+        println!("no runs in {}", args.store.store.display());
+        return Ok(());
+    }
+    for r in &runs {
+        print!("{}", describe_run(r, now));
+    }
+    Ok(())
+}
+
+/// One run of `fanfold status`, in lines.
+fn describe_run(r: &fanfold_store::RunOverview, now: u64) -> String {
+    use std::fmt::Write as _;
+    let ago = |ms: u64| format!("{} s ago", now.saturating_sub(ms) / 1000);
+    let mut s = String::new();
+    let state = r.state(now);
+    let _ = writeln!(
+        s,
+        "{} {} (spec `{}`), started {}",
+        state,
+        r.run_id,
+        r.spec_name,
+        ago(r.started_ms)
+    );
+    if r.finished_ms.is_none() {
+        let _ = writeln!(
+            s,
+            "  on {} pid {}, heartbeat {}, holding {} leases on units it claimed",
+            r.host.as_deref().unwrap_or("?"),
+            r.pid.map_or("?".into(), |p| p.to_string()),
+            r.heartbeat_ms.map_or("never".into(), ago),
+            r.leases
+        );
+    }
+    let progress: serde_json::Value = r
+        .progress
+        .as_deref()
+        .and_then(|p| serde_json::from_str(p).ok())
+        .unwrap_or_default();
+    let at = |v: &serde_json::Value, k: &str| v.get(k).cloned().unwrap_or_default();
+    if r.finished_ms.is_none() {
+        let stages = at(&progress, "stages");
+        for (name, t) in stages.as_object().into_iter().flatten() {
+            let counts: Vec<(&String, u64)> = t
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| *k != "units" && *k != "cached")
+                .filter_map(|(k, v)| Some((k, v.as_u64()?)))
+                .collect();
+            let done: u64 = counts.iter().map(|(_, n)| n).sum();
+            let said: Vec<String> = counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            let _ = writeln!(
+                s,
+                "  stage {name}: {done} of {} units finished ({}), {} cached",
+                at(t, "units"),
+                if said.is_empty() {
+                    "none yet".to_owned()
+                } else {
+                    said.join(", ")
+                },
+                at(t, "cached")
+            );
+        }
+        let spent = at(&progress, "spent");
+        if spent.is_object() {
+            let limits = at(&progress, "limits");
+            let of = |k: &str| match limits.get(k).and_then(serde_json::Value::as_u64) {
+                Some(l) => format!(" of {l}"),
+                None => String::new(),
+            };
+            let _ = writeln!(
+                s,
+                "  spent: {} model calls{}, {} tokens{}, {} s{}",
+                at(&spent, "model_calls"),
+                of("model_calls"),
+                at(&spent, "tokens"),
+                of("tokens"),
+                at(&spent, "wall_secs"),
+                of("wall_secs")
+            );
+        }
+    } else if let Some(statuses) = r.statuses.as_deref() {
+        let _ = writeln!(
+            s,
+            "  statuses {statuses}; {} model calls, {} tokens",
+            r.model_calls.map_or("?".into(), |c| c.to_string()),
+            r.tokens.map_or("?".into(), |c| c.to_string())
+        );
+    }
+    s
 }
 
 fn batches(args: BatchesArgs) -> Result<()> {

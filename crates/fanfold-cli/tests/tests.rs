@@ -6425,3 +6425,97 @@ fn the_readme_shows_a_whole_spec_that_explains() {
     assert!(text.contains("excluded closed: 587"), "{text}");
     assert!(text.contains("stage judge: 413 units"), "{text}");
 }
+
+/// `fanfold status` on a store a run is working in: the run is live, on
+/// this host, with its pid; its heartbeat reports each stage's progress
+/// and the budget spent against the limit; once finished, it says how it
+/// stopped.
+#[test]
+fn status_shows_a_live_run_its_progress_and_spend_then_how_it_stopped() {
+    // A judge that answers every call, 300 ms later.
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(|| async {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            fanfold_testkit::wire::json_reply(
+                axum::http::StatusCode::OK,
+                fanfold_testkit::wire::openai_chat_reply("m", r#"{"decision": "yes"}"#, 100),
+            )
+        }),
+    );
+    let server = fanfold_testkit::Server::start(app).expect("mock server");
+    let f = Fixture::new(
+        JSON_ARRAY,
+        &format!(
+            "[budget]\nmax_model_calls = 1000\n[backends.slow]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\n",
+            server.openai_url()
+        ),
+    );
+    f.input(&flagged_rows(40));
+    // Forty calls one at a time, 300 ms each: the run outlives a
+    // heartbeat.
+    let mut child = bin()
+        .arg("run")
+        .arg(f.path("spec.toml"))
+        .arg("--store")
+        .arg(f.path("store.sqlite"))
+        .arg("--out")
+        .arg(f.path("out"))
+        .args(["--backend", "slow", "--slots", "1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run");
+    let status = |json: bool| {
+        let mut cmd = bin();
+        cmd.arg("status").arg("--store").arg(f.path("store.sqlite"));
+        if json {
+            cmd.arg("--json");
+        }
+        run(&mut cmd)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let live = loop {
+        assert!(std::time::Instant::now() < deadline, "no progress reported");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        if !f.path("store.sqlite").exists() {
+            continue;
+        }
+        let o = status(true);
+        let Some(line) = stdout(&o).lines().next().map(str::to_owned) else {
+            continue;
+        };
+        let v: Value = serde_json::from_str(&line).expect("json");
+        let finished: u64 = v["progress"]["stages"]
+            .as_object()
+            .into_iter()
+            .flat_map(|stages| stages.values())
+            .filter_map(|t| t.as_object())
+            .flat_map(|t| t.iter())
+            .filter(|(k, _)| *k != "units" && *k != "cached")
+            .filter_map(|(_, n)| n.as_u64())
+            .sum();
+        if finished > 0 {
+            break v;
+        }
+    };
+    assert_eq!(live["state"], "live", "{live}");
+    assert_eq!(live["pid"], child.id(), "{live}");
+    assert_eq!(live["progress"]["stages"]["judge"]["units"], 40, "{live}");
+    assert_eq!(live["progress"]["limits"]["model_calls"], 1000, "{live}");
+    assert!(live["progress"]["spent"]["model_calls"].is_u64(), "{live}");
+    let text = stdout(&status(false));
+    assert!(text.starts_with("live run-"), "{text}");
+    assert!(text.contains("stage judge: "), "{text}");
+    assert!(text.contains("of 1000"), "{text}");
+    assert!(child.wait().expect("wait").success());
+    let done = stdout(&status(true));
+    let v: Value = serde_json::from_str(done.lines().next().expect("a run")).expect("json");
+    assert_eq!(v["state"], "completed", "{v}");
+    assert_eq!(v["leases"], 0, "{v}");
+    let decided: u64 = ["positive", "negative"]
+        .iter()
+        .filter_map(|k| v["statuses"][*k].as_u64())
+        .sum();
+    assert_eq!(decided, 40, "{v}");
+}

@@ -40,11 +40,13 @@ use serde::{Deserialize, Serialize};
 
 /// Bumped when the tables change shape; an older file is refused, not
 /// silently misread.
-pub const SCHEMA_VERSION: &str = "fanfold-store-v3";
+pub const SCHEMA_VERSION: &str = "fanfold-store-v4";
 
-/// The previous schema, which [`Store::open`] upgrades in place: v3 adds
-/// the `claims` table and the `pid`, `host` and `heartbeat_ms` of a run.
+/// Earlier schemas, which [`Store::open`] upgrades in place: v3 added the
+/// `claims` table and the `pid`, `host` and `heartbeat_ms` of a run; v4
+/// adds a live run's `progress`.
 const SCHEMA_V2: &str = "fanfold-store-v2";
+const SCHEMA_V3: &str = "fanfold-store-v3";
 
 /// The size of a stored source chunk: small enough that reading one unit
 /// back costs one chunk, large enough that a gigabyte is a thousand rows.
@@ -285,6 +287,53 @@ pub struct RunInfo {
     pub heartbeat_ms: Option<u64>,
 }
 
+/// One run as `fanfold status` shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunOverview {
+    pub run_id: String,
+    pub spec_name: String,
+    pub started_ms: u64,
+    pub finished_ms: Option<u64>,
+    pub stop_reason: Option<String>,
+    pub pid: Option<u32>,
+    pub host: Option<String>,
+    pub heartbeat_ms: Option<u64>,
+    /// The run's last reported progress (JSON), while it runs.
+    pub progress: Option<String>,
+    /// Fact keys it holds a lease on now: units it claimed, so other runs
+    /// on the store wait for its facts instead of paying for them again.
+    pub leases: u64,
+    /// A finished run's statuses (JSON), from its certificate.
+    pub statuses: Option<String>,
+    pub model_calls: Option<u64>,
+    pub tokens: Option<u64>,
+}
+
+impl RunOverview {
+    /// Where the run stands now, in a word: its stop reason once it
+    /// finished; `live` while its heartbeat is fresh and its process (on
+    /// this host) exists; `gone` when its process on this host has ended
+    /// without finishing it; `stale` when its heartbeat is older than
+    /// [`LIVE_MS`].
+    pub fn state(&self, now_ms: u64) -> String {
+        if self.finished_ms.is_some() {
+            return self
+                .stop_reason
+                .clone()
+                .unwrap_or_else(|| "finished".into());
+        }
+        let here = self.host.as_deref() == Some(this_host().as_str());
+        if here && self.pid.is_some_and(|p| !process_exists(i64::from(p))) {
+            return "gone".into();
+        }
+        let beat = self.heartbeat_ms.unwrap_or(self.started_ms);
+        if now_ms.saturating_sub(beat) > LIVE_MS {
+            return "stale".into();
+        }
+        "live".into()
+    }
+}
+
 impl std::fmt::Display for RunInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "run {} of spec `{}`", self.run_id, self.spec_name)?;
@@ -464,7 +513,7 @@ CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, spec_name TEXT NOT NULL, spec_hash TEXT NOT NULL,
     source_hash TEXT NOT NULL, started_ms INTEGER NOT NULL, finished_ms INTEGER,
     partition INTEGER, prefilter INTEGER, stop_reason TEXT, certificate TEXT,
-    pid INTEGER, host TEXT, heartbeat_ms INTEGER);
+    pid INTEGER, host TEXT, heartbeat_ms INTEGER, progress TEXT);
 CREATE TABLE IF NOT EXISTS claims (
     key TEXT PRIMARY KEY, run_id TEXT NOT NULL, expires_ms INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS claims_by_run ON claims (run_id);
@@ -570,12 +619,20 @@ impl Store {
                 .map_err(sql)?;
             }
             Some(v) if v == SCHEMA_VERSION => {}
-            Some(v) if v == SCHEMA_V2 => {
-                tx.execute_batch(
-                    "ALTER TABLE runs ADD COLUMN pid INTEGER;
-                     ALTER TABLE runs ADD COLUMN host TEXT;
-                     ALTER TABLE runs ADD COLUMN heartbeat_ms INTEGER;
-                     UPDATE meta SET value = 'fanfold-store-v3' WHERE key = 'schema';",
+            Some(v) if v == SCHEMA_V2 || v == SCHEMA_V3 => {
+                if v == SCHEMA_V2 {
+                    tx.execute_batch(
+                        "ALTER TABLE runs ADD COLUMN pid INTEGER;
+                         ALTER TABLE runs ADD COLUMN host TEXT;
+                         ALTER TABLE runs ADD COLUMN heartbeat_ms INTEGER;",
+                    )
+                    .map_err(sql)?;
+                }
+                tx.execute_batch("ALTER TABLE runs ADD COLUMN progress TEXT;")
+                    .map_err(sql)?;
+                tx.execute(
+                    "UPDATE meta SET value = ?1 WHERE key = 'schema'",
+                    [SCHEMA_VERSION],
                 )
                 .map_err(sql)?;
             }
@@ -1082,7 +1139,7 @@ mod tests {
             Claim::Mine
         );
         // A heartbeat renews every lease the run holds.
-        a.heartbeat("run-a", 120_000).expect("beat");
+        a.heartbeat("run-a", 120_000, None).expect("beat");
         assert!(matches!(
             b.claim(&key, "run-b", 60_000).expect("claim"),
             Claim::Held { .. }
@@ -1209,36 +1266,50 @@ mod tests {
     }
 
     #[test]
-    fn a_v2_store_is_upgraded_in_place() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("s.sqlite");
-        {
-            let c = Connection::open(&path).expect("conn");
-            let v2 = SCHEMA
-                .replace(
-                    "    partition INTEGER, prefilter INTEGER, stop_reason TEXT, certificate TEXT,\n    pid INTEGER, host TEXT, heartbeat_ms INTEGER);",
-                    "    partition INTEGER, prefilter INTEGER, stop_reason TEXT, certificate TEXT);",
-                );
-            assert!(!v2.contains("heartbeat_ms"), "the old runs table");
-            c.execute_batch(&v2).expect("v2 tables");
-            c.execute(
-                "INSERT INTO meta (key, value) VALUES ('schema', 'fanfold-store-v2')",
-                [],
-            )
-            .expect("meta");
-            c.pragma_update(None, "application_id", APPLICATION_ID)
-                .expect("app id");
-            c.execute(
-                "INSERT INTO runs (run_id, spec_name, spec_hash, source_hash, started_ms) VALUES ('old', 's', 'h', 'h', 1)",
-                [],
-            )
-            .expect("old run");
+    fn v2_and_v3_stores_are_upgraded_in_place() {
+        let current = "    pid INTEGER, host TEXT, heartbeat_ms INTEGER, progress TEXT);";
+        for (version, runs_end) in [
+            ("fanfold-store-v2", ");"),
+            (
+                "fanfold-store-v3",
+                ",\n    pid INTEGER, host TEXT, heartbeat_ms INTEGER);",
+            ),
+        ] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("s.sqlite");
+            {
+                let c = Connection::open(&path).expect("conn");
+                let old = SCHEMA.replace(&format!(",\n{current}"), runs_end);
+                assert!(!old.contains("progress"), "the old runs table");
+                c.execute_batch(&old).expect("old tables");
+                c.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema', ?1)",
+                    [version],
+                )
+                .expect("meta");
+                c.pragma_update(None, "application_id", APPLICATION_ID)
+                    .expect("app id");
+                c.execute(
+                    "INSERT INTO runs (run_id, spec_name, spec_hash, source_hash, started_ms) VALUES ('old', 's', 'h', 'h', 1)",
+                    [],
+                )
+                .expect("old run");
+            }
+            let store = Store::open(&path).expect("upgraded");
+            let h = ContentHash::of_bytes(b"x");
+            store.begin_run("new", "s", &h, &h).expect("run");
+            store
+                .heartbeat("new", 1_000, Some(r#"{"units": 3}"#))
+                .expect("beat");
+            assert_eq!(store.unfinished_runs().expect("runs"), ["old", "new"]);
+            let runs = store.run_overview(10).expect("overview");
+            assert_eq!(
+                runs[0].progress.as_deref(),
+                Some(r#"{"units": 3}"#),
+                "{version}"
+            );
+            drop(store);
+            drop(Store::open(&path).expect("opens as v4"));
         }
-        let store = Store::open(&path).expect("upgraded");
-        let h = ContentHash::of_bytes(b"x");
-        store.begin_run("new", "s", &h, &h).expect("run");
-        assert_eq!(store.unfinished_runs().expect("runs"), ["old", "new"]);
-        drop(store);
-        drop(Store::open(&path).expect("opens as v3"));
     }
 }

@@ -71,7 +71,14 @@ impl Store {
         Ok(())
     }
     /// Renews every lease `run_id` holds and marks the run alive.
-    pub fn heartbeat(&self, run_id: &str, lease_ms: u64) -> Result<(), StoreError> {
+    /// With `progress`, also records how far the run has got (JSON), for
+    /// `fanfold status`.
+    pub fn heartbeat(
+        &self,
+        run_id: &str,
+        lease_ms: u64,
+        progress: Option<&str>,
+    ) -> Result<(), StoreError> {
         let now = now_ms() as i64;
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(|e| self.sql(e))?;
@@ -81,11 +88,53 @@ impl Store {
         )
         .map_err(|e| self.sql(e))?;
         tx.execute(
-            "UPDATE runs SET heartbeat_ms = ?2 WHERE run_id = ?1",
-            params![run_id, now],
+            "UPDATE runs SET heartbeat_ms = ?2, progress = COALESCE(?3, progress) WHERE run_id = ?1",
+            params![run_id, now, progress],
         )
         .map_err(|e| self.sql(e))?;
         tx.commit().map_err(|e| self.sql(e))
+    }
+
+    /// The latest runs, newest first, as `fanfold status` shows them: each
+    /// with its process, heartbeat, the leases it holds, its last progress
+    /// and, once finished, its stop reason and statuses.
+    pub fn run_overview(&self, limit: usize) -> Result<Vec<RunOverview>, StoreError> {
+        let conn = self.conn();
+        let mut st = conn
+            .prepare(
+                "SELECT r.run_id, r.spec_name, r.started_ms, r.finished_ms, r.stop_reason,
+                        r.pid, r.host, r.heartbeat_ms, r.progress,
+                        (SELECT COUNT(*) FROM claims c WHERE c.run_id = r.run_id),
+                        json_extract(r.certificate, '$.statuses'),
+                        json_extract(r.certificate, '$.stats.model_calls'),
+                        json_extract(r.certificate, '$.stats.cost.prompt_tokens')
+                            + json_extract(r.certificate, '$.stats.cost.completion_tokens')
+                 FROM runs r ORDER BY r.started_ms DESC LIMIT ?1",
+            )
+            .map_err(|e| self.sql(e))?;
+        let rows = st
+            .query_map([limit as i64], |r| {
+                let ms = |v: Option<i64>| v.map(|x| x.max(0) as u64);
+                Ok(RunOverview {
+                    run_id: r.get(0)?,
+                    spec_name: r.get(1)?,
+                    started_ms: r.get::<_, i64>(2)?.max(0) as u64,
+                    finished_ms: ms(r.get(3)?),
+                    stop_reason: r.get(4)?,
+                    pid: r
+                        .get::<_, Option<i64>>(5)?
+                        .and_then(|p| u32::try_from(p).ok()),
+                    host: r.get(6)?,
+                    heartbeat_ms: ms(r.get(7)?),
+                    progress: r.get(8)?,
+                    leases: r.get::<_, i64>(9)?.max(0) as u64,
+                    statuses: r.get(10)?,
+                    model_calls: ms(r.get(11)?),
+                    tokens: ms(r.get(12)?),
+                })
+            })
+            .map_err(|e| self.sql(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.sql(e))
     }
     /// Runs that never finished and whose process is gone are marked
     /// `abandoned`, and their leases dropped: a run of this host whose

@@ -11,6 +11,7 @@
 
 pub mod answer;
 pub mod ingest;
+mod live;
 pub mod route;
 mod stages;
 pub mod verify;
@@ -203,10 +204,11 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     // While the run lives it renews its leases, so other runs on the store
     // wait for the units it holds instead of paying for them again.
     let (stop_beat, beat) = std::sync::mpsc::channel::<()>();
+    let tally = live::Tally::new(progress);
     let result = std::thread::scope(|scope| {
-        let (store, run_id) = (&store, run_id.as_str());
-        scope.spawn(move || heartbeat(store, run_id, &beat));
-        let result = run_begun(plan, opts, progress, store, run_id, &artifact, phases);
+        let (store, run_id, tally) = (&store, run_id.as_str(), &tally);
+        scope.spawn(move || heartbeat(store, run_id, &beat, tally));
+        let result = run_begun(plan, opts, tally, store, run_id, &artifact, phases);
         drop(stop_beat);
         result
     });
@@ -225,11 +227,17 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
 }
 
 /// Renews the run's leases every [`fanfold_store::HEARTBEAT_MS`] until
-/// `stop` closes.
-fn heartbeat(store: &Store, run_id: &str, stop: &std::sync::mpsc::Receiver<()>) {
+/// `stop` closes, recording how far the run has got.
+fn heartbeat(
+    store: &Store,
+    run_id: &str,
+    stop: &std::sync::mpsc::Receiver<()>,
+    tally: &live::Tally<'_>,
+) {
     let every = std::time::Duration::from_millis(fanfold_store::HEARTBEAT_MS);
     while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
-        if let Err(e) = store.heartbeat(run_id, fanfold_store::LIVE_MS) {
+        let progress = tally.snapshot();
+        if let Err(e) = store.heartbeat(run_id, fanfold_store::LIVE_MS, Some(&progress)) {
             tracing::warn!(error = %e, "leases not renewed");
         }
     }
@@ -240,7 +248,7 @@ fn heartbeat(store: &Store, run_id: &str, stop: &std::sync::mpsc::Receiver<()>) 
 fn run_begun(
     plan: &Plan,
     opts: &RunOptions,
-    progress: &dyn Progress,
+    progress: &live::Tally<'_>,
     store: &Store,
     run_id: &str,
     artifact: &ingest::Artifact,
@@ -276,7 +284,8 @@ fn run_begun(
     phases.mark("route");
 
     // Stages, in spec order; a stage's passed units join its `then`.
-    let budget = BudgetPool::new(settings.budget.clone());
+    let budget = std::sync::Arc::new(BudgetPool::new(settings.budget.clone()));
+    progress.watch_budget(std::sync::Arc::clone(&budget), settings.budget.clone());
     let scope = stages::Scope {
         plan,
         settings: &settings,
