@@ -269,3 +269,26 @@ fn code_is_split_into_symbols_with_their_comments() {
     assert_eq!(rejected[0].reason, "empty");
     assert!(rejected[0].detail.contains("src/empty.rs"));
 }
+
+#[test]
+fn a_latin1_message_is_decoded_by_its_charset_where_files_rejects_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut raw = b"From: Ana <ana@example.org>\nSubject: caf".to_vec();
+    raw.push(0xE9);
+    raw.extend_from_slice(b"\nDate: Tue, 03 Nov 2026 02:41:07 +0000\nContent-Type: text/plain; charset=iso-8859-1\n\nLe caf");
+    raw.push(0xE9);
+    raw.extend_from_slice(b" est ferm");
+    raw.push(0xE9);
+    raw.extend_from_slice(b".\n");
+    write(dir.path(), "old.eml", &raw);
+    let email = PartitionSpec::Email {
+        glob: None,
+        kind: "message".into(),
+    };
+    let (units, rejected) = parts(dir.path(), &email);
+    assert!(rejected.is_empty(), "{rejected:?}");
+    assert_eq!(field(&units[0], "body"), "Le café est fermé.");
+    let (units, rejected) = parts(dir.path(), &files());
+    assert!(units.is_empty());
+    assert_eq!(rejected[0].reason, "not_utf8");
+}

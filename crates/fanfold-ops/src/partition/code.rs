@@ -48,7 +48,8 @@ struct Symbol<'t> {
     node: Node<'t>,
 }
 
-pub(super) fn split(doc: &Document, text: &str) -> Result<Vec<Piece>, (String, String)> {
+pub(super) fn split(doc: &Document, content: &[u8]) -> Result<Vec<Piece>, (String, String)> {
+    let text = super::documents::as_text(content)?;
     let Some(language) = Language::of(&doc.path) else {
         return Err((
             "unsupported_language".to_owned(),

@@ -42,6 +42,10 @@ pub struct Document {
     /// The file as UTF-8 text (a leading byte order mark dropped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// The file's bytes in base64 when they are not UTF-8: a format that
+    /// decodes bytes itself (an e-mail declares its charset) reads them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<String>,
     /// Why there is no text: `binary`, `not_utf8`, `too_large`,
     /// `unreadable`, with the detail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -201,6 +205,7 @@ fn read_document(full: &Path, path: String) -> Document {
         modified: modified.clone(),
         digest,
         text: None,
+        bytes: None,
         skipped: Some(Skipped {
             reason: reason.to_owned(),
             detail,
@@ -234,17 +239,21 @@ fn read_document(full: &Path, path: String) -> Document {
             modified,
             digest,
             text: Some(text.to_owned()),
+            bytes: None,
             skipped: None,
         },
         Err(e) => {
             let at = e.valid_up_to() + (bytes.len() - body.len());
-            skipped(
+            let mut doc = skipped(
                 "not_utf8",
                 format!(
                     "invalid UTF-8 at byte {at}; convert it first (e.g. `iconv -f latin1 -t utf-8`)"
                 ),
                 digest,
-            )
+            );
+            use base64::Engine as _;
+            doc.bytes = Some(base64::engine::general_purpose::STANDARD.encode(&bytes));
+            doc
         }
     }
 }
@@ -257,9 +266,33 @@ pub(super) struct Piece {
     pub size: u64,
 }
 
-/// What a document format does with one readable document: its pieces,
-/// or why it has none (a reason and a detail).
-pub(super) type Split<'a> = dyn FnMut(&Document, &str) -> Result<Vec<Piece>, (String, String)> + 'a;
+/// What a document format does with one readable document's content (its
+/// text's bytes, or for a format that decodes bytes itself, the bytes of a
+/// file that is not UTF-8): its pieces, or why it has none (a reason and a
+/// detail).
+pub(super) type Split<'a> =
+    dyn FnMut(&Document, &[u8]) -> Result<Vec<Piece>, (String, String)> + 'a;
+
+/// The content as text, for a format that reads only text.
+pub(super) fn as_text(bytes: &[u8]) -> Result<&str, (String, String)> {
+    std::str::from_utf8(bytes).map_err(|e| {
+        (
+            "not_utf8".to_owned(),
+            format!("invalid UTF-8 at byte {}", e.valid_up_to()),
+        )
+    })
+}
+
+/// The content a format splits: the text, or, when the format decodes
+/// bytes itself, a non-UTF-8 file's bytes.
+fn content(doc: &Document, takes_bytes: bool) -> Option<Vec<u8>> {
+    if let Some(text) = &doc.text {
+        return Some(text.as_bytes().to_vec());
+    }
+    use base64::Engine as _;
+    let bytes = doc.bytes.as_deref().filter(|_| takes_bytes)?;
+    base64::engine::general_purpose::STANDARD.decode(bytes).ok()
+}
 
 /// Reads the document stream and gives each document's pieces to the
 /// assigner, in order. A skipped file, or a document the format finds
@@ -267,6 +300,7 @@ pub(super) type Split<'a> = dyn FnMut(&Document, &str) -> Result<Vec<Piece>, (St
 pub(super) fn each_piece(
     mut reader: impl BufRead,
     format: &'static str,
+    takes_bytes: bool,
     hash: &dyn Fn(&Value) -> fanfold_core::ContentHash,
     assigner: &mut Assigner,
     emit: &mut dyn FnMut(Element),
@@ -298,9 +332,8 @@ pub(super) fn each_piece(
                 ),
             })?;
         let path = doc.path.clone();
-        let (reason, detail) = match (&doc.skipped, &doc.text) {
-            (Some(s), _) => (s.reason.clone(), s.detail.clone()),
-            (None, Some(text)) => match split(&doc, text) {
+        let (reason, detail) = match (content(&doc, takes_bytes), &doc.skipped) {
+            (Some(content), _) => match split(&doc, &content) {
                 Ok(pieces) if !pieces.is_empty() => {
                     for piece in pieces {
                         let hash = hash(&piece.value);
@@ -318,6 +351,7 @@ pub(super) fn each_piece(
                 Ok(_) => ("empty".to_owned(), format!("no {format} units in it")),
                 Err(why) => why,
             },
+            (None, Some(s)) => (s.reason.clone(), s.detail.clone()),
             (None, None) => ("unreadable".to_owned(), "no text recorded".to_owned()),
         };
         emit(Element::Rejected(assigner.reject(
@@ -330,12 +364,16 @@ pub(super) fn each_piece(
 
 /// One document's pieces again, for reading a unit back from its
 /// document's line: the ids as [`each_piece`] gave them within it.
-pub(super) fn pieces_of(line: &[u8], split: &mut Split<'_>) -> Result<Vec<Piece>, String> {
+pub(super) fn pieces_of(
+    line: &[u8],
+    takes_bytes: bool,
+    split: &mut Split<'_>,
+) -> Result<Vec<Piece>, String> {
     let doc: Document = serde_json::from_slice(line).map_err(|e| e.to_string())?;
-    let Some(text) = doc.text.as_deref() else {
+    let Some(content) = content(&doc, takes_bytes) else {
         return Ok(Vec::new());
     };
-    let mut pieces = split(&doc, text).map_err(|(_, detail)| detail)?;
+    let mut pieces = split(&doc, &content).map_err(|(_, detail)| detail)?;
     let mut seen = std::collections::HashSet::new();
     for piece in &mut pieces {
         if !seen.insert(piece.id.clone()) {

@@ -8,19 +8,21 @@ use serde_json::{Value, json};
 
 use super::documents::{Document, Piece};
 
-pub(super) fn split(doc: &Document, text: &str) -> Result<Vec<Piece>, (String, String)> {
+/// The raw bytes, not text: a message declares its charset, and
+/// `mail-parser` decodes it (a Latin-1 message is read, not rejected).
+pub(super) fn split(doc: &Document, raw: &[u8]) -> Result<Vec<Piece>, (String, String)> {
     // An mbox file opens with a `From ` separator line (no colon); a single
     // message opens with a header.
-    if !text.starts_with("From ") {
-        let value = message(doc, text.as_bytes())?;
+    if !raw.starts_with(b"From ") {
+        let value = message(doc, raw)?;
         return Ok(vec![Piece {
             id: doc.path.clone(),
             value,
-            size: text.len() as u64,
+            size: raw.len() as u64,
         }]);
     }
     let mut pieces = Vec::new();
-    let iter = mail_parser::mailbox::mbox::MessageIterator::new(text.as_bytes());
+    let iter = mail_parser::mailbox::mbox::MessageIterator::new(raw);
     for (n, raw) in iter.enumerate() {
         let n = n + 1;
         let raw = raw.map_err(|e| ("unreadable".to_owned(), format!("mbox message {n}: {e}")))?;

@@ -5,7 +5,8 @@ use serde_json::{Value, json};
 
 use super::documents::{Document, Piece};
 
-pub(super) fn split(doc: &Document, text: &str) -> Result<Vec<Piece>, (String, String)> {
+pub(super) fn split(doc: &Document, content: &[u8]) -> Result<Vec<Piece>, (String, String)> {
+    let text = super::documents::as_text(content)?;
     Ok(vec![Piece {
         id: doc.path.clone(),
         value: json!({

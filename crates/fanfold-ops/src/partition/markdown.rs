@@ -8,7 +8,8 @@ use serde_json::json;
 
 use super::documents::{Document, Piece};
 
-pub(super) fn split(doc: &Document, text: &str) -> Result<Vec<Piece>, (String, String)> {
+pub(super) fn split(doc: &Document, content: &[u8]) -> Result<Vec<Piece>, (String, String)> {
+    let text = super::documents::as_text(content)?;
     // Each heading: where it starts, its level and its text.
     let mut headings: Vec<(usize, usize, String)> = Vec::new();
     let mut open: Option<(usize, usize, String)> = None;

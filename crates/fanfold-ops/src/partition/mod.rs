@@ -239,9 +239,11 @@ pub fn partition_reader(
         | PartitionSpec::Code { .. } => {
             let format = spec.type_name();
             let hash = |value: &Value| content_hash(spec, value);
+            let takes_bytes = matches!(spec, PartitionSpec::Email { .. });
             documents::each_piece(
                 reader,
                 format,
+                takes_bytes,
                 &hash,
                 &mut assigner,
                 emit,
@@ -430,12 +432,16 @@ pub fn reread(
         PartitionSpec::Files { .. }
         | PartitionSpec::Email { .. }
         | PartitionSpec::Markdown { .. }
-        | PartitionSpec::Code { .. } => documents::pieces_of(bytes, &mut splitter(spec))
-            .map_err(malformed)?
-            .into_iter()
-            .find(|p| p.id == id)
-            .map(|p| p.value)
-            .ok_or_else(|| malformed(format!("no unit `{id}` in the document at these bytes"))),
+        | PartitionSpec::Code { .. } => documents::pieces_of(
+            bytes,
+            matches!(spec, PartitionSpec::Email { .. }),
+            &mut splitter(spec),
+        )
+        .map_err(malformed)?
+        .into_iter()
+        .find(|p| p.id == id)
+        .map(|p| p.value)
+        .ok_or_else(|| malformed(format!("no unit `{id}` in the document at these bytes"))),
     }
 }
 
