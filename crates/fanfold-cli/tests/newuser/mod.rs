@@ -375,3 +375,48 @@ fn a_reader_that_stops_early_gets_no_panic() {
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(o.status.code(), Some(141), "{err}");
 }
+
+/// A folder given to a record format, or a stream given to a document
+/// format, is refused with what reads it.
+#[test]
+fn folders_and_streams_go_to_the_partitions_that_read_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let inputs = write_inputs(tmp.path());
+    let (_, jsonl) = &inputs[1];
+    let dir = tmp.path().join("spec");
+    let o = run(bin()
+        .arg("new")
+        .arg(&dir)
+        .args(["--question", QUESTION])
+        .arg("--input")
+        .arg(jsonl));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(bin()
+        .arg("run")
+        .arg(dir.join("spec.toml"))
+        .args(["--backend", "scripted", "--input"])
+        .arg(tmp.path().join("messages"))
+        .arg("--store")
+        .arg(tmp.path().join("s.sqlite")));
+    // An input error: exit 5.
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("is a folder") && stderr(&o).contains("type = \"files\""),
+        "{}",
+        stderr(&o)
+    );
+    let mail = super::repo().join("examples/mailbox/spec.toml");
+    let o = run(bin()
+        .arg("run")
+        .arg(&mail)
+        .args(["--backend", "scripted", "--input", "-"])
+        .arg("--store")
+        .arg(tmp.path().join("s.sqlite")));
+    // An input error: exit 5.
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the `email` partition reads a file or a folder"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -93,11 +93,7 @@ pub(super) fn csv_rows(
         }
         let start = start.byte();
         let end = rdr.position().byte();
-        let mut obj = serde_json::Map::new();
-        for (h, v) in headers.iter().zip(record.iter()) {
-            obj.insert(h.to_owned(), Value::String(v.to_owned()));
-        }
-        let value = Value::Object(obj);
+        let value = row_object(&headers, &record);
         let canonical = unit_hash(&value);
         emit(assigner.element(value, ByteRange { start, end }, canonical)?);
     }
@@ -107,9 +103,7 @@ pub(super) fn csv_rows(
 /// end, for [`reread`]. The CSV reader itself finds the end, so quoting,
 /// `\r\n` and lone `\r` line ends are read as the partition read them.
 pub fn csv_header<'a>(source_start: &'a [u8], delimiter: Option<&str>) -> Option<&'a [u8]> {
-    let delimiter = delimiter
-        .and_then(|d| d.as_bytes().first().copied())
-        .unwrap_or(b',');
+    let delimiter = delimiter_byte(delimiter);
     let mut rdr = ::csv::ReaderBuilder::new()
         .delimiter(delimiter)
         .has_headers(false)
@@ -136,9 +130,7 @@ pub(super) fn reread_row(
 ) -> Result<Value, String> {
     let mut whole = header.unwrap_or_default().to_vec();
     whole.extend_from_slice(bytes);
-    let delimiter = delimiter
-        .and_then(|d| d.as_bytes().first().copied())
-        .unwrap_or(b',');
+    let delimiter = delimiter_byte(delimiter);
     let mut rdr = ::csv::ReaderBuilder::new()
         .delimiter(delimiter)
         .has_headers(true)
@@ -148,9 +140,22 @@ pub(super) fn reread_row(
     if !rdr.read_record(&mut record).map_err(|e| e.to_string())? {
         return Err("no row at the recorded bytes".into());
     }
+    Ok(row_object(&headers, &record))
+}
+
+/// A read-back's delimiter: the spec's single byte, `,` when absent (the
+/// partition has already refused a longer one).
+fn delimiter_byte(delimiter: Option<&str>) -> u8 {
+    delimiter
+        .and_then(|d| d.as_bytes().first().copied())
+        .unwrap_or(b',')
+}
+
+/// A row as an object keyed by the header.
+fn row_object(headers: &::csv::StringRecord, record: &::csv::StringRecord) -> Value {
     let mut obj = serde_json::Map::new();
     for (h, v) in headers.iter().zip(record.iter()) {
         obj.insert(h.to_owned(), Value::String(v.to_owned()));
     }
-    Ok(Value::Object(obj))
+    Value::Object(obj)
 }
