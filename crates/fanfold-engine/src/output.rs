@@ -288,6 +288,29 @@ pub fn markdown(report: &RunReport) -> String {
     for section in &report.sections {
         out.push_str(section);
     }
+    // What was not read is part of the answer: a skipped file or a bad
+    // record is named here, where a reader looks, not only in the
+    // certificate.
+    if !c.rejections.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n## Not read: {} elements rejected before any stage\n",
+            c.coverage.rejected
+        );
+        for r in c.rejections.iter().take(20) {
+            let _ = writeln!(out, "- {}", md_text(r));
+        }
+        let more = c
+            .coverage
+            .rejected
+            .saturating_sub(20.min(c.rejections.len() as u64));
+        if more > 0 {
+            let _ = writeln!(
+                out,
+                "- and {more} more (certificate.json counts them by reason)"
+            );
+        }
+    }
     let s = &a.statuses;
     let _ = writeln!(out, "\n## Accounting\n");
     let _ = writeln!(

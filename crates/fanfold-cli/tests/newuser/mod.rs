@@ -420,3 +420,36 @@ fn folders_and_streams_go_to_the_partitions_that_read_them() {
         stderr(&o)
     );
 }
+
+/// A file of the folder that cannot be read is named in answer.md, with
+/// why, and the answer says it is incomplete.
+#[test]
+fn a_folder_file_that_cannot_be_read_is_named_in_the_answer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mail = super::repo().join("examples/mailbox/mail");
+    let copy = tmp.path().join("mail");
+    std::fs::create_dir(&copy).unwrap();
+    for entry in std::fs::read_dir(&mail).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
+    }
+    std::fs::write(copy.join("logo.png"), b"\x89PNG\r\n\x1a\n\x00\x00\x00").unwrap();
+    let out = tmp.path().join("out");
+    let o = run(bin()
+        .arg("run")
+        .arg(super::repo().join("examples/mailbox/spec.toml"))
+        .args(["--backend", "scripted", "--input"])
+        .arg(&copy)
+        .arg("--store")
+        .arg(tmp.path().join("s.sqlite"))
+        .arg("--out")
+        .arg(&out));
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let md = std::fs::read_to_string(out.join("answer.md")).unwrap();
+    assert!(md.contains("## Not read: 1 elements"), "{md}");
+    assert!(
+        md.contains("binary: element 24: file logo.png: a binary file"),
+        "{md}"
+    );
+    assert!(md.contains("This answer is incomplete"), "{md}");
+}

@@ -179,7 +179,7 @@ pub fn incomplete(
     let unjudged: u64 = rejected_by_reason.values().sum();
     if unjudged > 0 {
         why.push(format!(
-            "{unjudged} of {} input elements were rejected before any stage (see the certificate's rejections)",
+            "{unjudged} of {} input elements were rejected before any stage (answer.md lists them under Not read)",
             coverage.elements
         ));
     }
