@@ -78,11 +78,13 @@ fn a_folder_is_one_unit_a_file_and_unreadable_files_are_rejections_by_name() {
     write(root, ".git/config", b"hidden, never read");
     write(root, "logo.png", b"\x89PNG\r\n\x1a\n\x00\x00");
     write(root, "latin1.txt", b"caf\xe9 au lait");
+    std::os::unix::fs::symlink(root.join("b.txt"), root.join("link.txt")).expect("symlink");
     let (units, rejected) = parts(root, &files());
-    assert_eq!(ids(&units), ["a.txt", "b.txt", "sub/c.txt"]);
+    assert_eq!(ids(&units), ["a.txt", "b.txt", "link.txt", "sub/c.txt"]);
+    assert_eq!(field(&units[2], "text"), "second");
     assert_eq!(field(&units[0], "text"), "first, with a byte order mark");
-    assert_eq!(units[2].value["size"], 5);
-    assert!(field(&units[2], "modified").ends_with('Z'));
+    assert_eq!(units[3].value["size"], 5);
+    assert!(field(&units[3], "modified").ends_with('Z'));
     let why: Vec<(&str, &str)> = rejected
         .iter()
         .map(|r| (r.reason.as_str(), r.detail.as_str()))

@@ -145,8 +145,7 @@ impl Read for DocumentStream {
 }
 
 /// The files under `root` whose relative paths match `glob`, in path
-/// order; hidden entries (a name starting with `.`) are skipped, and
-/// symbolic links are not followed.
+/// order; hidden entries (a name starting with `.`) are skipped.
 fn list(root: &Path, glob: &str) -> Result<Vec<(PathBuf, String)>, DocumentError> {
     let matcher = globset::GlobBuilder::new(glob)
         .literal_separator(true)
@@ -157,7 +156,10 @@ fn list(root: &Path, glob: &str) -> Result<Vec<(PathBuf, String)>, DocumentError
         })?
         .compile_matcher();
     let mut files = Vec::new();
+    // A symbolic link is read as what it points to (a link that loops is
+    // an error naming it): a linked file is never dropped unsaid.
     let walk = walkdir::WalkDir::new(root)
+        .follow_links(true)
         .sort_by_file_name()
         .into_iter()
         .filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'));
