@@ -1,7 +1,9 @@
-//! `fanfold new` and `fanfold ask`: from a question and an input file to a
-//! spec folder that explains and runs. The input's first bytes say its
-//! format (a JSON array, JSON lines, CSV, or text lines) and which field,
-//! if any, is a key; the rest is drafted from the question for the user to
+//! `fanfold new` and `fanfold ask`: from a question and an input file or
+//! folder to a spec folder that explains and runs. A file's first bytes say
+//! its format (a JSON array, JSON lines, CSV, text lines, an e-mail or an
+//! mbox, Markdown) and which field, if any, is a key; a folder's files say
+//! whether it holds e-mail, Markdown, code or other text files. The rest
+//! is drafted from the question for the user to
 //! edit: a rubric, a decision schema with evidence, prefilter rules left
 //! commented out, the embedded backend, and a [SIMULATED] keyword judge.
 
@@ -36,8 +38,9 @@ pub struct NewArgs {
     /// The question, in words.
     #[arg(long)]
     pub question: String,
-    /// The input file: a JSON array, JSON lines, CSV, or a text or log
-    /// file.
+    /// The input: a JSON array, JSON lines, CSV, a text or log file, an
+    /// e-mail or mbox, Markdown, or a folder of e-mails, Markdown, code
+    /// or text files.
     #[arg(long)]
     pub input: PathBuf,
 }
@@ -46,8 +49,9 @@ pub struct NewArgs {
 pub struct AskArgs {
     /// The question, in words.
     pub question: String,
-    /// The input file: a JSON array, JSON lines, CSV, or a text or log
-    /// file.
+    /// The input: a JSON array, JSON lines, CSV, a text or log file, an
+    /// e-mail or mbox, Markdown, or a folder of e-mails, Markdown, code
+    /// or text files.
     #[arg(long)]
     pub input: PathBuf,
     /// Where the spec folder goes; `.fanfold/ask/<name>` by default.
