@@ -249,6 +249,7 @@ fn document_shape(input: &Path, head: &str) -> Option<Shape> {
 fn folder_shape(dir: &Path) -> Result<Shape> {
     let mut files = Vec::new();
     for entry in walkdir::WalkDir::new(dir)
+        .follow_links(true)
         .sort_by_file_name()
         .into_iter()
         .filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'))
@@ -283,9 +284,15 @@ fn folder_shape(dir: &Path) -> Result<Shape> {
             std::fs::File::open(p)
                 .and_then(|f| f.take(4096).read_to_end(&mut head))
                 .is_ok()
-                && looks_like_email(&String::from_utf8_lossy(&head))
+                && (head.starts_with(b"From ") || looks_like_email(&String::from_utf8_lossy(&head)))
         })
         .count();
+    if ext_share(&["csv", "tsv", "json", "jsonl", "ndjson"]) {
+        bail!(
+            "{} is a folder of data files: fanfold reads records from one file (a JSON array, JSON lines or CSV); give one file with --input, or join them first (e.g. `cat *.jsonl > all.jsonl`)",
+            dir.display()
+        );
+    }
     let kind = if emails * 2 > files.len().min(20) {
         "email"
     } else if ext_share(&["md", "markdown"]) {
@@ -679,6 +686,20 @@ mod tests {
         std::fs::write(notes.join("a.txt"), "plain words\n").expect("w");
         std::fs::write(notes.join("b.md"), "# Title\ntext\n").expect("w");
         assert!(inspect(&notes).expect("notes").partition.contains("files"));
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).expect("dir");
+        std::fs::write(data.join("a.csv"), "id,x\n1,2\n").expect("w");
+        std::fs::write(data.join("b.csv"), "id,x\n3,4\n").expect("w");
+        let refused = inspect(&data).expect_err("a folder of data files");
+        assert!(refused.to_string().contains("data files"), "{refused}");
+        let boxes = dir.path().join("boxes");
+        std::fs::create_dir(&boxes).expect("dir");
+        std::fs::write(
+            boxes.join("2026.mbox"),
+            "From a@x Tue Nov  3 02:41:07 2026\nFrom: a@x\nSubject: s\n\nbody\n",
+        )
+        .expect("w");
+        assert!(inspect(&boxes).expect("mbox").partition.contains("email"));
     }
 
     #[test]

@@ -105,10 +105,11 @@ pub enum PartitionSpec {
     },
     /// Markdown documents split into sections at their headings. A unit's
     /// id is `path#Heading/Sub-heading`; text before the first heading is
-    /// the unit `path`. Fields: `path`, `heading`, `level`, `start` and
-    /// `end` (byte offsets in the file), `line` and `text`.
+    /// the unit `path`. Fields: `path`, `heading`, `title`, `level`,
+    /// `start` and `end` (byte offsets in the text; a leading byte order
+    /// mark is not counted), `line` and `text`.
     Markdown {
-        /// Default `**/*.md`.
+        /// Default `**/*.{md,markdown}`, matched ignoring case.
         glob: Option<String>,
         #[serde(default = "default_section_kind")]
         kind: String,
@@ -166,7 +167,7 @@ impl PartitionSpec {
         let (glob, default) = match self {
             PartitionSpec::Files { glob, .. } => (glob, "**/*"),
             PartitionSpec::Email { glob, .. } => (glob, "**/*"),
-            PartitionSpec::Markdown { glob, .. } => (glob, "**/*.md"),
+            PartitionSpec::Markdown { glob, .. } => (glob, "**/*.{md,markdown}"),
             PartitionSpec::Code { glob, .. } => (glob, "**/*.{rs,py}"),
             _ => return None,
         };

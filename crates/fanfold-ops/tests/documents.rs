@@ -294,3 +294,102 @@ fn a_latin1_message_is_decoded_by_its_charset_where_files_rejects_it() {
     assert!(units.is_empty());
     assert_eq!(rejected[0].reason, "not_utf8");
 }
+
+/// Read-back numbers a document's repeated ids as the partition did, even
+/// when an earlier repeat was too large to be a unit; a repeat across
+/// documents is rejected, never renamed.
+#[test]
+fn repeated_ids_read_back_to_the_same_unit_and_cross_document_repeats_are_rejected() {
+    let dir = tempfile::tempdir().expect("dir");
+    let long = format!("# A\n\n{}\n\n# A\n\nshort\n", "word ".repeat(60));
+    write(dir.path(), "d.md", long.as_bytes());
+    write(dir.path(), "n.md", b"# x.md\n\nbody\n");
+    write(dir.path(), "n.md#x.md", b"just text\n");
+    let spec = PartitionSpec::Markdown {
+        glob: None,
+        kind: "section".into(),
+    };
+    let src = stream(dir.path(), &spec);
+    let options = PartitionOptions {
+        max_unit_bytes: 100,
+    };
+    let (units, rejected, coverage) =
+        partition::partition_all(&spec, &src, options).expect("partitions");
+    assert!(coverage.is_complete());
+    assert_eq!(ids(&units), ["d.md#A-2", "n.md#x.md"]);
+    for u in &units {
+        let r = u.unit.bytes;
+        let back = partition::reread(
+            &spec,
+            &src[r.start as usize..r.end as usize],
+            None,
+            0,
+            u.unit.unit_id.as_str(),
+        )
+        .expect("reads back");
+        assert_eq!(back, u.value);
+    }
+    let reasons: Vec<&str> = rejected.iter().map(|r| r.reason.as_str()).collect();
+    assert_eq!(reasons, ["too_large", "duplicate_key"]);
+}
+
+#[test]
+fn front_matter_bad_messages_and_odd_names_do_not_spoil_the_rest() {
+    let dir = tempfile::tempdir().expect("dir");
+    let root = dir.path();
+    write(
+        root,
+        "post.md",
+        b"---\ntitle: Foo\ndate: 2020\n---\n\n# Real\n\ntext\n",
+    );
+    let (units, _) = parts(
+        root,
+        &PartitionSpec::Markdown {
+            glob: None,
+            kind: "section".into(),
+        },
+    );
+    assert_eq!(ids(&units).last(), Some(&"post.md#Real"));
+    assert!(!ids(&units).iter().any(|id| id.contains("title")));
+    // An mbox body line `From ...` that was not escaped splits off a part
+    // with no headers: that part alone is rejected.
+    let mbox = "From a@x Tue Nov  3 02:41:07 2026\nFrom: A <a@x>\nSubject: One\nMessage-ID: <1@x>\n\nHello\nFrom the desk of A, more words\n\nFrom b@x Tue Nov  3 03:00:00 2026\nFrom: B <b@x>\nSubject: Two\nMessage-ID: <2@x>\n\nBye\n";
+    let mail = tempfile::tempdir().expect("dir");
+    write(mail.path(), "box.mbox", mbox.as_bytes());
+    let (units, rejected) = parts(
+        mail.path(),
+        &PartitionSpec::Email {
+            glob: None,
+            kind: "message".into(),
+        },
+    );
+    assert_eq!(ids(&units), ["box.mbox#1@x", "box.mbox#2@x"]);
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(rejected[0].reason, "not_email");
+    assert!(
+        rejected[0].detail.contains("box.mbox#2"),
+        "{}",
+        rejected[0].detail
+    );
+    // A type written over several lines is one readable id; a dangling
+    // link is a rejection naming it, and the folder's other files stand.
+    let code = tempfile::tempdir().expect("dir");
+    write(
+        code.path(),
+        "lib.rs",
+        b"impl From<\n    Vec<u8>,\n> for Bytes {\n    fn from(v: Vec<u8>) -> Self { Bytes(v) }\n}\n",
+    );
+    std::os::unix::fs::symlink(code.path().join("gone.rs"), code.path().join("dangling.rs"))
+        .expect("symlink");
+    let (units, rejected) = parts(
+        code.path(),
+        &PartitionSpec::Code {
+            glob: None,
+            kind: "symbol".into(),
+        },
+    );
+    assert_eq!(ids(&units), ["lib.rs#<Bytes as From< Vec<u8>, >>::from"]);
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(rejected[0].reason, "unreadable");
+    assert!(rejected[0].detail.contains("dangling.rs"));
+}

@@ -7,7 +7,7 @@
 use serde_json::json;
 use tree_sitter::{Node, Parser};
 
-use super::documents::{Document, Piece};
+use super::documents::{Document, Piece, tidy_id};
 
 /// The languages read, by file extension.
 #[derive(Clone, Copy)]
@@ -85,20 +85,21 @@ pub(super) fn split(doc: &Document, content: &[u8]) -> Result<Vec<Piece>, (Strin
                 .get(..start)
                 .map_or(0, |b| b.bytes().filter(|&c| c == b'\n').count())
                 + 1;
-            Piece {
-                id: format!("{}#{}", doc.path, s.path),
-                value: json!({
+            let symbol = tidy_id(&s.path);
+            Piece::unit(
+                format!("{}#{symbol}", doc.path),
+                json!({
                     "path": doc.path,
                     "language": language.name(),
-                    "symbol": s.path,
+                    "symbol": symbol,
                     "symbol_kind": s.kind,
                     "start": start,
                     "end": end,
                     "line": line,
                     "text": body,
                 }),
-                size: body.len() as u64,
-            }
+                body.len() as u64,
+            )
         })
         .collect())
 }

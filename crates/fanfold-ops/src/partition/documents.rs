@@ -149,6 +149,8 @@ impl Read for DocumentStream {
 fn list(root: &Path, glob: &str) -> Result<Vec<(PathBuf, String)>, DocumentError> {
     let matcher = globset::GlobBuilder::new(glob)
         .literal_separator(true)
+        // `README.MD` is Markdown too.
+        .case_insensitive(true)
         .build()
         .map_err(|source| DocumentError::Glob {
             glob: glob.to_owned(),
@@ -163,24 +165,43 @@ fn list(root: &Path, glob: &str) -> Result<Vec<(PathBuf, String)>, DocumentError
         .sort_by_file_name()
         .into_iter()
         .filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'));
+    let relative = |path: &Path| {
+        path.strip_prefix(root).ok().map(|rel| {
+            rel.components()
+                .map(|c| c.as_os_str().to_string_lossy())
+                .collect::<Vec<_>>()
+                .join("/")
+        })
+    };
     for entry in walk {
-        let entry = entry.map_err(|e| DocumentError::Walk {
-            path: e
-                .path()
-                .map_or_else(|| root.display().to_string(), |p| p.display().to_string()),
-            detail: e.to_string(),
-        })?;
+        let entry = match entry {
+            Ok(entry) => entry,
+            // A dangling link, a loop or an entry that cannot be listed:
+            // the file it names, if the glob wants it, is read (and fails
+            // as `unreadable`, with why); the rest of the folder stands.
+            Err(e) => {
+                if let Some(path) = e.path()
+                    && let Some(rel) = relative(path)
+                    && matcher.is_match(&rel)
+                {
+                    files.push((path.to_path_buf(), rel));
+                    continue;
+                }
+                if e.depth() == 0 {
+                    return Err(DocumentError::Walk {
+                        path: root.display().to_string(),
+                        detail: e.to_string(),
+                    });
+                }
+                continue;
+            }
+        };
         if !entry.file_type().is_file() {
             continue;
         }
-        let Ok(rel) = entry.path().strip_prefix(root) else {
+        let Some(rel_text) = relative(entry.path()) else {
             continue;
         };
-        let rel_text = rel
-            .components()
-            .map(|c| c.as_os_str().to_string_lossy())
-            .collect::<Vec<_>>()
-            .join("/");
         if matcher.is_match(&rel_text) {
             files.push((entry.path().to_path_buf(), rel_text));
         }
@@ -266,6 +287,42 @@ pub(super) struct Piece {
     pub id: String,
     pub value: Value,
     pub size: u64,
+    /// Why this piece cannot be a unit (a message of an mbox without
+    /// headers), while the document's other pieces can.
+    pub rejected: Option<(String, String)>,
+}
+
+impl Piece {
+    pub fn unit(id: String, value: Value, size: u64) -> Piece {
+        Piece {
+            id,
+            value,
+            size,
+            rejected: None,
+        }
+    }
+}
+
+/// A derived id as people read it: whitespace (a newline in a multi-line
+/// type, a tab in a heading) collapsed to single spaces.
+pub(super) fn tidy_id(id: &str) -> String {
+    id.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Numbers repeated ids within one document, in order: the first keeps
+/// its id, later ones gain `-2`, `-3`. Partition and read-back both number
+/// a document's pieces this way, so a read-back finds the same unit.
+fn number_repeats(pieces: &mut [Piece]) {
+    let mut seen = std::collections::HashSet::new();
+    for piece in pieces {
+        if !seen.insert(piece.id.clone()) {
+            let mut n = 2u64;
+            while !seen.insert(format!("{}-{n}", piece.id)) {
+                n += 1;
+            }
+            piece.id = format!("{}-{n}", piece.id);
+        }
+    }
 }
 
 /// What a document format does with one readable document's content (its
@@ -336,10 +393,23 @@ pub(super) fn each_piece(
         let path = doc.path.clone();
         let (reason, detail) = match (content(&doc, takes_bytes), &doc.skipped) {
             (Some(content), _) => match split(&doc, &content) {
-                Ok(pieces) if !pieces.is_empty() => {
+                Ok(mut pieces) if !pieces.is_empty() => {
+                    number_repeats(&mut pieces);
                     for piece in pieces {
+                        if let Some((reason, detail)) = piece.rejected {
+                            let id = piece.id;
+                            emit(Element::Rejected(assigner.reject(
+                                bytes,
+                                &reason,
+                                |ordinal| format!("element {ordinal}: {id}: {detail}"),
+                            )));
+                            continue;
+                        }
                         let hash = hash(&piece.value);
-                        let id = Proposed::Derived(piece.id);
+                        // Unique within the document already; a repeat
+                        // across documents is rejected, never renamed,
+                        // so a read-back of one document finds its units.
+                        let id = Proposed::Key(Some(piece.id));
                         emit(match assigner.admit(bytes, piece.size, id, hash)? {
                             Ok(unit) => Element::Unit(PartUnit {
                                 unit,
@@ -376,15 +446,6 @@ pub(super) fn pieces_of(
         return Ok(Vec::new());
     };
     let mut pieces = split(&doc, &content).map_err(|(_, detail)| detail)?;
-    let mut seen = std::collections::HashSet::new();
-    for piece in &mut pieces {
-        if !seen.insert(piece.id.clone()) {
-            let mut n = 2u64;
-            while !seen.insert(format!("{}-{n}", piece.id)) {
-                n += 1;
-            }
-            piece.id = format!("{}-{n}", piece.id);
-        }
-    }
+    number_repeats(&mut pieces);
     Ok(pieces)
 }

@@ -6,7 +6,7 @@
 use mail_parser::{Address, MessageParser, MimeHeaders};
 use serde_json::{Value, json};
 
-use super::documents::{Document, Piece};
+use super::documents::{Document, Piece, tidy_id};
 
 /// The raw bytes, not text: a message declares its charset, and
 /// `mail-parser` decodes it (a Latin-1 message is read, not rejected).
@@ -15,33 +15,46 @@ pub(super) fn split(doc: &Document, raw: &[u8]) -> Result<Vec<Piece>, (String, S
     // message opens with a header.
     if !raw.starts_with(b"From ") {
         let value = message(doc, raw)?;
-        return Ok(vec![Piece {
-            id: doc.path.clone(),
-            value,
-            size: raw.len() as u64,
-        }]);
+        let size = value_size(&value);
+        return Ok(vec![Piece::unit(doc.path.clone(), value, size)]);
     }
     let mut pieces = Vec::new();
     let iter = mail_parser::mailbox::mbox::MessageIterator::new(raw);
     for (n, raw) in iter.enumerate() {
         let n = n + 1;
         let raw = raw.map_err(|e| ("unreadable".to_owned(), format!("mbox message {n}: {e}")))?;
-        let mut value = message(doc, raw.contents())
-            .map_err(|(reason, detail)| (reason, format!("mbox message {n}: {detail}")))?;
+        let mut value = match message(doc, raw.contents()) {
+            Ok(value) => value,
+            // One message that is not one (a body line `From ...` that an
+            // mbox writer did not escape splits a message in two) is
+            // rejected alone; the mailbox's other messages stand.
+            Err((reason, detail)) => {
+                pieces.push(Piece {
+                    id: format!("{}#{n}", doc.path),
+                    value: Value::Null,
+                    size: 0,
+                    rejected: Some((reason, format!("mbox message {n}: {detail}"))),
+                });
+                continue;
+            }
+        };
         let id = match value.get("message_id").and_then(Value::as_str) {
-            Some(mid) if !mid.is_empty() => format!("{}#{mid}", doc.path),
+            Some(mid) if !mid.is_empty() => format!("{}#{}", doc.path, tidy_id(mid)),
             _ => format!("{}#{n}", doc.path),
         };
         if let Some(obj) = value.as_object_mut() {
             obj.insert("message".into(), json!(n));
         }
-        pieces.push(Piece {
-            id,
-            value,
-            size: raw.contents().len() as u64,
-        });
+        let size = value_size(&value);
+        pieces.push(Piece::unit(id, value, size));
     }
     Ok(pieces)
+}
+
+/// A message unit's size is what a context is given of it (headers, body,
+/// attachment names), not its raw bytes: an attachment is not sent.
+fn value_size(value: &Value) -> u64 {
+    serde_json::to_string(value).map_or(0, |s| s.len() as u64)
 }
 
 fn message(doc: &Document, raw: &[u8]) -> Result<Value, (String, String)> {

@@ -7,16 +7,16 @@ use super::documents::{Document, Piece};
 
 pub(super) fn split(doc: &Document, content: &[u8]) -> Result<Vec<Piece>, (String, String)> {
     let text = super::documents::as_text(content)?;
-    Ok(vec![Piece {
-        id: doc.path.clone(),
-        value: json!({
+    Ok(vec![Piece::unit(
+        doc.path.clone(),
+        json!({
             "path": doc.path,
             "size": doc.size,
             "modified": doc.modified,
             "text": text,
         }),
-        size: text.len() as u64,
-    }])
+        text.len() as u64,
+    )])
 }
 
 /// A file unit's content hash leaves its modification time out: a file

@@ -6,14 +6,16 @@
 use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
 use serde_json::json;
 
-use super::documents::{Document, Piece};
+use super::documents::{Document, Piece, tidy_id};
 
 pub(super) fn split(doc: &Document, content: &[u8]) -> Result<Vec<Piece>, (String, String)> {
     let text = super::documents::as_text(content)?;
     // Each heading: where it starts, its level and its text.
     let mut headings: Vec<(usize, usize, String)> = Vec::new();
     let mut open: Option<(usize, usize, String)> = None;
-    for (event, range) in Parser::new_ext(text, Options::empty()).into_offset_iter() {
+    // Front matter (`---` YAML `---`) is metadata, not a heading.
+    let options = Options::ENABLE_YAML_STYLE_METADATA_BLOCKS;
+    for (event, range) in Parser::new_ext(text, options).into_offset_iter() {
         match event {
             Event::Start(Tag::Heading { level, .. }) => {
                 open = Some((range.start, level as usize, String::new()));
@@ -23,9 +25,14 @@ pub(super) fn split(doc: &Document, content: &[u8]) -> Result<Vec<Piece>, (Strin
                     title.push_str(&t);
                 }
             }
+            Event::SoftBreak | Event::HardBreak => {
+                if let Some((_, _, title)) = open.as_mut() {
+                    title.push(' ');
+                }
+            }
             Event::End(TagEnd::Heading(_)) => {
                 if let Some((start, level, title)) = open.take() {
-                    headings.push((start, level, title.trim().to_owned()));
+                    headings.push((start, level, tidy_id(&title)));
                 }
             }
             _ => {}
@@ -78,9 +85,9 @@ fn section(
     } else {
         format!("{}#{heading}", doc.path)
     };
-    Piece {
+    Piece::unit(
         id,
-        value: json!({
+        json!({
             "path": doc.path,
             "heading": heading,
             "title": title,
@@ -90,6 +97,6 @@ fn section(
             "line": line,
             "text": body,
         }),
-        size: body.len() as u64,
-    }
+        body.len() as u64,
+    )
 }
