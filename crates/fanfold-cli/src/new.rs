@@ -247,21 +247,13 @@ fn document_shape(input: &Path, head: &str) -> Option<Shape> {
 /// A folder: e-mail when most of a sample of its files are messages,
 /// Markdown or code when most have those extensions, else files.
 fn folder_shape(dir: &Path) -> Result<Shape> {
-    let mut files = Vec::new();
-    for entry in walkdir::WalkDir::new(dir)
-        .follow_links(true)
-        .sort_by_file_name()
+    // The files the `files` partition would read, so what is sampled is
+    // what a run reads (hidden ones skipped, links followed).
+    let mut files: Vec<PathBuf> = fanfold_ops::partition::documents::list(dir, "**/*")?
         .into_iter()
-        .filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'))
-    {
-        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
-        if entry.file_type().is_file() {
-            files.push(entry.into_path());
-        }
-        if files.len() >= 200 {
-            break;
-        }
-    }
+        .map(|(path, _)| path)
+        .collect();
+    files.truncate(200);
     if files.is_empty() {
         bail!("{} holds no files (hidden ones are skipped)", dir.display());
     }

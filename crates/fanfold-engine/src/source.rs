@@ -170,17 +170,6 @@ impl Source {
 
     pub fn read(&self) -> Result<Vec<u8>, SourceError> {
         match self {
-            Source::Documents { .. } => {
-                let mut buf = Vec::new();
-                let mut reader = self.open()?;
-                reader
-                    .read_to_end(&mut buf)
-                    .map_err(|source| SourceError::File {
-                        path: self.origin(),
-                        source,
-                    })?;
-                Ok(buf)
-            }
             Source::File(path) => std::fs::read(path).map_err(|source| SourceError::File {
                 path: path.display().to_string(),
                 source,
@@ -192,7 +181,7 @@ impl Source {
                     .map_err(SourceError::Stdin)?;
                 Ok(buf)
             }
-            Source::Command(..) => {
+            Source::Command(..) | Source::Documents { .. } => {
                 let mut reader = self.open()?;
                 let mut buf = Vec::new();
                 let read = reader.read_to_end(&mut buf);

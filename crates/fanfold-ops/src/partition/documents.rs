@@ -146,7 +146,7 @@ impl Read for DocumentStream {
 
 /// The files under `root` whose relative paths match `glob`, in path
 /// order; hidden entries (a name starting with `.`) are skipped.
-fn list(root: &Path, glob: &str) -> Result<Vec<(PathBuf, String)>, DocumentError> {
+pub fn list(root: &Path, glob: &str) -> Result<Vec<(PathBuf, String)>, DocumentError> {
     let matcher = globset::GlobBuilder::new(glob)
         .literal_separator(true)
         // `README.MD` is Markdown too.
@@ -344,13 +344,16 @@ pub(super) fn as_text(bytes: &[u8]) -> Result<&str, (String, String)> {
 
 /// The content a format splits: the text, or, when the format decodes
 /// bytes itself, a non-UTF-8 file's bytes.
-fn content(doc: &Document, takes_bytes: bool) -> Option<Vec<u8>> {
+fn content(doc: &Document, takes_bytes: bool) -> Option<std::borrow::Cow<'_, [u8]>> {
     if let Some(text) = &doc.text {
-        return Some(text.as_bytes().to_vec());
+        return Some(std::borrow::Cow::Borrowed(text.as_bytes()));
     }
     use base64::Engine as _;
     let bytes = doc.bytes.as_deref().filter(|_| takes_bytes)?;
-    base64::engine::general_purpose::STANDARD.decode(bytes).ok()
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(bytes)
+        .ok()?;
+    Some(std::borrow::Cow::Owned(decoded))
 }
 
 /// Reads the document stream and gives each document's pieces to the
