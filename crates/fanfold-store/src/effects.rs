@@ -9,9 +9,9 @@
 //! effect's key, renewed by its heartbeat) may write a step: a process
 //! that lost its lease while paused finds its late writes refused.
 
-use rusqlite::{OptionalExtension, params};
 use serde_json::Value;
 
+use crate::db::{Conn, DbError, params};
 use crate::{Store, StoreError, now_ms};
 
 pub(crate) const SCHEMA: &str = "
@@ -120,34 +120,33 @@ impl Store {
         run_id: &str,
     ) -> Result<EffectRow, StoreError> {
         let now = now_ms() as i64;
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(|e| self.sql(e))?;
-        let added = tx
-            .execute(
-                "INSERT OR IGNORE INTO effects (key, stage, unit_id, action, state, sends, updated_ms)
-                 VALUES (?1, ?2, ?3, ?4, 'intent', 0, ?5)",
-                params![key, stage, unit_id, action.to_string(), now],
-            )
+        let row = self
+            .conn()
+            .transaction(|tx| {
+                let added = tx.execute(
+                    "INSERT INTO effects (key, stage, unit_id, action, state, sends, updated_ms)
+                     VALUES (?1, ?2, ?3, ?4, 'intent', 0, ?5) ON CONFLICT DO NOTHING",
+                    params![key, stage, unit_id, action.to_string(), now],
+                )?;
+                if added == 1 {
+                    tx.execute(
+                        "INSERT INTO effect_journal (key, seq, at_ms, run_id, state, detail)
+                         VALUES (?1, 1, ?2, ?3, 'intent', ?4)",
+                        params![key, now, run_id, action.to_string()],
+                    )?;
+                }
+                read_effect(tx, key)
+            })
             .map_err(|e| self.sql(e))?;
-        if added == 1 {
-            tx.execute(
-                "INSERT INTO effect_journal (key, seq, at_ms, run_id, state, detail)
-                 VALUES (?1, 1, ?2, ?3, 'intent', ?4)",
-                params![key, now, run_id, action.to_string()],
-            )
-            .map_err(|e| self.sql(e))?;
-        }
-        let row = read_effect(&tx, key).map_err(|e| self.sql(e))?;
-        tx.commit().map_err(|e| self.sql(e))?;
         row.ok_or_else(|| StoreError::Decode {
-            path: self.path.display().to_string(),
+            path: self.location.clone(),
             detail: format!("effect {key} vanished as it was recorded"),
         })
     }
 
     /// The effect's row, if it is known.
     pub fn effect(&self, key: &str) -> Result<Option<EffectRow>, StoreError> {
-        read_effect(&self.conn(), key).map_err(|e| self.sql(e))
+        read_effect(&mut self.conn(), key).map_err(|e| self.sql(e))
     }
 
     /// Moves effect `key` to `state` and journals the step, in one
@@ -163,72 +162,65 @@ impl Store {
         detail: &Value,
     ) -> Result<bool, StoreError> {
         let now = now_ms() as i64;
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(|e| self.sql(e))?;
-        let holds: Option<i64> = tx
-            .query_row(
-                "SELECT 1 FROM claims WHERE key = ?1 AND run_id = ?2 AND expires_ms >= ?3",
-                params![key, run_id, now],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(|e| self.sql(e))?;
-        if holds.is_none() {
-            return Ok(false);
-        }
         let text = detail.to_string();
-        let (sends, receipt, read_back) = match state {
+        let (sends, receipt, read_back): (i64, _, _) = match state {
             EffectState::Dispatched => (1, None, None),
             EffectState::Receipt | EffectState::Refused => (0, Some(&text), None),
             EffectState::Confirmed | EffectState::Absent => (0, None, Some(&text)),
             _ => (0, None, None),
         };
-        let changed = tx
-            .execute(
-                "UPDATE effects SET state = ?2, sends = sends + ?3,
-                    receipt = COALESCE(?4, receipt), read_back = COALESCE(?5, read_back),
-                    updated_ms = ?6
-                 WHERE key = ?1",
-                params![key, state.as_str(), sends, receipt, read_back, now],
-            )
-            .map_err(|e| self.sql(e))?;
-        if changed == 0 {
-            return Ok(false);
-        }
-        tx.execute(
-            "INSERT INTO effect_journal (key, seq, at_ms, run_id, state, detail)
-             VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM effect_journal WHERE key = ?1),
-                     ?2, ?3, ?4, ?5)",
-            params![key, now, run_id, state.as_str(), text],
-        )
-        .map_err(|e| self.sql(e))?;
-        tx.commit().map_err(|e| self.sql(e))?;
-        Ok(true)
+        self.conn()
+            .transaction(|tx| {
+                let holds = tx.query_row(
+                    "SELECT 1 FROM claims WHERE key = ?1 AND run_id = ?2 AND expires_ms >= ?3",
+                    params![key, run_id, now],
+                    |_| Ok(()),
+                )?;
+                if holds.is_none() {
+                    return Ok(false);
+                }
+                let changed = tx.execute(
+                    "UPDATE effects SET state = ?2, sends = sends + ?3,
+                        receipt = COALESCE(?4, receipt), read_back = COALESCE(?5, read_back),
+                        updated_ms = ?6
+                     WHERE key = ?1",
+                    params![key, state.as_str(), sends, receipt, read_back, now],
+                )?;
+                if changed == 0 {
+                    return Ok(false);
+                }
+                tx.execute(
+                    "INSERT INTO effect_journal (key, seq, at_ms, run_id, state, detail)
+                     VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM effect_journal WHERE key = ?1),
+                             ?2, ?3, ?4, ?5)",
+                    params![key, now, run_id, state.as_str(), text],
+                )?;
+                Ok(true)
+            })
+            .map_err(|e| self.sql(e))
     }
 
     /// Every step of effect `key`, in order.
     pub fn effect_journal(&self, key: &str) -> Result<Vec<JournalEntry>, StoreError> {
-        let conn = self.conn();
-        let mut st = conn
-            .prepare(
+        let rows = self
+            .conn()
+            .query_map(
                 "SELECT seq, at_ms, run_id, state, detail FROM effect_journal
                  WHERE key = ?1 ORDER BY seq",
+                params![key],
+                |r| {
+                    Ok((
+                        r.get::<i64>(0)?,
+                        r.get::<i64>(1)?,
+                        r.get::<String>(2)?,
+                        r.get::<String>(3)?,
+                        r.get::<String>(4)?,
+                    ))
+                },
             )
             .map_err(|e| self.sql(e))?;
-        let rows = st
-            .query_map([key], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, String>(3)?,
-                    r.get::<_, String>(4)?,
-                ))
-            })
-            .map_err(|e| self.sql(e))?;
         let mut out = Vec::new();
-        for row in rows {
-            let (seq, at, run_id, state, detail) = row.map_err(|e| self.sql(e))?;
+        for (seq, at, run_id, state, detail) in rows {
             out.push(JournalEntry {
                 seq: seq.max(0) as u64,
                 at_ms: at.max(0) as u64,
@@ -245,32 +237,26 @@ impl Store {
         &self,
         stage: &str,
     ) -> Result<std::collections::BTreeMap<String, u64>, StoreError> {
-        let conn = self.conn();
-        let mut st = conn
-            .prepare("SELECT state, COUNT(*) FROM effects WHERE stage = ?1 GROUP BY state")
+        let rows = self
+            .conn()
+            .query_map(
+                "SELECT state, COUNT(*) FROM effects WHERE stage = ?1 GROUP BY state",
+                params![stage],
+                |r| Ok((r.get::<String>(0)?, r.get::<i64>(1)?)),
+            )
             .map_err(|e| self.sql(e))?;
-        let rows = st
-            .query_map([stage], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
-            })
-            .map_err(|e| self.sql(e))?;
-        let mut out = std::collections::BTreeMap::new();
-        for row in rows {
-            let (state, n) = row.map_err(|e| self.sql(e))?;
-            out.insert(state, n.max(0) as u64);
-        }
-        Ok(out)
+        Ok(rows
+            .into_iter()
+            .map(|(state, n)| (state, n.max(0) as u64))
+            .collect())
     }
 }
 
-fn read_effect(
-    conn: &rusqlite::Connection,
-    key: &str,
-) -> Result<Option<EffectRow>, rusqlite::Error> {
+fn read_effect(conn: &mut Conn, key: &str) -> Result<Option<EffectRow>, DbError> {
     conn.query_row(
         "SELECT key, stage, unit_id, action, state, sends, receipt, read_back
          FROM effects WHERE key = ?1",
-        [key],
+        params![key],
         |r| {
             let json =
                 |s: Option<String>| s.map(|t| serde_json::from_str(&t).unwrap_or(Value::String(t)));
@@ -279,14 +265,13 @@ fn read_effect(
                 stage: r.get(1)?,
                 unit_id: r.get(2)?,
                 action: json(r.get(3)?).unwrap_or(Value::Null),
-                state: EffectState::parse(&r.get::<_, String>(4)?).unwrap_or(EffectState::Unknown),
-                sends: r.get::<_, i64>(5)?.max(0) as u64,
+                state: EffectState::parse(&r.get::<String>(4)?).unwrap_or(EffectState::Unknown),
+                sends: r.get::<i64>(5)?.max(0) as u64,
                 receipt: json(r.get(6)?),
                 read_back: json(r.get(7)?),
             })
         },
     )
-    .optional()
 }
 
 #[cfg(test)]

@@ -13,10 +13,9 @@ impl Store {
             .conn()
             .query_row(
                 "SELECT record FROM facts WHERE key = ?1",
-                [key.to_hex()],
+                params![key.to_hex()],
                 |r| r.get(0),
             )
-            .optional()
             .map_err(|e| self.sql(e))?;
         let Some(text) = text else {
             return Ok(None);
@@ -50,8 +49,11 @@ impl Store {
     pub fn put_label(&self, label: &Label) -> Result<(), StoreError> {
         self.conn()
             .execute(
-                "INSERT OR REPLACE INTO labels (key, stage, unit_id, decision, labeller, created_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT INTO labels (key, stage, unit_id, decision, labeller, created_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (key) DO UPDATE SET stage = excluded.stage, unit_id = excluded.unit_id,
+                    decision = excluded.decision, labeller = excluded.labeller,
+                    created_ms = excluded.created_ms",
                 params![
                     label.key.to_hex(),
                     label.stage,
@@ -68,7 +70,7 @@ impl Store {
         self.conn()
             .query_row(
                 "SELECT stage, unit_id, decision, labeller FROM labels WHERE key = ?1",
-                [key.to_hex()],
+                params![key.to_hex()],
                 |r| {
                     Ok(Label {
                         key: *key,
@@ -79,13 +81,12 @@ impl Store {
                     })
                 },
             )
-            .optional()
             .map_err(|e| self.sql(e))
     }
     /// Takes a label back (an undo); true when there was one.
     pub fn delete_label(&self, key: &ContentHash) -> Result<bool, StoreError> {
         self.conn()
-            .execute("DELETE FROM labels WHERE key = ?1", [key.to_hex()])
+            .execute("DELETE FROM labels WHERE key = ?1", params![key.to_hex()])
             .map(|n| n > 0)
             .map_err(|e| self.sql(e))
     }
@@ -103,13 +104,14 @@ impl Store {
     ) -> Result<Option<T>, StoreError> {
         let text: Option<String> = self
             .conn()
-            .query_row(sql, [key.to_hex()], |r| r.get(0))
-            .optional()
+            .query_row(sql, params![key.to_hex()], |r| r.get(0))
             .map_err(|e| self.sql(e))?;
         text.map(|t| serde_json::from_str(&t).map_err(|e| self.decode(e)))
             .transpose()
     }
-    /// Caches a decided fact under its key.
+    /// Caches a decided fact under its key. The first fact written under a
+    /// key stands: a second write (a process that kept working after its
+    /// lease lapsed, or two that raced) is a no-op.
     pub fn put_fact(&self, fact: &FactRecord) -> Result<(), StoreError> {
         if !fact.status.is_cacheable() {
             return Err(StoreError::NotCacheable {
@@ -132,14 +134,14 @@ impl Store {
             .unwrap_or_default();
         self.conn()
             .execute(
-                "INSERT OR REPLACE INTO facts (key, unit_id, unit_hash, stage, stage_version, status, record, created_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                "INSERT INTO facts (key, unit_id, unit_hash, stage, stage_version, status, record, created_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING",
                 params![
                     fact.key.to_hex(),
                     unit,
                     unit_hash,
                     fact.stage,
-                    fact.stage_version,
+                    i64::from(fact.stage_version),
                     fact.status.as_str(),
                     record,
                     now_ms() as i64
@@ -150,18 +152,10 @@ impl Store {
     }
     /// How many embedding vectors the store holds.
     pub fn count_embeddings(&self) -> Result<u64, StoreError> {
-        self.conn()
-            .query_row("SELECT COUNT(*) FROM embeddings", [], |r| {
-                r.get::<_, i64>(0)
-            })
-            .map(|n| n.max(0) as u64)
-            .map_err(|e| self.sql(e))
+        self.count("SELECT COUNT(*) FROM embeddings")
     }
     pub fn count_facts(&self) -> Result<u64, StoreError> {
-        self.conn()
-            .query_row("SELECT COUNT(*) FROM facts", [], |r| r.get::<_, i64>(0))
-            .map(|n| n as u64)
-            .map_err(|e| self.sql(e))
+        self.count("SELECT COUNT(*) FROM facts")
     }
     /// A cached embedding: little-endian `f32`s, `dim` of them.
     pub fn get_embedding(&self, key: &ContentHash) -> Result<Option<Vec<f32>>, StoreError> {
@@ -169,10 +163,9 @@ impl Store {
             .conn()
             .query_row(
                 "SELECT dim, vector FROM embeddings WHERE key = ?1",
-                [key.to_hex()],
+                params![key.to_hex()],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
-            .optional()
             .map_err(|e| self.sql(e))?;
         let Some((dim, bytes)) = row else {
             return Ok(None);
@@ -199,21 +192,20 @@ impl Store {
         model: &str,
         rows: &[(ContentHash, &[f32])],
     ) -> Result<(), StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(|e| self.sql(e))?;
-        {
-            let mut stmt = tx
-                .prepare(
-                    "INSERT OR REPLACE INTO embeddings (key, model, dim, vector) VALUES (?1, ?2, ?3, ?4)",
-                )
-                .map_err(|e| self.sql(e))?;
-            for (key, v) in rows {
-                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                stmt.execute(params![key.to_hex(), model, v.len() as i64, bytes])
-                    .map_err(|e| self.sql(e))?;
-            }
-        }
-        tx.commit().map_err(|e| self.sql(e))
+        self.conn()
+            .transaction(|tx| {
+                for (key, v) in rows {
+                    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    tx.execute(
+                        "INSERT INTO embeddings (key, model, dim, vector) VALUES (?1, ?2, ?3, ?4)
+                         ON CONFLICT (key) DO UPDATE SET model = excluded.model,
+                            dim = excluded.dim, vector = excluded.vector",
+                        params![key.to_hex(), model, v.len() as i64, bytes],
+                    )?;
+                }
+                Ok(())
+            })
+            .map_err(|e| self.sql(e))
     }
     pub fn get_fold_node(
         &self,
@@ -229,8 +221,9 @@ impl Store {
     ) -> Result<(), StoreError> {
         self.conn()
             .execute(
-                "INSERT OR REPLACE INTO fold_nodes (key, level, value) VALUES (?1, ?2, ?3)",
-                params![key.to_hex(), level, value.to_string()],
+                "INSERT INTO fold_nodes (key, level, value) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (key) DO UPDATE SET level = excluded.level, value = excluded.value",
+                params![key.to_hex(), i64::from(level), value.to_string()],
             )
             .map_err(|e| self.sql(e))?;
         Ok(())

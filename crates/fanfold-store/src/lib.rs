@@ -1,4 +1,7 @@
-//! The store: one SQLite file per project directory, readable with `sqlite3`.
+//! The store: one SQLite file per project directory, readable with
+//! `sqlite3`, or one PostgreSQL database that processes on many hosts
+//! share (`--store postgres://…`): the same tables on both, through
+//! [`db`]'s one connection type.
 //!
 //! Tables: `chunks` (source bytes in content-addressed pieces of at most
 //! [`CHUNK_BYTES`]), `artifacts` and `artifact_chunks` (each source by its
@@ -22,20 +25,24 @@
 //! a failure is never cached as an answer.
 
 mod batches;
+mod db;
 mod effects;
 mod facts;
 mod runs;
 mod sources;
 mod units;
 
+pub use db::DbError;
 pub use effects::{EffectRow, EffectState, JournalEntry};
+
+use db::{Conn, Row, params};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use fanfold_core::{BatchState, ContentHash, FactRecord, Unit};
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
 /// Bumped when the tables change shape; an older file is refused, not
@@ -55,10 +62,7 @@ pub const CHUNK_BYTES: usize = 1 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("store {path}: {source}")]
-    Sqlite {
-        path: String,
-        source: rusqlite::Error,
-    },
+    Db { path: String, source: DbError },
     #[error(
         "store {path} has schema {found}, this fanfold needs {SCHEMA_VERSION}; move it aside to start fresh"
     )]
@@ -119,19 +123,23 @@ pub const LIVE_MS: u64 = 60_000;
 /// How often a running run renews its leases and heartbeat.
 pub const HEARTBEAT_MS: u64 = 10_000;
 
-/// The live runs of the store at `path`, read without opening it for
-/// writing.
-pub fn live_runs_at(path: &Path, stale_ms: u64) -> Result<Vec<RunInfo>, rusqlite::Error> {
+/// The live runs of the SQLite store at `path`, read without opening it
+/// for writing.
+pub fn live_runs_at(path: &Path, stale_ms: u64) -> Result<Vec<RunInfo>, DbError> {
     let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
+    live_runs_on(&mut Conn::Sqlite(conn), stale_ms)
+}
+
+fn live_runs_on(conn: &mut Conn, stale_ms: u64) -> Result<Vec<RunInfo>, DbError> {
     let since = now_ms() as i64 - stale_ms as i64;
-    let mut st = conn.prepare(
+    conn.query_map(
         "SELECT run_id, spec_name, pid, started_ms, heartbeat_ms FROM runs
          WHERE finished_ms IS NULL AND COALESCE(heartbeat_ms, started_ms) >= ?1
          ORDER BY started_ms",
-    )?;
-    let rows = st.query_map([since], run_info)?;
-    rows.collect()
+        params![since],
+        run_info,
+    )
 }
 
 /// This machine's name, as runs record it: a run's process can be looked
@@ -152,15 +160,13 @@ fn process_exists(pid: i64) -> bool {
     pid == i64::from(std::process::id()) || Path::new(&format!("/proc/{pid}")).exists()
 }
 
-fn run_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunInfo> {
+fn run_info(r: &Row<'_>) -> Result<RunInfo, DbError> {
     Ok(RunInfo {
         run_id: r.get(0)?,
         spec_name: r.get(1)?,
-        pid: r
-            .get::<_, Option<i64>>(2)?
-            .and_then(|p| u32::try_from(p).ok()),
-        started_ms: r.get::<_, i64>(3)?.max(0) as u64,
-        heartbeat_ms: r.get::<_, Option<i64>>(4)?.map(|h| h.max(0) as u64),
+        pid: r.get::<Option<i64>>(2)?.and_then(|p| u32::try_from(p).ok()),
+        started_ms: r.get::<i64>(3)?.max(0) as u64,
+        heartbeat_ms: r.get::<Option<i64>>(4)?.map(|h| h.max(0) as u64),
     })
 }
 
@@ -246,25 +252,31 @@ pub struct GcReport {
 /// Deletes a source and everything derived from its bytes alone: its
 /// chunk list, partitions, units, rejections and routes (not its chunks,
 /// which other sources may share).
-fn drop_source(tx: &rusqlite::Transaction<'_>, hash: &str) -> rusqlite::Result<()> {
+fn drop_source(tx: &mut Conn, hash: &str) -> Result<(), DbError> {
     let parts = "SELECT id FROM partitions WHERE source_hash = ?1";
     for table in ["route_chunks", "routings", "units", "rejections"] {
         tx.execute(
             &format!("DELETE FROM {table} WHERE partition IN ({parts})"),
-            [hash],
+            params![hash],
         )?;
     }
-    tx.execute("DELETE FROM partitions WHERE source_hash = ?1", [hash])?;
-    tx.execute("DELETE FROM artifact_chunks WHERE artifact = ?1", [hash])?;
-    tx.execute("DELETE FROM artifacts WHERE hash = ?1", [hash])?;
+    tx.execute(
+        "DELETE FROM partitions WHERE source_hash = ?1",
+        params![hash],
+    )?;
+    tx.execute(
+        "DELETE FROM artifact_chunks WHERE artifact = ?1",
+        params![hash],
+    )?;
+    tx.execute("DELETE FROM artifacts WHERE hash = ?1", params![hash])?;
     Ok(())
 }
 
 /// Deletes chunks no source lists; how many.
-fn delete_orphan_chunks(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<usize> {
+fn delete_orphan_chunks(tx: &mut Conn) -> Result<u64, DbError> {
     tx.execute(
         "DELETE FROM chunks WHERE hash NOT IN (SELECT chunk FROM artifact_chunks)",
-        [],
+        params![],
     )
 }
 
@@ -441,11 +453,18 @@ pub struct BatchRow {
 }
 
 pub struct Store {
-    conn: Mutex<Connection>,
+    conn: Mutex<Conn>,
+    /// The SQLite file, or the PostgreSQL address as given.
     path: PathBuf,
+    /// Where the store is, in words fit for an error or a log: the file,
+    /// or the PostgreSQL address without its password.
+    location: String,
     /// Stored facts that did not decode, dropped so they are computed
     /// again (see [`Store::get_fact`]).
     corrupt_facts: std::sync::atomic::AtomicU64,
+    /// How long this process's leases last unless renewed: what another
+    /// process waits, at most, for a unit this one held when it died.
+    lease_ms: std::sync::atomic::AtomicU64,
 }
 
 /// SQLite's application id of a fanfold store ("fanf"), so `file` and a
@@ -526,8 +545,123 @@ CREATE TABLE IF NOT EXISTS run_events (
     kind TEXT NOT NULL, payload TEXT NOT NULL, PRIMARY KEY (run_id, seq));
 ";
 
+/// The PostgreSQL address `path` holds, if it is one (`postgres://…` or
+/// `postgresql://…`).
+pub fn postgres_url(path: &Path) -> Option<&str> {
+    path.to_str()
+        .filter(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"))
+}
+
+/// A PostgreSQL address without its password, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    let user = match userinfo.split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => userinfo.to_owned(),
+    };
+    // A password may also ride in the query (`?password=`).
+    let tail = match tail.find("password=") {
+        Some(i) => {
+            let end = tail[i..].find('&').map_or(tail.len(), |j| i + j);
+            format!("{}password=***{}", &tail[..i], &tail[end..])
+        }
+        None => tail.to_owned(),
+    };
+    format!("{scheme}://{user}@{host}{tail}")
+}
+
 impl Store {
+    /// Opens the store at `path`: an SQLite file (created when new), or,
+    /// when `path` is a `postgres://` address, a PostgreSQL database that
+    /// many processes and hosts can share. Either way the tables are
+    /// declared when missing, and a store of a newer schema is refused.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
+        match postgres_url(path) {
+            Some(url) => Store::open_postgres(url),
+            None => Store::open_sqlite(path),
+        }
+    }
+
+    fn open_postgres(url: &str) -> Result<Store, StoreError> {
+        let location = redact_url(url);
+        let client =
+            postgres::Client::connect(url, postgres::NoTls).map_err(|e| StoreError::Open {
+                path: location.clone(),
+                reason: DbError::from(e).to_string(),
+            })?;
+        let mut conn = Conn::Postgres(Box::new(db::Pg::new(client)));
+        let opened = conn
+            .transaction(|tx| {
+                // One opener at a time declares the tables: two concurrent
+                // `CREATE TABLE IF NOT EXISTS` of one table can both try
+                // and one fail. The lock ends with the transaction.
+                tx.query_one(
+                    "SELECT pg_advisory_xact_lock(?1)",
+                    params![APPLICATION_ID],
+                    |_| Ok(()),
+                )?;
+                let has_meta = tx.query_one(
+                    "SELECT COUNT(*) FROM information_schema.tables
+                     WHERE table_schema = current_schema() AND table_name = 'meta'",
+                    params![],
+                    |r| r.get::<i64>(0),
+                )? > 0;
+                let found: Option<String> = if has_meta {
+                    tx.query_row(
+                        "SELECT value FROM meta WHERE key = 'schema'",
+                        params![],
+                        |r| r.get(0),
+                    )?
+                } else {
+                    None
+                };
+                match found {
+                    None if has_meta => Ok(Err(StoreError::Foreign {
+                        path: location.clone(),
+                    })),
+                    None => {
+                        tx.batch(&db::pg_ddl(SCHEMA))?;
+                        tx.batch(&db::pg_ddl(effects::SCHEMA))?;
+                        tx.execute(
+                            "INSERT INTO meta (key, value) VALUES ('schema', ?1)",
+                            params![SCHEMA_VERSION],
+                        )?;
+                        Ok(Ok(()))
+                    }
+                    Some(v) if v == SCHEMA_VERSION => Ok(Ok(())),
+                    Some(v) if !v.starts_with("fanfold-store") => Ok(Err(StoreError::Foreign {
+                        path: location.clone(),
+                    })),
+                    Some(v) => Ok(Err(StoreError::Version {
+                        path: location.clone(),
+                        found: v,
+                    })),
+                }
+            })
+            .map_err(|source| StoreError::Db {
+                path: location.clone(),
+                source,
+            })?;
+        opened?;
+        Ok(Store {
+            conn: Mutex::new(conn),
+            path: PathBuf::from(url),
+            location,
+            corrupt_facts: std::sync::atomic::AtomicU64::new(0),
+            lease_ms: std::sync::atomic::AtomicU64::new(LIVE_MS),
+        })
+    }
+
+    fn open_sqlite(path: &Path) -> Result<Store, StoreError> {
         let p = path.display().to_string();
         let sql = |source: rusqlite::Error| {
             if is_busy(&source) {
@@ -549,9 +683,9 @@ impl Store {
                     reason,
                 };
             }
-            StoreError::Sqlite {
+            StoreError::Db {
                 path: p.clone(),
-                source,
+                source: source.into(),
             }
         };
         if let Some(dir) = path.parent()
@@ -570,6 +704,9 @@ impl Store {
         // SQLITE_BUSY_SNAPSHOT and never calls the busy handler. Taking the
         // write lock at BEGIN makes it wait its turn instead.
         conn.set_transaction_behavior(rusqlite::TransactionBehavior::Immediate);
+        // Every statement runs prepared from the cache (`db.rs`): room for
+        // all of the store's, so none is prepared again as others evict it.
+        conn.set_prepared_statement_cache_capacity(128);
         // Another application's database is left exactly as it was: no
         // WAL switch, no tables. An empty file, or one of ours, goes on.
         let app: i64 = conn
@@ -640,9 +777,11 @@ impl Store {
         }
         tx.commit().map_err(sql)?;
         Ok(Store {
-            conn: Mutex::new(conn),
+            conn: Mutex::new(Conn::Sqlite(conn)),
             path: path.to_owned(),
+            location: p,
             corrupt_facts: std::sync::atomic::AtomicU64::new(0),
+            lease_ms: std::sync::atomic::AtomicU64::new(LIVE_MS),
         })
     }
 
@@ -650,31 +789,71 @@ impl Store {
         &self.path
     }
 
-    fn conn(&self) -> MutexGuard<'_, Connection> {
+    /// Sets how long this process's leases last unless renewed (at least a
+    /// second; [`LIVE_MS`] until set). The heartbeat renews them at a third
+    /// of it (see [`Store::renew_every`]).
+    pub fn set_lease_ms(&self, ms: u64) {
+        self.lease_ms
+            .store(ms.max(1_000), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How long a lease of this process lasts unless renewed.
+    pub fn lease_ms(&self) -> u64 {
+        self.lease_ms.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How often a run renews its leases and heartbeat: every
+    /// [`HEARTBEAT_MS`], or a third of a shorter lease, so two renewals
+    /// can be late before the lease lapses.
+    pub fn renew_every(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(HEARTBEAT_MS.min(self.lease_ms() / 3))
+    }
+
+    /// Where the store is, for messages: the file, or the PostgreSQL
+    /// address without its password.
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    /// Whether the store is a PostgreSQL database (shared by hosts)
+    /// rather than an SQLite file.
+    pub fn is_shared(&self) -> bool {
+        self.conn().is_postgres()
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Conn> {
         // A panic while holding the lock cannot leave SQLite inconsistent:
         // statements are atomic on their own.
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn sql(&self, source: rusqlite::Error) -> StoreError {
-        if is_busy(&source) {
+    fn sql(&self, source: DbError) -> StoreError {
+        if source.is_busy() {
             // The holder is named by the caller, who can read the store
             // without the lock this connection may be holding.
             return StoreError::Busy {
-                path: self.path.display().to_string(),
+                path: self.location.clone(),
                 secs: BUSY_TIMEOUT.as_secs(),
                 holders: String::new(),
             };
         }
-        StoreError::Sqlite {
-            path: self.path.display().to_string(),
+        StoreError::Db {
+            path: self.location.clone(),
             source,
         }
     }
 
+    /// The one number `sql` counts.
+    fn count(&self, sql: &str) -> Result<u64, StoreError> {
+        self.conn()
+            .query_one(sql, params![], |r| r.get::<i64>(0))
+            .map(|n| n.max(0) as u64)
+            .map_err(|e| self.sql(e))
+    }
+
     fn decode(&self, detail: impl ToString) -> StoreError {
         StoreError::Decode {
-            path: self.path.display().to_string(),
+            path: self.location.clone(),
             detail: detail.to_string(),
         }
     }
@@ -683,13 +862,21 @@ impl Store {
     /// SQLite's "database or disk is full", as on a full disk. The cap
     /// never shrinks what is already stored.
     pub fn set_max_bytes(&self, bytes: u64) -> Result<(), StoreError> {
-        let conn = self.conn();
+        let mut conn = self.conn();
+        let Conn::Sqlite(conn) = &mut *conn else {
+            return Err(StoreError::Open {
+                path: self.location.clone(),
+                reason:
+                    "a size cap is for an SQLite file; a PostgreSQL database is sized by its server"
+                        .to_owned(),
+            });
+        };
         let page: i64 = conn
             .pragma_query_value(None, "page_size", |r| r.get(0))
-            .map_err(|e| self.sql(e))?;
+            .map_err(|e| self.sql(e.into()))?;
         let pages = (bytes / page.max(1) as u64).max(1);
         conn.pragma_update(None, "max_page_count", pages as i64)
-            .map_err(|e| self.sql(e))
+            .map_err(|e| self.sql(e.into()))
     }
 
     /// Removes what no answer refers to: runs that never finished with a
@@ -709,68 +896,82 @@ impl Store {
         }
         let before = self.file_bytes();
         let mut conn = self.conn();
-        let tx = conn.transaction().map_err(|e| self.sql(e))?;
-        let mut report = GcReport::default();
-        let dead = "SELECT run_id FROM runs WHERE certificate IS NULL";
-        tx.execute(
-            &format!("DELETE FROM run_units WHERE run_id IN ({dead})"),
-            [],
-        )
-        .map_err(|e| self.sql(e))?;
-        tx.execute(
-            &format!("DELETE FROM run_events WHERE run_id IN ({dead})"),
-            [],
-        )
-        .map_err(|e| self.sql(e))?;
-        report.runs = tx
-            .execute("DELETE FROM runs WHERE certificate IS NULL", [])
-            .map_err(|e| self.sql(e))? as u64;
-        // A run's per-unit rows are its outcome unit by unit, which the
-        // next answered run of the same spec over the same source states
-        // again: without this, every rerun adds a row per unit for good.
-        report.superseded_unit_rows = tx
-            .execute(
-                "DELETE FROM run_units WHERE run_id IN (
-                     SELECT old.run_id FROM runs old
-                     WHERE old.certificate IS NOT NULL AND EXISTS (
-                         SELECT 1 FROM runs new
-                         WHERE new.certificate IS NOT NULL
-                           AND new.spec_hash = old.spec_hash
-                           AND new.source_hash = old.source_hash
-                           AND new.started_ms > old.started_ms))",
-                [],
-            )
-            .map_err(|e| self.sql(e))? as u64;
-        let unread: Vec<String> = {
-            let mut st = tx
-                .prepare(
+        let report = conn
+            .transaction(|tx| {
+                let mut report = GcReport::default();
+                let dead = "SELECT run_id FROM runs WHERE certificate IS NULL";
+                tx.execute(
+                    &format!("DELETE FROM run_units WHERE run_id IN ({dead})"),
+                    params![],
+                )?;
+                tx.execute(
+                    &format!("DELETE FROM run_events WHERE run_id IN ({dead})"),
+                    params![],
+                )?;
+                report.runs =
+                    tx.execute("DELETE FROM runs WHERE certificate IS NULL", params![])?;
+                // A run's per-unit rows are its outcome unit by unit, which
+                // the next answered run of the same spec over the same source
+                // states again: without this, every rerun adds a row per unit
+                // for good.
+                report.superseded_unit_rows = tx.execute(
+                    "DELETE FROM run_units WHERE run_id IN (
+                         SELECT old.run_id FROM runs old
+                         WHERE old.certificate IS NOT NULL AND EXISTS (
+                             SELECT 1 FROM runs new
+                             WHERE new.certificate IS NOT NULL
+                               AND new.spec_hash = old.spec_hash
+                               AND new.source_hash = old.source_hash
+                               AND new.started_ms > old.started_ms))",
+                    params![],
+                )?;
+                let unread: Vec<String> = tx.query_map(
                     "SELECT hash FROM artifacts
                      WHERE hash NOT IN (SELECT source_hash FROM runs)",
-                )
-                .map_err(|e| self.sql(e))?;
-            let rows = st.query_map([], |r| r.get(0)).map_err(|e| self.sql(e))?;
-            rows.collect::<Result<_, _>>().map_err(|e| self.sql(e))?
+                    params![],
+                    |r| r.get(0),
+                )?;
+                for hash in &unread {
+                    drop_source(tx, hash)?;
+                }
+                report.sources = unread.len() as u64;
+                report.chunks = delete_orphan_chunks(tx)?;
+                Ok(report)
+            })
+            .map_err(|e| self.sql(e))?;
+        // Give the freed pages back. In WAL mode VACUUM writes the new copy
+        // into the log: a second checkpoint folds it back, so the file
+        // shrinks and the log is empty again. PostgreSQL's VACUUM makes the
+        // space reusable (only VACUUM FULL, which locks every table, would
+        // shrink the files).
+        let reclaim = if conn.is_postgres() {
+            "VACUUM"
+        } else {
+            "PRAGMA wal_checkpoint(TRUNCATE); VACUUM; PRAGMA wal_checkpoint(TRUNCATE);"
         };
-        for hash in &unread {
-            drop_source(&tx, hash).map_err(|e| self.sql(e))?;
-        }
-        report.sources = unread.len() as u64;
-        report.chunks = delete_orphan_chunks(&tx).map_err(|e| self.sql(e))? as u64;
-        tx.commit().map_err(|e| self.sql(e))?;
-        // Give the freed pages back to the file system. In WAL mode VACUUM
-        // writes the new copy into the log: a second checkpoint folds it
-        // back, so the file shrinks and the log is empty again.
-        conn.execute_batch(
-            "PRAGMA wal_checkpoint(TRUNCATE); VACUUM; PRAGMA wal_checkpoint(TRUNCATE);",
-        )
-        .map_err(|e| self.sql(e))?;
+        conn.batch(reclaim).map_err(|e| self.sql(e))?;
         drop(conn);
+        let mut report = report;
         report.bytes_before = before;
         report.bytes_after = self.file_bytes();
         Ok(report)
     }
 
+    /// The store's size on disk: the SQLite file and its log, or the
+    /// PostgreSQL database.
     fn file_bytes(&self) -> u64 {
+        {
+            let mut conn = self.conn();
+            if conn.is_postgres() {
+                return conn
+                    .query_one(
+                        "SELECT pg_database_size(current_database())",
+                        params![],
+                        |r| r.get::<i64>(0),
+                    )
+                    .map_or(0, |n| n.max(0) as u64);
+            }
+        }
         let wal = PathBuf::from(format!("{}-wal", self.path.display()));
         [&self.path, &wal]
             .iter()
@@ -915,7 +1116,7 @@ mod tests {
             .conn()
             .execute(
                 "UPDATE facts SET record = replace(record, '\"negative\"', '\"positive\"')",
-                [],
+                params![],
             )
             .expect("edit");
         assert_eq!(store.get_fact(&f.key).expect("get"), None);
@@ -1171,7 +1372,10 @@ mod tests {
         // The dead run's last sign of life was long ago.
         store
             .conn()
-            .execute("UPDATE runs SET heartbeat_ms = 1 WHERE run_id = 'dead'", [])
+            .execute(
+                "UPDATE runs SET heartbeat_ms = 1 WHERE run_id = 'dead'",
+                params![],
+            )
             .expect("age");
         assert_eq!(store.close_abandoned_runs(LIVE_MS).expect("close"), 1);
         assert_eq!(store.unfinished_runs().expect("runs"), ["alive"]);
@@ -1179,10 +1383,11 @@ mod tests {
             .conn()
             .query_row(
                 "SELECT stop_reason FROM runs WHERE run_id = 'dead'",
-                [],
+                params![],
                 |r| r.get(0),
             )
-            .expect("row");
+            .expect("row")
+            .expect("the run");
         assert_eq!(reason, "abandoned");
         assert_eq!(
             store.claim(&key, "alive", 60_000).expect("claim"),
@@ -1198,7 +1403,7 @@ mod tests {
             .conn()
             .execute(
                 "UPDATE runs SET pid = ?1 WHERE run_id = 'exited'",
-                [i64::from(exited)],
+                params![i64::from(exited)],
             )
             .expect("pid");
         assert_eq!(store.close_abandoned_runs(LIVE_MS).expect("close"), 1);
@@ -1230,10 +1435,14 @@ mod tests {
         // SQLite's own busy error becomes this error.
         let c = Connection::open(&path).expect("conn");
         c.execute_batch("BEGIN IMMEDIATE").expect("lock");
-        holder
-            .conn()
-            .busy_timeout(std::time::Duration::from_millis(50))
-            .expect("timeout");
+        {
+            let guard = holder.conn();
+            let Conn::Sqlite(held) = &*guard else {
+                panic!("an SQLite store");
+            };
+            held.busy_timeout(std::time::Duration::from_millis(50))
+                .expect("timeout");
+        }
         let busy = holder
             .put_fold_node(&h, 0, &serde_json::json!(1))
             .expect_err("locked");

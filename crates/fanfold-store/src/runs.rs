@@ -16,7 +16,7 @@ impl Store {
             .execute(
                 "INSERT INTO runs (run_id, spec_name, spec_hash, source_hash, started_ms, pid, host, heartbeat_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?5)",
-                params![run_id, spec_name, spec_hash.to_hex(), source.to_hex(), now, std::process::id(), this_host()],
+                params![run_id, spec_name, spec_hash.to_hex(), source.to_hex(), now, i64::from(std::process::id()), this_host()],
             )
             .map_err(|e| self.sql(e))?;
         Ok(())
@@ -31,7 +31,7 @@ impl Store {
         lease_ms: u64,
     ) -> Result<Claim, StoreError> {
         let now = now_ms() as i64;
-        let conn = self.conn();
+        let mut conn = self.conn();
         let won = conn
             .execute(
                 "INSERT INTO claims (key, run_id, expires_ms) VALUES (?1, ?2, ?3)
@@ -46,10 +46,9 @@ impl Store {
         let held = conn
             .query_row(
                 "SELECT run_id, expires_ms FROM claims WHERE key = ?1",
-                [key.to_hex()],
-                |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)),
+                params![key.to_hex()],
+                |r| Ok((r.get::<String>(0)?, r.get::<i64>(1)?)),
             )
-            .optional()
             .map_err(|e| self.sql(e))?;
         Ok(match held {
             Some((holder, expires)) if holder != run_id => Claim::Held {
@@ -80,61 +79,75 @@ impl Store {
         progress: Option<&str>,
     ) -> Result<(), StoreError> {
         let now = now_ms() as i64;
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(|e| self.sql(e))?;
-        tx.execute(
-            "UPDATE claims SET expires_ms = ?2 WHERE run_id = ?1",
-            params![run_id, now + lease_ms as i64],
-        )
-        .map_err(|e| self.sql(e))?;
-        tx.execute(
-            "UPDATE runs SET heartbeat_ms = ?2, progress = COALESCE(?3, progress) WHERE run_id = ?1",
-            params![run_id, now, progress],
-        )
-        .map_err(|e| self.sql(e))?;
-        tx.commit().map_err(|e| self.sql(e))
+        self.conn()
+            .transaction(|tx| {
+                tx.execute(
+                    "UPDATE claims SET expires_ms = ?2 WHERE run_id = ?1",
+                    params![run_id, now + lease_ms as i64],
+                )?;
+                tx.execute(
+                    "UPDATE runs SET heartbeat_ms = ?2, progress = COALESCE(?3, progress) WHERE run_id = ?1",
+                    params![run_id, now, progress],
+                )?;
+                Ok(())
+            })
+            .map_err(|e| self.sql(e))
     }
 
     /// The latest runs, newest first, as `fanfold status` shows them: each
     /// with its process, heartbeat, the leases it holds, its last progress
     /// and, once finished, its stop reason and statuses.
     pub fn run_overview(&self, limit: usize) -> Result<Vec<RunOverview>, StoreError> {
-        let conn = self.conn();
-        let mut st = conn
-            .prepare(
+        let rows = self
+            .conn()
+            .query_map(
                 "SELECT r.run_id, r.spec_name, r.started_ms, r.finished_ms, r.stop_reason,
                         r.pid, r.host, r.heartbeat_ms, r.progress,
                         (SELECT COUNT(*) FROM claims c WHERE c.run_id = r.run_id),
-                        json_extract(r.certificate, '$.statuses'),
-                        json_extract(r.certificate, '$.stats.model_calls'),
-                        json_extract(r.certificate, '$.stats.cost.prompt_tokens')
-                            + json_extract(r.certificate, '$.stats.cost.completion_tokens')
+                        r.certificate
                  FROM runs r ORDER BY r.started_ms DESC LIMIT ?1",
+                params![limit as i64],
+                |r| {
+                    let ms = |v: Option<i64>| v.map(|x| x.max(0) as u64);
+                    let overview = RunOverview {
+                        run_id: r.get(0)?,
+                        spec_name: r.get(1)?,
+                        started_ms: r.get::<i64>(2)?.max(0) as u64,
+                        finished_ms: ms(r.get(3)?),
+                        stop_reason: r.get(4)?,
+                        pid: r.get::<Option<i64>>(5)?.and_then(|p| u32::try_from(p).ok()),
+                        host: r.get(6)?,
+                        heartbeat_ms: ms(r.get(7)?),
+                        progress: r.get(8)?,
+                        leases: r.get::<i64>(9)?.max(0) as u64,
+                        statuses: None,
+                        model_calls: None,
+                        tokens: None,
+                    };
+                    Ok((overview, r.get::<Option<String>>(10)?))
+                },
             )
             .map_err(|e| self.sql(e))?;
-        let rows = st
-            .query_map([limit as i64], |r| {
-                let ms = |v: Option<i64>| v.map(|x| x.max(0) as u64);
-                Ok(RunOverview {
-                    run_id: r.get(0)?,
-                    spec_name: r.get(1)?,
-                    started_ms: r.get::<_, i64>(2)?.max(0) as u64,
-                    finished_ms: ms(r.get(3)?),
-                    stop_reason: r.get(4)?,
-                    pid: r
-                        .get::<_, Option<i64>>(5)?
-                        .and_then(|p| u32::try_from(p).ok()),
-                    host: r.get(6)?,
-                    heartbeat_ms: ms(r.get(7)?),
-                    progress: r.get(8)?,
-                    leases: r.get::<_, i64>(9)?.max(0) as u64,
-                    statuses: r.get(10)?,
-                    model_calls: ms(r.get(11)?),
-                    tokens: ms(r.get(12)?),
-                })
+        Ok(rows
+            .into_iter()
+            .map(|(mut overview, certificate)| {
+                // The certificate's own words, read here rather than by a
+                // JSON function each engine spells differently.
+                let cert: Option<serde_json::Value> =
+                    certificate.and_then(|c| serde_json::from_str(&c).ok());
+                let at = |path: &str| cert.as_ref().and_then(|c| c.pointer(path));
+                overview.statuses = at("/statuses").map(|v| v.to_string());
+                overview.model_calls = at("/stats/model_calls").and_then(serde_json::Value::as_u64);
+                overview.tokens = match (
+                    at("/stats/cost/prompt_tokens").and_then(serde_json::Value::as_u64),
+                    at("/stats/cost/completion_tokens").and_then(serde_json::Value::as_u64),
+                ) {
+                    (Some(p), Some(c)) => Some(p + c),
+                    _ => None,
+                };
+                overview
             })
-            .map_err(|e| self.sql(e))?;
-        rows.collect::<Result<_, _>>().map_err(|e| self.sql(e))
+            .collect())
     }
     /// Runs that never finished and whose process is gone are marked
     /// `abandoned`, and their leases dropped: a run of this host whose
@@ -143,76 +156,71 @@ impl Store {
     pub fn close_abandoned_runs(&self, stale_ms: u64) -> Result<usize, StoreError> {
         let now = now_ms() as i64;
         let host = this_host();
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(|e| self.sql(e))?;
-        let gone: Vec<String> = {
-            let mut st = tx
-                .prepare("SELECT run_id, pid FROM runs WHERE finished_ms IS NULL AND host = ?1")
-                .map_err(|e| self.sql(e))?;
-            let rows = st
-                .query_map([&host], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
-                })
-                .map_err(|e| self.sql(e))?;
-            let rows: Vec<(String, Option<i64>)> =
-                rows.collect::<Result<_, _>>().map_err(|e| self.sql(e))?;
-            rows.into_iter()
-                .filter(|(_, pid)| pid.is_some_and(|p| !process_exists(p)))
-                .map(|(run_id, _)| run_id)
-                .collect()
-        };
-        let mut n = 0;
-        for run_id in &gone {
-            n += tx
-                .execute(
-                    "UPDATE runs SET finished_ms = ?1, stop_reason = 'abandoned' WHERE run_id = ?2",
-                    params![now, run_id],
-                )
-                .map_err(|e| self.sql(e))?;
-        }
-        n += tx
-            .execute(
-                "UPDATE runs SET finished_ms = ?1, stop_reason = 'abandoned'
-                 WHERE finished_ms IS NULL AND COALESCE(heartbeat_ms, started_ms) < ?2",
-                params![now, now - stale_ms as i64],
-            )
-            .map_err(|e| self.sql(e))?;
-        tx.execute(
-            "DELETE FROM claims WHERE run_id IN (SELECT run_id FROM runs WHERE stop_reason = 'abandoned')",
-            [],
-        )
-        .map_err(|e| self.sql(e))?;
-        tx.commit().map_err(|e| self.sql(e))?;
-        Ok(n)
+        self.conn()
+            .transaction(|tx| {
+                let rows = tx.query_map(
+                    "SELECT run_id, pid FROM runs WHERE finished_ms IS NULL AND host = ?1",
+                    params![host],
+                    |r| Ok((r.get::<String>(0)?, r.get::<Option<i64>>(1)?)),
+                )?;
+                let gone = rows
+                    .into_iter()
+                    .filter(|(_, pid)| pid.is_some_and(|p| !process_exists(p)))
+                    .map(|(run_id, _)| run_id);
+                let mut n = 0;
+                for run_id in gone {
+                    n += tx.execute(
+                        "UPDATE runs SET finished_ms = ?1, stop_reason = 'abandoned' WHERE run_id = ?2",
+                        params![now, run_id],
+                    )?;
+                }
+                n += tx.execute(
+                    "UPDATE runs SET finished_ms = ?1, stop_reason = 'abandoned'
+                     WHERE finished_ms IS NULL AND COALESCE(heartbeat_ms, started_ms) < ?2",
+                    params![now, now - stale_ms as i64],
+                )?;
+                tx.execute(
+                    "DELETE FROM claims WHERE run_id IN (SELECT run_id FROM runs WHERE stop_reason = 'abandoned')",
+                    params![],
+                )?;
+                Ok(n as usize)
+            })
+            .map_err(|e| self.sql(e))
     }
     /// Unfinished runs whose heartbeat is at most `stale_ms` old.
     pub fn live_runs(&self, stale_ms: u64) -> Result<Vec<RunInfo>, StoreError> {
-        live_runs_at(&self.path, stale_ms).map_err(|e| self.sql(e))
+        let mut conn = self.conn();
+        if !conn.is_postgres() {
+            // Through a read-only connection of its own: WAL readers are
+            // never blocked by a writer, this connection's or another's.
+            drop(conn);
+            return live_runs_at(&self.path, stale_ms).map_err(|e| self.sql(e));
+        }
+        live_runs_on(&mut conn, stale_ms).map_err(|e| self.sql(e))
     }
     /// Records the outcome of many units in one transaction.
     pub fn put_run_units(&self, run_id: &str, rows: &[RunUnitRow]) -> Result<(), StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(|e| self.sql(e))?;
-        {
-            let mut ins = tx
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO run_units (run_id, unit_id, stage, status, reason, fact_key)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )
-                .map_err(|e| self.sql(e))?;
-            for r in rows {
-                ins.execute(params![
-                    run_id,
-                    r.unit_id,
-                    r.stage,
-                    r.status,
-                    r.reason,
-                    r.fact_key.map(|k| k.to_hex())
-                ])
-                .map_err(|e| self.sql(e))?;
-            }
-        }
-        tx.commit().map_err(|e| self.sql(e))
+        self.conn()
+            .transaction(|tx| {
+                for r in rows {
+                    tx.execute(
+                        "INSERT INTO run_units (run_id, unit_id, stage, status, reason, fact_key)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                         ON CONFLICT (run_id, unit_id, stage) DO UPDATE SET status = excluded.status,
+                            reason = excluded.reason, fact_key = excluded.fact_key",
+                        params![
+                            run_id,
+                            r.unit_id,
+                            r.stage,
+                            r.status,
+                            r.reason,
+                            r.fact_key.map(|k| k.to_hex())
+                        ],
+                    )?;
+                }
+                Ok(())
+            })
+            .map_err(|e| self.sql(e))
     }
     pub fn event(
         &self,
@@ -236,63 +244,61 @@ impl Store {
         stop_reason: &str,
         certificate_json: &str,
     ) -> Result<(), StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(|e| self.sql(e))?;
-        tx.execute(
-            "UPDATE runs SET finished_ms = ?2, stop_reason = ?3, certificate = ?4 WHERE run_id = ?1",
-            params![run_id, now_ms() as i64, stop_reason, certificate_json],
-        )
-        .map_err(|e| self.sql(e))?;
-        tx.execute("DELETE FROM claims WHERE run_id = ?1", [run_id])
-            .map_err(|e| self.sql(e))?;
-        tx.commit().map_err(|e| self.sql(e))
+        self.conn()
+            .transaction(|tx| {
+                tx.execute(
+                    "UPDATE runs SET finished_ms = ?2, stop_reason = ?3, certificate = ?4 WHERE run_id = ?1",
+                    params![run_id, now_ms() as i64, stop_reason, certificate_json],
+                )?;
+                tx.execute("DELETE FROM claims WHERE run_id = ?1", params![run_id])?;
+                Ok(())
+            })
+            .map_err(|e| self.sql(e))
     }
     /// Ends a run that failed: `failed`, with its leases dropped. When
     /// `forget_source` is set (its input did not parse) and no other run
     /// read the same source, the source goes too: a file that was refused
     /// does not stay in the store.
     pub fn fail_run(&self, run_id: &str, forget_source: bool) -> Result<(), StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(|e| self.sql(e))?;
-        tx.execute(
-            "UPDATE runs SET finished_ms = ?2, stop_reason = 'failed' WHERE run_id = ?1",
-            params![run_id, now_ms() as i64],
-        )
-        .map_err(|e| self.sql(e))?;
-        tx.execute("DELETE FROM claims WHERE run_id = ?1", [run_id])
-            .map_err(|e| self.sql(e))?;
-        if forget_source {
-            let source: Option<String> = tx
-                .query_row(
+        self.conn()
+            .transaction(|tx| {
+                tx.execute(
+                    "UPDATE runs SET finished_ms = ?2, stop_reason = 'failed' WHERE run_id = ?1",
+                    params![run_id, now_ms() as i64],
+                )?;
+                tx.execute("DELETE FROM claims WHERE run_id = ?1", params![run_id])?;
+                if !forget_source {
+                    return Ok(());
+                }
+                let source: Option<String> = tx.query_row(
                     "SELECT source_hash FROM runs WHERE run_id = ?1
                      AND NOT EXISTS (SELECT 1 FROM runs o WHERE o.source_hash = runs.source_hash
                                      AND o.run_id != ?1)",
-                    [run_id],
+                    params![run_id],
                     |r| r.get(0),
-                )
-                .optional()
-                .map_err(|e| self.sql(e))?;
-            if let Some(source) = source {
-                drop_source(&tx, &source).map_err(|e| self.sql(e))?;
-                tx.execute("DELETE FROM run_units WHERE run_id = ?1", [run_id])
-                    .map_err(|e| self.sql(e))?;
-                tx.execute("DELETE FROM run_events WHERE run_id = ?1", [run_id])
-                    .map_err(|e| self.sql(e))?;
-                tx.execute("DELETE FROM runs WHERE run_id = ?1", [run_id])
-                    .map_err(|e| self.sql(e))?;
-                delete_orphan_chunks(&tx).map_err(|e| self.sql(e))?;
-            }
-        }
-        tx.commit().map_err(|e| self.sql(e))
+                )?;
+                if let Some(source) = source {
+                    drop_source(tx, &source)?;
+                    for table in ["run_units", "run_events", "runs"] {
+                        tx.execute(
+                            &format!("DELETE FROM {table} WHERE run_id = ?1"),
+                            params![run_id],
+                        )?;
+                    }
+                    delete_orphan_chunks(tx)?;
+                }
+                Ok(())
+            })
+            .map_err(|e| self.sql(e))
     }
     /// Runs that began and never finished (killed processes).
     pub fn unfinished_runs(&self) -> Result<Vec<String>, StoreError> {
-        let conn = self.conn();
-        let mut st = conn
-            .prepare("SELECT run_id FROM runs WHERE finished_ms IS NULL ORDER BY started_ms")
-            .map_err(|e| self.sql(e))?;
-        let rows = st.query_map([], |r| r.get(0)).map_err(|e| self.sql(e))?;
-        rows.collect::<Result<Vec<String>, _>>()
+        self.conn()
+            .query_map(
+                "SELECT run_id FROM runs WHERE finished_ms IS NULL ORDER BY started_ms",
+                params![],
+                |r| r.get(0),
+            )
             .map_err(|e| self.sql(e))
     }
 }

@@ -7,28 +7,26 @@ impl Store {
     /// Stores source chunks by their hash in one transaction; a chunk
     /// stored before is left as it is.
     pub fn put_chunks(&self, chunks: &[(ContentHash, &[u8])]) -> Result<(), StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(|e| self.sql(e))?;
-        {
-            let mut ins = tx
-                .prepare_cached("INSERT OR IGNORE INTO chunks (hash, bytes) VALUES (?1, ?2)")
-                .map_err(|e| self.sql(e))?;
-            for (hash, bytes) in chunks {
-                ins.execute(params![&hash.0[..], bytes])
-                    .map_err(|e| self.sql(e))?;
-            }
-        }
-        tx.commit().map_err(|e| self.sql(e))
+        self.conn()
+            .transaction(|tx| {
+                for (hash, bytes) in chunks {
+                    tx.execute(
+                        "INSERT INTO chunks (hash, bytes) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+                        params![&hash.0[..], bytes],
+                    )?;
+                }
+                Ok(())
+            })
+            .map_err(|e| self.sql(e))
     }
     /// Whether a chunk is stored already.
     pub fn has_chunk(&self, hash: &ContentHash) -> Result<bool, StoreError> {
         self.conn()
             .query_row(
                 "SELECT 1 FROM chunks WHERE hash = ?1",
-                [&hash.0[..]],
+                params![&hash.0[..]],
                 |_| Ok(()),
             )
-            .optional()
             .map(|r| r.is_some())
             .map_err(|e| self.sql(e))
     }
@@ -36,10 +34,9 @@ impl Store {
         self.conn()
             .query_row(
                 "SELECT bytes FROM chunks WHERE hash = ?1",
-                [&hash.0[..]],
+                params![&hash.0[..]],
                 |r| r.get(0),
             )
-            .optional()
             .map_err(|e| self.sql(e))
     }
     /// Records a source as the list of its (already stored) chunks, in one
@@ -51,67 +48,49 @@ impl Store {
         origin: &str,
         chunks: &[ChunkRef],
     ) -> Result<bool, StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(|e| self.sql(e))?;
         let len: u64 = chunks.iter().map(|c| c.len).sum();
-        let n = tx
-            .execute(
-                "INSERT OR IGNORE INTO artifacts (hash, len, origin, created_ms) VALUES (?1, ?2, ?3, ?4)",
-                params![hash.to_hex(), len as i64, origin, now_ms() as i64],
-            )
-            .map_err(|e| self.sql(e))?;
-        if n == 1 {
-            let mut ins = tx
-                .prepare_cached(
-                    "INSERT INTO artifact_chunks (artifact, seq, chunk, len, newlines) VALUES (?1, ?2, ?3, ?4, ?5)",
-                )
-                .map_err(|e| self.sql(e))?;
-            let hex = hash.to_hex();
-            for (seq, c) in chunks.iter().enumerate() {
-                ins.execute(params![
-                    hex,
-                    seq as i64,
-                    &c.hash.0[..],
-                    c.len as i64,
-                    c.newlines as i64
-                ])
-                .map_err(|e| self.sql(e))?;
-            }
-        }
-        tx.commit().map_err(|e| self.sql(e))?;
-        Ok(n == 1)
+        let hex = hash.to_hex();
+        self.conn()
+            .transaction(|tx| {
+                let n = tx.execute(
+                    "INSERT INTO artifacts (hash, len, origin, created_ms) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT DO NOTHING",
+                    params![hex, len as i64, origin, now_ms() as i64],
+                )?;
+                if n == 1 {
+                    for (seq, c) in chunks.iter().enumerate() {
+                        tx.execute(
+                            "INSERT INTO artifact_chunks (artifact, seq, chunk, len, newlines) VALUES (?1, ?2, ?3, ?4, ?5)",
+                            params![hex, seq as i64, &c.hash.0[..], c.len as i64, c.newlines as i64],
+                        )?;
+                    }
+                }
+                Ok(n == 1)
+            })
+            .map_err(|e| self.sql(e))
     }
     /// A stored source's chunks, in order; `None` when it is not stored.
     pub fn artifact_chunks(&self, hash: &ContentHash) -> Result<Option<Vec<ChunkRef>>, StoreError> {
-        let conn = self.conn();
+        let mut conn = self.conn();
         let known = conn
             .query_row(
                 "SELECT 1 FROM artifacts WHERE hash = ?1",
-                [hash.to_hex()],
+                params![hash.to_hex()],
                 |_| Ok(()),
             )
-            .optional()
             .map_err(|e| self.sql(e))?;
         if known.is_none() {
             return Ok(None);
         }
-        let mut st = conn
-            .prepare_cached(
+        let rows = conn
+            .query_map(
                 "SELECT chunk, len, newlines FROM artifact_chunks WHERE artifact = ?1 ORDER BY seq",
+                params![hash.to_hex()],
+                |r| Ok((r.get::<Vec<u8>>(0)?, r.get::<i64>(1)?, r.get::<i64>(2)?)),
             )
             .map_err(|e| self.sql(e))?;
-        let rows = st
-            .query_map([hash.to_hex()], |r| {
-                Ok((
-                    r.get::<_, Vec<u8>>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get::<_, i64>(2)?,
-                ))
-            })
-            .map_err(|e| self.sql(e))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (h, len, newlines) = row.map_err(|e| self.sql(e))?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (h, len, newlines) in rows {
             out.push(ChunkRef {
                 hash: hash_of(&h).ok_or_else(|| self.decode("chunk hash is not 32 bytes"))?,
                 len: len as u64,
@@ -122,9 +101,6 @@ impl Store {
     }
     /// How many sources the store holds.
     pub fn count_sources(&self) -> Result<u64, StoreError> {
-        self.conn()
-            .query_row("SELECT COUNT(*) FROM artifacts", [], |r| r.get::<_, i64>(0))
-            .map(|n| n.max(0) as u64)
-            .map_err(|e| self.sql(e))
+        self.count("SELECT COUNT(*) FROM artifacts")
     }
 }

@@ -14,20 +14,20 @@ impl Store {
         source: &ContentHash,
         spec: &str,
     ) -> Result<(i64, Option<PartitionCounts>), StoreError> {
-        let conn = self.conn();
+        let mut conn = self.conn();
         conn.execute(
-            "INSERT OR IGNORE INTO partitions (key, source_hash, spec) VALUES (?1, ?2, ?3)",
+            "INSERT INTO partitions (key, source_hash, spec) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
             params![key.to_hex(), source.to_hex(), spec],
         )
         .map_err(|e| self.sql(e))?;
-        conn.query_row(
+        conn.query_one(
             "SELECT id, elements, units, rejected FROM partitions WHERE key = ?1",
-            [key.to_hex()],
+            params![key.to_hex()],
             |r| {
                 let counts = match (
-                    r.get::<_, Option<i64>>(1)?,
-                    r.get::<_, Option<i64>>(2)?,
-                    r.get::<_, Option<i64>>(3)?,
+                    r.get::<Option<i64>>(1)?,
+                    r.get::<Option<i64>>(2)?,
+                    r.get::<Option<i64>>(3)?,
                 ) {
                     (Some(elements), Some(units), Some(rejected)) => Some(PartitionCounts {
                         elements: elements as u64,
@@ -61,61 +61,53 @@ impl Store {
     /// prefilter's decisions for them, in one transaction. Rows stored
     /// before (a resumed or repeated run) are kept as they are.
     pub fn put_partition_batch(&self, batch: &PartitionBatch<'_>) -> Result<(), StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction().map_err(|e| self.sql(e))?;
-        {
-            let mut ins = tx
-                .prepare_cached(
-                    "INSERT OR IGNORE INTO units (partition, unit_id, ordinal, unit_hash, byte_start, byte_end)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )
-                .map_err(|e| self.sql(e))?;
-            for u in batch.units {
-                ins.execute(params![
-                    batch.partition,
-                    u.unit_id.as_str(),
-                    u.ordinal as i64,
-                    &u.unit_hash.0[..],
-                    u.bytes.start as i64,
-                    u.bytes.end as i64
-                ])
-                .map_err(|e| self.sql(e))?;
-            }
-            let mut rej = tx
-                .prepare_cached(
-                    "INSERT OR IGNORE INTO rejections (partition, ordinal, reason, detail, byte_start, byte_end)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )
-                .map_err(|e| self.sql(e))?;
-            for r in batch.rejections {
-                rej.execute(params![
-                    batch.partition,
-                    r.ordinal as i64,
-                    r.reason,
-                    r.detail,
-                    r.byte_start as i64,
-                    r.byte_end as i64
-                ])
-                .map_err(|e| self.sql(e))?;
-            }
-            if let Some(prefilter) = batch.prefilter
-                && !batch.rules.is_empty()
-            {
-                tx.prepare_cached(
-                    "INSERT OR IGNORE INTO route_chunks (partition, prefilter, first_ordinal, rules)
-                     VALUES (?1, ?2, ?3, ?4)",
-                )
-                .map_err(|e| self.sql(e))?
-                .execute(params![
-                    batch.partition,
-                    prefilter,
-                    batch.first_ordinal as i64,
-                    batch.rules
-                ])
-                .map_err(|e| self.sql(e))?;
-            }
-        }
-        tx.commit().map_err(|e| self.sql(e))
+        self.conn()
+            .transaction(|tx| {
+                for u in batch.units {
+                    tx.execute(
+                        "INSERT INTO units (partition, unit_id, ordinal, unit_hash, byte_start, byte_end)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+                        params![
+                            batch.partition,
+                            u.unit_id.as_str(),
+                            u.ordinal as i64,
+                            &u.unit_hash.0[..],
+                            u.bytes.start as i64,
+                            u.bytes.end as i64
+                        ],
+                    )?;
+                }
+                for r in batch.rejections {
+                    tx.execute(
+                        "INSERT INTO rejections (partition, ordinal, reason, detail, byte_start, byte_end)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+                        params![
+                            batch.partition,
+                            r.ordinal as i64,
+                            r.reason,
+                            r.detail,
+                            r.byte_start as i64,
+                            r.byte_end as i64
+                        ],
+                    )?;
+                }
+                if let Some(prefilter) = batch.prefilter
+                    && !batch.rules.is_empty()
+                {
+                    tx.execute(
+                        "INSERT INTO route_chunks (partition, prefilter, first_ordinal, rules)
+                         VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+                        params![
+                            batch.partition,
+                            prefilter,
+                            batch.first_ordinal as i64,
+                            batch.rules
+                        ],
+                    )?;
+                }
+                Ok(())
+            })
+            .map_err(|e| self.sql(e))
     }
     /// Whether an element before `ordinal` in the partition has `unit_id`:
     /// the exact check behind a fingerprint hit.
@@ -131,7 +123,6 @@ impl Store {
                 params![partition, unit_id, ordinal as i64],
                 |_| Ok(()),
             )
-            .optional()
             .map(|r| r.is_some())
             .map_err(|e| self.sql(e))
     }
@@ -145,22 +136,21 @@ impl Store {
             .query_row(
                 "SELECT byte_start, byte_end FROM units WHERE partition = ?1 AND unit_id = ?2",
                 params![partition, unit_id],
-                |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+                |r| Ok((r.get::<i64>(0)? as u64, r.get::<i64>(1)? as u64)),
             )
-            .optional()
             .map_err(|e| self.sql(e))
     }
     /// The id of a prefilter (its rules, by their hash), created when new.
     pub fn open_prefilter(&self, key: &ContentHash, rules: &str) -> Result<i64, StoreError> {
-        let conn = self.conn();
+        let mut conn = self.conn();
         conn.execute(
-            "INSERT OR IGNORE INTO prefilters (key, rules) VALUES (?1, ?2)",
+            "INSERT INTO prefilters (key, rules) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
             params![key.to_hex(), rules],
         )
         .map_err(|e| self.sql(e))?;
-        conn.query_row(
+        conn.query_one(
             "SELECT id FROM prefilters WHERE key = ?1",
-            [key.to_hex()],
+            params![key.to_hex()],
             |r| r.get(0),
         )
         .map_err(|e| self.sql(e))
@@ -181,7 +171,6 @@ impl Store {
                 params![partition, prefilter, ordinal as i64],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
-            .optional()
             .map_err(|e| self.sql(e))?;
         Ok(row.and_then(|(first, rules)| {
             rules
@@ -198,14 +187,13 @@ impl Store {
                 params![partition, prefilter],
                 |_| Ok(()),
             )
-            .optional()
             .map(|r| r.is_some())
             .map_err(|e| self.sql(e))
     }
     pub fn finish_routing(&self, partition: i64, prefilter: i64) -> Result<(), StoreError> {
         self.conn()
             .execute(
-                "INSERT OR IGNORE INTO routings (partition, prefilter) VALUES (?1, ?2)",
+                "INSERT INTO routings (partition, prefilter) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
                 params![partition, prefilter],
             )
             .map_err(|e| self.sql(e))?;
@@ -214,13 +202,13 @@ impl Store {
     /// Units stored for every partition of a source.
     pub fn count_units(&self, source: &ContentHash) -> Result<u64, StoreError> {
         self.conn()
-            .query_row(
+            .query_one(
                 "SELECT COUNT(*) FROM units WHERE partition IN
                    (SELECT id FROM partitions WHERE source_hash = ?1)",
-                [source.to_hex()],
-                |r| r.get::<_, i64>(0),
+                params![source.to_hex()],
+                |r| r.get::<i64>(0),
             )
-            .map(|n| n as u64)
+            .map(|n| n.max(0) as u64)
             .map_err(|e| self.sql(e))
     }
     /// Names the partition and prefilter a run read its units through.

@@ -53,6 +53,10 @@ pub struct RunOptions {
     pub budget: Option<BudgetSpec>,
     /// Caps the store's size in bytes; a write past it stops the run.
     pub store_max_bytes: Option<u64>,
+    /// How long a unit this run holds stays its own unless renewed: what
+    /// another process sharing the store waits, at most, for the units of
+    /// a run that died. `None`: [`fanfold_store::LIVE_MS`].
+    pub lease_ms: Option<u64>,
     /// Effects show what they would do and do nothing.
     pub dry_run: bool,
 }
@@ -95,6 +99,7 @@ impl RunOptions {
             record: None,
             budget: None,
             store_max_bytes: None,
+            lease_ms: None,
             dry_run: false,
         }
     }
@@ -183,6 +188,9 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     if let Some(bytes) = opts.store_max_bytes {
         store.set_max_bytes(bytes)?;
     }
+    if let Some(ms) = opts.lease_ms {
+        store.set_lease_ms(ms);
+    }
     // Runs killed earlier never said so: they end `abandoned`, and their
     // leases lapse with them.
     store
@@ -226,18 +234,18 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     })
 }
 
-/// Renews the run's leases every [`fanfold_store::HEARTBEAT_MS`] until
-/// `stop` closes, recording how far the run has got.
+/// Renews the run's leases every [`Store::renew_every`] until `stop`
+/// closes, recording how far the run has got.
 fn heartbeat(
     store: &Store,
     run_id: &str,
     stop: &std::sync::mpsc::Receiver<()>,
     tally: &live::Tally<'_>,
 ) {
-    let every = std::time::Duration::from_millis(fanfold_store::HEARTBEAT_MS);
+    let every = store.renew_every();
     while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
         let progress = tally.snapshot();
-        if let Err(e) = store.heartbeat(run_id, fanfold_store::LIVE_MS, Some(&progress)) {
+        if let Err(e) = store.heartbeat(run_id, store.lease_ms(), Some(&progress)) {
             tracing::warn!(error = %e, "leases not renewed");
         }
     }

@@ -904,7 +904,7 @@ impl EffectRunner {
             &action.describe(),
             run_id,
         )?;
-        if let Claim::Held { .. } = store.claim(&action.key, run_id, fanfold_store::LIVE_MS)? {
+        if let Claim::Held { .. } = store.claim(&action.key, run_id, store.lease_ms())? {
             if gate.budget.wall_spent().is_none() {
                 return Ok(None);
             }

@@ -864,7 +864,7 @@ impl crate::queue::Claims for KeyClaims<'_> {
         let Some(key) = self.keys.get(&index) else {
             return Turn::Mine;
         };
-        let claim = self.store.claim(key, self.run_id, fanfold_store::LIVE_MS);
+        let claim = self.store.claim(key, self.run_id, self.store.lease_ms());
         // Whoever holds the key, its fact may be written already (a run
         // keeps its leases until it ends): then it is taken as it is.
         if let Ok(Some(fact)) = self.store.get_fact(key) {

@@ -1,0 +1,233 @@
+//! fanfold on a PostgreSQL store that several processes share (a
+//! throwaway server per test): they split the units between them through
+//! their leases, and give the answer one process gives on SQLite.
+
+use super::*;
+
+fn postgres() -> fanfold_testkit::Postgres {
+    fanfold_testkit::Postgres::start()
+        .unwrap_or_else(|e| panic!("a PostgreSQL server for this test: {e}"))
+}
+
+/// Starts `fanfold run` on `store` with the HTTP judge, writing to
+/// `out{n}` and its log to `err{n}.log`.
+fn start_run(f: &Fixture, store: &str, n: usize) -> std::process::Child {
+    let log = std::fs::File::create(f.path(&format!("err{n}.log"))).expect("log");
+    bin()
+        .arg("run")
+        .arg(f.path("spec.toml"))
+        .arg("--store")
+        .arg(store)
+        .arg("--out")
+        .arg(f.path(&format!("out{n}")))
+        .args(["--backend", "http", "--slots", "4", "--json"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starts")
+}
+
+/// Waits for every child, for at most `limit`; their exit codes.
+fn wait_all(children: &mut [std::process::Child], limit: std::time::Duration) -> Vec<Option<i32>> {
+    let started = std::time::Instant::now();
+    let mut codes = vec![None; children.len()];
+    while codes.iter().any(Option::is_none) {
+        for (n, child) in children.iter_mut().enumerate() {
+            if codes[n].is_none()
+                && let Some(status) = child.try_wait().expect("wait")
+            {
+                codes[n] = Some(status.code());
+            }
+        }
+        if started.elapsed() > limit {
+            for c in children.iter_mut() {
+                let _ = c.kill();
+            }
+            panic!("processes still running after {limit:?}: {codes:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    codes.into_iter().map(Option::flatten).collect()
+}
+
+fn items(f: &Fixture, n: usize) -> Value {
+    let answer = std::fs::read_to_string(f.path(&format!("out{n}/answer.json"))).expect("answer");
+    let v: Value = serde_json::from_str(&answer).expect("json");
+    v.get("items").cloned().unwrap_or(Value::Null)
+}
+
+fn judge_fixture(
+    units: usize,
+) -> (
+    Fixture,
+    fanfold_testkit::Server,
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+) {
+    let (server, calls) = counting_judge();
+    let f = Fixture::new(
+        JSON_ARRAY,
+        &format!(
+            "[backends.http]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\n",
+            server.openai_url()
+        ),
+    );
+    let rows: Vec<Value> = (0..units)
+        .map(|i| serde_json::json!({"id": i, "flag": i % 3 == 0, "delay_ms": 20 + (i % 5) * 10}))
+        .collect();
+    f.input(&serde_json::to_vec(&rows).expect("rows"));
+    (f, server, calls)
+}
+
+/// The same spec gives the same answer on SQLite with one process and on
+/// PostgreSQL with four, which call each unit once between them; `status`
+/// reads the shared store.
+#[test]
+fn four_processes_on_postgres_answer_as_one_process_on_sqlite() {
+    let pg = postgres();
+    let url = pg.create_database().expect("database");
+    let units: usize = 48;
+    let (f, _server, calls) = judge_fixture(units);
+
+    let sqlite = f.path("store.sqlite");
+    let mut one = [start_run(&f, &sqlite.display().to_string(), 0)];
+    let codes = wait_all(&mut one, std::time::Duration::from_secs(120));
+    let err = std::fs::read_to_string(f.path("err0.log")).unwrap_or_default();
+    assert_eq!(codes, [Some(0)], "{err}");
+    let expected = items(&f, 0);
+    assert_eq!(expected.as_array().map(Vec::len), Some(units.div_ceil(3)));
+    calls.lock().expect("calls").clear();
+
+    let mut fleet: Vec<_> = (1..=4).map(|n| start_run(&f, &url, n)).collect();
+    let codes = wait_all(&mut fleet, std::time::Duration::from_secs(120));
+    for (i, code) in codes.iter().enumerate() {
+        let n = i + 1;
+        let err = std::fs::read_to_string(f.path(&format!("err{n}.log"))).unwrap_or_default();
+        assert_eq!(*code, Some(0), "run {n}: {err}");
+        assert_eq!(items(&f, n), expected, "run {n} answers as SQLite did");
+    }
+    {
+        let calls = calls.lock().expect("calls");
+        assert_eq!(calls.len(), units, "every unit called");
+        let repeats: Vec<_> = calls.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(repeats.is_empty(), "called more than once: {repeats:?}");
+    }
+    let store = fanfold_store::Store::open(std::path::Path::new(&url)).expect("store");
+    assert_eq!(store.count_facts().expect("facts"), units as u64);
+
+    // `status` reads the shared store: four runs, each completed.
+    let o = run(bin().args(["status", "--json", "--store", &url]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let runs: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(runs.len(), 4, "{runs:?}");
+    assert!(
+        runs.iter()
+            .all(|r| r.get("stop_reason") == Some(&Value::from("completed"))),
+        "{runs:?}"
+    );
+
+    // A rerun on the shared store pays for nothing.
+    calls.lock().expect("calls").clear();
+    let mut again = [start_run(&f, &url, 5)];
+    assert_eq!(
+        wait_all(&mut again, std::time::Duration::from_secs(60)),
+        [Some(0)]
+    );
+    assert_eq!(items(&f, 5), expected);
+    assert!(
+        calls.lock().expect("calls").is_empty(),
+        "no calls on a rerun"
+    );
+}
+
+/// A process killed with SIGKILL loses only its units in flight: the
+/// others take them once its leases lapse, every unit ends with one fact,
+/// and the answer is whole.
+#[test]
+fn a_killed_process_on_postgres_loses_only_its_units_in_flight() {
+    let pg = postgres();
+    let url = pg.create_database().expect("database");
+    let units: usize = 60;
+    let (f, _server, calls) = judge_fixture(units);
+    let slots = 2;
+    let start = |n: usize| {
+        let log = std::fs::File::create(f.path(&format!("err{n}.log"))).expect("log");
+        bin()
+            .arg("run")
+            .arg(f.path("spec.toml"))
+            .args([
+                "--store",
+                &url,
+                "--backend",
+                "http",
+                "--json",
+                "--lease-secs",
+                "3",
+            ])
+            .args(["--slots", &slots.to_string()])
+            .arg("--out")
+            .arg(f.path(&format!("out{n}")))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starts")
+    };
+    let mut children: Vec<_> = (0..3).map(start).collect();
+    // Kill the first once a sixth of the units were answered.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while calls.lock().expect("calls").values().sum::<usize>() < units / 6 {
+        assert!(std::time::Instant::now() < deadline, "no calls came");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    children[0].kill().expect("SIGKILL");
+    children[0].wait().expect("reaped");
+    let mut survivors = children.split_off(1);
+    let codes = wait_all(&mut survivors, std::time::Duration::from_secs(120));
+    for (i, code) in codes.iter().enumerate() {
+        let n = i + 1;
+        let err = std::fs::read_to_string(f.path(&format!("err{n}.log"))).unwrap_or_default();
+        assert_eq!(*code, Some(0), "run {n}: {err}");
+    }
+    let (a, b) = (items(&f, 1), items(&f, 2));
+    assert_eq!(a, b, "the survivors agree");
+    let ids: Vec<String> = a
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|i| i.get("unit_id").and_then(Value::as_str).map(str::to_owned))
+        .collect();
+    let expected: Vec<String> = (0..units)
+        .filter(|i| i % 3 == 0)
+        .map(|i| i.to_string())
+        .collect();
+    let mut sorted = ids.clone();
+    sorted.sort_by_key(|s| s.parse::<usize>().unwrap_or(usize::MAX));
+    assert_eq!(sorted, expected, "the answer is whole");
+
+    let store = fanfold_store::Store::open(std::path::Path::new(&url)).expect("store");
+    assert_eq!(
+        store.count_facts().expect("facts"),
+        units as u64,
+        "one fact a unit"
+    );
+    let calls = calls.lock().expect("calls");
+    assert_eq!(calls.len(), units, "every unit called");
+    let repeats: Vec<_> = calls.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeats.len() <= slots && repeats.iter().all(|(_, n)| **n == 2),
+        "only the killed process's units in flight are paid again: {repeats:?}"
+    );
+    // The killed run ends `abandoned` once noticed; the others completed.
+    let runs = store.run_overview(10).expect("runs");
+    let reasons: Vec<Option<String>> = runs.iter().map(|r| r.stop_reason.clone()).collect();
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|r| r.as_deref() == Some("completed"))
+            .count(),
+        2,
+        "{reasons:?}"
+    );
+}

@@ -1,0 +1,436 @@
+//! The store's two engines behind one connection: SQLite (one file, the
+//! default) and PostgreSQL (a server that many processes and hosts share).
+//!
+//! Every statement of the store is written once, in the SQL both engines
+//! speak (`INSERT … ON CONFLICT`, `excluded.`, `COALESCE`), with numbered
+//! parameters `?1`, `?2`… that PostgreSQL receives as `$1`, `$2`…. Tables
+//! are declared once too: [`pg_ddl`] gives PostgreSQL its names for the
+//! same types. So the logical schema cannot drift between the engines, and
+//! a test of a statement on one engine reads the same text the other runs.
+
+use std::collections::HashMap;
+
+use postgres::types::Type;
+
+/// A value bound to a statement: anything both engines can encode (and
+/// share with the thread a PostgreSQL call may run on).
+pub(crate) trait Param: rusqlite::ToSql + postgres::types::ToSql + Sync {}
+impl<T: rusqlite::ToSql + postgres::types::ToSql + Sync> Param for T {}
+
+/// `params![a, b]`: the parameters of one statement, in order.
+macro_rules! params {
+    () => { &[] as &[&dyn $crate::db::Param] };
+    ($($p:expr),+ $(,)?) => { &[$(&$p as &dyn $crate::db::Param),+] as &[&dyn $crate::db::Param] };
+}
+pub(crate) use params;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("{}", postgres_words(.0))]
+    Postgres(#[from] postgres::Error),
+    #[error("column {index}: {detail}")]
+    Column { index: usize, detail: String },
+    #[error("the query returned no row")]
+    NoRow,
+}
+
+/// PostgreSQL's own message, with its detail and hint when it gives them
+/// (the client's `Display` says only "db error").
+fn postgres_words(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut s = format!("{} ({})", db.message(), db.code().code());
+            if let Some(detail) = db.detail() {
+                s.push_str(&format!("; {detail}"));
+            }
+            if let Some(hint) = db.hint() {
+                s.push_str(&format!("; {hint}"));
+            }
+            s
+        }
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
+    }
+}
+
+impl DbError {
+    /// SQLite's "another writer holds the file": wait, or name the holder.
+    pub(crate) fn is_busy(&self) -> bool {
+        matches!(self, DbError::Sqlite(e) if matches!(
+            e.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+        ))
+    }
+
+    /// PostgreSQL aborted the transaction to break a deadlock or a
+    /// serialization conflict with another one: running it again is the
+    /// documented answer.
+    fn is_retryable(&self) -> bool {
+        matches!(self, DbError::Postgres(e) if e.code().is_some_and(|c| {
+            *c == postgres::error::SqlState::T_R_DEADLOCK_DETECTED
+                || *c == postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
+        }))
+    }
+}
+
+/// A result row of either engine.
+pub(crate) enum Row<'a> {
+    Sqlite(&'a rusqlite::Row<'a>),
+    Postgres(&'a postgres::Row),
+}
+
+impl Row<'_> {
+    pub(crate) fn get<T: Column>(&self, index: usize) -> Result<T, DbError> {
+        match self {
+            Row::Sqlite(r) => T::sqlite(r, index).map_err(DbError::from),
+            Row::Postgres(r) => T::postgres(r, index),
+        }
+    }
+}
+
+/// A Rust type a column is read as.
+pub(crate) trait Column: Sized {
+    fn sqlite(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<Self>;
+    fn postgres(row: &postgres::Row, index: usize) -> Result<Self, DbError>;
+}
+
+macro_rules! same_on_both {
+    ($($t:ty),*) => {$(
+        impl Column for $t {
+            fn sqlite(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<Self> {
+                row.get(index)
+            }
+            fn postgres(row: &postgres::Row, index: usize) -> Result<Self, DbError> {
+                row.try_get(index).map_err(DbError::from)
+            }
+        }
+    )*};
+}
+same_on_both!(String, Option<String>, Vec<u8>, Option<Vec<u8>>, f64);
+
+/// PostgreSQL types an integer literal or `COUNT` by its own width; the
+/// store reads every integer as `i64`.
+fn pg_int(row: &postgres::Row, index: usize) -> Result<Option<i64>, DbError> {
+    let ty = row
+        .columns()
+        .get(index)
+        .map(|c| c.type_().clone())
+        .ok_or_else(|| DbError::Column {
+            index,
+            detail: "no such column".to_owned(),
+        })?;
+    Ok(match ty {
+        Type::INT8 => row.try_get::<_, Option<i64>>(index)?,
+        Type::INT4 => row.try_get::<_, Option<i32>>(index)?.map(i64::from),
+        Type::INT2 => row.try_get::<_, Option<i16>>(index)?.map(i64::from),
+        other => {
+            return Err(DbError::Column {
+                index,
+                detail: format!("{other} is not an integer"),
+            });
+        }
+    })
+}
+
+impl Column for i64 {
+    fn sqlite(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<Self> {
+        row.get(index)
+    }
+    fn postgres(row: &postgres::Row, index: usize) -> Result<Self, DbError> {
+        pg_int(row, index)?.ok_or_else(|| DbError::Column {
+            index,
+            detail: "NULL where a number was expected".to_owned(),
+        })
+    }
+}
+
+impl Column for Option<i64> {
+    fn sqlite(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<Self> {
+        row.get(index)
+    }
+    fn postgres(row: &postgres::Row, index: usize) -> Result<Self, DbError> {
+        pg_int(row, index)
+    }
+}
+
+/// The PostgreSQL text of a statement written for both engines: `?N`
+/// parameters become `$N` (no statement of the store has a `?` in a
+/// string literal).
+fn pg_sql(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '?' && chars.peek().is_some_and(char::is_ascii_digit) {
+            out.push('$');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The PostgreSQL text of a table declaration written for SQLite: the
+/// same columns and keys, in PostgreSQL's names for their types.
+pub(crate) fn pg_ddl(sql: &str) -> String {
+    sql.replace(
+        "INTEGER PRIMARY KEY",
+        "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
+    )
+    .replace("INTEGER", "BIGINT")
+    .replace("BLOB", "BYTEA")
+    .replace(" WITHOUT ROWID", "")
+}
+
+/// One open connection to a store.
+pub(crate) enum Conn {
+    Sqlite(rusqlite::Connection),
+    Postgres(Box<Pg>),
+}
+
+pub(crate) struct Pg {
+    client: postgres::Client,
+    /// Statements prepared on this connection, by their text: the store
+    /// runs a few dozen statements many times each.
+    prepared: HashMap<String, postgres::Statement>,
+    /// Whether a transaction is open (a panic inside one leaves it so;
+    /// the next one rolls it back first).
+    in_transaction: bool,
+}
+
+impl Pg {
+    pub(crate) fn new(client: postgres::Client) -> Pg {
+        Pg {
+            client,
+            prepared: HashMap::new(),
+            in_transaction: false,
+        }
+    }
+
+    /// Runs `f` with the client where the client can block. The blocking
+    /// PostgreSQL client drives its connection on a runtime of its own,
+    /// which cannot start on a thread that is driving another runtime's
+    /// tasks (an HTTP backend's, whose requests end in store writes):
+    /// there `f` runs on a short-lived thread of its own.
+    fn blocking<T: Send>(&mut self, f: impl FnOnce(&mut Pg) -> T + Send) -> T {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return f(self);
+        }
+        std::thread::scope(|s| match s.spawn(|| f(self)).join() {
+            Ok(value) => value,
+            Err(panic) => std::panic::resume_unwind(panic),
+        })
+    }
+
+    fn statement(&mut self, sql: &str) -> Result<postgres::Statement, DbError> {
+        if let Some(st) = self.prepared.get(sql) {
+            return Ok(st.clone());
+        }
+        let st = self.client.prepare(&pg_sql(sql))?;
+        self.prepared.insert(sql.to_owned(), st.clone());
+        Ok(st)
+    }
+
+    /// Runs one statement: its rows, and how many rows it changed.
+    fn run(
+        &mut self,
+        sql: &str,
+        params: &[&dyn Param],
+    ) -> Result<(Vec<postgres::Row>, u64), DbError> {
+        self.blocking(|pg| {
+            let st = pg.statement(sql)?;
+            let args = params.iter().map(|p| *p as &dyn postgres::types::ToSql);
+            let mut out = Vec::new();
+            let mut it = pg.client.query_raw(&st, args)?;
+            while let Some(row) = postgres::fallible_iterator::FallibleIterator::next(&mut it)? {
+                out.push(row);
+            }
+            let changed = it.rows_affected().unwrap_or(0);
+            Ok((out, changed))
+        })
+    }
+
+    fn rows(&mut self, sql: &str, params: &[&dyn Param]) -> Result<Vec<postgres::Row>, DbError> {
+        self.run(sql, params).map(|(rows, _)| rows)
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.blocking(|pg| pg.client.batch_execute(sql).map_err(DbError::from))
+    }
+}
+
+impl Conn {
+    pub(crate) fn is_postgres(&self) -> bool {
+        matches!(self, Conn::Postgres(_))
+    }
+
+    /// Runs one statement; how many rows it changed.
+    pub(crate) fn execute(&mut self, sql: &str, params: &[&dyn Param]) -> Result<u64, DbError> {
+        match self {
+            Conn::Sqlite(c) => {
+                let mut st = c.prepare_cached(sql)?;
+                let args: Vec<&dyn rusqlite::ToSql> =
+                    params.iter().map(|p| *p as &dyn rusqlite::ToSql).collect();
+                Ok(st.execute(args.as_slice())? as u64)
+            }
+            Conn::Postgres(pg) => pg.run(sql, params).map(|(_, changed)| changed),
+        }
+    }
+
+    /// Every row `sql` selects, each read by `f`.
+    pub(crate) fn query_map<T>(
+        &mut self,
+        sql: &str,
+        params: &[&dyn Param],
+        mut f: impl FnMut(&Row<'_>) -> Result<T, DbError>,
+    ) -> Result<Vec<T>, DbError> {
+        match self {
+            Conn::Sqlite(c) => {
+                let mut st = c.prepare_cached(sql)?;
+                let args: Vec<&dyn rusqlite::ToSql> =
+                    params.iter().map(|p| *p as &dyn rusqlite::ToSql).collect();
+                let mut rows = st.query(args.as_slice())?;
+                let mut out = Vec::new();
+                while let Some(r) = rows.next()? {
+                    out.push(f(&Row::Sqlite(r))?);
+                }
+                Ok(out)
+            }
+            Conn::Postgres(pg) => pg
+                .rows(sql, params)?
+                .iter()
+                .map(|r| f(&Row::Postgres(r)))
+                .collect(),
+        }
+    }
+
+    /// The first row `sql` selects, read by `f`; `None` when there is none.
+    pub(crate) fn query_row<T>(
+        &mut self,
+        sql: &str,
+        params: &[&dyn Param],
+        f: impl FnOnce(&Row<'_>) -> Result<T, DbError>,
+    ) -> Result<Option<T>, DbError> {
+        match self {
+            Conn::Sqlite(c) => {
+                let mut st = c.prepare_cached(sql)?;
+                let args: Vec<&dyn rusqlite::ToSql> =
+                    params.iter().map(|p| *p as &dyn rusqlite::ToSql).collect();
+                let mut rows = st.query(args.as_slice())?;
+                match rows.next()? {
+                    Some(r) => f(&Row::Sqlite(r)).map(Some),
+                    None => Ok(None),
+                }
+            }
+            Conn::Postgres(pg) => match pg.rows(sql, params)?.first() {
+                Some(r) => f(&Row::Postgres(r)).map(Some),
+                None => Ok(None),
+            },
+        }
+    }
+
+    /// The one row `sql` always selects (a count, a row just written).
+    pub(crate) fn query_one<T>(
+        &mut self,
+        sql: &str,
+        params: &[&dyn Param],
+        f: impl FnOnce(&Row<'_>) -> Result<T, DbError>,
+    ) -> Result<T, DbError> {
+        self.query_row(sql, params, f)?.ok_or(DbError::NoRow)
+    }
+
+    /// Statements without parameters, separated by `;` (table
+    /// declarations).
+    pub(crate) fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        match self {
+            Conn::Sqlite(c) => c.execute_batch(sql).map_err(DbError::from),
+            Conn::Postgres(pg) => pg.batch(sql),
+        }
+    }
+
+    /// Runs `f` in one transaction: all of its writes or none. SQLite
+    /// takes the write lock at the start (`BEGIN IMMEDIATE`: in WAL mode a
+    /// deferred transaction that reads and then writes fails at once when
+    /// another process committed in between). PostgreSQL runs `f` again
+    /// when it aborted the transaction to break a deadlock.
+    pub(crate) fn transaction<T>(
+        &mut self,
+        mut f: impl FnMut(&mut Conn) -> Result<T, DbError>,
+    ) -> Result<T, DbError> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            self.begin()?;
+            let result = f(self);
+            match result {
+                Ok(value) => match self.end("COMMIT") {
+                    Ok(()) => return Ok(value),
+                    Err(e) if e.is_retryable() && attempts < 5 => continue,
+                    Err(e) => return Err(e),
+                },
+                Err(e) => {
+                    // The transaction's own error is the one to report.
+                    let _ = self.end("ROLLBACK");
+                    if e.is_retryable() && attempts < 5 {
+                        continue;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    fn begin(&mut self) -> Result<(), DbError> {
+        match self {
+            Conn::Sqlite(c) => {
+                if !c.is_autocommit() {
+                    c.execute_batch("ROLLBACK")?;
+                }
+                c.execute_batch("BEGIN IMMEDIATE")?;
+            }
+            Conn::Postgres(pg) => {
+                if pg.in_transaction {
+                    pg.batch("ROLLBACK")?;
+                }
+                pg.batch("BEGIN")?;
+                pg.in_transaction = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn end(&mut self, how: &str) -> Result<(), DbError> {
+        match self {
+            Conn::Sqlite(c) => c.execute_batch(how)?,
+            Conn::Postgres(pg) => {
+                pg.in_transaction = false;
+                pg.batch(how)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_are_numbered_for_postgres() {
+        assert_eq!(
+            pg_sql("SELECT a FROM t WHERE b = ?1 AND c < ?12 AND d = '?'"),
+            "SELECT a FROM t WHERE b = $1 AND c < $12 AND d = '?'"
+        );
+    }
+
+    #[test]
+    fn tables_get_postgres_type_names() {
+        assert_eq!(
+            pg_ddl("CREATE TABLE t (id INTEGER PRIMARY KEY, n INTEGER, b BLOB) WITHOUT ROWID;"),
+            "CREATE TABLE t (id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY, n BIGINT, b BYTEA);"
+        );
+    }
+}

@@ -1,0 +1,383 @@
+//! The store on a real PostgreSQL server (a throwaway cluster per test):
+//! the same operations as on SQLite, with several connections at once.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+use std::path::{Path, PathBuf};
+
+use fanfold_core::{
+    ByteRange, ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, Status, Unit, UnitId,
+};
+use fanfold_store::{
+    ChunkRef, Claim, EffectState, Label, PartitionBatch, PartitionCounts, RejectionRow, RunUnitRow,
+    Store, StoreError,
+};
+use fanfold_testkit::Postgres;
+use serde_json::json;
+
+fn server() -> Postgres {
+    match Postgres::start() {
+        Ok(pg) => pg,
+        Err(e) => panic!("a PostgreSQL server for this test: {e}"),
+    }
+}
+
+fn database(pg: &Postgres) -> PathBuf {
+    PathBuf::from(pg.create_database().expect("createdb"))
+}
+
+fn open(url: &Path) -> Store {
+    Store::open(url).unwrap_or_else(|e| panic!("open {}: {e}", url.display()))
+}
+
+fn fact(name: &str, status: Status) -> FactRecord {
+    FactRecord {
+        schema: FACT_SCHEMA.into(),
+        key: ContentHash::of_bytes(name.as_bytes()),
+        source_ids: vec![UnitId(name.into())],
+        source_hashes: vec![ContentHash::of_bytes(b"u")],
+        stage: "s".into(),
+        stage_version: 1,
+        rubric_hash: ContentHash::of_bytes(b"r"),
+        model: ModelParams {
+            backend: "scripted".into(),
+            model_id: "m".into(),
+            temperature: 0.0,
+            max_output_tokens: 8,
+            seed: 0,
+            simulated: true,
+        },
+        status,
+        decision: None,
+        facts: serde_json::Value::Null,
+        confidence: None,
+        choice_scores: Vec::new(),
+        reason: None,
+        evidence: vec![],
+        cost: Cost::default(),
+        attempts: 1,
+        reducer_path: vec![],
+        truncated_tokens: 0,
+        digest: None,
+    }
+}
+
+#[test]
+fn every_table_round_trips_on_postgres() {
+    let pg = server();
+    let url = database(&pg);
+    let store = open(&url);
+    assert!(store.is_shared());
+
+    // Sources: chunks by hash, an artifact as its chunk list.
+    let bytes = b"{\"id\":1}\n{\"id\":2}\n".as_slice();
+    let chunk = ContentHash::of_bytes(bytes);
+    store.put_chunks(&[(chunk, bytes)]).expect("chunks");
+    store.put_chunks(&[(chunk, bytes)]).expect("chunks again");
+    assert!(store.has_chunk(&chunk).expect("has"));
+    assert_eq!(store.get_chunk(&chunk).expect("get"), Some(bytes.to_vec()));
+    let source = ContentHash::of_bytes(b"source");
+    let refs = [ChunkRef {
+        hash: chunk,
+        len: bytes.len() as u64,
+        newlines: 2,
+    }];
+    assert!(
+        store
+            .put_artifact(&source, "input.jsonl", &refs)
+            .expect("artifact")
+    );
+    assert!(
+        !store
+            .put_artifact(&source, "input.jsonl", &refs)
+            .expect("again")
+    );
+    assert_eq!(
+        store.artifact_chunks(&source).expect("chunks"),
+        Some(refs.to_vec())
+    );
+
+    // Partitions, units, rejections and routes.
+    let (part, counts) = store
+        .open_partition(&ContentHash::of_bytes(b"p"), &source, "{}")
+        .expect("partition");
+    assert_eq!(counts, None);
+    let prefilter = store
+        .open_prefilter(&ContentHash::of_bytes(b"rules"), "[]")
+        .expect("prefilter");
+    let units = [Unit {
+        unit_id: UnitId("1".into()),
+        unit_kind: "record".into(),
+        ordinal: 0,
+        source_hash: source,
+        unit_hash: ContentHash::of_bytes(b"u1"),
+        bytes: ByteRange { start: 0, end: 9 },
+    }];
+    let rejections = [RejectionRow {
+        ordinal: 1,
+        reason: "missing_key".into(),
+        detail: "no id".into(),
+        byte_start: 9,
+        byte_end: 18,
+    }];
+    let batch = PartitionBatch {
+        partition: part,
+        units: &units,
+        rejections: &rejections,
+        prefilter: Some(prefilter),
+        first_ordinal: 0,
+        rules: &[0xFE, 0xFF],
+    };
+    store.put_partition_batch(&batch).expect("batch");
+    store.put_partition_batch(&batch).expect("batch again");
+    let done = PartitionCounts {
+        elements: 2,
+        units: 1,
+        rejected: 1,
+    };
+    store.finish_partition(part, done).expect("finish");
+    store.finish_routing(part, prefilter).expect("routing");
+    assert_eq!(
+        store
+            .open_partition(&ContentHash::of_bytes(b"p"), &source, "{}")
+            .expect("again"),
+        (part, Some(done))
+    );
+    assert_eq!(store.unit_range(part, "1").expect("range"), Some((0, 9)));
+    assert!(store.unit_id_before(part, "1", 1).expect("before"));
+    assert!(!store.unit_id_before(part, "1", 0).expect("before"));
+    assert_eq!(
+        store.route_of(part, prefilter, 1).expect("route"),
+        Some(0xFF)
+    );
+    assert!(store.routing_done(part, prefilter).expect("done"));
+    assert_eq!(store.count_units(&source).expect("units"), 1);
+
+    // Facts are sealed, replaced by key, and failures never cached.
+    let positive = fact("a", Status::Positive);
+    store.put_fact(&positive).expect("fact");
+    store.put_fact(&positive).expect("fact again");
+    assert_eq!(
+        store
+            .get_fact(&positive.key)
+            .expect("get")
+            .map(|f| f.status),
+        Some(Status::Positive)
+    );
+    assert!(matches!(
+        store.put_fact(&fact("b", Status::Error)),
+        Err(StoreError::NotCacheable { .. })
+    ));
+    assert_eq!(store.count_facts().expect("count"), 1);
+
+    // Labels, embeddings (bit for bit) and fold nodes.
+    let label = Label {
+        key: ContentHash::of_bytes(b"l"),
+        stage: "s".into(),
+        unit_id: "1".into(),
+        decision: "positive".into(),
+        labeller: "person:ana".into(),
+    };
+    store.put_label(&label).expect("label");
+    let relabel = Label {
+        decision: "negative".into(),
+        ..label.clone()
+    };
+    store.put_label(&relabel).expect("relabel");
+    assert_eq!(store.get_label(&label.key).expect("get"), Some(relabel));
+    assert!(store.delete_label(&label.key).expect("delete"));
+    let v = [0.1f32, -2.5, f32::MIN_POSITIVE];
+    let ek = ContentHash::of_bytes(b"e");
+    store.put_embeddings("m", &[(ek, &v)]).expect("embed");
+    assert_eq!(store.get_embedding(&ek).expect("get"), Some(v.to_vec()));
+    store.put_fold_node(&ek, 2, &json!({"n": 3})).expect("fold");
+    assert_eq!(
+        store.get_fold_node(&ek).expect("fold"),
+        Some(json!({"n": 3}))
+    );
+
+    // A run: begun, its units and events, then finished.
+    store
+        .begin_run("run-1", "triage", &ContentHash::of_bytes(b"spec"), &source)
+        .expect("run");
+    store
+        .set_run_routing("run-1", part, prefilter)
+        .expect("routing");
+    store
+        .put_run_units(
+            "run-1",
+            &[RunUnitRow {
+                unit_id: "1".into(),
+                stage: "s".into(),
+                status: "positive".into(),
+                reason: None,
+                fact_key: Some(positive.key),
+            }],
+        )
+        .expect("units");
+    store.event("run-1", "started", &json!({})).expect("event");
+    store.event("run-1", "stopped", &json!({})).expect("event");
+    store
+        .heartbeat("run-1", 60_000, Some("{\"done\":1}"))
+        .expect("beat");
+    assert_eq!(store.unfinished_runs().expect("runs"), ["run-1"]);
+    assert_eq!(store.live_runs(60_000).expect("live").len(), 1);
+    let certificate = json!({
+        "statuses": {"positive": 1},
+        "stats": {"model_calls": 1, "cost": {"prompt_tokens": 10, "completion_tokens": 2}}
+    });
+    store
+        .finish_run("run-1", "completed", &certificate.to_string())
+        .expect("finish");
+    let runs = store.run_overview(10).expect("overview");
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].stop_reason.as_deref(), Some("completed"));
+    assert_eq!(runs[0].model_calls, Some(1));
+    assert_eq!(runs[0].tokens, Some(12));
+    assert_eq!(runs[0].progress.as_deref(), Some("{\"done\":1}"));
+
+    // Garbage: a failed run's source goes with it.
+    let other = ContentHash::of_bytes(b"other source");
+    store.put_artifact(&other, "x", &[]).expect("artifact");
+    store
+        .begin_run("run-2", "triage", &ContentHash::of_bytes(b"spec"), &other)
+        .expect("run");
+    store.fail_run("run-2", true).expect("fail");
+    assert_eq!(store.count_sources().expect("sources"), 1);
+    let gc = store.collect_garbage().expect("gc");
+    assert_eq!(gc.sources, 0);
+    assert!(gc.bytes_after > 0, "the database's size is reported");
+
+    // Everything is there for another connection.
+    drop(store);
+    let again = open(&url);
+    assert_eq!(again.count_facts().expect("facts"), 1);
+    assert_eq!(again.count_embeddings().expect("vectors"), 1);
+    assert_eq!(again.run_overview(10).expect("runs").len(), 1);
+}
+
+#[test]
+fn a_key_is_claimed_by_one_connection_and_effects_need_its_lease() {
+    let pg = server();
+    let url = database(&pg);
+    let stores: Vec<Store> = (0..4).map(|_| open(&url)).collect();
+    let key = ContentHash::of_bytes(b"k");
+    // Four connections claim one key at the same instant: one wins.
+    let gate = std::sync::Barrier::new(stores.len());
+    let outcomes: Vec<Claim> = std::thread::scope(|s| {
+        let handles: Vec<_> = stores
+            .iter()
+            .enumerate()
+            .map(|(i, store)| {
+                let gate = &gate;
+                let key = &key;
+                s.spawn(move || {
+                    gate.wait();
+                    store
+                        .claim(key, &format!("run-{i}"), 60_000)
+                        .expect("claim")
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    let winners = outcomes.iter().filter(|c| **c == Claim::Mine).count();
+    assert_eq!(winners, 1, "{outcomes:?}");
+
+    // A lease that lapsed is taken over; the late holder's effect steps
+    // are refused.
+    let hex = key.to_hex();
+    stores[0]
+        .effect_intent(&hex, "label", "7", &json!({"url": "u"}), "run-a")
+        .expect("intent");
+    stores[0].release_claim(&key, "run-0").expect("release");
+    stores[1].release_claim(&key, "run-1").expect("release");
+    stores[2].release_claim(&key, "run-2").expect("release");
+    stores[3].release_claim(&key, "run-3").expect("release");
+    assert_eq!(
+        stores[0].claim(&key, "run-a", 1).expect("claim"),
+        Claim::Mine
+    );
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(
+        stores[1].claim(&key, "run-b", 60_000).expect("claim"),
+        Claim::Mine
+    );
+    assert!(
+        !stores[0]
+            .effect_step(&hex, "run-a", EffectState::Dispatched, &json!({}))
+            .expect("step"),
+        "a lapsed lease writes nothing"
+    );
+    assert!(
+        stores[1]
+            .effect_step(&hex, "run-b", EffectState::Dispatched, &json!({"send": 1}))
+            .expect("step")
+    );
+    let row = stores[2].effect(&hex).expect("row").expect("known");
+    assert_eq!((row.state, row.sends), (EffectState::Dispatched, 1));
+    assert_eq!(stores[3].effect_journal(&hex).expect("journal").len(), 2);
+    assert_eq!(
+        stores[3].effect_counts("label").expect("counts")["dispatched"],
+        1
+    );
+}
+
+#[test]
+fn databases_of_other_schemas_are_refused_and_new_ones_open_for_all() {
+    let pg = server();
+    // Eight processes' worth of connections open one new database at once:
+    // each finds the tables declared once.
+    let url = database(&pg);
+    let gate = std::sync::Barrier::new(8);
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            let (gate, url) = (&gate, &url);
+            s.spawn(move || {
+                gate.wait();
+                drop(open(url));
+            });
+        }
+    });
+
+    // A newer schema is refused, naming it.
+    let newer = database(&pg);
+    drop(open(&newer));
+    let admin = postgres_client(&newer);
+    admin
+        .lock()
+        .expect("lock")
+        .batch_execute("UPDATE meta SET value = 'fanfold-store-v99' WHERE key = 'schema'")
+        .expect("edit");
+    let err = Store::open(&newer).err().expect("refused");
+    assert!(matches!(err, StoreError::Version { .. }), "{err}");
+    assert!(err.to_string().contains("fanfold-store-v99"), "{err}");
+
+    // Another application's `meta` table is left alone.
+    let foreign = database(&pg);
+    postgres_client(&foreign)
+        .lock()
+        .expect("lock")
+        .batch_execute("CREATE TABLE meta (key TEXT, value TEXT)")
+        .expect("create");
+    let err = Store::open(&foreign).err().expect("refused");
+    assert!(matches!(err, StoreError::Foreign { .. }), "{err}");
+
+    // A server that is not there is named, without the password.
+    let gone = format!(
+        "postgres://fanfold:secret@127.0.0.1:{}/none",
+        pg.port().wrapping_add(1)
+    );
+    let err = Store::open(Path::new(&gone)).err().expect("refused");
+    let text = err.to_string();
+    assert!(text.contains("fanfold:***@127.0.0.1"), "{text}");
+    assert!(!text.contains("secret"), "{text}");
+}
+
+fn postgres_client(url: &Path) -> std::sync::Mutex<postgres::Client> {
+    let url = url.to_str().expect("utf-8");
+    std::sync::Mutex::new(postgres::Client::connect(url, postgres::NoTls).expect("connect"))
+}

@@ -1,0 +1,210 @@
+//! A throwaway PostgreSQL server for tests and benches: a fresh cluster
+//! (`initdb`) in a temporary folder, started (`pg_ctl`) on a free loopback
+//! port with trust authentication, and stopped and removed when dropped,
+//! also when the test fails. The real server of Debian's `postgresql`
+//! package, never a mock.
+//!
+//! PostgreSQL refuses to run as root: under root, the server runs as the
+//! package's `postgres` user (through `runuser`), in a folder it owns.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The user the cluster is created for; tests connect as it.
+const SUPERUSER: &str = "fanfold";
+
+pub struct Postgres {
+    dir: PathBuf,
+    bin: PathBuf,
+    port: u16,
+    /// The user the server runs as, when the tests run as root.
+    run_as: Option<String>,
+}
+
+/// The folder of PostgreSQL's server programs: `FANFOLD_PG_BIN`, or the
+/// newest `/usr/lib/postgresql/N/bin` holding `initdb`.
+fn bin_dir() -> Result<PathBuf, String> {
+    if let Some(dir) = std::env::var_os("FANFOLD_PG_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    let root = Path::new("/usr/lib/postgresql");
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(root)
+        .map_err(|e| {
+            format!(
+                "no PostgreSQL server here ({}: {e}); `bash scripts/setup.sh` installs Debian's postgresql",
+                root.display()
+            )
+        })?
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, bin)| bin).ok_or_else(|| {
+        format!(
+            "no initdb under {}; `bash scripts/setup.sh` installs Debian's postgresql",
+            root.display()
+        )
+    })
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|rest| rest.split_whitespace().nth(1).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free loopback port: {e}"))
+}
+
+fn checked(what: &str, out: std::io::Result<Output>) -> Result<Output, String> {
+    let out = out.map_err(|e| format!("{what}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{what} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(out)
+}
+
+impl Postgres {
+    /// Creates and starts a new cluster. An error says what is missing or
+    /// what the server said.
+    pub fn start() -> Result<Postgres, String> {
+        static SERIAL: AtomicU64 = AtomicU64::new(0);
+        let bin = bin_dir()?;
+        let run_as = is_root().then(|| "postgres".to_owned());
+        let dir = std::env::temp_dir().join(format!(
+            "fanfold-pg-{}-{}",
+            std::process::id(),
+            SERIAL.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut server = Postgres {
+            dir,
+            bin,
+            port: 0,
+            run_as,
+        };
+        if let Some(user) = &server.run_as {
+            checked(
+                "chown",
+                Command::new("chown")
+                    .arg(format!("{user}:"))
+                    .arg(&server.dir)
+                    .output(),
+            )?;
+        }
+        let data = server.data();
+        checked(
+            "initdb",
+            server
+                .command("initdb")
+                .args(["-U", SUPERUSER, "-A", "trust", "-E", "UTF8", "--locale=C"])
+                .arg("--no-sync")
+                .arg("-D")
+                .arg(&data)
+                .output(),
+        )?;
+        // The port is free when asked and may be taken before the server
+        // binds it: try a few.
+        let mut last = String::new();
+        for _ in 0..5 {
+            server.port = free_port()?;
+            let options = format!(
+                "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' \
+                 -c max_connections=200 -c fsync=off -c synchronous_commit=off \
+                 -c full_page_writes=off",
+                server.port
+            );
+            let started = checked(
+                "pg_ctl start",
+                server
+                    .command("pg_ctl")
+                    .args(["start", "-w", "-t", "60", "-D"])
+                    .arg(&data)
+                    .arg("-l")
+                    .arg(server.dir.join("server.log"))
+                    .args(["-o", &options])
+                    .output(),
+            );
+            match started {
+                Ok(_) => return Ok(server),
+                Err(e) => last = format!("{e}\n{}", server.log()),
+            }
+        }
+        Err(last)
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let path = self.bin.join(program);
+        match &self.run_as {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(path);
+                c
+            }
+            None => Command::new(path),
+        }
+    }
+
+    /// The server's log so far (for a failure's message).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The address of database `name` on this server.
+    pub fn url(&self, name: &str) -> String {
+        format!("postgres://{SUPERUSER}@127.0.0.1:{}/{name}", self.port)
+    }
+
+    /// Creates a new, empty database; its address.
+    pub fn create_database(&self) -> Result<String, String> {
+        static SERIAL: AtomicU64 = AtomicU64::new(0);
+        let name = format!("store{}", SERIAL.fetch_add(1, Ordering::Relaxed));
+        checked(
+            "createdb",
+            Command::new(self.bin.join("createdb"))
+                .args(["-h", "127.0.0.1", "-U", SUPERUSER, "-p"])
+                .arg(self.port.to_string())
+                .arg(&name)
+                .output(),
+        )?;
+        Ok(self.url(&name))
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = self
+            .command("pg_ctl")
+            .args(["stop", "-m", "immediate", "-w", "-D"])
+            .arg(self.data())
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
