@@ -90,13 +90,15 @@ async fn judge(State(s): State<JudgeState>, body: Bytes) -> Response {
     let Ok(_permit) = s.gate.acquire().await else {
         return wire::json_reply(StatusCode::SERVICE_UNAVAILABLE, json!({}));
     };
+    // Counted as it arrives: a call a killed process had in flight was
+    // made, and is paid again by the process that takes its unit.
+    if let Ok(mut calls) = s.calls.lock() {
+        *calls.entry(id).or_default() += 1;
+    }
     let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     s.max_in_flight.fetch_max(now, Ordering::SeqCst);
     tokio::time::sleep(s.latency).await;
     s.in_flight.fetch_sub(1, Ordering::SeqCst);
-    if let Ok(mut calls) = s.calls.lock() {
-        *calls.entry(id).or_default() += 1;
-    }
     let flagged = record.get("flag") == Some(&Value::Bool(true));
     let answer = json!({"decision": if flagged { "yes" } else { "no" }}).to_string();
     wire::json_reply(
@@ -137,8 +139,9 @@ impl Judge {
 }
 
 /// A folder with a spec over `units` records (every third flagged), the
-/// judge as backend `http` and the same rule as backend `scripted`.
-fn workspace(dir: &Path, units: usize, judge_url: &str) -> Result<PathBuf> {
+/// judge as backend `http` (`slots` requests in flight) and the same rule
+/// as backend `scripted`.
+fn workspace(dir: &Path, units: usize, judge_url: &str, slots: usize) -> Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     let spec = format!(
         r#"name = "fleet"
@@ -160,6 +163,7 @@ decision = {{ pointer = "/decision", positive = ["yes"], negative = ["no"] }}
 type = "openai"
 model = "m"
 base_url = "{judge_url}"
+max_concurrency = {slots}
 
 [backends.scripted]
 type = "scripted"
@@ -299,7 +303,7 @@ pub fn main(args: &FleetArgs) -> Result<()> {
     let url = judge.server.openai_url();
 
     // Overhead: one process, no model latency, each store.
-    let spec = workspace(&tmp.path().join("scale"), args.units, &url)?;
+    let spec = workspace(&tmp.path().join("scale"), args.units, &url, args.slots)?;
     let timed = |store: &str, out: &Path| -> Result<Duration> {
         let t = Instant::now();
         finish(
@@ -390,6 +394,7 @@ fn fault_run(
         &tmp.join("faults"),
         args.fault_units,
         &judge.server.openai_url(),
+        args.slots,
     )?;
     eprintln!(
         "bench fleet: faults, {} records, {processes} processes, {} kills",

@@ -185,6 +185,11 @@ pub(crate) fn pg_ddl(sql: &str) -> String {
     .replace(" WITHOUT ROWID", "")
 }
 
+/// The most rows [`Conn::insert_rows`] puts in one statement: 256 rows of
+/// 8 columns stay far below both engines' limits on parameters (SQLite's
+/// 32,766, PostgreSQL's 65,535).
+const ROWS_A_STATEMENT: usize = 256;
+
 /// One open connection to a store.
 pub(crate) enum Conn {
     Sqlite(rusqlite::Connection),
@@ -340,6 +345,42 @@ impl Conn {
         f: impl FnOnce(&Row<'_>) -> Result<T, DbError>,
     ) -> Result<T, DbError> {
         self.query_row(sql, params, f)?.ok_or(DbError::NoRow)
+    }
+
+    /// Inserts `rows` as `{head} VALUES (…), (…) {tail}`: many rows a
+    /// statement, so a batch costs PostgreSQL a few round trips rather
+    /// than one a row. Statements hold a power of two of rows (at most
+    /// [`ROWS_A_STATEMENT`]), so each table has a handful of statement
+    /// texts to prepare. How many rows were written.
+    pub(crate) fn insert_rows<const N: usize>(
+        &mut self,
+        head: &str,
+        tail: &str,
+        rows: &[[&dyn Param; N]],
+    ) -> Result<u64, DbError> {
+        let mut written = 0;
+        let mut rest = rows;
+        while !rest.is_empty() {
+            let take = ROWS_A_STATEMENT.min(1 << rest.len().ilog2());
+            let (now, later) = rest.split_at(take);
+            let mut sql = format!("{head} VALUES ");
+            for r in 0..take {
+                sql.push_str(if r == 0 { "(" } else { ", (" });
+                for c in 0..N {
+                    if c > 0 {
+                        sql.push_str(", ");
+                    }
+                    sql.push_str(&format!("?{}", r * N + c + 1));
+                }
+                sql.push(')');
+            }
+            sql.push(' ');
+            sql.push_str(tail);
+            let params: Vec<&dyn Param> = now.iter().flatten().copied().collect();
+            written += self.execute(&sql, &params)?;
+            rest = later;
+        }
+        Ok(written)
     }
 
     /// Statements without parameters, separated by `;` (table

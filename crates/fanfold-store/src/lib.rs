@@ -35,7 +35,7 @@ mod units;
 pub use db::DbError;
 pub use effects::{EffectRow, EffectState, JournalEntry};
 
-use db::{Conn, Row, params};
+use db::{Conn, Param, Row, params};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};

@@ -200,24 +200,44 @@ impl Store {
     }
     /// Records the outcome of many units in one transaction.
     pub fn put_run_units(&self, run_id: &str, rows: &[RunUnitRow]) -> Result<(), StoreError> {
+        // One row per unit and stage, the last given: one statement may
+        // not update a row twice.
+        let mut last = std::collections::HashMap::new();
+        for (i, r) in rows.iter().enumerate() {
+            last.insert((r.unit_id.as_str(), r.stage.as_str()), i);
+        }
+        let rows: Vec<&RunUnitRow> = rows
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| last.get(&(r.unit_id.as_str(), r.stage.as_str())) == Some(i))
+            .map(|(_, r)| r)
+            .collect();
+        let keys: Vec<Option<String>> = rows
+            .iter()
+            .map(|r| r.fact_key.map(|k| k.to_hex()))
+            .collect();
         self.conn()
             .transaction(|tx| {
-                for r in rows {
-                    tx.execute(
-                        "INSERT INTO run_units (run_id, unit_id, stage, status, reason, fact_key)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-                         ON CONFLICT (run_id, unit_id, stage) DO UPDATE SET status = excluded.status,
-                            reason = excluded.reason, fact_key = excluded.fact_key",
-                        params![
-                            run_id,
-                            r.unit_id,
-                            r.stage,
-                            r.status,
-                            r.reason,
-                            r.fact_key.map(|k| k.to_hex())
-                        ],
-                    )?;
-                }
+                let rows: Vec<[&dyn Param; 6]> = rows
+                    .iter()
+                    .zip(&keys)
+                    .map(|(r, key)| {
+                        [
+                            &run_id as &dyn Param,
+                            &r.unit_id,
+                            &r.stage,
+                            &r.status,
+                            &r.reason,
+                            key,
+                        ]
+                    })
+                    .collect();
+                tx.insert_rows(
+                    "INSERT INTO run_units (run_id, unit_id, stage, status, reason, fact_key)",
+                    "ON CONFLICT (run_id, unit_id, stage) DO UPDATE SET status = excluded.status,
+                        reason = excluded.reason, fact_key = excluded.fact_key",
+                    &rows,
+                )?;
                 Ok(())
             })
             .map_err(|e| self.sql(e))

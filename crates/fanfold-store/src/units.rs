@@ -61,36 +61,65 @@ impl Store {
     /// prefilter's decisions for them, in one transaction. Rows stored
     /// before (a resumed or repeated run) are kept as they are.
     pub fn put_partition_batch(&self, batch: &PartitionBatch<'_>) -> Result<(), StoreError> {
+        let units: Vec<(i64, &[u8], i64, i64)> = batch
+            .units
+            .iter()
+            .map(|u| {
+                (
+                    u.ordinal as i64,
+                    &u.unit_hash.0[..],
+                    u.bytes.start as i64,
+                    u.bytes.end as i64,
+                )
+            })
+            .collect();
+        let rejections: Vec<(i64, i64, i64)> = batch
+            .rejections
+            .iter()
+            .map(|r| (r.ordinal as i64, r.byte_start as i64, r.byte_end as i64))
+            .collect();
         self.conn()
             .transaction(|tx| {
-                for u in batch.units {
-                    tx.execute(
-                        "INSERT INTO units (partition, unit_id, ordinal, unit_hash, byte_start, byte_end)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
-                        params![
-                            batch.partition,
-                            u.unit_id.as_str(),
-                            u.ordinal as i64,
-                            &u.unit_hash.0[..],
-                            u.bytes.start as i64,
-                            u.bytes.end as i64
-                        ],
-                    )?;
-                }
-                for r in batch.rejections {
-                    tx.execute(
-                        "INSERT INTO rejections (partition, ordinal, reason, detail, byte_start, byte_end)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
-                        params![
-                            batch.partition,
-                            r.ordinal as i64,
-                            r.reason,
-                            r.detail,
-                            r.byte_start as i64,
-                            r.byte_end as i64
-                        ],
-                    )?;
-                }
+                let rows: Vec<[&dyn Param; 6]> = batch
+                    .units
+                    .iter()
+                    .zip(&units)
+                    .map(|(u, (ordinal, hash, start, end))| {
+                        [
+                            &batch.partition as &dyn Param,
+                            &u.unit_id.0,
+                            ordinal,
+                            hash,
+                            start,
+                            end,
+                        ]
+                    })
+                    .collect();
+                tx.insert_rows(
+                    "INSERT INTO units (partition, unit_id, ordinal, unit_hash, byte_start, byte_end)",
+                    "ON CONFLICT DO NOTHING",
+                    &rows,
+                )?;
+                let rows: Vec<[&dyn Param; 6]> = batch
+                    .rejections
+                    .iter()
+                    .zip(&rejections)
+                    .map(|(r, (ordinal, start, end))| {
+                        [
+                            &batch.partition as &dyn Param,
+                            ordinal,
+                            &r.reason,
+                            &r.detail,
+                            start,
+                            end,
+                        ]
+                    })
+                    .collect();
+                tx.insert_rows(
+                    "INSERT INTO rejections (partition, ordinal, reason, detail, byte_start, byte_end)",
+                    "ON CONFLICT DO NOTHING",
+                    &rows,
+                )?;
                 if let Some(prefilter) = batch.prefilter
                     && !batch.rules.is_empty()
                 {
