@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Keys a statement of [`Store::get_facts`] looks up.
+const FACTS_A_STATEMENT: usize = 128;
+
 impl Store {
     /// The fact cached under `key`. A row that does not decode as a fact
     /// of this key (a damaged file, a hand edit) is no answer: it is
@@ -17,9 +20,61 @@ impl Store {
                 |r| r.get(0),
             )
             .map_err(|e| self.sql(e))?;
-        let Some(text) = text else {
-            return Ok(None);
-        };
+        match text {
+            Some(text) => self.checked_fact(key, text),
+            None => Ok(None),
+        }
+    }
+
+    /// The facts cached under any of `keys`, by key: what [`Store::get_fact`]
+    /// gives for each, in a statement per [`FACTS_A_STATEMENT`] keys rather
+    /// than one a key.
+    pub fn get_facts(
+        &self,
+        keys: &[ContentHash],
+    ) -> Result<std::collections::HashMap<ContentHash, FactRecord>, StoreError> {
+        let sql = format!(
+            "SELECT key, record FROM facts WHERE key IN ({})",
+            (1..=FACTS_A_STATEMENT)
+                .map(|i| format!("?{i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let mut found = std::collections::HashMap::new();
+        for chunk in keys.chunks(FACTS_A_STATEMENT) {
+            // Always the same statement: a short chunk repeats its first
+            // key, which `IN` does not mind.
+            let mut hex: Vec<String> = chunk.iter().map(ContentHash::to_hex).collect();
+            let first = hex.first().cloned().unwrap_or_default();
+            hex.resize(FACTS_A_STATEMENT, first);
+            let params: Vec<&dyn Param> = hex.iter().map(|h| h as &dyn Param).collect();
+            let rows = self
+                .conn()
+                .query_map(&sql, &params, |r| {
+                    Ok((r.get::<String>(0)?, r.get::<String>(1)?))
+                })
+                .map_err(|e| self.sql(e))?;
+            for (key, text) in rows {
+                let Some(key) = chunk.iter().find(|k| k.to_hex() == key) else {
+                    continue;
+                };
+                if let Some(fact) = self.checked_fact(key, text)? {
+                    found.insert(*key, fact);
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// The fact stored under `key` as `text`, if it decodes as that fact
+    /// and matches its digest. A row that does not (a damaged file, a hand
+    /// edit) is no answer: it is deleted and counted, so the caller
+    /// computes the fact again instead of every later run failing on it.
+    fn checked_fact(
+        &self,
+        key: &ContentHash,
+        text: String,
+    ) -> Result<Option<FactRecord>, StoreError> {
         let why = match serde_json::from_str::<FactRecord>(&text) {
             Ok(fact) if fact.key == *key && fact.is_intact() => return Ok(Some(fact)),
             Ok(fact) if fact.key == *key => {

@@ -169,6 +169,22 @@ fn every_table_round_trips_on_postgres() {
         Err(StoreError::NotCacheable { .. })
     ));
     assert_eq!(store.count_facts().expect("count"), 1);
+    // Many keys are read in a few statements, found or not.
+    let many: Vec<FactRecord> = (0..200)
+        .map(|i| fact(&format!("many-{i}"), Status::Negative))
+        .collect();
+    for f in &many {
+        store.put_fact(f).expect("fact");
+    }
+    let mut keys: Vec<ContentHash> = many.iter().map(|f| f.key).collect();
+    keys.extend((0..100).map(|i| ContentHash::of_bytes(format!("absent-{i}").as_bytes())));
+    let found = store.get_facts(&keys).expect("facts");
+    assert_eq!(found.len(), 200);
+    assert!(
+        many.iter()
+            .all(|f| found.get(&f.key).map(|g| g.status) == Some(Status::Negative))
+    );
+    assert_eq!(store.count_facts().expect("count"), 201);
 
     // Labels, embeddings (bit for bit) and fold nodes.
     let label = Label {
@@ -251,7 +267,7 @@ fn every_table_round_trips_on_postgres() {
     // Everything is there for another connection.
     drop(store);
     let again = open(&url);
-    assert_eq!(again.count_facts().expect("facts"), 1);
+    assert_eq!(again.count_facts().expect("facts"), 201);
     assert_eq!(again.count_embeddings().expect("vectors"), 1);
     assert_eq!(again.run_overview(10).expect("runs").len(), 1);
 }

@@ -231,3 +231,79 @@ fn a_killed_process_on_postgres_loses_only_its_units_in_flight() {
         "{reasons:?}"
     );
 }
+
+/// A process paused (SIGSTOP) past its leases, then resumed: the other
+/// takes its units meanwhile, the paused one's late writes change nothing
+/// (the first fact under a key stands), and both answer whole and alike.
+#[test]
+fn a_process_paused_past_its_leases_writes_nothing_twice_on_postgres() {
+    let pg = postgres();
+    let url = pg.create_database().expect("database");
+    let units: usize = 60;
+    let (f, _server, calls) = judge_fixture(units);
+    let slots = 2;
+    let start = |n: usize| {
+        let log = std::fs::File::create(f.path(&format!("err{n}.log"))).expect("log");
+        bin()
+            .arg("run")
+            .arg(f.path("spec.toml"))
+            .args([
+                "--store",
+                &url,
+                "--backend",
+                "http",
+                "--json",
+                "--lease-secs",
+                "3",
+            ])
+            .args(["--slots", &slots.to_string()])
+            .arg("--out")
+            .arg(f.path(&format!("out{n}")))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starts")
+    };
+    let mut paused = start(0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while calls.lock().expect("calls").values().sum::<usize>() < 4 {
+        assert!(std::time::Instant::now() < deadline, "no calls came");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let signal = |name: &str| {
+        let o = run(std::process::Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(paused.id().to_string()));
+        assert!(o.status.success(), "kill -{name}: {}", stderr(&o));
+    };
+    signal("STOP");
+    let mut other = [start(1)];
+    // The other runs while the first is stopped past its 3 s leases.
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    signal("CONT");
+    let codes = wait_all(&mut other, std::time::Duration::from_secs(120));
+    let err = std::fs::read_to_string(f.path("err1.log")).unwrap_or_default();
+    assert_eq!(codes, [Some(0)], "{err}");
+    let status = paused.wait().expect("paused run ends");
+    let err = std::fs::read_to_string(f.path("err0.log")).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert_eq!(items(&f, 0), items(&f, 1), "both answer alike");
+    assert_eq!(
+        items(&f, 1).as_array().map(Vec::len),
+        Some(units.div_ceil(3)),
+        "the answer is whole"
+    );
+    let store = fanfold_store::Store::open(std::path::Path::new(&url)).expect("store");
+    assert_eq!(
+        store.count_facts().expect("facts"),
+        units as u64,
+        "one fact a unit"
+    );
+    let calls = calls.lock().expect("calls");
+    assert_eq!(calls.len(), units, "every unit called");
+    let repeats: Vec<_> = calls.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeats.len() <= slots && repeats.iter().all(|(_, n)| **n == 2),
+        "only the paused process's units in flight are paid twice: {repeats:?}"
+    );
+}

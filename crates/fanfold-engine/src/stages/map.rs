@@ -533,12 +533,17 @@ impl MapRunner {
         let mut followers: HashMap<usize, Vec<usize>> = HashMap::new();
         let mut pending = Vec::new();
         let mut cached = 0u64;
-        for &i in &units {
+        let unit_keys = units
+            .iter()
+            .map(|&i| Ok(stage.cache_key(views.view(i)?.key_in(INPUT_BUCKET), &model)))
+            .collect::<Result<Vec<ContentHash>, RunError>>()?;
+        // Read in a few statements, not one a unit: on a shared store each
+        // statement is a round trip.
+        let stored = ctx.store.get_facts(&unit_keys)?;
+        for (&i, &key) in units.iter().zip(&unit_keys) {
             let unit = table.unit(i)?;
             let value = table.value(i);
-            let projected = views.view(i)?;
-            let key = stage.cache_key(projected.key_in(INPUT_BUCKET), &model);
-            if let Some(mut fact) = ctx.store.get_fact(&key)? {
+            if let Some(mut fact) = stored.get(&key).cloned() {
                 cached += 1;
                 ctx.stats.cache_hits += 1;
                 (fact.source_ids, fact.source_hashes) = views.cites(i);
