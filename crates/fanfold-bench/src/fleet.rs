@@ -533,7 +533,7 @@ fn render(
         ));
     }
     s.push_str(&format!(
-        "\n**Faults**: {} processes over {} records; {} times one of them, chosen at random, was killed with SIGKILL and a new one started. {} processes finished, in {:.1} s. Facts stored: {} (one per record: {}). Calls at the judge: {} for {} records; {} records were paid twice (at most {} could be: the kills times the slots a process has in flight). The survivors' answers are {} one process's answer on SQLite.\n",
+        "\n**Faults**: {} processes over {} records; {} times one of them, chosen at random, was killed with SIGKILL and a new one started. {} processes finished, in {:.1} s. Facts stored: {} (one per record: {}). Calls at the judge: {} for {} records, {} paid again ({} records called more than once); at most {} could be: the kills times the slots a process has in flight. The survivors' answers are {} one process's answer on SQLite.\n",
         faults.processes,
         faults.units,
         faults.kills,
@@ -543,6 +543,7 @@ fn render(
         if faults.facts == faults.units as u64 { "yes" } else { "no" },
         faults.calls,
         faults.units,
+        faults.calls.saturating_sub(faults.units),
         faults.repeated_units,
         faults.killed_slots,
         if faults.same_as_sqlite { "the same as" } else { "NOT the same as" },

@@ -787,6 +787,7 @@ impl MapRunner {
             run_id: ctx.run_id,
             keys: &keys,
             adopt: &adopt,
+            waited: std::sync::Mutex::new(std::collections::HashSet::new()),
         };
         let batch_ledger = StoreLedger(ctx.store);
         let mut job = StageJob::new(
@@ -860,6 +861,10 @@ struct KeyClaims<'a> {
     run_id: &'a str,
     keys: &'a HashMap<usize, ContentHash>,
     adopt: &'a (dyn Fn(usize, FactRecord) + Sync),
+    /// Units found held by another run: when one comes round again, its
+    /// fact is looked for before anything is claimed, since by then the
+    /// other run has most often written it (one statement, not three).
+    waited: std::sync::Mutex<std::collections::HashSet<usize>>,
 }
 
 impl crate::queue::Claims for KeyClaims<'_> {
@@ -869,6 +874,11 @@ impl crate::queue::Claims for KeyClaims<'_> {
         let Some(key) = self.keys.get(&index) else {
             return Turn::Mine;
         };
+        let waited = self.waited.lock().map(|w| w.contains(&index)).unwrap_or(false);
+        if waited && let Ok(Some(fact)) = self.store.get_fact(key) {
+            (self.adopt)(index, fact);
+            return Turn::Done;
+        }
         let claim = self.store.claim(key, self.run_id, self.store.lease_ms());
         // Whoever holds the key, its fact may be written already (a run
         // keeps its leases until it ends): then it is taken as it is.
@@ -880,6 +890,9 @@ impl crate::queue::Claims for KeyClaims<'_> {
             Ok(fanfold_store::Claim::Mine) => Turn::Mine,
             Ok(fanfold_store::Claim::Held { run_id, expires_ms }) => {
                 tracing::debug!(%run_id, "unit held by another run");
+                if let Ok(mut w) = self.waited.lock() {
+                    w.insert(index);
+                }
                 let lapse = expires_ms.saturating_sub(fanfold_store::now_ms());
                 Turn::Wait(std::time::Duration::from_millis(lapse.clamp(100, 1000)))
             }
