@@ -12,15 +12,27 @@ fn postgres() -> fanfold_testkit::Postgres {
 /// Starts `fanfold run` on `store` with the HTTP judge, writing to
 /// `out{n}` and its log to `err{n}.log`.
 fn start_run(f: &Fixture, store: &str, n: usize) -> std::process::Child {
+    start_leased(f, store, n, 4, 60)
+}
+
+/// [`start_run`] with `slots` requests in flight and leases of
+/// `lease_secs`.
+fn start_leased(
+    f: &Fixture,
+    store: &str,
+    n: usize,
+    slots: usize,
+    lease_secs: u64,
+) -> std::process::Child {
     let log = std::fs::File::create(f.path(&format!("err{n}.log"))).expect("log");
     bin()
         .arg("run")
         .arg(f.path("spec.toml"))
-        .arg("--store")
-        .arg(store)
+        .args(["--store", store, "--backend", "http", "--json"])
+        .args(["--slots", &slots.to_string()])
+        .args(["--lease-secs", &lease_secs.to_string()])
         .arg("--out")
         .arg(f.path(&format!("out{n}")))
-        .args(["--backend", "http", "--slots", "4", "--json"])
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -152,28 +164,7 @@ fn a_killed_process_on_postgres_loses_only_its_units_in_flight() {
     let units: usize = 60;
     let (f, _server, calls) = judge_fixture(units);
     let slots = 2;
-    let start = |n: usize| {
-        let log = std::fs::File::create(f.path(&format!("err{n}.log"))).expect("log");
-        bin()
-            .arg("run")
-            .arg(f.path("spec.toml"))
-            .args([
-                "--store",
-                &url,
-                "--backend",
-                "http",
-                "--json",
-                "--lease-secs",
-                "3",
-            ])
-            .args(["--slots", &slots.to_string()])
-            .arg("--out")
-            .arg(f.path(&format!("out{n}")))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("starts")
-    };
+    let start = |n: usize| start_leased(&f, &url, n, slots, 3);
     let mut children: Vec<_> = (0..3).map(start).collect();
     // Kill the first once a sixth of the units were answered.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -242,28 +233,7 @@ fn a_process_paused_past_its_leases_writes_nothing_twice_on_postgres() {
     let units: usize = 60;
     let (f, _server, calls) = judge_fixture(units);
     let slots = 2;
-    let start = |n: usize| {
-        let log = std::fs::File::create(f.path(&format!("err{n}.log"))).expect("log");
-        bin()
-            .arg("run")
-            .arg(f.path("spec.toml"))
-            .args([
-                "--store",
-                &url,
-                "--backend",
-                "http",
-                "--json",
-                "--lease-secs",
-                "3",
-            ])
-            .args(["--slots", &slots.to_string()])
-            .arg("--out")
-            .arg(f.path(&format!("out{n}")))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("starts")
-    };
+    let start = |n: usize| start_leased(&f, &url, n, slots, 3);
     let mut paused = start(0);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while calls.lock().expect("calls").values().sum::<usize>() < 4 {
