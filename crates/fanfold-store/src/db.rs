@@ -70,10 +70,22 @@ impl DbError {
     /// serialization conflict with another one: running it again is the
     /// documented answer.
     fn is_retryable(&self) -> bool {
-        matches!(self, DbError::Postgres(e) if e.code().is_some_and(|c| {
-            *c == postgres::error::SqlState::T_R_DEADLOCK_DETECTED
-                || *c == postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
-        }))
+        self.is_lost_connection()
+            || matches!(self, DbError::Postgres(e) if e.code().is_some_and(|c| {
+                *c == postgres::error::SqlState::T_R_DEADLOCK_DETECTED
+                    || *c == postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
+            }))
+    }
+
+    /// The PostgreSQL server dropped the connection (it shut down,
+    /// restarted, or the network went): a new connection may succeed.
+    fn is_lost_connection(&self) -> bool {
+        use postgres::error::SqlState;
+        matches!(self, DbError::Postgres(e) if e.is_closed() || e.code().is_some_and(|c| {
+            *c == SqlState::ADMIN_SHUTDOWN
+                || *c == SqlState::CRASH_SHUTDOWN
+                || *c == SqlState::CANNOT_CONNECT_NOW
+        }) || (e.as_db_error().is_none() && std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())))
     }
 }
 
@@ -185,6 +197,9 @@ pub(crate) fn pg_ddl(sql: &str) -> String {
     .replace(" WITHOUT ROWID", "")
 }
 
+/// How long a connection the PostgreSQL server dropped is tried again.
+const RECONNECT_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The most rows [`Conn::insert_rows`] puts in one statement: 256 rows of
 /// 8 columns stay far below both engines' limits on parameters (SQLite's
 /// 32,766, PostgreSQL's 65,535).
@@ -198,6 +213,9 @@ pub(crate) enum Conn {
 
 pub(crate) struct Pg {
     client: postgres::Client,
+    /// The address, to open the connection again when the server dropped
+    /// it (a restart, a failover to a standby).
+    url: String,
     /// Statements prepared on this connection, by their text: the store
     /// runs a few dozen statements many times each.
     prepared: HashMap<String, postgres::Statement>,
@@ -207,11 +225,36 @@ pub(crate) struct Pg {
 }
 
 impl Pg {
-    pub(crate) fn new(client: postgres::Client) -> Pg {
-        Pg {
-            client,
+    pub(crate) fn connect(url: &str) -> Result<Pg, DbError> {
+        Ok(Pg {
+            client: postgres::Client::connect(url, postgres::NoTls)?,
+            url: url.to_owned(),
             prepared: HashMap::new(),
             in_transaction: false,
+        })
+    }
+
+    /// Opens the connection again after the server dropped it, trying for
+    /// up to [`RECONNECT_FOR`]: a server that restarts or fails over to a
+    /// standby is back within it, and the run goes on.
+    fn reopen(&mut self) -> Result<(), DbError> {
+        let deadline = std::time::Instant::now() + RECONNECT_FOR;
+        let mut wait = std::time::Duration::from_millis(100);
+        loop {
+            match postgres::Client::connect(&self.url, postgres::NoTls) {
+                Ok(client) => {
+                    self.client = client;
+                    self.prepared.clear();
+                    self.in_transaction = false;
+                    tracing::warn!("the store's connection was lost and is open again");
+                    return Ok(());
+                }
+                Err(_) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(std::time::Duration::from_secs(2));
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
     }
 
@@ -245,7 +288,7 @@ impl Pg {
         sql: &str,
         params: &[&dyn Param],
     ) -> Result<(Vec<postgres::Row>, u64), DbError> {
-        self.blocking(|pg| {
+        let once = |pg: &mut Pg| -> Result<(Vec<postgres::Row>, u64), DbError> {
             let st = pg.statement(sql)?;
             let args = params.iter().map(|p| *p as &dyn postgres::types::ToSql);
             let mut out = Vec::new();
@@ -255,6 +298,17 @@ impl Pg {
             }
             let changed = it.rows_affected().unwrap_or(0);
             Ok((out, changed))
+        };
+        self.blocking(|pg| match once(pg) {
+            // A statement on its own is run again on a new connection: the
+            // store's claims, upserts and first-write-wins inserts may run
+            // twice. One in a transaction fails, and the transaction,
+            // which cannot have committed, is run again whole.
+            Err(e) if e.is_lost_connection() && !pg.in_transaction => {
+                pg.reopen()?;
+                once(pg)
+            }
+            done => done,
         })
     }
 
@@ -404,12 +458,23 @@ impl Conn {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            self.begin()?;
+            match self.begin() {
+                Ok(()) => {}
+                // A connection found lost at BEGIN is opened again by the
+                // next BEGIN.
+                Err(e) if e.is_retryable() && attempts < 5 => continue,
+                Err(e) => return Err(e),
+            }
             let result = f(self);
             match result {
                 Ok(value) => match self.end("COMMIT") {
                     Ok(()) => return Ok(value),
-                    Err(e) if e.is_retryable() && attempts < 5 => continue,
+                    // A COMMIT whose connection was lost may have taken
+                    // place: running the transaction again could apply it
+                    // twice, so that is the caller's error.
+                    Err(e) if e.is_retryable() && !e.is_lost_connection() && attempts < 5 => {
+                        continue;
+                    }
                     Err(e) => return Err(e),
                 },
                 Err(e) => {
@@ -433,6 +498,9 @@ impl Conn {
                 c.execute_batch("BEGIN IMMEDIATE")?;
             }
             Conn::Postgres(pg) => {
+                if pg.client.is_closed() {
+                    pg.blocking(Pg::reopen)?;
+                }
                 if pg.in_transaction {
                     pg.batch("ROLLBACK")?;
                 }

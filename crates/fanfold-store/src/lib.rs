@@ -593,12 +593,11 @@ impl Store {
 
     fn open_postgres(url: &str) -> Result<Store, StoreError> {
         let location = redact_url(url);
-        let client =
-            postgres::Client::connect(url, postgres::NoTls).map_err(|e| StoreError::Open {
-                path: location.clone(),
-                reason: DbError::from(e).to_string(),
-            })?;
-        let mut conn = Conn::Postgres(Box::new(db::Pg::new(client)));
+        let pg = db::Pg::connect(url).map_err(|e| StoreError::Open {
+            path: location.clone(),
+            reason: e.to_string(),
+        })?;
+        let mut conn = Conn::Postgres(Box::new(pg));
         let opened = conn
             .transaction(|tx| {
                 // One opener at a time declares the tables: two concurrent

@@ -397,3 +397,29 @@ fn postgres_client(url: &Path) -> std::sync::Mutex<postgres::Client> {
     let url = url.to_str().expect("utf-8");
     std::sync::Mutex::new(postgres::Client::connect(url, postgres::NoTls).expect("connect"))
 }
+
+#[test]
+fn a_restarted_server_is_reconnected_to_and_nothing_is_lost() {
+    let pg = server();
+    let url = database(&pg);
+    let store = open(&url);
+    let before = fact("before", Status::Positive);
+    store.put_fact(&before).expect("fact");
+    pg.restart().expect("restart");
+    // A statement on its own, then a transaction, each on a new connection.
+    assert_eq!(
+        store
+            .get_fact(&before.key)
+            .expect("after a restart")
+            .map(|f| f.status),
+        Some(Status::Positive)
+    );
+    pg.restart().expect("restart");
+    let bytes = b"chunk".as_slice();
+    store
+        .put_chunks(&[(ContentHash::of_bytes(bytes), bytes)])
+        .expect("a transaction after a restart");
+    let after = fact("after", Status::Negative);
+    store.put_fact(&after).expect("fact");
+    assert_eq!(store.count_facts().expect("count"), 2);
+}

@@ -168,6 +168,21 @@ impl Postgres {
         }
     }
 
+    /// Restarts the server (a fast shutdown, as for a failover or an
+    /// upgrade): every open connection is dropped.
+    pub fn restart(&self) -> Result<(), String> {
+        checked(
+            "pg_ctl restart",
+            self.command("pg_ctl")
+                .args(["restart", "-w", "-m", "fast", "-D"])
+                .arg(self.data())
+                .arg("-l")
+                .arg(self.dir.join("server.log"))
+                .output(),
+        )
+        .map(|_| ())
+    }
+
     /// The server's log so far (for a failure's message).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()

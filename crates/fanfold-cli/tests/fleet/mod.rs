@@ -277,3 +277,32 @@ fn a_process_paused_past_its_leases_writes_nothing_twice_on_postgres() {
         "only the paused process's units in flight are paid twice: {repeats:?}"
     );
 }
+
+/// A run goes on through a restart of the PostgreSQL server (a failover,
+/// an upgrade): its store connection is opened again, and it answers
+/// whole with one fact a unit.
+#[test]
+fn a_run_goes_on_through_a_postgres_restart() {
+    let pg = postgres();
+    let url = pg.create_database().expect("database");
+    let units: usize = 60;
+    let (f, _server, calls) = judge_fixture(units);
+    let mut child = [start_leased(&f, &url, 0, 2, 60)];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while calls.lock().expect("calls").values().sum::<usize>() < 10 {
+        assert!(std::time::Instant::now() < deadline, "no calls came");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    pg.restart().expect("restart");
+    let at_restart = calls.lock().expect("calls").len();
+    assert!(at_restart < units, "the run was still going at the restart");
+    let codes = wait_all(&mut child, std::time::Duration::from_secs(120));
+    let err = std::fs::read_to_string(f.path("err0.log")).unwrap_or_default();
+    assert_eq!(codes, [Some(0)], "{err}");
+    assert_eq!(
+        items(&f, 0).as_array().map(Vec::len),
+        Some(units.div_ceil(3))
+    );
+    let store = fanfold_store::Store::open(std::path::Path::new(&url)).expect("store");
+    assert_eq!(store.count_facts().expect("facts"), units as u64);
+}
