@@ -2526,15 +2526,13 @@ fn two_processes_on_one_store_pay_for_each_unit_once() {
     assert_eq!(f.fact_count(), units as u64);
 }
 
+/// The calls a mock judge answered, by unit id.
+type Calls = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>;
+
 /// A mock OpenAI endpoint that judges a record's `flag` after its
 /// `delay_ms` and counts the calls it answered for each unit.
-fn counting_judge() -> (
-    fanfold_testkit::Server,
-    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
-) {
+fn counting_judge() -> (fanfold_testkit::Server, Calls) {
     use axum::extract::State;
-    use std::sync::{Arc, Mutex};
-    type Calls = Arc<Mutex<std::collections::HashMap<String, usize>>>;
     async fn judge(
         State(calls): State<Calls>,
         body: axum::body::Bytes,
@@ -2557,7 +2555,7 @@ fn counting_judge() -> (
             fanfold_testkit::wire::openai_chat_reply("m", &answer, content.len()),
         )
     }
-    let calls: Calls = Arc::default();
+    let calls = Calls::default();
     let app = axum::Router::new()
         .route("/v1/chat/completions", axum::routing::post(judge))
         .with_state(calls.clone());
@@ -2567,47 +2565,43 @@ fn counting_judge() -> (
     )
 }
 
-/// Four processes on one store with an HTTP backend and several slots
-/// each: every unit is called once between them, every process ends, and
-/// they give the same answer. A run waiting for a unit another run holds
-/// must keep completing its own requests in flight, or each waits on the
-/// other's leases forever.
-#[test]
-fn four_processes_on_one_store_with_an_http_backend_all_finish() {
-    let (server, calls) = counting_judge();
-    let f = Fixture::new(
-        JSON_ARRAY,
-        &format!(
-            "[backends.http]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\n",
-            server.openai_url()
-        ),
-    );
-    let units: usize = 48;
-    let rows: Vec<Value> = (0..units)
-        .map(|i| serde_json::json!({"id": i, "flag": i % 3 == 0, "delay_ms": 20 + (i % 5) * 10}))
-        .collect();
-    f.input(&serde_json::to_vec(&rows).expect("rows"));
-    let processes = 4;
-    let mut children: Vec<_> = (0..processes)
-        .map(|n| {
-            let log = std::fs::File::create(f.path(&format!("err{n}.log"))).expect("log");
-            bin()
-                .arg("run")
-                .arg(f.path("spec.toml"))
-                .arg("--store")
-                .arg(f.path("store.sqlite"))
-                .arg("--out")
-                .arg(f.path(&format!("out{n}")))
-                .args(["--backend", "http", "--slots", "4", "--json"])
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("starts")
-        })
-        .collect();
+/// Starts `fanfold run` on `store` with the HTTP judge, writing to
+/// `out{n}` and its log to `err{n}.log`.
+pub(crate) fn start_run(f: &Fixture, store: &str, n: usize) -> std::process::Child {
+    start_leased(f, store, n, 4, 60)
+}
+
+/// [`start_run`] with `slots` requests in flight and leases of
+/// `lease_secs`.
+pub(crate) fn start_leased(
+    f: &Fixture,
+    store: &str,
+    n: usize,
+    slots: usize,
+    lease_secs: u64,
+) -> std::process::Child {
+    let log = std::fs::File::create(f.path(&format!("err{n}.log"))).expect("log");
+    bin()
+        .arg("run")
+        .arg(f.path("spec.toml"))
+        .args(["--store", store, "--backend", "http", "--json"])
+        .args(["--slots", &slots.to_string()])
+        .args(["--lease-secs", &lease_secs.to_string()])
+        .arg("--out")
+        .arg(f.path(&format!("out{n}")))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starts")
+}
+
+/// Waits for every child, for at most `limit`; their exit codes.
+pub(crate) fn wait_all(
+    children: &mut [std::process::Child],
+    limit: std::time::Duration,
+) -> Vec<Option<i32>> {
     let started = std::time::Instant::now();
-    let limit = std::time::Duration::from_secs(120);
-    let mut codes = vec![None; processes];
+    let mut codes = vec![None; children.len()];
     while codes.iter().any(Option::is_none) {
         for (n, child) in children.iter_mut().enumerate() {
             if codes[n].is_none()
@@ -2617,21 +2611,55 @@ fn four_processes_on_one_store_with_an_http_backend_all_finish() {
             }
         }
         if started.elapsed() > limit {
-            for c in &mut children {
+            for c in children.iter_mut() {
                 let _ = c.kill();
             }
             panic!("processes still running after {limit:?}: {codes:?}");
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    codes.into_iter().map(Option::flatten).collect()
+}
+
+pub(crate) fn items(f: &Fixture, n: usize) -> Value {
+    let answer = std::fs::read_to_string(f.path(&format!("out{n}/answer.json"))).expect("answer");
+    let v: Value = serde_json::from_str(&answer).expect("json");
+    v.get("items").cloned().unwrap_or(Value::Null)
+}
+
+pub(crate) fn judge_fixture(units: usize) -> (Fixture, fanfold_testkit::Server, Calls) {
+    let (server, calls) = counting_judge();
+    let f = Fixture::new(
+        JSON_ARRAY,
+        &format!(
+            "[backends.http]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\n",
+            server.openai_url()
+        ),
+    );
+    let rows: Vec<Value> = (0..units)
+        .map(|i| serde_json::json!({"id": i, "flag": i % 3 == 0, "delay_ms": 20 + (i % 5) * 10}))
+        .collect();
+    f.input(&serde_json::to_vec(&rows).expect("rows"));
+    (f, server, calls)
+}
+
+/// Four processes on one store with an HTTP backend and several slots
+/// each: every unit is called once between them, every process ends, and
+/// they give the same answer. A run waiting for a unit another run holds
+/// must keep completing its own requests in flight, or each waits on the
+/// other's leases forever.
+#[test]
+fn four_processes_on_one_store_with_an_http_backend_all_finish() {
+    let units: usize = 48;
+    let (f, _server, calls) = judge_fixture(units);
+    let store = f.path("store.sqlite").display().to_string();
+    let mut children: Vec<_> = (0..4).map(|n| start_run(&f, &store, n)).collect();
+    let codes = wait_all(&mut children, std::time::Duration::from_secs(120));
     let mut answers = Vec::new();
     for (n, code) in codes.iter().enumerate() {
         let err = std::fs::read_to_string(f.path(&format!("err{n}.log"))).unwrap_or_default();
-        assert_eq!(*code, Some(Some(0)), "run {n}: {err}");
-        let answer =
-            std::fs::read_to_string(f.path(&format!("out{n}/answer.json"))).expect("answer");
-        let v: Value = serde_json::from_str(&answer).expect("json");
-        answers.push(v["items"].clone());
+        assert_eq!(*code, Some(0), "run {n}: {err}");
+        answers.push(items(&f, n));
     }
     assert_eq!(answers[0].as_array().map(Vec::len), Some(units.div_ceil(3)));
     assert!(answers.iter().all(|a| a == &answers[0]), "{answers:?}");

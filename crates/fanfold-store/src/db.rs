@@ -205,6 +205,11 @@ const RECONNECT_FOR: std::time::Duration = std::time::Duration::from_secs(30);
 /// 32,766, PostgreSQL's 65,535).
 const ROWS_A_STATEMENT: usize = 256;
 
+/// The parameters as SQLite binds them.
+fn sqlite_args<'a>(params: &'a [&'a dyn Param]) -> Vec<&'a dyn rusqlite::ToSql> {
+    params.iter().map(|p| *p as &dyn rusqlite::ToSql).collect()
+}
+
 /// One open connection to a store.
 pub(crate) enum Conn {
     Sqlite(rusqlite::Connection),
@@ -329,12 +334,9 @@ impl Conn {
     /// Runs one statement; how many rows it changed.
     pub(crate) fn execute(&mut self, sql: &str, params: &[&dyn Param]) -> Result<u64, DbError> {
         match self {
-            Conn::Sqlite(c) => {
-                let mut st = c.prepare_cached(sql)?;
-                let args: Vec<&dyn rusqlite::ToSql> =
-                    params.iter().map(|p| *p as &dyn rusqlite::ToSql).collect();
-                Ok(st.execute(args.as_slice())? as u64)
-            }
+            Conn::Sqlite(c) => Ok(c
+                .prepare_cached(sql)?
+                .execute(sqlite_args(params).as_slice())? as u64),
             Conn::Postgres(pg) => pg.run(sql, params).map(|(_, changed)| changed),
         }
     }
@@ -349,9 +351,7 @@ impl Conn {
         match self {
             Conn::Sqlite(c) => {
                 let mut st = c.prepare_cached(sql)?;
-                let args: Vec<&dyn rusqlite::ToSql> =
-                    params.iter().map(|p| *p as &dyn rusqlite::ToSql).collect();
-                let mut rows = st.query(args.as_slice())?;
+                let mut rows = st.query(sqlite_args(params).as_slice())?;
                 let mut out = Vec::new();
                 while let Some(r) = rows.next()? {
                     out.push(f(&Row::Sqlite(r))?);
@@ -376,9 +376,7 @@ impl Conn {
         match self {
             Conn::Sqlite(c) => {
                 let mut st = c.prepare_cached(sql)?;
-                let args: Vec<&dyn rusqlite::ToSql> =
-                    params.iter().map(|p| *p as &dyn rusqlite::ToSql).collect();
-                let mut rows = st.query(args.as_slice())?;
+                let mut rows = st.query(sqlite_args(params).as_slice())?;
                 match rows.next()? {
                     Some(r) => f(&Row::Sqlite(r)).map(Some),
                     None => Ok(None),

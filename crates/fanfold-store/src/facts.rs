@@ -54,8 +54,13 @@ impl Store {
                     Ok((r.get::<String>(0)?, r.get::<String>(1)?))
                 })
                 .map_err(|e| self.sql(e))?;
-            for (key, text) in rows {
-                let Some(key) = chunk.iter().find(|k| k.to_hex() == key) else {
+            for (hex_key, text) in rows {
+                // A row the statement returned has one of the keys asked.
+                let Some(key) = hex
+                    .iter()
+                    .position(|h| *h == hex_key)
+                    .and_then(|i| chunk.get(i))
+                else {
                     continue;
                 };
                 if let Some(fact) = self.checked_fact(key, text)? {

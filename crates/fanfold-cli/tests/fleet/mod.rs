@@ -4,90 +4,42 @@
 
 use super::*;
 
+/// Waits until the judge has answered `n` calls in all.
+fn wait_for_calls(calls: &Calls, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while calls.lock().expect("calls").values().sum::<usize>() < n {
+        assert!(std::time::Instant::now() < deadline, "no calls came");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// One fact a unit in the store at `url`, every unit called, and at most
+/// `slots` units (those in flight when a process stopped) called twice.
+fn assert_one_fact_a_unit(
+    url: &str,
+    calls: &Calls,
+    units: usize,
+    slots: usize,
+) -> fanfold_store::Store {
+    let store = fanfold_store::Store::open(std::path::Path::new(url)).expect("store");
+    assert_eq!(
+        store.count_facts().expect("facts"),
+        units as u64,
+        "one fact a unit"
+    );
+    let calls = calls.lock().expect("calls");
+    assert_eq!(calls.len(), units, "every unit called");
+    let repeats: Vec<_> = calls.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeats.len() <= slots && repeats.iter().all(|(_, n)| **n == 2),
+        "only the units in flight of a process that stopped are paid twice: {repeats:?}"
+    );
+    store
+}
+
 fn postgres() -> fanfold_testkit::Postgres {
     fanfold_testkit::Postgres::start()
         .unwrap_or_else(|e| panic!("a PostgreSQL server for this test: {e}"))
-}
-
-/// Starts `fanfold run` on `store` with the HTTP judge, writing to
-/// `out{n}` and its log to `err{n}.log`.
-fn start_run(f: &Fixture, store: &str, n: usize) -> std::process::Child {
-    start_leased(f, store, n, 4, 60)
-}
-
-/// [`start_run`] with `slots` requests in flight and leases of
-/// `lease_secs`.
-fn start_leased(
-    f: &Fixture,
-    store: &str,
-    n: usize,
-    slots: usize,
-    lease_secs: u64,
-) -> std::process::Child {
-    let log = std::fs::File::create(f.path(&format!("err{n}.log"))).expect("log");
-    bin()
-        .arg("run")
-        .arg(f.path("spec.toml"))
-        .args(["--store", store, "--backend", "http", "--json"])
-        .args(["--slots", &slots.to_string()])
-        .args(["--lease-secs", &lease_secs.to_string()])
-        .arg("--out")
-        .arg(f.path(&format!("out{n}")))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("starts")
-}
-
-/// Waits for every child, for at most `limit`; their exit codes.
-fn wait_all(children: &mut [std::process::Child], limit: std::time::Duration) -> Vec<Option<i32>> {
-    let started = std::time::Instant::now();
-    let mut codes = vec![None; children.len()];
-    while codes.iter().any(Option::is_none) {
-        for (n, child) in children.iter_mut().enumerate() {
-            if codes[n].is_none()
-                && let Some(status) = child.try_wait().expect("wait")
-            {
-                codes[n] = Some(status.code());
-            }
-        }
-        if started.elapsed() > limit {
-            for c in children.iter_mut() {
-                let _ = c.kill();
-            }
-            panic!("processes still running after {limit:?}: {codes:?}");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    codes.into_iter().map(Option::flatten).collect()
-}
-
-fn items(f: &Fixture, n: usize) -> Value {
-    let answer = std::fs::read_to_string(f.path(&format!("out{n}/answer.json"))).expect("answer");
-    let v: Value = serde_json::from_str(&answer).expect("json");
-    v.get("items").cloned().unwrap_or(Value::Null)
-}
-
-fn judge_fixture(
-    units: usize,
-) -> (
-    Fixture,
-    fanfold_testkit::Server,
-    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
-) {
-    let (server, calls) = counting_judge();
-    let f = Fixture::new(
-        JSON_ARRAY,
-        &format!(
-            "[backends.http]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\n",
-            server.openai_url()
-        ),
-    );
-    let rows: Vec<Value> = (0..units)
-        .map(|i| serde_json::json!({"id": i, "flag": i % 3 == 0, "delay_ms": 20 + (i % 5) * 10}))
-        .collect();
-    f.input(&serde_json::to_vec(&rows).expect("rows"));
-    (f, server, calls)
 }
 
 /// The same spec gives the same answer on SQLite with one process and on
@@ -167,11 +119,7 @@ fn a_killed_process_on_postgres_loses_only_its_units_in_flight() {
     let start = |n: usize| start_leased(&f, &url, n, slots, 3);
     let mut children: Vec<_> = (0..3).map(start).collect();
     // Kill the first once a sixth of the units were answered.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while calls.lock().expect("calls").values().sum::<usize>() < units / 6 {
-        assert!(std::time::Instant::now() < deadline, "no calls came");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_for_calls(&calls, units / 6);
     children[0].kill().expect("SIGKILL");
     children[0].wait().expect("reaped");
     let mut survivors = children.split_off(1);
@@ -197,19 +145,7 @@ fn a_killed_process_on_postgres_loses_only_its_units_in_flight() {
     sorted.sort_by_key(|s| s.parse::<usize>().unwrap_or(usize::MAX));
     assert_eq!(sorted, expected, "the answer is whole");
 
-    let store = fanfold_store::Store::open(std::path::Path::new(&url)).expect("store");
-    assert_eq!(
-        store.count_facts().expect("facts"),
-        units as u64,
-        "one fact a unit"
-    );
-    let calls = calls.lock().expect("calls");
-    assert_eq!(calls.len(), units, "every unit called");
-    let repeats: Vec<_> = calls.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        repeats.len() <= slots && repeats.iter().all(|(_, n)| **n == 2),
-        "only the killed process's units in flight are paid again: {repeats:?}"
-    );
+    let store = assert_one_fact_a_unit(&url, &calls, units, slots);
     // The killed run ends `abandoned` once noticed; the others completed.
     let runs = store.run_overview(10).expect("runs");
     let reasons: Vec<Option<String>> = runs.iter().map(|r| r.stop_reason.clone()).collect();
@@ -235,11 +171,7 @@ fn a_process_paused_past_its_leases_writes_nothing_twice_on_postgres() {
     let slots = 2;
     let start = |n: usize| start_leased(&f, &url, n, slots, 3);
     let mut paused = start(0);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while calls.lock().expect("calls").values().sum::<usize>() < 4 {
-        assert!(std::time::Instant::now() < deadline, "no calls came");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_for_calls(&calls, 4);
     let signal = |name: &str| {
         let o = run(std::process::Command::new("kill")
             .arg(format!("-{name}"))
@@ -263,19 +195,7 @@ fn a_process_paused_past_its_leases_writes_nothing_twice_on_postgres() {
         Some(units.div_ceil(3)),
         "the answer is whole"
     );
-    let store = fanfold_store::Store::open(std::path::Path::new(&url)).expect("store");
-    assert_eq!(
-        store.count_facts().expect("facts"),
-        units as u64,
-        "one fact a unit"
-    );
-    let calls = calls.lock().expect("calls");
-    assert_eq!(calls.len(), units, "every unit called");
-    let repeats: Vec<_> = calls.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        repeats.len() <= slots && repeats.iter().all(|(_, n)| **n == 2),
-        "only the paused process's units in flight are paid twice: {repeats:?}"
-    );
+    assert_one_fact_a_unit(&url, &calls, units, slots);
 }
 
 /// A run goes on through a restart of the PostgreSQL server (a failover,
@@ -288,11 +208,7 @@ fn a_run_goes_on_through_a_postgres_restart() {
     let units: usize = 60;
     let (f, _server, calls) = judge_fixture(units);
     let mut child = [start_leased(&f, &url, 0, 2, 60)];
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while calls.lock().expect("calls").values().sum::<usize>() < 10 {
-        assert!(std::time::Instant::now() < deadline, "no calls came");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_for_calls(&calls, 10);
     pg.restart().expect("restart");
     let at_restart = calls.lock().expect("calls").len();
     assert!(at_restart < units, "the run was still going at the restart");
