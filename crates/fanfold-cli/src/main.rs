@@ -52,6 +52,11 @@ enum Command {
     /// and the budget spent against its limits; finished ones with how
     /// they stopped.
     Status(StatusArgs),
+    /// Make the model calls of runs started with `--workers`, on this
+    /// host: take the open job of any live run on the store, call the
+    /// model its spec declares (or `--endpoint`), write each answer once.
+    /// Stops on SIGTERM or Ctrl-C, giving back what it holds.
+    Worker(WorkerArgs),
     /// Answer, as a person at a terminal, the labels a cascade asked for
     /// (OUT_DIR/labels-wanted.jsonl): one unit at a time, single keys,
     /// stored at once; resumes where it stopped.
@@ -311,9 +316,46 @@ struct RunArgs {
     /// and send nothing; the rest of the run is as usual.
     #[arg(long)]
     dry_run: bool,
+    /// Hand the model calls to worker processes sharing the store
+    /// (`fanfold worker`): start N of them here, or 0 to wait for workers
+    /// started elsewhere. `--slots` then bounds the calls out across all
+    /// workers, and budgets hold for the whole fleet. Absent: this process
+    /// calls the model itself.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=256))]
+    workers: Option<u64>,
     /// Print JSON Lines envelopes (answer, certificate) instead of text.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Args)]
+struct WorkerArgs {
+    /// The store the runs use: an SQLite file on this host, or a
+    /// PostgreSQL address (`postgres://user@host/db`).
+    #[arg(long, env = env_vars::STORE, default_value = ".fanfold/store.sqlite")]
+    store: PathBuf,
+    /// Most calls this worker makes at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    slots: u64,
+    /// Only this run's calls.
+    #[arg(long, value_name = "RUN_ID")]
+    run: Option<String>,
+    /// How long a call this worker holds stays its own without renewal:
+    /// what the others wait, at most, before taking over the calls of a
+    /// worker that died.
+    #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(3..=86_400))]
+    lease_secs: u64,
+    /// Send an HTTP backend's calls here instead of to the endpoint the
+    /// spec declares (one model server per host). The answers are stored
+    /// as the declared backend's, so it must serve the same model.
+    #[arg(long, value_name = "URL")]
+    endpoint: Option<String>,
+    /// Stop after this many seconds with no call to make.
+    #[arg(long, value_name = "SECS")]
+    idle_exit_secs: Option<u64>,
+    /// Stop when this process is gone (workers a run starts).
+    #[arg(long, value_name = "PID", hide = true)]
+    parent_pid: Option<u32>,
 }
 
 #[derive(Args)]
@@ -529,6 +571,7 @@ fn real_main() -> Result<ExitCode> {
         Command::Batches(args) => batches(args).map(|()| ExitCode::SUCCESS),
         Command::Gc(args) => gc(args).map(|()| ExitCode::SUCCESS),
         Command::Status(args) => status(args).map(|()| ExitCode::SUCCESS),
+        Command::Worker(args) => worker(&args).map(|()| ExitCode::SUCCESS),
         Command::Label(args) => label::label(&args).map(|()| ExitCode::SUCCESS),
         Command::New(args) => {
             let (spec, why) = new::write(&args.dir, &args.question, &args.input)?;
@@ -789,17 +832,20 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     opts.store_max_bytes = args.store_max_bytes;
     opts.lease_ms = Some(args.lease_secs * 1_000);
     opts.dry_run = args.dry_run;
+    opts.fleet = args.workers.is_some();
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from(".fanfold/runs").join(&plan.spec.name));
     opts.out_dir = Some(out.clone());
+    let workers = LocalWorkers::start(&args)?;
     let result = if args.json {
         fanfold_engine::run(&plan, &opts, &fanfold_engine::NoProgress)
     } else {
         let bars = progress::Bars::new();
         fanfold_engine::run(&plan, &opts, &bars)
     };
+    workers.stop();
     let report = match result {
         Ok(report) => report,
         Err(e) => {
@@ -864,6 +910,85 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::from(code))
+}
+
+/// The workers a run started on this host (`--workers N`).
+struct LocalWorkers(Vec<std::process::Child>);
+
+impl LocalWorkers {
+    /// Starts `--workers` worker processes on the run's store, with the
+    /// run's slots shared among them.
+    fn start(args: &RunArgs) -> Result<LocalWorkers> {
+        let n = args.workers.unwrap_or(0);
+        if n == 0 {
+            return Ok(LocalWorkers(Vec::new()));
+        }
+        let exe = std::env::current_exe().context("finding this program to start workers")?;
+        let slots = args.slots.div_ceil(n).max(1);
+        let mut children = Vec::new();
+        for _ in 0..n {
+            let child = std::process::Command::new(&exe)
+                .arg("worker")
+                .arg("--store")
+                .arg(&args.input.store)
+                .args(["--slots", &slots.to_string()])
+                .args(["--lease-secs", &args.lease_secs.to_string()])
+                .args(["--parent-pid", &std::process::id().to_string()])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .with_context(|| format!("starting a worker ({})", exe.display()))?;
+            children.push(child);
+        }
+        Ok(LocalWorkers(children))
+    }
+
+    /// Asks each worker to stop (SIGTERM: it gives back what it holds and
+    /// marks itself stopped), and kills one that has not within 5 s.
+    fn stop(self) {
+        for child in &self.0 {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                // SAFETY: kill only sends a signal, to a child this process
+                // started and has not reaped, so the pid is still its.
+                unsafe {
+                    libc::kill(pid, libc::SIGTERM);
+                }
+            }
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        for mut child in self.0 {
+            while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            if matches!(child.try_wait(), Ok(None)) {
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+fn worker(args: &WorkerArgs) -> Result<()> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, std::sync::Arc::clone(&stop))
+            .context("listening for SIGTERM")?;
+    }
+    let opts = fanfold_engine::fleet::worker::WorkerOptions {
+        store_path: args.store.clone(),
+        slots: args.slots as usize,
+        run_id: args.run.clone(),
+        lease_ms: args.lease_secs * 1_000,
+        endpoint: args.endpoint.clone(),
+        idle_exit: args.idle_exit_secs.map(std::time::Duration::from_secs),
+        parent_pid: args.parent_pid,
+    };
+    let report = fanfold_engine::fleet::worker::serve(&opts, &stop)?;
+    eprintln!(
+        "worker {} stopped: {} calls answered, {} answered late (another worker's stood), {} jobs",
+        report.worker_id, report.calls, report.late, report.jobs
+    );
+    Ok(())
 }
 
 fn explain(args: ExplainArgs) -> Result<ExitCode> {
@@ -1000,8 +1125,29 @@ fn status(args: StatusArgs) -> Result<()> {
     for r in &runs {
         print!("{}", describe_run(r, now));
     }
+    let workers = store.workers(WORKERS_SHOWN_MS)?;
+    if !workers.is_empty() {
+        println!(
+            "workers (heartbeat in the last {} min):",
+            WORKERS_SHOWN_MS / 60_000
+        );
+    }
+    for w in &workers {
+        let ago = now.saturating_sub(w.heartbeat_ms) / 1000;
+        let doing = match &w.job_id {
+            Some(job) => format!("on job {job}, holding {} calls", w.holding),
+            None => String::new(),
+        };
+        println!(
+            "  {} {} on {} pid {}, heartbeat {ago} s ago, {} slots, {} calls answered {doing}",
+            w.state, w.worker_id, w.host, w.pid, w.slots, w.calls
+        );
+    }
     Ok(())
 }
+
+/// How far back `fanfold status` lists workers.
+const WORKERS_SHOWN_MS: u64 = 10 * 60_000;
 
 /// One run of `fanfold status`, in lines.
 fn describe_run(r: &fanfold_store::RunOverview, now: u64) -> String {

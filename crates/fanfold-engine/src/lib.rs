@@ -5,6 +5,7 @@
 pub mod backends;
 pub mod batches;
 pub mod error;
+pub mod fleet;
 pub mod kit;
 pub mod models;
 pub mod output;

@@ -101,7 +101,8 @@ impl From<&fanfold_core::spec::DecisionSpec> for DecisionField {
 
 /// A failed call. Each is retried within the stage's budget and then
 /// recorded as `error` with its cause; none is ever a negative.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+/// Serializable, so a call made in another process comes back as it was.
+#[derive(Clone, Debug, PartialEq, thiserror::Error, Serialize, Deserialize)]
 pub enum CallError {
     #[error("timed out after {ms} ms")]
     Timeout { ms: u64 },

@@ -28,12 +28,14 @@ mod batches;
 mod db;
 mod effects;
 mod facts;
+mod fleet;
 mod runs;
 mod sources;
 mod units;
 
 pub use db::DbError;
 pub use effects::{EffectRow, EffectState, JournalEntry};
+pub use fleet::{FleetJob, FleetTask, JobState, WorkerRow};
 
 use db::{Conn, Param, Row, params};
 
@@ -630,13 +632,18 @@ impl Store {
                     None => {
                         tx.batch(&db::pg_ddl(SCHEMA))?;
                         tx.batch(&db::pg_ddl(effects::SCHEMA))?;
+                        tx.batch(&db::pg_ddl(fleet::SCHEMA))?;
                         tx.execute(
                             "INSERT INTO meta (key, value) VALUES ('schema', ?1)",
                             params![SCHEMA_VERSION],
                         )?;
                         Ok(Ok(()))
                     }
-                    Some(v) if v == SCHEMA_VERSION => Ok(Ok(())),
+                    Some(v) if v == SCHEMA_VERSION => {
+                        // Tables added within a version are declared on open.
+                        tx.batch(&db::pg_ddl(fleet::SCHEMA))?;
+                        Ok(Ok(()))
+                    }
                     Some(v) if !v.starts_with("fanfold-store") => Ok(Err(StoreError::Foreign {
                         path: location.clone(),
                     })),
@@ -736,6 +743,7 @@ impl Store {
         let tx = conn.transaction().map_err(sql)?;
         tx.execute_batch(SCHEMA).map_err(sql)?;
         tx.execute_batch(effects::SCHEMA).map_err(sql)?;
+        tx.execute_batch(fleet::SCHEMA).map_err(sql)?;
         if app != APPLICATION_ID {
             tx.pragma_update(None, "application_id", APPLICATION_ID)
                 .map_err(sql)?;

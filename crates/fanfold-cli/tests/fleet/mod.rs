@@ -222,3 +222,323 @@ fn a_run_goes_on_through_a_postgres_restart() {
     let store = fanfold_store::Store::open(std::path::Path::new(&url)).expect("store");
     assert_eq!(store.count_facts().expect("facts"), units as u64);
 }
+
+/// A coordinator, `fanfold run --workers N` with `slots` calls out across
+/// the fleet and leases of 3 s; its answer goes to `out{n}`.
+fn start_coordinator(
+    f: &Fixture,
+    store: &str,
+    n: usize,
+    slots: usize,
+    workers: usize,
+) -> std::process::Child {
+    let log = std::fs::File::create(f.path(&format!("err{n}.log"))).expect("log");
+    bin()
+        .arg("run")
+        .arg(f.path("spec.toml"))
+        .args(["--store", store, "--backend", "http", "--json"])
+        .args(["--slots", &slots.to_string()])
+        .args(["--workers", &workers.to_string()])
+        .args(["--lease-secs", "3"])
+        .arg("--out")
+        .arg(f.path(&format!("out{n}")))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starts")
+}
+
+/// An external `fanfold worker` with `slots` and leases of 3 s, logging
+/// to `worker{n}.log`.
+fn start_worker(f: &Fixture, store: &str, n: usize, slots: usize) -> std::process::Child {
+    let log = std::fs::File::create(f.path(&format!("worker{n}.log"))).expect("log");
+    bin()
+        .args(["worker", "--store", store, "--lease-secs", "3"])
+        .args(["--slots", &slots.to_string()])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starts")
+}
+
+/// Stops workers as a service manager does (SIGTERM); each must end by
+/// itself, cleanly. Their logs.
+fn stop_workers(f: &Fixture, workers: &mut [std::process::Child]) -> Vec<String> {
+    for w in workers.iter() {
+        let o = run(std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(w.id().to_string()));
+        assert!(o.status.success(), "kill -TERM: {}", stderr(&o));
+    }
+    let codes = wait_all(workers, std::time::Duration::from_secs(30));
+    (0..workers.len())
+        .map(|n| {
+            let log =
+                std::fs::read_to_string(f.path(&format!("worker{n}.log"))).unwrap_or_default();
+            assert_eq!(codes[n], Some(0), "worker {n}: {log}");
+            assert!(log.contains("stopped:"), "worker {n}: {log}");
+            log
+        })
+        .collect()
+}
+
+/// The coordinator's exit code and its log.
+fn coordinator_done(f: &Fixture, child: std::process::Child, n: usize) -> (Option<i32>, String) {
+    let codes = wait_all(&mut [child], std::time::Duration::from_secs(120));
+    let err = std::fs::read_to_string(f.path(&format!("err{n}.log"))).unwrap_or_default();
+    (codes[0], err)
+}
+
+/// A run whose model calls are made by workers it starts itself gives the
+/// answer a run without workers gives, on SQLite; the scripted backend's
+/// script reaches the workers through the store.
+#[test]
+fn a_run_with_local_workers_answers_as_a_run_without() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    let rows: Vec<Value> = (0..40)
+        .map(|i| serde_json::json!({"id": i, "flag": i % 4 == 1}))
+        .collect();
+    f.input(&serde_json::to_vec(&rows).expect("rows"));
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let expected = f.answer_ids();
+    assert_eq!(expected.len(), 10);
+
+    let store = f.path("fleet.sqlite");
+    let o = run(bin()
+        .arg("run")
+        .arg(f.path("spec.toml"))
+        .arg("--store")
+        .arg(&store)
+        .arg("--out")
+        .arg(f.path("out"))
+        .args(["--json", "--workers", "2", "--slots", "6"]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(f.answer_ids(), expected);
+    assert_eq!(
+        f.certificate()["verify"]["passed"],
+        true,
+        "verified like any run"
+    );
+    // Both workers stopped cleanly when the run ended, and answered every
+    // call between them.
+    assert_eq!(
+        sqlite3(
+            &store,
+            "SELECT COUNT(*), SUM(calls) FROM fleet_workers WHERE state = 'stopped';"
+        )
+        .trim(),
+        "2|40"
+    );
+    assert_eq!(
+        sqlite3(&store, "SELECT COUNT(*) FROM fleet_tasks;").trim(),
+        "0",
+        "the queue is empty"
+    );
+}
+
+/// The same spec gives the same answer on SQLite with one process and on
+/// PostgreSQL with a coordinator and four workers started on their own,
+/// which call each unit once between them; `status` shows the workers.
+#[test]
+fn four_workers_on_postgres_answer_as_one_process_on_sqlite() {
+    let pg = postgres();
+    let url = pg.create_database().expect("database");
+    let units: usize = 48;
+    let (f, _server, calls) = judge_fixture(units);
+    let mut one = [start_run(
+        &f,
+        &f.path("store.sqlite").display().to_string(),
+        0,
+    )];
+    assert_eq!(
+        wait_all(&mut one, std::time::Duration::from_secs(120)),
+        [Some(0)]
+    );
+    let expected = items(&f, 0);
+    calls.lock().expect("calls").clear();
+
+    let mut workers: Vec<_> = (0..4).map(|n| start_worker(&f, &url, n, 3)).collect();
+    let coordinator = start_coordinator(&f, &url, 1, 12, 0);
+    let (code, err) = coordinator_done(&f, coordinator, 1);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(items(&f, 1), expected, "answers as SQLite did");
+    {
+        let calls = calls.lock().expect("calls");
+        assert_eq!(calls.len(), units, "every unit called");
+        let repeats: Vec<_> = calls.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(repeats.is_empty(), "called more than once: {repeats:?}");
+    }
+    let o = run(bin().args(["status", "--store", &url]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let shown = stdout(&o);
+    assert_eq!(
+        shown.lines().filter(|l| l.contains(" slots, ")).count(),
+        4,
+        "{shown}"
+    );
+    let logs = stop_workers(&f, &mut workers);
+    let answered: u64 = logs
+        .iter()
+        .filter_map(|l| {
+            let (_, rest) = l.split_once("stopped: ")?;
+            rest.split(' ').next()?.parse::<u64>().ok()
+        })
+        .sum();
+    assert_eq!(answered, units as u64, "{logs:?}");
+}
+
+/// Four workers share the coordinator's budget: `max_model_calls = 20`
+/// lets 20 calls reach the endpoint between them, never more, and the
+/// answer says it is incomplete.
+#[test]
+fn four_workers_share_one_budget() {
+    let pg = postgres();
+    let url = pg.create_database().expect("database");
+    let (server, calls) = counting_judge();
+    let f = Fixture::new(
+        JSON_ARRAY,
+        &format!(
+            "[budget]\nmax_model_calls = 20\n\n[backends.http]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\n",
+            server.openai_url()
+        ),
+    );
+    let rows: Vec<Value> = (0..60)
+        .map(|i| serde_json::json!({"id": i, "flag": i % 3 == 0, "delay_ms": 30}))
+        .collect();
+    f.input(&serde_json::to_vec(&rows).expect("rows"));
+    let mut workers: Vec<_> = (0..4).map(|n| start_worker(&f, &url, n, 4)).collect();
+    let coordinator = start_coordinator(&f, &url, 0, 16, 0);
+    let (code, err) = coordinator_done(&f, coordinator, 0);
+    assert_ne!(
+        code,
+        Some(0),
+        "an incomplete answer is not a success: {err}"
+    );
+    let made: usize = calls.lock().expect("calls").values().sum();
+    assert_eq!(made, 20, "the budget, and no call past it");
+    let answer: Value =
+        serde_json::from_str(&std::fs::read_to_string(f.path("out0/answer.json")).expect("answer"))
+            .expect("json");
+    assert_eq!(answer["complete"], false);
+    stop_workers(&f, &mut workers);
+}
+
+/// A worker killed with SIGKILL loses only its calls in flight: once their
+/// leases lapse the other workers take them, every unit ends with one
+/// fact, and the answer is whole.
+#[test]
+fn a_killed_worker_loses_only_its_calls_in_flight() {
+    let pg = postgres();
+    let url = pg.create_database().expect("database");
+    let units: usize = 60;
+    let (f, _server, calls) = judge_fixture(units);
+    let slots = 3;
+    let mut workers: Vec<_> = (0..3).map(|n| start_worker(&f, &url, n, slots)).collect();
+    let coordinator = start_coordinator(&f, &url, 0, 9, 0);
+    wait_for_calls(&calls, units / 6);
+    workers[0].kill().expect("SIGKILL");
+    workers[0].wait().expect("reaped");
+    let (code, err) = coordinator_done(&f, coordinator, 0);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        items(&f, 0).as_array().map(Vec::len),
+        Some(units.div_ceil(3)),
+        "the answer is whole"
+    );
+    assert_one_fact_a_unit(&url, &calls, units, slots);
+    let mut survivors = workers.split_off(1);
+    for w in survivors.iter() {
+        let _ = run(std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(w.id().to_string()));
+    }
+    let codes = wait_all(&mut survivors, std::time::Duration::from_secs(30));
+    assert_eq!(codes, [Some(0), Some(0)]);
+}
+
+/// A worker paused (SIGSTOP) past its leases, then resumed: the others
+/// take its calls meanwhile, and its late answers change nothing.
+#[test]
+fn a_worker_paused_past_its_leases_writes_nothing_twice() {
+    let pg = postgres();
+    let url = pg.create_database().expect("database");
+    let units: usize = 60;
+    let (f, _server, calls) = judge_fixture(units);
+    let slots = 3;
+    let mut paused = start_worker(&f, &url, 0, slots);
+    let coordinator = start_coordinator(&f, &url, 0, 6, 0);
+    wait_for_calls(&calls, 4);
+    let signal = |name: &str, pid: u32| {
+        let o = run(std::process::Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string()));
+        assert!(o.status.success(), "kill -{name}: {}", stderr(&o));
+    };
+    signal("STOP", paused.id());
+    let mut other = [start_worker(&f, &url, 1, slots)];
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    signal("CONT", paused.id());
+    let (code, err) = coordinator_done(&f, coordinator, 0);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        items(&f, 0).as_array().map(Vec::len),
+        Some(units.div_ceil(3)),
+        "the answer is whole"
+    );
+    assert_one_fact_a_unit(&url, &calls, units, slots);
+    signal("TERM", paused.id());
+    signal("TERM", other[0].id());
+    let code = paused.wait().expect("paused worker ends").code();
+    let log = std::fs::read_to_string(f.path("worker0.log")).unwrap_or_default();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(
+        !log.contains(" 0 answered late"),
+        "its answers after the pause came late: {log}"
+    );
+    assert_eq!(
+        wait_all(&mut other, std::time::Duration::from_secs(30)),
+        [Some(0)]
+    );
+}
+
+/// When the coordinator stops early (its wall budget spent), the workers
+/// learn it within one lease period: no call starts after that, and they
+/// hold nothing.
+#[test]
+fn a_stop_reaches_every_worker_within_one_lease() {
+    let pg = postgres();
+    let url = pg.create_database().expect("database");
+    let (server, calls) = counting_judge();
+    let f = Fixture::new(
+        JSON_ARRAY,
+        &format!(
+            "[budget]\nmax_wall_secs = 3\n\n[backends.http]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\n",
+            server.openai_url()
+        ),
+    );
+    let rows: Vec<Value> = (0..200)
+        .map(|i| serde_json::json!({"id": i, "flag": false, "delay_ms": 400}))
+        .collect();
+    f.input(&serde_json::to_vec(&rows).expect("rows"));
+    let mut workers: Vec<_> = (0..2).map(|n| start_worker(&f, &url, n, 4)).collect();
+    let coordinator = start_coordinator(&f, &url, 0, 8, 0);
+    let (code, err) = coordinator_done(&f, coordinator, 0);
+    assert_ne!(code, Some(0), "stopped on its budget: {err}");
+    // One lease (3 s) later, nothing more is asked.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let settled: usize = calls.lock().expect("calls").values().sum();
+    assert!(settled < 200, "the run stopped early");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let later: usize = calls.lock().expect("calls").values().sum();
+    assert_eq!(later, settled, "no call after the stop reached the workers");
+    let store = fanfold_store::Store::open(std::path::Path::new(&url)).expect("store");
+    let held: u64 = store
+        .workers(60_000)
+        .expect("workers")
+        .iter()
+        .map(|w| w.holding)
+        .sum();
+    assert_eq!(held, 0, "the workers hold nothing");
+    stop_workers(&f, &mut workers);
+}

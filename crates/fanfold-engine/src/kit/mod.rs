@@ -517,6 +517,9 @@ pub struct Backends {
     pub infos: Vec<BackendInfo>,
     /// Append every call to this replay cassette.
     pub record: Option<PathBuf>,
+    /// Hand online calls to workers through this store instead of making
+    /// them here.
+    pub fleet: Option<crate::fleet::FleetLink>,
 }
 
 impl Backends {
@@ -544,7 +547,13 @@ impl Backends {
                 .backends
                 .get(name)
                 .ok_or_else(|| err(fanfold_model::BackendError::Setup("not declared".into())))?;
-            let mut b = crate::backends::build(bspec, spec_dir, execution).map_err(err)?;
+            let mut b = match &self.fleet {
+                // Provider batches are submitted by the coordinator itself.
+                Some(link) if execution == Execution::Online => {
+                    Box::new(crate::fleet::FleetBackend::new(link, bspec, spec_dir).map_err(err)?)
+                }
+                _ => crate::backends::build(bspec, spec_dir, execution).map_err(err)?,
+            };
             if let Some(path) = &self.record {
                 b = Box::new(RecordingBackend::create(b, path).map_err(err)?);
             }

@@ -59,6 +59,9 @@ pub struct RunOptions {
     pub lease_ms: Option<u64>,
     /// Effects show what they would do and do nothing.
     pub dry_run: bool,
+    /// Model calls are made by worker processes sharing the store
+    /// (`fanfold worker`); this run queues them and folds what they answer.
+    pub fleet: bool,
 }
 
 /// What a run's phases read of its options and spec, resolved once: a
@@ -101,6 +104,7 @@ impl RunOptions {
             store_max_bytes: None,
             lease_ms: None,
             dry_run: false,
+            fleet: false,
         }
     }
 }
@@ -304,6 +308,12 @@ fn run_begun(
         budget: &budget,
     };
     let mut state = stages::State::new(plan, opts, &settings);
+    if opts.fleet {
+        state.backends.fleet = Some(crate::fleet::FleetLink {
+            store_path: opts.store_path.clone(),
+            run_id: run_id.to_owned(),
+        });
+    }
     let ledger = FactLedger::new(
         store,
         Controller::new(spec.contract.clone()),

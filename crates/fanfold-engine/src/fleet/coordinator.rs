@@ -1,0 +1,177 @@
+//! The coordinator's side: a backend that queues its job's requests for
+//! workers and hands back what they answer.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use fanfold_model::{BackendError, BackendInfo, CallError, Job, ModelBackend, Next, Request};
+use fanfold_store::{FleetJob, Store};
+
+use super::{FleetLink, JobOptions, PortableBackend, TaskRequest, TaskResult};
+
+/// How often the queue is read for results while requests are out: well
+/// under a model call, and a few statements a second when nothing moves.
+const POLL: Duration = Duration::from_millis(20);
+
+/// A backend whose calls are made by workers.
+pub struct FleetBackend {
+    store: Store,
+    run_id: String,
+    /// The backend the spec declares: its identity keys the facts.
+    info: BackendInfo,
+    /// The same backend as workers build it (JSON of a [`PortableBackend`]).
+    portable: String,
+    /// Jobs opened so far, for job ids unique within the run.
+    jobs: AtomicU64,
+    /// What the declared backend says a usage cost, asked of a backend
+    /// built here only for its price table.
+    priced: Option<Box<dyn ModelBackend>>,
+}
+
+impl FleetBackend {
+    /// A fleet backend standing for `spec`, queueing on `link`'s store with
+    /// its own connection.
+    pub fn new(
+        link: &FleetLink,
+        spec: &fanfold_core::spec::BackendSpec,
+        spec_dir: &std::path::Path,
+    ) -> Result<FleetBackend, BackendError> {
+        let info =
+            crate::backends::identity(spec, spec_dir, fanfold_core::spec::Execution::Online)?;
+        let portable = PortableBackend::new(spec, spec_dir)?;
+        let portable = serde_json::to_string(&portable)
+            .map_err(|e| BackendError::Setup(format!("describing the backend: {e}")))?;
+        let store =
+            Store::open(&link.store_path).map_err(|e| BackendError::Setup(e.to_string()))?;
+        // Prices are known to HTTP backends, which are cheap to build.
+        let priced = match spec {
+            fanfold_core::spec::BackendSpec::Openai(_)
+            | fanfold_core::spec::BackendSpec::Anthropic(_) => Some(crate::backends::build(
+                spec,
+                spec_dir,
+                fanfold_core::spec::Execution::Online,
+            )?),
+            _ => None,
+        };
+        Ok(FleetBackend {
+            store,
+            run_id: link.run_id.clone(),
+            info,
+            portable,
+            jobs: AtomicU64::new(0),
+            priced,
+        })
+    }
+
+    fn queue(&self, job: &dyn Job, job_id: &str) -> Result<(), String> {
+        let mut out: HashMap<u64, Request> = HashMap::new();
+        let mut next_seq = 0_u64;
+        let mut pulled_all = false;
+        loop {
+            if job.is_cancelled() {
+                self.store
+                    .close_fleet_job(job_id, "cancelled")
+                    .map_err(|e| e.to_string())?;
+                for (_, r) in out.drain() {
+                    job.complete(r, Err(CallError::Cancelled));
+                }
+                return Ok(());
+            }
+            // The job's slots bound the requests out across the fleet.
+            let mut fresh = Vec::new();
+            while !pulled_all && out.len() + fresh.len() < job.slots().max(1) {
+                match job.poll_next() {
+                    Next::Request(r) => fresh.push(r),
+                    Next::Later(_) => break,
+                    Next::Done => pulled_all = true,
+                }
+            }
+            if !fresh.is_empty() {
+                let mut rows = Vec::with_capacity(fresh.len());
+                for r in &fresh {
+                    let task = TaskRequest {
+                        unit_id: r.unit_id.clone(),
+                        suffix: r.suffix.clone(),
+                        input: r.input.clone(),
+                        attempt: r.attempt,
+                        max_output_tokens: r.max_output_tokens,
+                        schema: r.schema.clone(),
+                    };
+                    let text = serde_json::to_string(&task).map_err(|e| e.to_string())?;
+                    rows.push((next_seq + rows.len() as u64, text));
+                }
+                // Held before the write, so a failed write still ends them.
+                for r in fresh {
+                    out.insert(next_seq, r);
+                    next_seq += 1;
+                }
+                self.store
+                    .put_fleet_tasks(job_id, &rows)
+                    .map_err(|e| e.to_string())?;
+            }
+            if pulled_all && out.is_empty() {
+                return Ok(());
+            }
+            let results = self
+                .store
+                .fleet_results(job_id)
+                .map_err(|e| e.to_string())?;
+            if results.is_empty() {
+                std::thread::sleep(POLL);
+                continue;
+            }
+            let seqs: Vec<u64> = results.iter().map(|(s, _)| *s).collect();
+            self.store
+                .forget_fleet_tasks(job_id, &seqs)
+                .map_err(|e| e.to_string())?;
+            for (seq, text) in results {
+                let Some(request) = out.remove(&seq) else {
+                    continue;
+                };
+                let result: TaskResult = serde_json::from_str(&text).unwrap_or_else(|e| {
+                    Err(CallError::InvalidResponse(format!(
+                        "a worker's result does not read: {e}"
+                    )))
+                });
+                job.complete(request, result);
+            }
+        }
+    }
+}
+
+impl ModelBackend for FleetBackend {
+    fn info(&self) -> BackendInfo {
+        self.info.clone()
+    }
+
+    fn run(&self, job: &dyn Job) -> Result<(), BackendError> {
+        let n = self.jobs.fetch_add(1, Ordering::Relaxed);
+        let job_id = format!("{}/{n}", self.run_id);
+        let options = JobOptions {
+            schema: job.output_schema().cloned(),
+            decision: job.decision().map(|d| (d.key.clone(), d.choices.clone())),
+            choice_only: job.choice_only(),
+        };
+        let row = FleetJob {
+            job_id: job_id.clone(),
+            run_id: self.run_id.clone(),
+            backend: self.portable.clone(),
+            model_id: self.info.model_id.clone(),
+            prefix: job.prefix().to_owned(),
+            options: serde_json::to_string(&options).unwrap_or_else(|_| "{}".into()),
+        };
+        self.store
+            .open_fleet_job(&row)
+            .map_err(|e| BackendError::Setup(format!("opening a fleet job: {e}")))?;
+        let queued = self.queue(job, &job_id);
+        if let Err(e) = self.store.close_fleet_job(&job_id, "closed") {
+            tracing::warn!(job = %job_id, error = %e, "the fleet job not closed");
+        }
+        queued.map_err(|e| BackendError::Setup(format!("the fleet's queue: {e}")))
+    }
+
+    fn cost_usd(&self, usage: &fanfold_model::Usage) -> Option<f64> {
+        self.priced.as_ref().and_then(|b| b.cost_usd(usage))
+    }
+}

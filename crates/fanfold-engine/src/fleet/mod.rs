@@ -1,0 +1,143 @@
+//! Model calls spread over worker processes through the store.
+//!
+//! A run started with workers (`fanfold run --workers N`) is the
+//! **coordinator**: it plans, ingests, routes, runs every stage, folds and
+//! verifies as any run does, but its model backends are [`FleetBackend`]s.
+//! A fleet backend does not call a model: it writes each request the
+//! stage's job hands it to the store's work queue and hands back the
+//! result a worker wrote. Budgets, slots, retries, the breaker and the
+//! contract stay in the coordinator's job, the one place that decides
+//! what is asked: N workers cannot spend past a budget together, because
+//! no request reaches the queue before the budget is reserved for it.
+//!
+//! A **worker** (`fanfold worker`, [`worker::serve`]) is stateless: it
+//! takes the open job of a live run, builds the job's backend from the
+//! description the coordinator stored (the spec's backend table with the
+//! files it names inlined), claims tasks under a lease, calls its model
+//! and writes each result once.
+
+mod coordinator;
+pub mod worker;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use fanfold_core::spec::{BackendSpec, Execution};
+use fanfold_model::{BackendError, DecisionField, ModelBackend};
+use serde::{Deserialize, Serialize};
+
+pub use coordinator::FleetBackend;
+
+/// Where a coordinator's fleet backends queue their work.
+#[derive(Clone, Debug)]
+pub struct FleetLink {
+    pub store_path: PathBuf,
+    pub run_id: String,
+}
+
+/// A backend as the store carries it to workers: the spec's table, with
+/// each file it names (a script, a cassette, a price table) inlined, and
+/// a model file named by its absolute path (a worker needs the same file
+/// there; the default model is fetched by the worker itself).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PortableBackend {
+    pub spec: BackendSpec,
+    /// File name (as `spec` names it) -> contents.
+    pub files: BTreeMap<String, String>,
+}
+
+impl PortableBackend {
+    pub fn new(spec: &BackendSpec, spec_dir: &Path) -> Result<PortableBackend, BackendError> {
+        let mut spec = spec.clone();
+        let mut files = BTreeMap::new();
+        let mut inline = |name: &mut String, file: &'static str| -> Result<(), BackendError> {
+            let path = spec_dir.join(&*name);
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                BackendError::Setup(format!("reading {} for the workers: {e}", path.display()))
+            })?;
+            files.insert(file.to_owned(), text);
+            *name = file.to_owned();
+            Ok(())
+        };
+        match &mut spec {
+            BackendSpec::Scripted { script, .. } => inline(script, "script.jq")?,
+            BackendSpec::Replay { cassette } => inline(cassette, "cassette.jsonl")?,
+            BackendSpec::Openai(h) | BackendSpec::Anthropic(h) => {
+                if let Some(prices) = &mut h.prices {
+                    inline(prices, "prices.toml")?;
+                }
+            }
+            BackendSpec::Llama { model, .. } => {
+                if let Some(m) = model {
+                    let path = spec_dir.join(&*m);
+                    *m = std::path::absolute(&path)
+                        .unwrap_or(path)
+                        .display()
+                        .to_string();
+                }
+            }
+        }
+        Ok(PortableBackend { spec, files })
+    }
+
+    /// Builds the backend in `dir` (where its files are written), with
+    /// `endpoint` in place of an HTTP backend's own.
+    pub fn build(
+        &self,
+        dir: &Path,
+        endpoint: Option<&str>,
+    ) -> Result<Box<dyn ModelBackend>, BackendError> {
+        for (name, text) in &self.files {
+            std::fs::write(dir.join(name), text).map_err(|e| {
+                BackendError::Setup(format!("writing {name} in {}: {e}", dir.display()))
+            })?;
+        }
+        let mut spec = self.spec.clone();
+        if let (Some(url), BackendSpec::Openai(h) | BackendSpec::Anthropic(h)) =
+            (endpoint, &mut spec)
+        {
+            h.base_url = Some(url.to_owned());
+            h.endpoints.clear();
+        }
+        crate::backends::build(&spec, dir, Execution::Online)
+    }
+
+    /// Whether a worker's `endpoint` replaces this backend's.
+    pub fn takes_endpoint(&self) -> bool {
+        matches!(
+            self.spec,
+            BackendSpec::Openai(_) | BackendSpec::Anthropic(_)
+        )
+    }
+}
+
+/// What a job asks of a backend besides its prefix.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct JobOptions {
+    schema: Option<serde_json::Value>,
+    /// The decision's key and allowed values.
+    decision: Option<(String, Vec<String>)>,
+    choice_only: bool,
+}
+
+impl JobOptions {
+    fn decision(&self) -> Option<DecisionField> {
+        self.decision
+            .clone()
+            .map(|(key, choices)| DecisionField { key, choices })
+    }
+}
+
+/// One request, as a task carries it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct TaskRequest {
+    unit_id: String,
+    suffix: String,
+    input: serde_json::Value,
+    attempt: u32,
+    max_output_tokens: u32,
+    schema: Option<serde_json::Value>,
+}
+
+/// A task's result as a worker writes it.
+type TaskResult = Result<fanfold_model::Completion, fanfold_model::CallError>;

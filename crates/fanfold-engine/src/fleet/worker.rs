@@ -1,0 +1,433 @@
+//! The worker's side: take the tasks of any live run's open job, call the
+//! model, write each result once.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fanfold_model::{
+    BackendError, CallError, Completion, DecisionField, Job, ModelBackend, Next, Request,
+};
+use fanfold_store::{FleetJob, JobState, Store, StoreError};
+
+use super::{JobOptions, PortableBackend, TaskRequest, TaskResult};
+
+/// How a worker runs.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    pub store_path: PathBuf,
+    /// Most requests this worker holds at once.
+    pub slots: usize,
+    /// Only this run's jobs, when set.
+    pub run_id: Option<String>,
+    /// How long a task this worker holds stays its own unless renewed.
+    pub lease_ms: u64,
+    /// An HTTP backend's endpoint, in place of the one the spec declares
+    /// (one model server per host). The facts stay keyed by the declared
+    /// backend, so it must serve the same model.
+    pub endpoint: Option<String>,
+    /// Stop after this long with no job to take.
+    pub idle_exit: Option<Duration>,
+    /// Stop when this process is gone (a worker started by a coordinator).
+    pub parent_pid: Option<u32>,
+}
+
+/// What a worker did, when it stops.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkerReport {
+    pub worker_id: String,
+    /// Results it wrote that stood.
+    pub calls: u64,
+    /// Results it wrote after another worker's (a lapsed lease): no-ops.
+    pub late: u64,
+    pub jobs: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// When nothing is queued: how long until the queue is read again.
+const IDLE_POLL: Duration = Duration::from_millis(100);
+/// While a job is open, how often its queue is read for more tasks.
+const TASK_POLL: Duration = Duration::from_millis(20);
+/// A job whose queue stayed empty this long, with nothing in flight, is
+/// left for the next (its backend stays built).
+const JOB_IDLE: Duration = Duration::from_secs(1);
+
+/// What the heartbeat thread and the serving loop share.
+struct Shared<'a> {
+    /// Set from outside (SIGTERM): stop now, giving back what is held.
+    outer: &'a AtomicBool,
+    worker_id: String,
+    job: Mutex<Option<String>>,
+    /// The current job was closed, cancelled, or its run died.
+    gone: AtomicBool,
+    stop: AtomicBool,
+    calls: AtomicU64,
+    late: AtomicU64,
+}
+
+/// Serves jobs until `stop` is set, the parent process is gone, or no job
+/// came for `idle_exit`.
+pub fn serve(opts: &WorkerOptions, stop: &AtomicBool) -> Result<WorkerReport, WorkerError> {
+    let store = Store::open(&opts.store_path)?;
+    store.set_lease_ms(opts.lease_ms);
+    let worker_id = format!(
+        "{}-{}-{}",
+        hostname(),
+        std::process::id(),
+        fanfold_store::now_ms()
+    );
+    store.register_worker(&worker_id, opts.slots)?;
+    tracing::info!(worker = %worker_id, store = %store.location(), "worker started");
+    let shared = Shared {
+        outer: stop,
+        worker_id,
+        job: Mutex::new(None),
+        gone: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+        calls: AtomicU64::new(0),
+        late: AtomicU64::new(0),
+    };
+    let (stop_beat, beat) = std::sync::mpsc::channel::<()>();
+    let served = std::thread::scope(|scope| {
+        let (store, shared) = (&store, &shared);
+        scope.spawn(move || heartbeat(store, shared, opts, &beat));
+        let served = serve_jobs(store, shared, opts);
+        shared.stop.store(true, Ordering::Relaxed);
+        drop(stop_beat);
+        served
+    });
+    let calls = shared.calls.load(Ordering::Relaxed);
+    store.worker_stopped(&shared.worker_id, calls)?;
+    let jobs = served?;
+    Ok(WorkerReport {
+        worker_id: shared.worker_id.clone(),
+        calls,
+        late: shared.late.load(Ordering::Relaxed),
+        jobs,
+    })
+}
+
+impl Shared<'_> {
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed) || self.outer.load(Ordering::Relaxed)
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "host".into())
+}
+
+fn parent_gone(opts: &WorkerOptions) -> bool {
+    opts.parent_pid
+        .is_some_and(|pid| std::os::unix::process::parent_id() != pid)
+}
+
+/// Renews the leases of the tasks held, records the worker's state, and
+/// learns whether its job is gone: a cancellation reaches the worker
+/// within one renewal.
+fn heartbeat(
+    store: &Store,
+    shared: &Shared<'_>,
+    opts: &WorkerOptions,
+    stop: &std::sync::mpsc::Receiver<()>,
+) {
+    let every = store.renew_every();
+    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
+        if parent_gone(opts) {
+            shared.stop.store(true, Ordering::Relaxed);
+        }
+        let job = shared.job.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let calls = shared.calls.load(Ordering::Relaxed);
+        match store.worker_heartbeat(
+            &shared.worker_id,
+            job.as_deref(),
+            calls,
+            opts.lease_ms,
+            opts.lease_ms,
+        ) {
+            Ok(JobState::Gone) => shared.gone.store(true, Ordering::Relaxed),
+            Ok(JobState::Open) => {}
+            Err(e) => tracing::warn!(error = %e, "worker heartbeat not recorded"),
+        }
+    }
+}
+
+/// Takes job after job; how many it served.
+fn serve_jobs(
+    store: &Store,
+    shared: &Shared<'_>,
+    opts: &WorkerOptions,
+) -> Result<u64, WorkerError> {
+    let files = tempfile_dir()?;
+    // Backends by description: a model is loaded once per worker.
+    let mut built: HashMap<String, Result<Box<dyn ModelBackend>, String>> = HashMap::new();
+    let mut refused: HashSet<String> = HashSet::new();
+    let mut idle_since = Instant::now();
+    let mut served = 0;
+    let run_filter = opts.run_id.clone().unwrap_or_default();
+    while !shared.stopping() {
+        let job = store
+            .claimable_fleet_jobs(&run_filter, opts.lease_ms)?
+            .into_iter()
+            .find(|j| !refused.contains(&j.job_id));
+        let Some(job) = job else {
+            if opts.idle_exit.is_some_and(|d| idle_since.elapsed() >= d) {
+                break;
+            }
+            std::thread::sleep(IDLE_POLL);
+            continue;
+        };
+        let backend = built
+            .entry(job.backend.clone())
+            .or_insert_with(|| build(&job, &files, opts).map_err(|e| e.to_string()));
+        let backend: &dyn ModelBackend = match &*backend {
+            Ok(b) => b.as_ref(),
+            Err(e) => {
+                tracing::error!(job = %job.job_id, error = %e, "job refused: its backend cannot be built here");
+                refused.insert(job.job_id.clone());
+                continue;
+            }
+        };
+        let info = backend.info();
+        let endpoint_replaced = opts.endpoint.is_some()
+            && serde_json::from_str::<PortableBackend>(&job.backend)
+                .is_ok_and(|p| p.takes_endpoint());
+        if info.model_id != job.model_id && !endpoint_replaced {
+            tracing::error!(
+                job = %job.job_id, wanted = %job.model_id, here = %info.model_id,
+                "job refused: this worker's model is another"
+            );
+            refused.insert(job.job_id.clone());
+            continue;
+        }
+        *shared.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(job.job_id.clone());
+        shared.gone.store(false, Ordering::Relaxed);
+        let worker_job = WorkerJob::new(store, shared, &job, opts.slots);
+        let ran = backend.run(&worker_job);
+        *shared.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        served += 1;
+        if let Err(e) = ran {
+            tracing::error!(job = %job.job_id, error = %e, "job given back: the backend stopped");
+            refused.insert(job.job_id.clone());
+        }
+        // Anything still held (a backend that returned early) goes back.
+        store.release_fleet_tasks(&shared.worker_id)?;
+        idle_since = Instant::now();
+    }
+    Ok(served)
+}
+
+/// A folder for the files a job's backend names, removed at exit.
+fn tempfile_dir() -> Result<tempfile::TempDir, WorkerError> {
+    tempfile::Builder::new()
+        .prefix("fanfold-worker-")
+        .tempdir()
+        .map_err(|e| {
+            WorkerError::Store(StoreError::Open {
+                path: std::env::temp_dir().display().to_string(),
+                reason: format!("a folder for the backends' files: {e}"),
+            })
+        })
+}
+
+fn build(
+    job: &FleetJob,
+    files: &tempfile::TempDir,
+    opts: &WorkerOptions,
+) -> Result<Box<dyn ModelBackend>, BackendError> {
+    let portable: PortableBackend = serde_json::from_str(&job.backend)
+        .map_err(|e| BackendError::Setup(format!("the job's backend does not read: {e}")))?;
+    // Each backend's files in a folder of their own.
+    let dir = files
+        .path()
+        .join(blake3::hash(job.backend.as_bytes()).to_hex().as_str());
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| BackendError::Setup(format!("creating {}: {e}", dir.display())))?;
+    portable.build(&dir, opts.endpoint.as_deref())
+}
+
+/// One job as this worker's backend sees it: the tasks it claims.
+struct WorkerJob<'a> {
+    store: &'a Store,
+    shared: &'a Shared<'a>,
+    job: &'a FleetJob,
+    options: JobOptions,
+    decision: Option<DecisionField>,
+    slots: usize,
+    state: Mutex<Local>,
+}
+
+struct Local {
+    claimed: VecDeque<(u64, TaskRequest)>,
+    in_flight: usize,
+    last_read: Option<Instant>,
+    /// When the queue was last found empty with nothing in flight.
+    empty_since: Option<Instant>,
+}
+
+impl<'a> WorkerJob<'a> {
+    fn new(store: &'a Store, shared: &'a Shared<'a>, job: &'a FleetJob, slots: usize) -> Self {
+        let options: JobOptions = serde_json::from_str(&job.options).unwrap_or_default();
+        WorkerJob {
+            store,
+            shared,
+            job,
+            decision: options.decision(),
+            options,
+            slots: slots.max(1),
+            state: Mutex::new(Local {
+                claimed: VecDeque::new(),
+                in_flight: 0,
+                last_read: None,
+                empty_since: None,
+            }),
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.shared.gone.load(Ordering::Relaxed) || self.shared.stopping()
+    }
+}
+
+impl Job for WorkerJob<'_> {
+    fn prefix(&self) -> &str {
+        &self.job.prefix
+    }
+
+    fn slots(&self) -> usize {
+        self.slots
+    }
+
+    fn next(&self) -> Option<Request> {
+        loop {
+            match self.poll_next() {
+                Next::Request(r) => return Some(r),
+                Next::Done => return None,
+                Next::Later(d) => std::thread::sleep(d.min(TASK_POLL)),
+            }
+        }
+    }
+
+    fn poll_next(&self) -> Next {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if self.stopping() {
+            return Next::Done;
+        }
+        if s.in_flight >= self.slots {
+            return Next::Later(TASK_POLL);
+        }
+        if s.claimed.is_empty() {
+            if s.last_read.is_some_and(|t| t.elapsed() < TASK_POLL) {
+                return Next::Later(TASK_POLL);
+            }
+            s.last_read = Some(Instant::now());
+            // Only as many as free slots: the rest stay for other workers.
+            let want = self.slots - s.in_flight;
+            match self.store.claim_fleet_tasks(
+                &self.job.job_id,
+                &self.shared.worker_id,
+                want,
+                self.store.lease_ms(),
+            ) {
+                Ok(tasks) => {
+                    for t in tasks {
+                        match serde_json::from_str::<TaskRequest>(&t.request) {
+                            Ok(r) => s.claimed.push_back((t.seq, r)),
+                            Err(e) => {
+                                let err: TaskResult = Err(CallError::InvalidResponse(format!(
+                                    "the task does not read: {e}"
+                                )));
+                                self.write(t.seq, &err);
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "tasks not claimed"),
+            }
+        }
+        let Some((seq, task)) = s.claimed.pop_front() else {
+            if s.in_flight > 0 {
+                return Next::Later(TASK_POLL);
+            }
+            let since = *s.empty_since.get_or_insert_with(Instant::now);
+            return if since.elapsed() >= JOB_IDLE {
+                Next::Done
+            } else {
+                Next::Later(TASK_POLL)
+            };
+        };
+        s.empty_since = None;
+        s.in_flight += 1;
+        Next::Request(Request {
+            index: seq as usize,
+            unit_id: task.unit_id,
+            suffix: task.suffix,
+            input: task.input,
+            attempt: task.attempt,
+            max_output_tokens: task.max_output_tokens,
+            schema: task.schema,
+        })
+    }
+
+    fn complete(&self, request: Request, result: Result<Completion, CallError>) {
+        {
+            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            s.in_flight = s.in_flight.saturating_sub(1);
+        }
+        if matches!(result, Err(CallError::Cancelled)) {
+            // Not asked: the task goes back to the queue (or went with its
+            // job) when this worker's leases are given back.
+            return;
+        }
+        self.write(request.index as u64, &result);
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.stopping()
+    }
+
+    fn output_schema(&self) -> Option<&serde_json::Value> {
+        self.options.schema.as_ref()
+    }
+
+    fn decision(&self) -> Option<&DecisionField> {
+        self.decision.as_ref()
+    }
+
+    fn choice_only(&self) -> bool {
+        self.options.choice_only
+    }
+}
+
+impl WorkerJob<'_> {
+    fn write(&self, seq: u64, result: &TaskResult) {
+        let text = match serde_json::to_string(result) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(error = %e, "a result could not be written as JSON");
+                return;
+            }
+        };
+        match self
+            .store
+            .finish_fleet_task(&self.job.job_id, seq, &self.shared.worker_id, &text)
+        {
+            Ok(true) => {
+                self.shared.calls.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(false) => {
+                self.shared.late.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(error = %e, seq, "a result not written; its lease will lapse"),
+        }
+    }
+}

@@ -1,0 +1,495 @@
+//! The fleet's work queue: `fleet_jobs` (one row per model job a
+//! coordinator hands out: its prefix, how to build its backend, and
+//! whether it is still open), `fleet_tasks` (one row per request: the
+//! request, the worker holding it and its lease, and once answered the
+//! result) and `fleet_workers` (each worker process with its heartbeat).
+//!
+//! A coordinator writes tasks and reads results; workers claim tasks
+//! under a lease (`FOR UPDATE SKIP LOCKED` on PostgreSQL, where many
+//! claim at once; SQLite's write lock serializes them anyway), renew it
+//! while they work, and write each result once: the first result under a
+//! task stands, and a late one (a worker paused past its lease) changes
+//! nothing. A task whose worker died is claimed again when its lease
+//! lapses.
+
+use crate::db::params;
+use crate::{Store, StoreError, now_ms, this_host};
+
+pub(crate) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS fleet_jobs (
+    job_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, backend TEXT NOT NULL,
+    model_id TEXT NOT NULL, prefix TEXT NOT NULL, options TEXT NOT NULL,
+    state TEXT NOT NULL, created_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS fleet_tasks (
+    job_id TEXT NOT NULL, seq INTEGER NOT NULL, request TEXT NOT NULL,
+    worker TEXT, lease_ms INTEGER NOT NULL, result TEXT,
+    PRIMARY KEY (job_id, seq));
+CREATE INDEX IF NOT EXISTS fleet_tasks_by_worker ON fleet_tasks (worker);
+CREATE TABLE IF NOT EXISTS fleet_workers (
+    worker_id TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL,
+    started_ms INTEGER NOT NULL, heartbeat_ms INTEGER NOT NULL,
+    slots INTEGER NOT NULL, calls INTEGER NOT NULL, state TEXT NOT NULL,
+    job_id TEXT);
+";
+
+/// A job as a coordinator opens it and a worker reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FleetJob {
+    pub job_id: String,
+    pub run_id: String,
+    /// How to build the backend (JSON the engine writes and reads).
+    pub backend: String,
+    /// The identity the job's facts are keyed by; a worker whose backend
+    /// answers as another model does not take the job.
+    pub model_id: String,
+    pub prefix: String,
+    /// The job's output schema, decision and mode (JSON).
+    pub options: String,
+}
+
+/// A task a worker claimed: its number in the job and the request (JSON).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FleetTask {
+    pub seq: u64,
+    pub request: String,
+}
+
+/// A worker as `fanfold status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerRow {
+    pub worker_id: String,
+    pub host: String,
+    pub pid: u32,
+    pub started_ms: u64,
+    pub heartbeat_ms: u64,
+    pub slots: u64,
+    /// Calls this worker answered.
+    pub calls: u64,
+    /// `working`, `idle` or `stopped`.
+    pub state: String,
+    /// The job it works on, if any.
+    pub job_id: Option<String>,
+    /// Tasks it holds now.
+    pub holding: u64,
+}
+
+/// What a worker's heartbeat learns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobState {
+    Open,
+    /// Closed or cancelled by its coordinator, or its run ended or died.
+    Gone,
+}
+
+impl Store {
+    /// Opens a job for workers to take tasks of.
+    pub fn open_fleet_job(&self, job: &FleetJob) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "INSERT INTO fleet_jobs (job_id, run_id, backend, model_id, prefix, options, state, created_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'open', ?7)",
+                params![
+                    job.job_id,
+                    job.run_id,
+                    job.backend,
+                    job.model_id,
+                    job.prefix,
+                    job.options,
+                    now_ms() as i64
+                ],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    /// Ends a job (`closed` or `cancelled`) and drops its tasks: a worker
+    /// still holding one finds it gone, and its late result is a no-op.
+    pub fn close_fleet_job(&self, job_id: &str, state: &str) -> Result<(), StoreError> {
+        self.conn()
+            .transaction(|tx| {
+                tx.execute(
+                    "UPDATE fleet_jobs SET state = ?2 WHERE job_id = ?1",
+                    params![job_id, state],
+                )?;
+                tx.execute("DELETE FROM fleet_tasks WHERE job_id = ?1", params![job_id])?;
+                Ok(())
+            })
+            .map_err(|e| self.sql(e))
+    }
+
+    /// Queues requests `(seq, request)` for workers.
+    pub fn put_fleet_tasks(&self, job_id: &str, tasks: &[(u64, String)]) -> Result<(), StoreError> {
+        let seqs: Vec<i64> = tasks.iter().map(|(s, _)| *s as i64).collect();
+        let rows: Vec<[&dyn crate::db::Param; 4]> = tasks
+            .iter()
+            .zip(&seqs)
+            .map(|((_, request), seq)| [&job_id as _, seq as _, request as _, &0_i64 as _])
+            .collect();
+        self.conn()
+            .transaction(|tx| {
+                tx.insert_rows(
+                    "INSERT INTO fleet_tasks (job_id, seq, request, lease_ms)",
+                    "ON CONFLICT (job_id, seq) DO NOTHING",
+                    &rows,
+                )
+            })
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    /// The answered tasks of a job: `(seq, result)`. Reading does not
+    /// remove them (a read whose answer is lost can be made again);
+    /// [`Store::forget_fleet_tasks`] does, once they are handled.
+    pub fn fleet_results(&self, job_id: &str) -> Result<Vec<(u64, String)>, StoreError> {
+        self.conn()
+            .query_map(
+                "SELECT seq, result FROM fleet_tasks WHERE job_id = ?1 AND result IS NOT NULL",
+                params![job_id],
+                |r| Ok((r.get::<i64>(0)?.max(0) as u64, r.get::<String>(1)?)),
+            )
+            .map_err(|e| self.sql(e))
+    }
+
+    /// Removes the tasks `seqs` of a job, in one statement.
+    pub fn forget_fleet_tasks(&self, job_id: &str, seqs: &[u64]) -> Result<(), StoreError> {
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        let list = serde_json::to_string(seqs).unwrap_or_else(|_| "[]".into());
+        let mut conn = self.conn();
+        let sql = if conn.is_postgres() {
+            "DELETE FROM fleet_tasks WHERE job_id = ?1
+             AND seq IN (SELECT value::bigint FROM json_array_elements_text(CAST(?2 AS TEXT)::json))"
+        } else {
+            "DELETE FROM fleet_tasks WHERE job_id = ?1
+             AND seq IN (SELECT value FROM json_each(?2))"
+        };
+        conn.execute(sql, params![job_id, list])
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    /// Open jobs of live runs with a task no worker holds, oldest first;
+    /// only `run_id`'s when it is not empty. A run is live while its
+    /// heartbeat is younger than `live_ms`.
+    pub fn claimable_fleet_jobs(
+        &self,
+        run_id: &str,
+        live_ms: u64,
+    ) -> Result<Vec<FleetJob>, StoreError> {
+        let now = now_ms() as i64;
+        self.conn()
+            .query_map(
+                "SELECT j.job_id, j.run_id, j.backend, j.model_id, j.prefix, j.options
+                 FROM fleet_jobs j JOIN runs r ON r.run_id = j.run_id
+                 WHERE j.state = 'open' AND r.finished_ms IS NULL AND r.heartbeat_ms >= ?1
+                   AND (?2 = '' OR j.run_id = ?2)
+                   AND EXISTS (SELECT 1 FROM fleet_tasks t WHERE t.job_id = j.job_id
+                               AND t.result IS NULL AND t.lease_ms < ?3)
+                 ORDER BY j.created_ms LIMIT 16",
+                params![now - live_ms as i64, run_id, now],
+                |r| {
+                    Ok(FleetJob {
+                        job_id: r.get(0)?,
+                        run_id: r.get(1)?,
+                        backend: r.get(2)?,
+                        model_id: r.get(3)?,
+                        prefix: r.get(4)?,
+                        options: r.get(5)?,
+                    })
+                },
+            )
+            .map_err(|e| self.sql(e))
+    }
+
+    /// Claims at most `n` of a job's unanswered tasks that no worker
+    /// holds (never held, or their lease lapsed) for `worker` until
+    /// `lease_ms` from now. Concurrent claims never take one task twice.
+    pub fn claim_fleet_tasks(
+        &self,
+        job_id: &str,
+        worker: &str,
+        n: usize,
+        lease_ms: u64,
+    ) -> Result<Vec<FleetTask>, StoreError> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let now = now_ms() as i64;
+        let mut conn = self.conn();
+        let sql = if conn.is_postgres() {
+            "UPDATE fleet_tasks SET worker = ?2, lease_ms = ?3
+             WHERE job_id = ?1 AND seq IN (
+                SELECT seq FROM fleet_tasks WHERE job_id = ?1 AND result IS NULL AND lease_ms < ?4
+                ORDER BY seq LIMIT ?5 FOR UPDATE SKIP LOCKED)
+             RETURNING seq, request"
+        } else {
+            "UPDATE fleet_tasks SET worker = ?2, lease_ms = ?3
+             WHERE job_id = ?1 AND seq IN (
+                SELECT seq FROM fleet_tasks WHERE job_id = ?1 AND result IS NULL AND lease_ms < ?4
+                ORDER BY seq LIMIT ?5)
+             RETURNING seq, request"
+        };
+        let mut tasks = conn
+            .query_map(
+                sql,
+                params![job_id, worker, now + lease_ms as i64, now, n as i64],
+                |r| {
+                    Ok(FleetTask {
+                        seq: r.get::<i64>(0)?.max(0) as u64,
+                        request: r.get(1)?,
+                    })
+                },
+            )
+            .map_err(|e| self.sql(e))?;
+        tasks.sort_by_key(|t| t.seq);
+        Ok(tasks)
+    }
+
+    /// Writes a task's result unless it has one (or is gone): true when
+    /// this write is the one that stands.
+    pub fn finish_fleet_task(
+        &self,
+        job_id: &str,
+        seq: u64,
+        worker: &str,
+        result: &str,
+    ) -> Result<bool, StoreError> {
+        let changed = self
+            .conn()
+            .execute(
+                "UPDATE fleet_tasks SET result = ?3, worker = ?4
+                 WHERE job_id = ?1 AND seq = ?2 AND result IS NULL",
+                params![job_id, seq as i64, result, worker],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(changed == 1)
+    }
+
+    /// Gives back every unanswered task `worker` holds, for others to take
+    /// at once.
+    pub fn release_fleet_tasks(&self, worker: &str) -> Result<(), StoreError> {
+        self.conn()
+            .execute(
+                "UPDATE fleet_tasks SET worker = NULL, lease_ms = 0
+                 WHERE worker = ?1 AND result IS NULL",
+                params![worker],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    /// Records a worker process as it starts.
+    pub fn register_worker(&self, worker: &str, slots: usize) -> Result<(), StoreError> {
+        let now = now_ms() as i64;
+        self.conn()
+            .execute(
+                "INSERT INTO fleet_workers (worker_id, host, pid, started_ms, heartbeat_ms, slots, calls, state)
+                 VALUES (?1, ?2, ?3, ?4, ?4, ?5, 0, 'idle')",
+                params![worker, this_host(), i64::from(std::process::id()), now, slots as i64],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    /// A worker's heartbeat: renews the leases on the tasks it holds,
+    /// records its state, and says whether its job is still open (a job
+    /// closed or cancelled, or whose run ended or stopped beating for
+    /// `live_ms`, is gone).
+    pub fn worker_heartbeat(
+        &self,
+        worker: &str,
+        job_id: Option<&str>,
+        calls: u64,
+        lease_ms: u64,
+        live_ms: u64,
+    ) -> Result<JobState, StoreError> {
+        let now = now_ms() as i64;
+        let state = if job_id.is_some() { "working" } else { "idle" };
+        self.conn()
+            .transaction(|tx| {
+                tx.execute(
+                    "UPDATE fleet_tasks SET lease_ms = ?2 WHERE worker = ?1 AND result IS NULL",
+                    params![worker, now + lease_ms as i64],
+                )?;
+                tx.execute(
+                    "UPDATE fleet_workers SET heartbeat_ms = ?2, calls = ?3, state = ?4, job_id = ?5
+                     WHERE worker_id = ?1",
+                    params![worker, now, calls as i64, state, job_id],
+                )?;
+                let Some(job_id) = job_id else {
+                    return Ok(JobState::Open);
+                };
+                let open = tx.query_row(
+                    "SELECT 1 FROM fleet_jobs j JOIN runs r ON r.run_id = j.run_id
+                     WHERE j.job_id = ?1 AND j.state = 'open' AND r.finished_ms IS NULL
+                       AND r.heartbeat_ms >= ?2",
+                    params![job_id, now - live_ms as i64],
+                    |_| Ok(()),
+                )?;
+                Ok(if open.is_some() {
+                    JobState::Open
+                } else {
+                    JobState::Gone
+                })
+            })
+            .map_err(|e| self.sql(e))
+    }
+
+    /// Marks a worker stopped, giving back what it holds.
+    pub fn worker_stopped(&self, worker: &str, calls: u64) -> Result<(), StoreError> {
+        self.release_fleet_tasks(worker)?;
+        self.conn()
+            .execute(
+                "UPDATE fleet_workers SET state = 'stopped', calls = ?2, job_id = NULL,
+                        heartbeat_ms = ?3 WHERE worker_id = ?1",
+                params![worker, calls as i64, now_ms() as i64],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    /// Workers that beat within `recent_ms`, newest first, with the tasks
+    /// each holds.
+    pub fn workers(&self, recent_ms: u64) -> Result<Vec<WorkerRow>, StoreError> {
+        let since = now_ms() as i64 - recent_ms as i64;
+        self.conn()
+            .query_map(
+                "SELECT w.worker_id, w.host, w.pid, w.started_ms, w.heartbeat_ms, w.slots, w.calls,
+                        w.state, w.job_id,
+                        (SELECT COUNT(*) FROM fleet_tasks t WHERE t.worker = w.worker_id
+                         AND t.result IS NULL)
+                 FROM fleet_workers w
+                 WHERE w.heartbeat_ms >= ?1
+                 ORDER BY w.started_ms DESC LIMIT 100",
+                params![since],
+                |r| {
+                    let n = |v: i64| v.max(0) as u64;
+                    Ok(WorkerRow {
+                        worker_id: r.get(0)?,
+                        host: r.get(1)?,
+                        pid: u32::try_from(r.get::<i64>(2)?).unwrap_or_default(),
+                        started_ms: n(r.get(3)?),
+                        heartbeat_ms: n(r.get(4)?),
+                        slots: n(r.get(5)?),
+                        calls: n(r.get(6)?),
+                        state: r.get(7)?,
+                        job_id: r.get(8)?,
+                        holding: n(r.get(9)?),
+                    })
+                },
+            )
+            .map_err(|e| self.sql(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("s.db")).expect("open");
+        (dir, store)
+    }
+
+    fn job(store: &Store, run: &str) -> FleetJob {
+        let h = fanfold_core::ContentHash::of_bytes(b"x");
+        store.begin_run(run, "spec", &h, &h).expect("run");
+        let job = FleetJob {
+            job_id: format!("{run}/1"),
+            run_id: run.into(),
+            backend: "{}".into(),
+            model_id: "m".into(),
+            prefix: "p".into(),
+            options: "{}".into(),
+        };
+        store.open_fleet_job(&job).expect("job");
+        job
+    }
+
+    #[test]
+    fn tasks_are_claimed_once_answered_once_and_claimed_again_when_a_lease_lapses() {
+        let (_d, store) = store();
+        let job = job(&store, "r1");
+        let tasks: Vec<(u64, String)> = (0..5).map(|i| (i, format!("req{i}"))).collect();
+        store.put_fleet_tasks(&job.job_id, &tasks).expect("put");
+        assert_eq!(
+            store.claimable_fleet_jobs("", 60_000).expect("jobs").len(),
+            1
+        );
+        let a = store
+            .claim_fleet_tasks(&job.job_id, "wa", 3, 60_000)
+            .expect("a");
+        let b = store
+            .claim_fleet_tasks(&job.job_id, "wb", 3, 60_000)
+            .expect("b");
+        assert_eq!(a.iter().map(|t| t.seq).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(b.iter().map(|t| t.seq).collect::<Vec<_>>(), [3, 4]);
+        assert_eq!(b[0].request, "req3");
+        assert!(
+            store
+                .claimable_fleet_jobs("", 60_000)
+                .expect("jobs")
+                .is_empty()
+        );
+        assert!(
+            store
+                .finish_fleet_task(&job.job_id, 0, "wa", "r0")
+                .expect("fin")
+        );
+        // A second result for the same task changes nothing.
+        assert!(
+            !store
+                .finish_fleet_task(&job.job_id, 0, "wb", "late")
+                .expect("late")
+        );
+        assert_eq!(
+            store.fleet_results(&job.job_id).expect("results"),
+            [(0, "r0".to_owned())]
+        );
+        // Worker b dies: its lease lapses and a takes its tasks.
+        store
+            .worker_heartbeat("wb", Some(&job.job_id), 0, 0, 60_000)
+            .expect("beat");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let again = store
+            .claim_fleet_tasks(&job.job_id, "wa", 10, 60_000)
+            .expect("again");
+        assert_eq!(again.iter().map(|t| t.seq).collect::<Vec<_>>(), [3, 4]);
+        store.forget_fleet_tasks(&job.job_id, &[0]).expect("forget");
+        assert!(
+            store
+                .fleet_results(&job.job_id)
+                .expect("results")
+                .is_empty()
+        );
+        store.close_fleet_job(&job.job_id, "closed").expect("close");
+        assert!(
+            !store
+                .finish_fleet_task(&job.job_id, 1, "wa", "r1")
+                .expect("gone")
+        );
+    }
+
+    #[test]
+    fn a_worker_learns_its_job_is_gone_when_the_job_closes_or_its_run_ends() {
+        let (_d, store) = store();
+        let job = job(&store, "r2");
+        store.register_worker("w", 4).expect("register");
+        let beat = |s: &Store| {
+            s.worker_heartbeat("w", Some(&job.job_id), 3, 60_000, 60_000)
+                .expect("beat")
+        };
+        assert_eq!(beat(&store), JobState::Open);
+        store
+            .close_fleet_job(&job.job_id, "cancelled")
+            .expect("close");
+        assert_eq!(beat(&store), JobState::Gone);
+        let w = store.workers(60_000).expect("workers");
+        assert_eq!(w.len(), 1);
+        assert_eq!((w[0].calls, w[0].state.as_str()), (3, "working"));
+        store.worker_stopped("w", 5).expect("stop");
+        assert_eq!(store.workers(60_000).expect("workers")[0].state, "stopped");
+    }
+}
