@@ -10,9 +10,12 @@ use fanfold_store::{FleetJob, Store};
 
 use super::{FleetLink, JobOptions, PortableBackend, TaskRequest, TaskResult};
 
-/// How often the queue is read for results while requests are out: well
-/// under a model call, and a few statements a second when nothing moves.
-const POLL: Duration = Duration::from_millis(20);
+/// How long the coordinator waits before reading the queue again after
+/// a read found no results: from [`POLL_MIN`], doubling to [`POLL_MAX`]
+/// while nothing comes, so results that stream in are read within a few
+/// milliseconds and a quiet queue costs a few statements a second.
+const POLL_MIN: Duration = Duration::from_millis(2);
+const POLL_MAX: Duration = Duration::from_millis(20);
 
 /// A backend whose calls are made by workers.
 pub struct FleetBackend {
@@ -68,6 +71,7 @@ impl FleetBackend {
         let mut out: HashMap<u64, Request> = HashMap::new();
         let mut next_seq = 0_u64;
         let mut pulled_all = false;
+        let mut wait = POLL_MIN;
         loop {
             if job.is_cancelled() {
                 self.store
@@ -118,9 +122,11 @@ impl FleetBackend {
                 .fleet_results(job_id)
                 .map_err(|e| e.to_string())?;
             if results.is_empty() {
-                std::thread::sleep(POLL);
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(POLL_MAX);
                 continue;
             }
+            wait = POLL_MIN;
             let seqs: Vec<u64> = results.iter().map(|(s, _)| *s).collect();
             self.store
                 .forget_fleet_tasks(job_id, &seqs)

@@ -53,8 +53,11 @@ pub enum WorkerError {
 
 /// When nothing is queued: how long until the queue is read again.
 const IDLE_POLL: Duration = Duration::from_millis(100);
-/// While a job is open, how often its queue is read for more tasks.
+/// While a job is open and its queue was found empty, how long until it
+/// is read again: from 2 ms, doubling to [`TASK_POLL`] while it stays
+/// empty; a read that finds tasks is followed at once by the next.
 const TASK_POLL: Duration = Duration::from_millis(20);
+const TASK_POLL_MIN: Duration = Duration::from_millis(2);
 /// A job whose queue stayed empty this long, with nothing in flight, is
 /// left for the next (its backend stays built).
 const JOB_IDLE: Duration = Duration::from_secs(1);
@@ -269,7 +272,10 @@ struct WorkerJob<'a> {
 struct Local {
     claimed: VecDeque<(u64, TaskRequest)>,
     in_flight: usize,
-    last_read: Option<Instant>,
+    /// When the queue may be read again, after a read that found it empty.
+    next_read: Option<Instant>,
+    /// The wait after the next empty read.
+    backoff: Duration,
     /// When the queue was last found empty with nothing in flight.
     empty_since: Option<Instant>,
 }
@@ -287,7 +293,8 @@ impl<'a> WorkerJob<'a> {
             state: Mutex::new(Local {
                 claimed: VecDeque::new(),
                 in_flight: 0,
-                last_read: None,
+                next_read: None,
+                backoff: TASK_POLL_MIN,
                 empty_since: None,
             }),
         }
@@ -326,10 +333,10 @@ impl Job for WorkerJob<'_> {
             return Next::Later(TASK_POLL);
         }
         if s.claimed.is_empty() {
-            if s.last_read.is_some_and(|t| t.elapsed() < TASK_POLL) {
-                return Next::Later(TASK_POLL);
+            let now = Instant::now();
+            if let Some(t) = s.next_read.filter(|t| *t > now) {
+                return Next::Later(t - now);
             }
-            s.last_read = Some(Instant::now());
             // Only as many as free slots: the rest stay for other workers.
             let want = self.slots - s.in_flight;
             match self.store.claim_fleet_tasks(
@@ -339,6 +346,13 @@ impl Job for WorkerJob<'_> {
                 self.store.lease_ms(),
             ) {
                 Ok(tasks) => {
+                    if tasks.is_empty() {
+                        s.next_read = Some(now + s.backoff);
+                        s.backoff = (s.backoff * 2).min(TASK_POLL);
+                    } else {
+                        s.next_read = None;
+                        s.backoff = TASK_POLL_MIN;
+                    }
                     for t in tasks {
                         match serde_json::from_str::<TaskRequest>(&t.request) {
                             Ok(r) => s.claimed.push_back((t.seq, r)),
@@ -351,12 +365,19 @@ impl Job for WorkerJob<'_> {
                         }
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "tasks not claimed"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "tasks not claimed");
+                    s.next_read = Some(now + TASK_POLL);
+                }
             }
         }
         let Some((seq, task)) = s.claimed.pop_front() else {
             if s.in_flight > 0 {
-                return Next::Later(TASK_POLL);
+                let now = Instant::now();
+                return Next::Later(
+                    s.next_read
+                        .map_or(TASK_POLL_MIN, |t| t.saturating_duration_since(now)),
+                );
             }
             let since = *s.empty_since.get_or_insert_with(Instant::now);
             return if since.elapsed() >= JOB_IDLE {
