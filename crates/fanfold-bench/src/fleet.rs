@@ -503,15 +503,9 @@ fn scale(
             pool.push((start_worker(exe, &store, args.slots, &log)?, log));
         }
         let role = Role::Coordinator { workers: 0 };
-        vec![start_run(
-            exe,
-            spec,
-            &store,
-            "http",
-            2 * n * args.slots,
-            role,
-            &outs[0],
-        )?]
+        outs.iter()
+            .map(|out| start_run(exe, spec, &store, "http", 2 * n * args.slots, role, out))
+            .collect::<Result<Vec<_>>>()?
     } else {
         outs.iter()
             .map(|out| start_run(exe, spec, &store, "http", args.slots, Role::Alone, out))

@@ -20,6 +20,17 @@ pub fn build(
     spec_dir: &Path,
     execution: Execution,
 ) -> Result<Box<dyn ModelBackend>, BackendError> {
+    build_sharing(spec, spec_dir, execution, None)
+}
+
+/// [`build`], with an HTTP backend's per-minute limits held in `rates` as
+/// well, shared with the other processes using it.
+pub fn build_sharing(
+    spec: &BackendSpec,
+    spec_dir: &Path,
+    execution: Execution,
+    rates: Option<std::sync::Arc<dyn fanfold_model::SharedRates>>,
+) -> Result<Box<dyn ModelBackend>, BackendError> {
     let batch = execution == Execution::Batch;
     if batch && !matches!(spec, BackendSpec::Openai(_) | BackendSpec::Anthropic(_)) {
         return Err(BackendError::Setup(
@@ -85,8 +96,12 @@ pub fn build(
             cfg.logprobs = h.logprobs;
             cfg.batch = batch.then(|| batch_config(h));
             let prices = prices(h, spec_dir)?;
+            let mut inner = OpenAiBackend::new(cfg)?;
+            if let Some(r) = rates {
+                inner.share_rates(r);
+            }
             Ok(Box::new(Priced {
-                inner: OpenAiBackend::new(cfg)?,
+                inner,
                 model: h.model.clone(),
                 prices,
                 batch,
@@ -104,8 +119,12 @@ pub fn build(
             cfg.output = output_mode(h.output);
             cfg.batch = batch.then(|| batch_config(h));
             let prices = prices(h, spec_dir)?;
+            let mut inner = AnthropicBackend::new(cfg)?;
+            if let Some(r) = rates {
+                inner.share_rates(r);
+            }
             Ok(Box::new(Priced {
-                inner: AnthropicBackend::new(cfg)?,
+                inner,
                 model: h.model.clone(),
                 prices,
                 batch,

@@ -34,6 +34,13 @@ pub struct AnthropicBackend {
 }
 
 impl AnthropicBackend {
+    /// Holds the endpoints' `requests_per_minute` and `tokens_per_minute`
+    /// in `ledger` as well, shared with every process that uses it (a
+    /// fleet's workers), so together they stay within them.
+    pub fn share_rates(&mut self, ledger: std::sync::Arc<dyn fanfold_model::SharedRates>) {
+        self.transport.share_rates(ledger);
+    }
+
     /// Reads each endpoint's key from its environment variable, checks the
     /// configuration, and starts the backend's runtime.
     pub fn new(config: AnthropicConfig) -> Result<AnthropicBackend, HttpError> {

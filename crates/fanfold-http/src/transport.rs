@@ -248,6 +248,9 @@ struct Endpoint {
     state: Mutex<EndpointState>,
     requests: AtomicU64,
     failures: AtomicU64,
+    /// The per-minute limits, for the shared ledger.
+    rpm: Option<u64>,
+    tpm: Option<u64>,
 }
 
 impl Endpoint {
@@ -312,6 +315,8 @@ pub(crate) struct Transport<P> {
     /// Taken only by `drop`.
     runtime: Option<tokio::runtime::Runtime>,
     counters: Counters,
+    /// Limits shared with other processes, taken after this process's own.
+    shared: Option<std::sync::Arc<dyn fanfold_model::SharedRates>>,
 }
 
 impl<P> Drop for Transport<P> {
@@ -512,6 +517,8 @@ impl<P: Protocol> Transport<P> {
                 }),
                 requests: AtomicU64::new(0),
                 failures: AtomicU64::new(0),
+                rpm: e.requests_per_minute,
+                tpm: e.tokens_per_minute,
             });
         }
         let total: usize = endpoints.iter().map(|e| e.max_concurrency).sum();
@@ -534,7 +541,14 @@ impl<P: Protocol> Transport<P> {
             client,
             runtime: Some(runtime),
             counters: Counters::default(),
+            shared: None,
         })
+    }
+
+    /// Takes the endpoints' per-minute limits from `ledger` too, shared
+    /// with the other processes that use it.
+    pub(crate) fn share_rates(&mut self, ledger: std::sync::Arc<dyn fanfold_model::SharedRates>) {
+        self.shared = Some(ledger);
     }
 
     /// Runs batch work on the backend's runtime.
@@ -772,6 +786,9 @@ impl<P: Protocol> Transport<P> {
                     }
                 }
             }
+            if !self.take_shared(endpoint, cost, job).await {
+                return Err(CallError::Cancelled);
+            }
             attempts += 1;
             if attempts > 1 {
                 bump(&self.counters.retries, 1);
@@ -803,6 +820,7 @@ impl<P: Protocol> Transport<P> {
                     lease.success();
                     let mut st = endpoint.lock();
                     st.budget.settle(cost, reply.billed_tokens.unwrap_or(cost));
+                    self.settle_shared(endpoint, cost, reply.billed_tokens.unwrap_or(cost));
                     st.budget.observe(&info, Instant::now());
                     let choices = job.decision().and_then(|d| {
                         crate::logprobs::decision_probabilities(&reply.text, &reply.tokens, d)
@@ -845,6 +863,7 @@ impl<P: Protocol> Transport<P> {
                 if let Fault::Status { .. } = &fault {
                     // An error status was not billed.
                     st.budget.settle(cost, 0);
+                    self.settle_shared(endpoint, cost, 0);
                 }
             }
             tracing::debug!(
@@ -947,6 +966,62 @@ impl<P: Protocol> Transport<P> {
             Fault::Unreachable(m) | Fault::Connection(m) => CallError::Connection(m.clone()),
             Fault::Truncated(m) => CallError::Truncated(m.clone()),
             Fault::Invalid(m) => CallError::InvalidResponse(m.clone()),
+        }
+    }
+
+    /// Waits for the limits shared with other processes, when there are
+    /// any; false when the job was cancelled meanwhile. A ledger that
+    /// cannot be read does not stop the call: this process's own limits
+    /// still hold.
+    async fn take_shared(&self, endpoint: &Endpoint, cost: u64, job: &dyn Job) -> bool {
+        let Some(shared) = &self.shared else {
+            return true;
+        };
+        if endpoint.rpm.is_none() && endpoint.tpm.is_none() {
+            return true;
+        }
+        loop {
+            let (ledger, key, rpm, tpm) = (
+                std::sync::Arc::clone(shared),
+                endpoint.base.clone(),
+                endpoint.rpm,
+                endpoint.tpm,
+            );
+            let taken =
+                tokio::task::spawn_blocking(move || ledger.take(&key, rpm, tpm, cost)).await;
+            match taken {
+                Ok(Ok(None)) => return true,
+                Ok(Ok(Some(wait))) => {
+                    if !pause(wait.min(crate::limits::MAX_WAIT), job).await {
+                        return false;
+                    }
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(endpoint = %endpoint.host, error = %e, "shared rate limits not read");
+                    return true;
+                }
+                Err(e) => {
+                    tracing::warn!(endpoint = %endpoint.host, error = %e, "shared rate limits not read");
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// Corrects the shared token reservation with what was billed.
+    fn settle_shared(&self, endpoint: &Endpoint, reserved: u64, used: u64) {
+        if let Some(shared) = &self.shared
+            && endpoint.tpm.is_some()
+            && reserved != used
+        {
+            let (ledger, key, tpm) = (
+                std::sync::Arc::clone(shared),
+                endpoint.base.clone(),
+                endpoint.tpm,
+            );
+            drop(tokio::task::spawn_blocking(move || {
+                ledger.settle(&key, tpm, reserved, used)
+            }));
         }
     }
 

@@ -268,6 +268,25 @@ pub trait BatchLedger: Sync {
 /// store, which this crate does not know.
 pub type LedgerError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// Per-minute request and token limits held outside the process, so that
+/// processes sending to one endpoint (a fleet's workers) share them
+/// instead of each spending the whole limit.
+pub trait SharedRates: Send + Sync {
+    /// Takes one request and `tokens` from the limits of `endpoint`
+    /// (`rpm`, `tpm`; absent ones are not limits), or says how long to
+    /// wait before asking again.
+    fn take(
+        &self,
+        endpoint: &str,
+        rpm: Option<u64>,
+        tpm: Option<u64>,
+        tokens: u64,
+    ) -> Result<Option<std::time::Duration>, LedgerError>;
+    /// Gives back what a request reserved and did not use (`reserved`
+    /// less `used` tokens; a negative difference takes more).
+    fn settle(&self, endpoint: &str, tpm: Option<u64>, reserved: u64, used: u64);
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("backend setup: {0}")]

@@ -10,7 +10,8 @@
 //! while they work, and write each result once: the first result under a
 //! task stands, and a late one (a worker paused past its lease) changes
 //! nothing. A task whose worker died is claimed again when its lease
-//! lapses.
+//! lapses. `fleet_rates` holds the per-minute limits of the endpoints the
+//! workers share, as token buckets (in millionths, so integers).
 
 use crate::db::params;
 use crate::{Store, StoreError, now_ms, this_host};
@@ -25,6 +26,9 @@ CREATE TABLE IF NOT EXISTS fleet_tasks (
     worker TEXT, lease_ms INTEGER NOT NULL, result TEXT,
     PRIMARY KEY (job_id, seq));
 CREATE INDEX IF NOT EXISTS fleet_tasks_by_worker ON fleet_tasks (worker);
+CREATE TABLE IF NOT EXISTS fleet_rates (
+    endpoint TEXT PRIMARY KEY, requests_micro INTEGER NOT NULL,
+    tokens_micro INTEGER NOT NULL, updated_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS fleet_workers (
     worker_id TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL,
     started_ms INTEGER NOT NULL, heartbeat_ms INTEGER NOT NULL,
@@ -81,7 +85,132 @@ pub enum JobState {
     Gone,
 }
 
+/// What one request or token is in a bucket: millionths, so a bucket is
+/// integers and a slow limit (one a minute) still refills exactly enough.
+const UNIT: i64 = 1_000_000;
+
+/// A per-minute limit as a bucket: refilled at `limit / 60` a second,
+/// holding one second's worth (at least one), in millionths. A cost
+/// larger than the bucket is admitted when it is full and drives it
+/// negative, so the long-run rate holds.
+#[derive(Clone, Copy)]
+struct Bucket {
+    per_ms: i64,
+    capacity: i64,
+}
+
+impl Bucket {
+    fn per_minute(limit: Option<u64>) -> Option<Bucket> {
+        // Past a billion a minute there is no limit worth holding here.
+        let limit = i64::try_from(limit?)
+            .ok()
+            .filter(|l| (1..=1_000_000_000).contains(l))?;
+        Some(Bucket {
+            per_ms: (limit * UNIT / 60_000).max(1),
+            capacity: ((limit + 59) / 60).max(1) * UNIT,
+        })
+    }
+
+    fn refill(&self, level: i64, elapsed_ms: i64) -> i64 {
+        level
+            .saturating_add(elapsed_ms.max(0).saturating_mul(self.per_ms))
+            .min(self.capacity)
+    }
+
+    /// How long until `cost` (thousandths) may be taken from `level`.
+    fn wait_ms(&self, level: i64, cost: i64) -> i64 {
+        let need = cost.min(self.capacity);
+        if level >= need {
+            0
+        } else {
+            ((need - level) / self.per_ms).max(1)
+        }
+    }
+}
+
 impl Store {
+    /// Takes one request and `tokens` from `endpoint`'s shared per-minute
+    /// limits, or says how long to wait. One transaction, the bucket's row
+    /// locked, so processes taking at once never take the same allowance.
+    pub fn take_rate(
+        &self,
+        endpoint: &str,
+        rpm: Option<u64>,
+        tpm: Option<u64>,
+        tokens: u64,
+    ) -> Result<Option<std::time::Duration>, StoreError> {
+        let (requests, token_bucket) = (Bucket::per_minute(rpm), Bucket::per_minute(tpm));
+        if requests.is_none() && token_bucket.is_none() {
+            return Ok(None);
+        }
+        let cost = i64::try_from(tokens)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(UNIT);
+        let now = now_ms() as i64;
+        let mut conn = self.conn();
+        let select = if conn.is_postgres() {
+            "SELECT requests_micro, tokens_micro, updated_ms FROM fleet_rates WHERE endpoint = ?1 FOR UPDATE"
+        } else {
+            "SELECT requests_micro, tokens_micro, updated_ms FROM fleet_rates WHERE endpoint = ?1"
+        };
+        let full = |b: Option<Bucket>| b.map_or(0, |b| b.capacity);
+        conn.transaction(|tx| {
+            tx.execute(
+                "INSERT INTO fleet_rates (endpoint, requests_micro, tokens_micro, updated_ms)
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT (endpoint) DO NOTHING",
+                params![endpoint, full(requests), full(token_bucket), now],
+            )?;
+            let (r, t, at) = tx.query_one(select, params![endpoint], |r| {
+                Ok((r.get::<i64>(0)?, r.get::<i64>(1)?, r.get::<i64>(2)?))
+            })?;
+            let elapsed = now - at;
+            let r = requests.map_or(r, |b| b.refill(r, elapsed));
+            let t = token_bucket.map_or(t, |b| b.refill(t, elapsed));
+            let wait = requests
+                .map_or(0, |b| b.wait_ms(r, UNIT))
+                .max(token_bucket.map_or(0, |b| b.wait_ms(t, cost)));
+            let (r, t) = if wait == 0 {
+                (
+                    if requests.is_some() { r - UNIT } else { r },
+                    if token_bucket.is_some() { t - cost } else { t },
+                )
+            } else {
+                (r, t)
+            };
+            tx.execute(
+                "UPDATE fleet_rates SET requests_micro = ?2, tokens_micro = ?3, updated_ms = ?4
+                 WHERE endpoint = ?1",
+                params![endpoint, r, t, now.max(at)],
+            )?;
+            Ok((wait > 0).then(|| std::time::Duration::from_millis(wait as u64)))
+        })
+        .map_err(|e| self.sql(e))
+    }
+
+    /// Gives back the tokens a request reserved and did not use.
+    pub fn settle_rate(
+        &self,
+        endpoint: &str,
+        tpm: Option<u64>,
+        reserved: u64,
+        used: u64,
+    ) -> Result<(), StoreError> {
+        let Some(bucket) = Bucket::per_minute(tpm) else {
+            return Ok(());
+        };
+        let back = (i64::try_from(reserved).unwrap_or(0) - i64::try_from(used).unwrap_or(0))
+            .saturating_mul(UNIT);
+        self.conn()
+            .execute(
+                "UPDATE fleet_rates SET tokens_micro = CASE WHEN tokens_micro + ?2 > ?3
+                     THEN ?3 ELSE tokens_micro + ?2 END
+                 WHERE endpoint = ?1",
+                params![endpoint, back, bucket.capacity],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
     /// Opens a job for workers to take tasks of.
     pub fn open_fleet_job(&self, job: &FleetJob) -> Result<(), StoreError> {
         self.conn()
@@ -470,6 +599,49 @@ mod tests {
                 .finish_fleet_task(&job.job_id, 1, "wa", "r1")
                 .expect("gone")
         );
+    }
+
+    #[test]
+    fn shared_rates_admit_one_second_of_the_limit_then_make_callers_wait() {
+        let (_d, store) = store();
+        // 120 a minute: a bucket of 2 requests, refilled at 2 a second.
+        for _ in 0..2 {
+            assert_eq!(
+                store.take_rate("e", Some(120), None, 10).expect("take"),
+                None
+            );
+        }
+        let wait = store
+            .take_rate("e", Some(120), None, 10)
+            .expect("take")
+            .expect("a wait");
+        assert!(wait <= std::time::Duration::from_millis(500), "{wait:?}");
+        std::thread::sleep(wait + std::time::Duration::from_millis(5));
+        assert_eq!(
+            store.take_rate("e", Some(120), None, 10).expect("take"),
+            None
+        );
+        // Tokens: 6,000 a minute is 100 a second; a call reserving 100
+        // takes the bucket, and what it did not use comes back.
+        assert_eq!(
+            store.take_rate("t", None, Some(6_000), 100).expect("take"),
+            None
+        );
+        assert!(
+            store
+                .take_rate("t", None, Some(6_000), 100)
+                .expect("take")
+                .is_some()
+        );
+        store
+            .settle_rate("t", Some(6_000), 100, 10)
+            .expect("settle");
+        assert_eq!(
+            store.take_rate("t", None, Some(6_000), 50).expect("take"),
+            None
+        );
+        // No limits: nothing to take.
+        assert_eq!(store.take_rate("free", None, None, 1).expect("take"), None);
     }
 
     #[test]

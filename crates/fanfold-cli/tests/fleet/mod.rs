@@ -542,3 +542,84 @@ fn a_stop_reaches_every_worker_within_one_lease() {
     assert_eq!(held, 0, "the workers hold nothing");
     stop_workers(&f, &mut workers);
 }
+
+/// Four workers on one endpoint share its `requests_per_minute` through the
+/// store: together they send at its rate, not four times it.
+#[test]
+fn workers_share_an_endpoints_requests_per_minute() {
+    let pg = postgres();
+    let url = pg.create_database().expect("database");
+    let (server, calls) = counting_judge();
+    let f = Fixture::new(
+        JSON_ARRAY,
+        &format!(
+            "[backends.http]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\nrequests_per_minute = 120\n",
+            server.openai_url()
+        ),
+    );
+    let units = 20;
+    let rows: Vec<Value> = (0..units)
+        .map(|i| serde_json::json!({"id": i, "flag": i % 2 == 0, "delay_ms": 10}))
+        .collect();
+    f.input(&serde_json::to_vec(&rows).expect("rows"));
+    let mut workers: Vec<_> = (0..4).map(|n| start_worker(&f, &url, n, 4)).collect();
+    let started = std::time::Instant::now();
+    let coordinator = start_coordinator(&f, &url, 0, 16, 0);
+    let (code, err) = coordinator_done(&f, coordinator, 0);
+    let wall = started.elapsed();
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(calls.lock().expect("calls").values().sum::<usize>(), units);
+    // 120 a minute holds two at once and two more a second: 20 calls take
+    // 9 s at the least. Four workers each spending the whole limit would
+    // take about 1.5 s.
+    assert!(
+        wall >= std::time::Duration::from_secs(8),
+        "20 calls at 2 a second took {wall:?}"
+    );
+    stop_workers(&f, &mut workers);
+}
+
+/// A worker runs the embedded model itself: the coordinator loads no
+/// model, the worker loads it once and scores each decision as a run
+/// would, and the facts are the embedded model's.
+#[test]
+fn a_worker_runs_the_embedded_model_for_its_coordinator() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    let spec = spec
+        .replace(
+            r#"positive = ["yes"], negative = ["no"] }"#,
+            "positive = [\"yes\"], negative = [\"no\"] }\ndecode = \"choice\"\nbackend = \"local\"",
+        )
+        .replace(
+            "[backends.default]",
+            "[backends.local]\ntype = \"llama\"\nslot_tokens = 512\n\n[backends.default]",
+        );
+    std::fs::write(f.path("spec.toml"), spec).expect("spec");
+    let rows: Vec<Value> = (0..6)
+        .map(|i| serde_json::json!({"id": i, "flag": i % 2 == 0, "text": format!("record {i}")}))
+        .collect();
+    f.input(serde_json::to_string(&rows).expect("rows").as_bytes());
+    let o = f.run(&["--slots", "2", "--workers", "1"]);
+    assert!(matches!(o.status.code(), Some(0 | 3)), "{}", stderr(&o));
+    let facts = f.jsonl("out/facts.jsonl");
+    assert_eq!(facts.len(), 6);
+    for fact in &facts {
+        assert_eq!(fact["model"]["backend"], "llama", "{fact}");
+        assert!(fact["decision"].is_string(), "decided: {fact}");
+        // The decision was read from the model's scores, in the worker.
+        assert_eq!(
+            fact["choice_scores"].as_array().map(Vec::len),
+            Some(2),
+            "{fact}"
+        );
+    }
+    assert_eq!(
+        sqlite3(
+            &f.path("store.sqlite"),
+            "SELECT COUNT(*), SUM(calls) FROM fleet_workers WHERE state = 'stopped';"
+        )
+        .trim(),
+        "1|6"
+    );
+}

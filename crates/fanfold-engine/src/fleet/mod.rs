@@ -86,6 +86,7 @@ impl PortableBackend {
         &self,
         dir: &Path,
         endpoint: Option<&str>,
+        rates: Option<std::sync::Arc<dyn fanfold_model::SharedRates>>,
     ) -> Result<Box<dyn ModelBackend>, BackendError> {
         for (name, text) in &self.files {
             std::fs::write(dir.join(name), text).map_err(|e| {
@@ -99,7 +100,7 @@ impl PortableBackend {
             h.base_url = Some(url.to_owned());
             h.endpoints.clear();
         }
-        crate::backends::build(&spec, dir, Execution::Online)
+        crate::backends::build_sharing(&spec, dir, Execution::Online, rates)
     }
 
     /// Whether a worker's `endpoint` replaces this backend's.

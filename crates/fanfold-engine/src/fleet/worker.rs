@@ -3,12 +3,13 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fanfold_model::{
     BackendError, CallError, Completion, DecisionField, Job, ModelBackend, Next, Request,
+    SharedRates,
 };
 use fanfold_store::{FleetJob, JobState, Store, StoreError};
 
@@ -171,6 +172,8 @@ fn serve_jobs(
     opts: &WorkerOptions,
 ) -> Result<u64, WorkerError> {
     let files = tempfile_dir()?;
+    // The endpoints' per-minute limits, held in the store for every worker.
+    let rates: Arc<dyn SharedRates> = Arc::new(StoreRates(Store::open(&opts.store_path)?));
     // Backends by description: a model is loaded once per worker.
     let mut built: HashMap<String, Result<Box<dyn ModelBackend>, String>> = HashMap::new();
     let mut refused: HashSet<String> = HashSet::new();
@@ -189,9 +192,9 @@ fn serve_jobs(
             std::thread::sleep(IDLE_POLL);
             continue;
         };
-        let backend = built
-            .entry(job.backend.clone())
-            .or_insert_with(|| build(&job, &files, opts).map_err(|e| e.to_string()));
+        let backend = built.entry(job.backend.clone()).or_insert_with(|| {
+            build(&job, &files, opts, Arc::clone(&rates)).map_err(|e| e.to_string())
+        });
         let backend: &dyn ModelBackend = match &*backend {
             Ok(b) => b.as_ref(),
             Err(e) => {
@@ -242,10 +245,32 @@ fn tempfile_dir() -> Result<tempfile::TempDir, WorkerError> {
         })
 }
 
+/// The store's `fleet_rates`, as the limits an HTTP backend shares.
+struct StoreRates(Store);
+
+impl SharedRates for StoreRates {
+    fn take(
+        &self,
+        endpoint: &str,
+        rpm: Option<u64>,
+        tpm: Option<u64>,
+        tokens: u64,
+    ) -> Result<Option<Duration>, fanfold_model::LedgerError> {
+        Ok(self.0.take_rate(endpoint, rpm, tpm, tokens)?)
+    }
+
+    fn settle(&self, endpoint: &str, tpm: Option<u64>, reserved: u64, used: u64) {
+        if let Err(e) = self.0.settle_rate(endpoint, tpm, reserved, used) {
+            tracing::warn!(error = %e, "shared token count not corrected");
+        }
+    }
+}
+
 fn build(
     job: &FleetJob,
     files: &tempfile::TempDir,
     opts: &WorkerOptions,
+    rates: Arc<dyn SharedRates>,
 ) -> Result<Box<dyn ModelBackend>, BackendError> {
     let portable: PortableBackend = serde_json::from_str(&job.backend)
         .map_err(|e| BackendError::Setup(format!("the job's backend does not read: {e}")))?;
@@ -255,7 +280,7 @@ fn build(
         .join(blake3::hash(job.backend.as_bytes()).to_hex().as_str());
     std::fs::create_dir_all(&dir)
         .map_err(|e| BackendError::Setup(format!("creating {}: {e}", dir.display())))?;
-    portable.build(&dir, opts.endpoint.as_deref())
+    portable.build(&dir, opts.endpoint.as_deref(), Some(rates))
 }
 
 /// One job as this worker's backend sees it: the tasks it claims.
