@@ -34,6 +34,10 @@ pub enum DbError {
     Column { index: usize, detail: String },
     #[error("the query returned no row")]
     NoRow,
+    /// The address asks for TLS that cannot be set up (a root certificate
+    /// file that cannot be read).
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// PostgreSQL's own message, with its detail and hint when it gives them
@@ -229,13 +233,103 @@ pub(crate) struct Pg {
     in_transaction: bool,
 }
 
+/// A PostgreSQL address as the client takes it, and the TLS it speaks.
+///
+/// TLS is asked for as libpq users ask: `sslmode=require` (or `verify-ca`,
+/// `verify-full`, which mean the same here: the server's certificate is
+/// always verified, against Mozilla's roots and the CA certificates in
+/// `sslrootcert=FILE`). Without `sslmode`, the connection is plain, as it
+/// always was; `sslmode=prefer` takes TLS when the server offers it.
+struct Address {
+    /// The address without the parameters only this side reads.
+    url: String,
+    tls: tokio_postgres_rustls::MakeRustlsConnect,
+}
+
+impl Address {
+    fn parse(url: &str) -> Result<Address, DbError> {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut kept = Vec::new();
+        let mut root_cert = None;
+        let mut mode = None;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match key {
+                "sslrootcert" => root_cert = Some(value.to_owned()),
+                "sslmode" => mode = Some(value.to_owned()),
+                _ => kept.push(pair.to_owned()),
+            }
+        }
+        let mode = match mode.as_deref() {
+            None | Some("disable") => "disable",
+            Some("prefer" | "allow") => "prefer",
+            Some("require" | "verify-ca" | "verify-full") => "require",
+            Some(other) => {
+                return Err(DbError::Tls(format!(
+                    "sslmode={other}: give disable, prefer, require, verify-ca or verify-full"
+                )));
+            }
+        };
+        kept.push(format!("sslmode={mode}"));
+        Ok(Address {
+            url: format!("{base}?{}", kept.join("&")),
+            tls: tls(root_cert.as_deref())?,
+        })
+    }
+}
+
+/// A TLS client that verifies the server against Mozilla's roots and the
+/// certificates in `root_cert` (a PEM file), on rustls with ring.
+fn tls(root_cert: Option<&str>) -> Result<tokio_postgres_rustls::MakeRustlsConnect, DbError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = root_cert {
+        let pem =
+            std::fs::read(path).map_err(|e| DbError::Tls(format!("sslrootcert {path}: {e}")))?;
+        let mut added = 0;
+        for cert in CertificateDer::pem_slice_iter(&pem) {
+            let cert = cert.map_err(|e| DbError::Tls(format!("sslrootcert {path}: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| DbError::Tls(format!("sslrootcert {path}: {e}")))?;
+            added += 1;
+        }
+        if added == 0 {
+            return Err(DbError::Tls(format!(
+                "sslrootcert {path}: no PEM certificate in it"
+            )));
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| DbError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
 impl Pg {
     pub(crate) fn connect(url: &str) -> Result<Pg, DbError> {
+        let address = Address::parse(url)?;
         Ok(Pg {
-            client: postgres::Client::connect(url, postgres::NoTls)?,
+            client: postgres::Client::connect(&address.url, address.tls.clone())?,
             url: url.to_owned(),
             prepared: HashMap::new(),
             in_transaction: false,
+        })
+    }
+
+    /// Whether this connection speaks TLS, as the server sees it.
+    pub(crate) fn encrypted(&mut self) -> Result<bool, DbError> {
+        self.blocking(|pg| {
+            let row = pg.client.query_one(
+                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )?;
+            Ok(row.try_get::<_, bool>(0)?)
         })
     }
 
@@ -246,7 +340,8 @@ impl Pg {
         let deadline = std::time::Instant::now() + RECONNECT_FOR;
         let mut wait = std::time::Duration::from_millis(100);
         loop {
-            match postgres::Client::connect(&self.url, postgres::NoTls) {
+            let address = Address::parse(&self.url)?;
+            match postgres::Client::connect(&address.url, address.tls) {
                 Ok(client) => {
                     self.client = client;
                     self.prepared.clear();

@@ -75,7 +75,7 @@ impl Store {
     /// and matches its digest. A row that does not (a damaged file, a hand
     /// edit) is no answer: it is deleted and counted, so the caller
     /// computes the fact again instead of every later run failing on it.
-    fn checked_fact(
+    pub(crate) fn checked_fact(
         &self,
         key: &ContentHash,
         text: String,

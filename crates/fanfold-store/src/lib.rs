@@ -291,6 +291,13 @@ pub enum Claim {
     Held { run_id: String, expires_ms: u64 },
 }
 
+/// What claiming a key found: its fact, already stored, or the claim.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ClaimOrFact {
+    Fact(Box<FactRecord>),
+    Claim(Claim),
+}
+
 /// A run as the `runs` table knows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunInfo {
@@ -826,6 +833,18 @@ impl Store {
     /// rather than an SQLite file.
     pub fn is_shared(&self) -> bool {
         self.conn().is_postgres()
+    }
+
+    /// Whether the connection to the store is encrypted (TLS to a
+    /// PostgreSQL server); an SQLite file is local, and false.
+    pub fn encrypted(&self) -> Result<bool, StoreError> {
+        match &mut *self.conn() {
+            Conn::Postgres(pg) => pg.encrypted().map_err(|source| StoreError::Db {
+                path: self.location.clone(),
+                source,
+            }),
+            Conn::Sqlite(_) => Ok(false),
+        }
     }
 
     fn conn(&self) -> MutexGuard<'_, Conn> {

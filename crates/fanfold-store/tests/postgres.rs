@@ -9,8 +9,8 @@ use fanfold_core::{
     ByteRange, ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, Status, Unit, UnitId,
 };
 use fanfold_store::{
-    ChunkRef, Claim, EffectState, Label, PartitionBatch, PartitionCounts, RejectionRow, RunUnitRow,
-    Store, StoreError,
+    ChunkRef, Claim, ClaimOrFact, EffectState, Label, PartitionBatch, PartitionCounts,
+    RejectionRow, RunUnitRow, Store, StoreError,
 };
 use fanfold_testkit::Postgres;
 use serde_json::json;
@@ -303,6 +303,64 @@ fn a_key_is_claimed_by_one_connection_and_effects_need_its_lease() {
     let winners = outcomes.iter().filter(|c| **c == Claim::Mine).count();
     assert_eq!(winners, 1, "{outcomes:?}");
 
+    // The same race through the statement that also reads the fact: a
+    // claim committed while another waited on the row is not in that
+    // one's snapshot, and must still count as held.
+    for round in 0..20 {
+        let raced = ContentHash::of_bytes(format!("raced-{round}").as_bytes());
+        let gate = std::sync::Barrier::new(stores.len());
+        let outcomes: Vec<ClaimOrFact> = std::thread::scope(|s| {
+            let handles: Vec<_> = stores
+                .iter()
+                .enumerate()
+                .map(|(i, store)| {
+                    let (gate, raced) = (&gate, &raced);
+                    s.spawn(move || {
+                        gate.wait();
+                        store
+                            .claim_or_fact(raced, &format!("run-{i}"), 60_000)
+                            .expect("claim")
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("thread"))
+                .collect()
+        });
+        let won = outcomes
+            .iter()
+            .filter(|c| **c == ClaimOrFact::Claim(Claim::Mine))
+            .count();
+        assert_eq!(won, 1, "round {round}: {outcomes:?}");
+    }
+
+    // A claim and the fact under its key in one statement: the key is
+    // held until its fact is written, then the fact is taken by anyone.
+    let other = ContentHash::of_bytes(b"other");
+    let f = fact("other", Status::Positive);
+    assert_eq!(
+        stores[0]
+            .claim_or_fact(&other, "run-x", 60_000)
+            .expect("claim"),
+        ClaimOrFact::Claim(Claim::Mine)
+    );
+    match stores[1]
+        .claim_or_fact(&other, "run-y", 60_000)
+        .expect("claim")
+    {
+        ClaimOrFact::Claim(Claim::Held { run_id, .. }) => assert_eq!(run_id, "run-x"),
+        found => panic!("held by run-x, not {found:?}"),
+    }
+    stores[0].put_fact(&f).expect("put");
+    match stores[1]
+        .claim_or_fact(&other, "run-y", 60_000)
+        .expect("claim")
+    {
+        ClaimOrFact::Fact(got) => assert_eq!(got.key, other),
+        found => panic!("the fact, not {found:?}"),
+    }
+
     // A lease that lapsed is taken over; the late holder's effect steps
     // are refused.
     let hex = key.to_hex();
@@ -422,4 +480,35 @@ fn a_restarted_server_is_reconnected_to_and_nothing_is_lost() {
     let after = fact("after", Status::Negative);
     store.put_fact(&after).expect("fact");
     assert_eq!(store.count_facts().expect("count"), 2);
+}
+
+/// TLS as libpq users ask for it: `sslmode=require` with the server's CA in
+/// `sslrootcert` speaks TLS; a server whose certificate no trusted root
+/// signed is refused, never used unverified; without `sslmode` the
+/// connection stays plain.
+#[test]
+fn tls_is_spoken_when_asked_and_the_server_is_verified() {
+    let pg = Postgres::start_tls().unwrap_or_else(|e| panic!("a TLS server: {e}"));
+    let url = pg.create_database().expect("createdb");
+    let ca = pg.ca_file();
+
+    let verified = format!("{url}?sslmode=verify-full&sslrootcert={}", ca.display());
+    let store = open(Path::new(&verified));
+    assert!(store.encrypted().expect("asked"), "TLS with its CA");
+    store.register_worker("w", 1).expect("a write over TLS");
+
+    let plain = open(Path::new(&url));
+    assert!(!plain.encrypted().expect("asked"), "plain without sslmode");
+
+    let untrusted = format!("{url}?sslmode=require");
+    match Store::open(Path::new(&untrusted)) {
+        Ok(_) => panic!("a certificate no trusted root signed was accepted"),
+        Err(e) => assert!(e.to_string().to_lowercase().contains("certificate"), "{e}"),
+    }
+    let missing = format!("{url}?sslmode=require&sslrootcert=/nonexistent/ca.pem");
+    let e = Store::open(Path::new(&missing)).err().expect("refused");
+    assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
+    let wrong = format!("{url}?sslmode=sometimes");
+    let e = Store::open(Path::new(&wrong)).err().expect("refused");
+    assert!(e.to_string().contains("sslmode=sometimes"), "{e}");
 }

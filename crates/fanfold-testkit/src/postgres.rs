@@ -87,6 +87,22 @@ impl Postgres {
     /// Creates and starts a new cluster. An error says what is missing or
     /// what the server said.
     pub fn start() -> Result<Postgres, String> {
+        Postgres::start_with(false)
+    }
+
+    /// [`Postgres::start`], with TLS on: a throwaway CA (its certificate
+    /// at [`Postgres::ca_file`]) signs the server's certificate for
+    /// `127.0.0.1` and `localhost`.
+    pub fn start_tls() -> Result<Postgres, String> {
+        Postgres::start_with(true)
+    }
+
+    /// The CA certificate a TLS server's certificate was signed with.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+
+    fn start_with(tls: bool) -> Result<Postgres, String> {
         static SERIAL: AtomicU64 = AtomicU64::new(0);
         let bin = bin_dir()?;
         let run_as = is_root().then(|| "postgres".to_owned());
@@ -122,6 +138,11 @@ impl Postgres {
                 .arg(&data)
                 .output(),
         )?;
+        let tls_options = if tls {
+            server.certificates()?
+        } else {
+            String::new()
+        };
         // The port is free when asked and may be taken before the server
         // binds it: try a few.
         let mut last = String::new();
@@ -130,7 +151,7 @@ impl Postgres {
             let options = format!(
                 "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' \
                  -c max_connections=200 -c fsync=off -c synchronous_commit=off \
-                 -c full_page_writes=off",
+                 -c full_page_writes=off{tls_options}",
                 server.port
             );
             let started = checked(
@@ -150,6 +171,92 @@ impl Postgres {
             }
         }
         Err(last)
+    }
+
+    /// Makes a CA and a server certificate it signs (P-256 keys, valid two
+    /// days) with `openssl`, gives the server's key to the server's user;
+    /// the options that turn TLS on.
+    fn certificates(&self) -> Result<String, String> {
+        let dir = &self.dir;
+        let openssl = |what: &str, args: &[&str]| {
+            checked(
+                what,
+                Command::new("openssl").current_dir(dir).args(args).output(),
+            )
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        openssl(
+            "openssl: the CA",
+            &[
+                &["req", "-x509", "-days", "2", "-subj", "/CN=fanfold test CA"],
+                &ec[..],
+                &["-keyout", "ca.key", "-out", "ca.crt"],
+            ]
+            .concat(),
+        )?;
+        openssl(
+            "openssl: the server's request",
+            &[
+                &["req", "-subj", "/CN=localhost"],
+                &ec[..],
+                &["-keyout", "server.key", "-out", "server.csr"],
+            ]
+            .concat(),
+        )?;
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+             keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+        )
+        .map_err(|e| format!("server.ext: {e}"))?;
+        openssl(
+            "openssl: the server's certificate",
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                "server.ext",
+                "-out",
+                "server.crt",
+            ],
+        )?;
+        if let Some(user) = &self.run_as {
+            checked(
+                "chown",
+                Command::new("chown")
+                    .arg(format!("{user}:"))
+                    .arg(dir.join("server.key"))
+                    .arg(dir.join("server.crt"))
+                    .output(),
+            )?;
+        }
+        checked(
+            "chmod",
+            Command::new("chmod")
+                .arg("600")
+                .arg(dir.join("server.key"))
+                .output(),
+        )?;
+        Ok(format!(
+            " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+            dir.join("server.crt").display(),
+            dir.join("server.key").display()
+        ))
     }
 
     fn data(&self) -> PathBuf {

@@ -879,13 +879,19 @@ impl crate::queue::Claims for KeyClaims<'_> {
             (self.adopt)(index, fact);
             return Turn::Done;
         }
-        let claim = self.store.claim(key, self.run_id, self.store.lease_ms());
         // Whoever holds the key, its fact may be written already (a run
         // keeps its leases until it ends): then it is taken as it is.
-        if let Ok(Some(fact)) = self.store.get_fact(key) {
-            (self.adopt)(index, fact);
-            return Turn::Done;
-        }
+        let claim = match self
+            .store
+            .claim_or_fact(key, self.run_id, self.store.lease_ms())
+        {
+            Ok(fanfold_store::ClaimOrFact::Fact(fact)) => {
+                (self.adopt)(index, *fact);
+                return Turn::Done;
+            }
+            Ok(fanfold_store::ClaimOrFact::Claim(claim)) => Ok(claim),
+            Err(e) => Err(e),
+        };
         match claim {
             Ok(fanfold_store::Claim::Mine) => Turn::Mine,
             Ok(fanfold_store::Claim::Held { run_id, expires_ms }) => {
