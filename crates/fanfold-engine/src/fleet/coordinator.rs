@@ -17,6 +17,10 @@ use super::{FleetLink, JobOptions, PortableBackend, TaskRequest, TaskResult};
 const POLL_MIN: Duration = Duration::from_millis(2);
 const POLL_MAX: Duration = Duration::from_millis(20);
 
+/// How long calls may wait with no answer before the run says, once a
+/// period, that no worker is taking them.
+const NO_WORKER: Duration = Duration::from_secs(30);
+
 /// A backend whose calls are made by workers.
 pub struct FleetBackend {
     store: Store,
@@ -72,6 +76,7 @@ impl FleetBackend {
         let mut next_seq = 0_u64;
         let mut pulled_all = false;
         let mut wait = POLL_MIN;
+        let mut answered = std::time::Instant::now();
         loop {
             if job.is_cancelled() {
                 self.store
@@ -122,11 +127,20 @@ impl FleetBackend {
                 .fleet_results(job_id)
                 .map_err(|e| e.to_string())?;
             if results.is_empty() {
+                if !out.is_empty() && answered.elapsed() >= NO_WORKER {
+                    tracing::warn!(
+                        job = %job_id, waiting = out.len(), store = %self.store.location(),
+                        "no worker has answered for {} s: start `fanfold worker` on this store, or read the workers' logs for a job they refused",
+                        NO_WORKER.as_secs()
+                    );
+                    answered = std::time::Instant::now();
+                }
                 std::thread::sleep(wait);
                 wait = (wait * 2).min(POLL_MAX);
                 continue;
             }
             wait = POLL_MIN;
+            answered = std::time::Instant::now();
             let seqs: Vec<u64> = results.iter().map(|(s, _)| *s).collect();
             self.store
                 .forget_fleet_tasks(job_id, &seqs)
