@@ -623,3 +623,57 @@ fn a_worker_runs_the_embedded_model_for_its_coordinator() {
         "1|6"
     );
 }
+
+/// A worker pointed at its own model server (`--endpoint`) sends the calls
+/// there, not to the endpoint the spec declares, and the facts are stored
+/// as the declared backend's.
+#[test]
+fn a_worker_sends_its_calls_to_its_own_endpoint() {
+    let pg = postgres();
+    let url = pg.create_database().expect("database");
+    let (server, calls) = counting_judge();
+    // The spec's endpoint has no server behind it.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let f = Fixture::new(
+        JSON_ARRAY,
+        &format!(
+            "[backends.http]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"http://127.0.0.1:{dead}/v1\"\n"
+        ),
+    );
+    let units = 12;
+    let rows: Vec<Value> = (0..units)
+        .map(|i| serde_json::json!({"id": i, "flag": i % 3 == 0, "delay_ms": 10}))
+        .collect();
+    f.input(&serde_json::to_vec(&rows).expect("rows"));
+    let log = std::fs::File::create(f.path("worker0.log")).expect("log");
+    let mut worker = [bin()
+        .args(["worker", "--store", &url, "--slots", "4"])
+        .args(["--endpoint", &server.openai_url()])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starts")];
+    let coordinator = start_coordinator(&f, &url, 0, 8, 0);
+    let (code, err) = coordinator_done(&f, coordinator, 0);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        calls.lock().expect("calls").len(),
+        units,
+        "every call came here"
+    );
+    let facts: Vec<Value> = std::fs::read_to_string(f.path("out0/facts.jsonl"))
+        .expect("facts")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    assert_eq!(facts.len(), units);
+    let model = facts[0]["model"]["model_id"].as_str().expect("model id");
+    assert!(
+        model.contains(&format!("127.0.0.1:{dead}")),
+        "keyed as the declared backend: {model}"
+    );
+    stop_workers(&f, &mut worker);
+}
