@@ -18,6 +18,8 @@ command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3)
 # PostgreSQL: `initdb` and `pg_ctl` for the shared-store tests and
 # benches (each starts its own server in a temporary folder).
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
+# openssl: the TLS test makes its throwaway server a CA and a certificate.
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # tmux: the tests drive `fanfold label` in a terminal of 80 by 24 with it.
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
