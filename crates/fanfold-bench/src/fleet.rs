@@ -268,6 +268,39 @@ fn start_worker(exe: &Path, store: &str, slots: usize, log: &Path) -> Result<Chi
         .with_context(|| format!("starting {} worker", exe.display()))
 }
 
+/// `n` workers with `slots` each, logging to `{name}-worker-{i}.log` in
+/// `tmp`.
+fn start_pool(
+    exe: &Path,
+    store: &str,
+    slots: usize,
+    tmp: &Path,
+    name: &str,
+    n: usize,
+) -> Result<Vec<(Child, PathBuf)>> {
+    (0..n)
+        .map(|i| {
+            let log = tmp.join(format!("{name}-worker-{i}.log"));
+            Ok((start_worker(exe, store, slots, &log)?, log))
+        })
+        .collect()
+}
+
+/// A coordinator for `workers` workers of `slots` each, started elsewhere,
+/// with twice their slots: a queue as deep as the calls in flight, so a
+/// worker whose call ends finds the next one waiting.
+fn start_coordinator(
+    exe: &Path,
+    spec: &Path,
+    store: &str,
+    slots: usize,
+    workers: usize,
+    out: &Path,
+) -> Result<Child> {
+    let role = Role::Coordinator { workers: 0 };
+    start_run(exe, spec, store, "http", 2 * workers * slots, role, out)
+}
+
 /// Sends `signal` (`TERM`, `STOP`, `CONT`) to a process.
 fn signal(child: &Child, signal: &str) -> Result<()> {
     let status = Command::new("kill")
@@ -498,13 +531,9 @@ fn scale(
     };
     let mut pool = Vec::new();
     let children = if workers {
-        for i in 0..n {
-            let log = tmp.join(format!("scale-{n}-worker-{i}.log"));
-            pool.push((start_worker(exe, &store, args.slots, &log)?, log));
-        }
-        let role = Role::Coordinator { workers: 0 };
+        pool = start_pool(exe, &store, args.slots, tmp, &format!("scale-{n}"), n)?;
         outs.iter()
-            .map(|out| start_run(exe, spec, &store, "http", 2 * n * args.slots, role, out))
+            .map(|out| start_coordinator(exe, spec, &store, args.slots, n, out))
             .collect::<Result<Vec<_>>>()?
     } else {
         outs.iter()
@@ -616,15 +645,7 @@ fn fault_run(
         start(&mut live)?;
     }
     let out = tmp.join("faults-fleet");
-    let coordinator = start_run(
-        exe,
-        &spec,
-        &store,
-        "http",
-        2 * workers * args.slots,
-        Role::Coordinator { workers: 0 },
-        &out,
-    )?;
+    let coordinator = start_coordinator(exe, &spec, &store, args.slots, workers, &out)?;
     // Spread the kills over about half the work a fault-free fleet takes.
     let ideal = args.fault_units as f64 * args.latency_ms as f64
         / (workers * args.slots).min(args.capacity) as f64;
@@ -688,21 +709,9 @@ fn budget_run(
     );
     let store = pg.create_database().map_err(|e| anyhow!(e))?;
     judge.take();
-    let mut pool = Vec::new();
-    for i in 0..workers {
-        let log = tmp.join(format!("budget-worker-{i}.log"));
-        pool.push((start_worker(exe, &store, args.slots, &log)?, log));
-    }
+    let pool = start_pool(exe, &store, args.slots, tmp, "budget", workers)?;
     let out = tmp.join("budget-fleet");
-    let mut coordinator = start_run(
-        exe,
-        &spec,
-        &store,
-        "http",
-        2 * workers * args.slots,
-        Role::Coordinator { workers: 0 },
-        &out,
-    )?;
+    let mut coordinator = start_coordinator(exe, &spec, &store, args.slots, workers, &out)?;
     // The answer is incomplete (the budget ran out): the run says so in
     // its exit code, which is expected here.
     coordinator.wait()?;
@@ -741,15 +750,7 @@ fn partition_run(
     let logs = [tmp.join("partition-0.log"), tmp.join("partition-1.log")];
     let paused = start_worker(exe, &store, args.slots, &logs[0])?;
     let out = tmp.join("partition-fleet");
-    let coordinator = start_run(
-        exe,
-        &spec,
-        &store,
-        "http",
-        4 * args.slots,
-        Role::Coordinator { workers: 0 },
-        &out,
-    )?;
+    let coordinator = start_coordinator(exe, &spec, &store, args.slots, 2, &out)?;
     let deadline = Instant::now() + Duration::from_secs(60);
     while judge.calls.lock().map(|c| c.len()).unwrap_or(0) < args.slots && Instant::now() < deadline
     {

@@ -2580,6 +2580,18 @@ pub(crate) fn start_leased(
     slots: usize,
     lease_secs: u64,
 ) -> std::process::Child {
+    start_run_with(f, store, n, slots, lease_secs, &[])
+}
+
+/// [`start_leased`] with `extra` arguments.
+pub(crate) fn start_run_with(
+    f: &Fixture,
+    store: &str,
+    n: usize,
+    slots: usize,
+    lease_secs: u64,
+    extra: &[&str],
+) -> std::process::Child {
     let log = std::fs::File::create(f.path(&format!("err{n}.log"))).expect("log");
     bin()
         .arg("run")
@@ -2587,6 +2599,7 @@ pub(crate) fn start_leased(
         .args(["--store", store, "--backend", "http", "--json"])
         .args(["--slots", &slots.to_string()])
         .args(["--lease-secs", &lease_secs.to_string()])
+        .args(extra)
         .arg("--out")
         .arg(f.path(&format!("out{n}")))
         .stdout(Stdio::null())
@@ -2628,18 +2641,30 @@ pub(crate) fn items(f: &Fixture, n: usize) -> Value {
 }
 
 pub(crate) fn judge_fixture(units: usize) -> (Fixture, fanfold_testkit::Server, Calls) {
-    let (server, calls) = counting_judge();
-    let f = Fixture::new(
-        JSON_ARRAY,
-        &format!(
-            "[backends.http]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\n",
-            server.openai_url()
-        ),
-    );
     let rows: Vec<Value> = (0..units)
         .map(|i| serde_json::json!({"id": i, "flag": i % 3 == 0, "delay_ms": 20 + (i % 5) * 10}))
         .collect();
-    f.input(&serde_json::to_vec(&rows).expect("rows"));
+    judged(&rows, "", None)
+}
+
+/// A fixture over `rows` with the counting judge as backend `http`:
+/// `extra` follows the backend's table (more of its settings, or tables of
+/// its own), and `base_url`, when given, is the endpoint the spec declares
+/// in place of the judge's.
+pub(crate) fn judged(
+    rows: &[Value],
+    extra: &str,
+    base_url: Option<&str>,
+) -> (Fixture, fanfold_testkit::Server, Calls) {
+    let (server, calls) = counting_judge();
+    let url = base_url.map_or_else(|| server.openai_url(), str::to_owned);
+    let f = Fixture::new(
+        JSON_ARRAY,
+        &format!(
+            "[backends.http]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"{url}\"\n{extra}\n"
+        ),
+    );
+    f.input(&serde_json::to_vec(rows).expect("rows"));
     (f, server, calls)
 }
 
@@ -3155,11 +3180,9 @@ slot_tokens = 512
     assert_eq!(f.certificate()["stats"]["selects"]["triage"]["cached"], 6);
 }
 
-/// A map stage with `decode = "choice"` on the embedded model: each fact is
-/// the decision alone, read from the scores of the allowed values, with the
-/// chosen value's probability as its confidence and one completion token.
-#[test]
-fn embedded_choice_decoding_reads_the_decision_from_scores() {
+/// Six records judged by the embedded model with `decode = "choice"` (the
+/// decision read from the scores of its allowed values).
+pub(crate) fn choice_fixture() -> Fixture {
     let f = Fixture::new(JSON_ARRAY, "");
     let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
     let spec = spec
@@ -3176,6 +3199,15 @@ fn embedded_choice_decoding_reads_the_decision_from_scores() {
         .map(|i| serde_json::json!({"id": i, "flag": i % 2 == 0, "text": format!("record {i}")}))
         .collect();
     f.input(serde_json::to_string(&rows).expect("rows").as_bytes());
+    f
+}
+
+/// A map stage with `decode = "choice"` on the embedded model: each fact is
+/// the decision alone, read from the scores of the allowed values, with the
+/// chosen value's probability as its confidence and one completion token.
+#[test]
+fn embedded_choice_decoding_reads_the_decision_from_scores() {
+    let f = choice_fixture();
     let explain = run(bin().arg("explain").arg(f.path("spec.toml")));
     assert!(
         stdout(&explain).contains("decode=choice"),

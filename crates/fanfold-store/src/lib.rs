@@ -146,7 +146,7 @@ fn live_runs_on(conn: &mut Conn, stale_ms: u64) -> Result<Vec<RunInfo>, DbError>
 
 /// This machine's name, as runs record it: a run's process can be looked
 /// up only on the host that started it.
-fn this_host() -> String {
+pub fn this_host() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .or_else(|_| std::fs::read_to_string("/etc/hostname"))
         .map(|h| h.trim().to_owned())

@@ -272,26 +272,19 @@ fn every_table_round_trips_on_postgres() {
     assert_eq!(again.run_overview(10).expect("runs").len(), 1);
 }
 
-#[test]
-fn a_key_is_claimed_by_one_connection_and_effects_need_its_lease() {
-    let pg = server();
-    let url = database(&pg);
-    let stores: Vec<Store> = (0..4).map(|_| open(&url)).collect();
-    let key = ContentHash::of_bytes(b"k");
-    // Four connections claim one key at the same instant: one wins.
+/// `f` on every store, each on its own thread, all let go at one instant;
+/// the outcomes in the stores' order.
+fn at_once<T: Send>(stores: &[Store], f: impl Fn(usize, &Store) -> T + Sync) -> Vec<T> {
     let gate = std::sync::Barrier::new(stores.len());
-    let outcomes: Vec<Claim> = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let handles: Vec<_> = stores
             .iter()
             .enumerate()
             .map(|(i, store)| {
-                let gate = &gate;
-                let key = &key;
+                let (gate, f) = (&gate, &f);
                 s.spawn(move || {
                     gate.wait();
-                    store
-                        .claim(key, &format!("run-{i}"), 60_000)
-                        .expect("claim")
+                    f(i, store)
                 })
             })
             .collect();
@@ -299,6 +292,20 @@ fn a_key_is_claimed_by_one_connection_and_effects_need_its_lease() {
             .into_iter()
             .map(|h| h.join().expect("thread"))
             .collect()
+    })
+}
+
+#[test]
+fn a_key_is_claimed_by_one_connection_and_effects_need_its_lease() {
+    let pg = server();
+    let url = database(&pg);
+    let stores: Vec<Store> = (0..4).map(|_| open(&url)).collect();
+    let key = ContentHash::of_bytes(b"k");
+    // Four connections claim one key at the same instant: one wins.
+    let outcomes = at_once(&stores, |i, store| {
+        store
+            .claim(&key, &format!("run-{i}"), 60_000)
+            .expect("claim")
     });
     let winners = outcomes.iter().filter(|c| **c == Claim::Mine).count();
     assert_eq!(winners, 1, "{outcomes:?}");
@@ -308,25 +315,10 @@ fn a_key_is_claimed_by_one_connection_and_effects_need_its_lease() {
     // one's snapshot, and must still count as held.
     for round in 0..20 {
         let raced = ContentHash::of_bytes(format!("raced-{round}").as_bytes());
-        let gate = std::sync::Barrier::new(stores.len());
-        let outcomes: Vec<ClaimOrFact> = std::thread::scope(|s| {
-            let handles: Vec<_> = stores
-                .iter()
-                .enumerate()
-                .map(|(i, store)| {
-                    let (gate, raced) = (&gate, &raced);
-                    s.spawn(move || {
-                        gate.wait();
-                        store
-                            .claim_or_fact(raced, &format!("run-{i}"), 60_000)
-                            .expect("claim")
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("thread"))
-                .collect()
+        let outcomes = at_once(&stores, |i, store| {
+            store
+                .claim_or_fact(&raced, &format!("run-{i}"), 60_000)
+                .expect("claim")
         });
         let won = outcomes
             .iter()

@@ -42,6 +42,26 @@ fn postgres() -> fanfold_testkit::Postgres {
         .unwrap_or_else(|e| panic!("a PostgreSQL server for this test: {e}"))
 }
 
+/// The items one process answers on SQLite (in `out0`); the judge's count
+/// is cleared after it.
+fn answer_on_sqlite(f: &Fixture, calls: &Calls) -> Value {
+    let sqlite = f.path("store.sqlite");
+    let mut one = [start_run(f, &sqlite.display().to_string(), 0)];
+    let codes = wait_all(&mut one, std::time::Duration::from_secs(120));
+    let err = std::fs::read_to_string(f.path("err0.log")).unwrap_or_default();
+    assert_eq!(codes, [Some(0)], "{err}");
+    calls.lock().expect("calls").clear();
+    items(f, 0)
+}
+
+/// Sends signal `name` (`STOP`, `CONT`, `TERM`) to `child`.
+fn signal(child: &std::process::Child, name: &str) {
+    let o = run(std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(child.id().to_string()));
+    assert!(o.status.success(), "kill -{name}: {}", stderr(&o));
+}
+
 /// The same spec gives the same answer on SQLite with one process and on
 /// PostgreSQL with four, which call each unit once between them; `status`
 /// reads the shared store.
@@ -51,15 +71,8 @@ fn four_processes_on_postgres_answer_as_one_process_on_sqlite() {
     let url = pg.create_database().expect("database");
     let units: usize = 48;
     let (f, _server, calls) = judge_fixture(units);
-
-    let sqlite = f.path("store.sqlite");
-    let mut one = [start_run(&f, &sqlite.display().to_string(), 0)];
-    let codes = wait_all(&mut one, std::time::Duration::from_secs(120));
-    let err = std::fs::read_to_string(f.path("err0.log")).unwrap_or_default();
-    assert_eq!(codes, [Some(0)], "{err}");
-    let expected = items(&f, 0);
+    let expected = answer_on_sqlite(&f, &calls);
     assert_eq!(expected.as_array().map(Vec::len), Some(units.div_ceil(3)));
-    calls.lock().expect("calls").clear();
 
     let mut fleet: Vec<_> = (1..=4).map(|n| start_run(&f, &url, n)).collect();
     let codes = wait_all(&mut fleet, std::time::Duration::from_secs(120));
@@ -172,17 +185,11 @@ fn a_process_paused_past_its_leases_writes_nothing_twice_on_postgres() {
     let start = |n: usize| start_leased(&f, &url, n, slots, 3);
     let mut paused = start(0);
     wait_for_calls(&calls, 4);
-    let signal = |name: &str| {
-        let o = run(std::process::Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(paused.id().to_string()));
-        assert!(o.status.success(), "kill -{name}: {}", stderr(&o));
-    };
-    signal("STOP");
+    signal(&paused, "STOP");
     let mut other = [start(1)];
     // The other runs while the first is stopped past its 3 s leases.
     std::thread::sleep(std::time::Duration::from_secs(5));
-    signal("CONT");
+    signal(&paused, "CONT");
     let codes = wait_all(&mut other, std::time::Duration::from_secs(120));
     let err = std::fs::read_to_string(f.path("err1.log")).unwrap_or_default();
     assert_eq!(codes, [Some(0)], "{err}");
@@ -232,29 +239,28 @@ fn start_coordinator(
     slots: usize,
     workers: usize,
 ) -> std::process::Child {
-    let log = std::fs::File::create(f.path(&format!("err{n}.log"))).expect("log");
-    bin()
-        .arg("run")
-        .arg(f.path("spec.toml"))
-        .args(["--store", store, "--backend", "http", "--json"])
-        .args(["--slots", &slots.to_string()])
-        .args(["--workers", &workers.to_string()])
-        .args(["--lease-secs", "3"])
-        .arg("--out")
-        .arg(f.path(&format!("out{n}")))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("starts")
+    start_run_with(f, store, n, slots, 3, &["--workers", &workers.to_string()])
 }
 
 /// An external `fanfold worker` with `slots` and leases of 3 s, logging
 /// to `worker{n}.log`.
 fn start_worker(f: &Fixture, store: &str, n: usize, slots: usize) -> std::process::Child {
+    start_worker_with(f, store, n, slots, &[])
+}
+
+/// [`start_worker`] with `extra` arguments.
+fn start_worker_with(
+    f: &Fixture,
+    store: &str,
+    n: usize,
+    slots: usize,
+    extra: &[&str],
+) -> std::process::Child {
     let log = std::fs::File::create(f.path(&format!("worker{n}.log"))).expect("log");
     bin()
         .args(["worker", "--store", store, "--lease-secs", "3"])
         .args(["--slots", &slots.to_string()])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -265,10 +271,7 @@ fn start_worker(f: &Fixture, store: &str, n: usize, slots: usize) -> std::proces
 /// itself, cleanly. Their logs.
 fn stop_workers(f: &Fixture, workers: &mut [std::process::Child]) -> Vec<String> {
     for w in workers.iter() {
-        let o = run(std::process::Command::new("kill")
-            .arg("-TERM")
-            .arg(w.id().to_string()));
-        assert!(o.status.success(), "kill -TERM: {}", stderr(&o));
+        signal(w, "TERM");
     }
     let codes = wait_all(workers, std::time::Duration::from_secs(30));
     (0..workers.len())
@@ -346,17 +349,7 @@ fn four_workers_on_postgres_answer_as_one_process_on_sqlite() {
     let url = pg.create_database().expect("database");
     let units: usize = 48;
     let (f, _server, calls) = judge_fixture(units);
-    let mut one = [start_run(
-        &f,
-        &f.path("store.sqlite").display().to_string(),
-        0,
-    )];
-    assert_eq!(
-        wait_all(&mut one, std::time::Duration::from_secs(120)),
-        [Some(0)]
-    );
-    let expected = items(&f, 0);
-    calls.lock().expect("calls").clear();
+    let expected = answer_on_sqlite(&f, &calls);
 
     let mut workers: Vec<_> = (0..4).map(|n| start_worker(&f, &url, n, 3)).collect();
     let coordinator = start_coordinator(&f, &url, 1, 12, 0);
@@ -395,18 +388,10 @@ fn four_workers_on_postgres_answer_as_one_process_on_sqlite() {
 fn four_workers_share_one_budget() {
     let pg = postgres();
     let url = pg.create_database().expect("database");
-    let (server, calls) = counting_judge();
-    let f = Fixture::new(
-        JSON_ARRAY,
-        &format!(
-            "[budget]\nmax_model_calls = 20\n\n[backends.http]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\n",
-            server.openai_url()
-        ),
-    );
     let rows: Vec<Value> = (0..60)
         .map(|i| serde_json::json!({"id": i, "flag": i % 3 == 0, "delay_ms": 30}))
         .collect();
-    f.input(&serde_json::to_vec(&rows).expect("rows"));
+    let (f, _server, calls) = judged(&rows, "[budget]\nmax_model_calls = 20", None);
     let mut workers: Vec<_> = (0..4).map(|n| start_worker(&f, &url, n, 4)).collect();
     let coordinator = start_coordinator(&f, &url, 0, 16, 0);
     let (code, err) = coordinator_done(&f, coordinator, 0);
@@ -437,8 +422,9 @@ fn a_killed_worker_loses_only_its_calls_in_flight() {
     let mut workers: Vec<_> = (0..3).map(|n| start_worker(&f, &url, n, slots)).collect();
     let coordinator = start_coordinator(&f, &url, 0, 9, 0);
     wait_for_calls(&calls, units / 6);
-    workers[0].kill().expect("SIGKILL");
-    workers[0].wait().expect("reaped");
+    let mut killed = workers.pop().expect("a worker");
+    killed.kill().expect("SIGKILL");
+    killed.wait().expect("reaped");
     let (code, err) = coordinator_done(&f, coordinator, 0);
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(
@@ -447,14 +433,7 @@ fn a_killed_worker_loses_only_its_calls_in_flight() {
         "the answer is whole"
     );
     assert_one_fact_a_unit(&url, &calls, units, slots);
-    let mut survivors = workers.split_off(1);
-    for w in survivors.iter() {
-        let _ = run(std::process::Command::new("kill")
-            .arg("-TERM")
-            .arg(w.id().to_string()));
-    }
-    let codes = wait_all(&mut survivors, std::time::Duration::from_secs(30));
-    assert_eq!(codes, [Some(0), Some(0)]);
+    stop_workers(&f, &mut workers);
 }
 
 /// A worker paused (SIGSTOP) past its leases, then resumed: the others
@@ -466,19 +445,13 @@ fn a_worker_paused_past_its_leases_writes_nothing_twice() {
     let units: usize = 60;
     let (f, _server, calls) = judge_fixture(units);
     let slots = 3;
-    let mut paused = start_worker(&f, &url, 0, slots);
+    let paused = start_worker(&f, &url, 0, slots);
     let coordinator = start_coordinator(&f, &url, 0, 6, 0);
     wait_for_calls(&calls, 4);
-    let signal = |name: &str, pid: u32| {
-        let o = run(std::process::Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(pid.to_string()));
-        assert!(o.status.success(), "kill -{name}: {}", stderr(&o));
-    };
-    signal("STOP", paused.id());
-    let mut other = [start_worker(&f, &url, 1, slots)];
+    signal(&paused, "STOP");
+    let other = start_worker(&f, &url, 1, slots);
     std::thread::sleep(std::time::Duration::from_secs(5));
-    signal("CONT", paused.id());
+    signal(&paused, "CONT");
     let (code, err) = coordinator_done(&f, coordinator, 0);
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(
@@ -487,18 +460,11 @@ fn a_worker_paused_past_its_leases_writes_nothing_twice() {
         "the answer is whole"
     );
     assert_one_fact_a_unit(&url, &calls, units, slots);
-    signal("TERM", paused.id());
-    signal("TERM", other[0].id());
-    let code = paused.wait().expect("paused worker ends").code();
-    let log = std::fs::read_to_string(f.path("worker0.log")).unwrap_or_default();
-    assert_eq!(code, Some(0), "{log}");
+    let logs = stop_workers(&f, &mut [paused, other]);
     assert!(
-        !log.contains(" 0 answered late"),
-        "its answers after the pause came late: {log}"
-    );
-    assert_eq!(
-        wait_all(&mut other, std::time::Duration::from_secs(30)),
-        [Some(0)]
+        !logs[0].contains(" 0 answered late"),
+        "its answers after the pause came late: {}",
+        logs[0]
     );
 }
 
@@ -509,18 +475,10 @@ fn a_worker_paused_past_its_leases_writes_nothing_twice() {
 fn a_stop_reaches_every_worker_within_one_lease() {
     let pg = postgres();
     let url = pg.create_database().expect("database");
-    let (server, calls) = counting_judge();
-    let f = Fixture::new(
-        JSON_ARRAY,
-        &format!(
-            "[budget]\nmax_wall_secs = 3\n\n[backends.http]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\n",
-            server.openai_url()
-        ),
-    );
     let rows: Vec<Value> = (0..200)
         .map(|i| serde_json::json!({"id": i, "flag": false, "delay_ms": 400}))
         .collect();
-    f.input(&serde_json::to_vec(&rows).expect("rows"));
+    let (f, _server, calls) = judged(&rows, "[budget]\nmax_wall_secs = 3", None);
     let mut workers: Vec<_> = (0..2).map(|n| start_worker(&f, &url, n, 4)).collect();
     let coordinator = start_coordinator(&f, &url, 0, 8, 0);
     let (code, err) = coordinator_done(&f, coordinator, 0);
@@ -549,19 +507,11 @@ fn a_stop_reaches_every_worker_within_one_lease() {
 fn workers_share_an_endpoints_requests_per_minute() {
     let pg = postgres();
     let url = pg.create_database().expect("database");
-    let (server, calls) = counting_judge();
-    let f = Fixture::new(
-        JSON_ARRAY,
-        &format!(
-            "[backends.http]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"{}\"\nrequests_per_minute = 120\n",
-            server.openai_url()
-        ),
-    );
     let units = 20;
     let rows: Vec<Value> = (0..units)
         .map(|i| serde_json::json!({"id": i, "flag": i % 2 == 0, "delay_ms": 10}))
         .collect();
-    f.input(&serde_json::to_vec(&rows).expect("rows"));
+    let (f, _server, calls) = judged(&rows, "requests_per_minute = 120", None);
     let mut workers: Vec<_> = (0..4).map(|n| start_worker(&f, &url, n, 4)).collect();
     let started = std::time::Instant::now();
     let coordinator = start_coordinator(&f, &url, 0, 16, 0);
@@ -584,22 +534,7 @@ fn workers_share_an_endpoints_requests_per_minute() {
 /// would, and the facts are the embedded model's.
 #[test]
 fn a_worker_runs_the_embedded_model_for_its_coordinator() {
-    let f = Fixture::new(JSON_ARRAY, "");
-    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
-    let spec = spec
-        .replace(
-            r#"positive = ["yes"], negative = ["no"] }"#,
-            "positive = [\"yes\"], negative = [\"no\"] }\ndecode = \"choice\"\nbackend = \"local\"",
-        )
-        .replace(
-            "[backends.default]",
-            "[backends.local]\ntype = \"llama\"\nslot_tokens = 512\n\n[backends.default]",
-        );
-    std::fs::write(f.path("spec.toml"), spec).expect("spec");
-    let rows: Vec<Value> = (0..6)
-        .map(|i| serde_json::json!({"id": i, "flag": i % 2 == 0, "text": format!("record {i}")}))
-        .collect();
-    f.input(serde_json::to_string(&rows).expect("rows").as_bytes());
+    let f = choice_fixture();
     let o = f.run(&["--slots", "2", "--workers", "1"]);
     assert!(matches!(o.status.code(), Some(0 | 3)), "{}", stderr(&o));
     let facts = f.jsonl("out/facts.jsonl");
@@ -631,31 +566,24 @@ fn a_worker_runs_the_embedded_model_for_its_coordinator() {
 fn a_worker_sends_its_calls_to_its_own_endpoint() {
     let pg = postgres();
     let url = pg.create_database().expect("database");
-    let (server, calls) = counting_judge();
     // The spec's endpoint has no server behind it.
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
-    let f = Fixture::new(
-        JSON_ARRAY,
-        &format!(
-            "[backends.http]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"http://127.0.0.1:{dead}/v1\"\n"
-        ),
-    );
     let units = 12;
     let rows: Vec<Value> = (0..units)
         .map(|i| serde_json::json!({"id": i, "flag": i % 3 == 0, "delay_ms": 10}))
         .collect();
-    f.input(&serde_json::to_vec(&rows).expect("rows"));
-    let log = std::fs::File::create(f.path("worker0.log")).expect("log");
-    let mut worker = [bin()
-        .args(["worker", "--store", &url, "--slots", "4"])
-        .args(["--endpoint", &server.openai_url()])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("starts")];
+    let declared = format!("http://127.0.0.1:{dead}/v1");
+    let (f, server, calls) = judged(&rows, "", Some(&declared));
+    let mut worker = [start_worker_with(
+        &f,
+        &url,
+        0,
+        4,
+        &["--endpoint", &server.openai_url()],
+    )];
     let coordinator = start_coordinator(&f, &url, 0, 8, 0);
     let (code, err) = coordinator_done(&f, coordinator, 0);
     assert_eq!(code, Some(0), "{err}");

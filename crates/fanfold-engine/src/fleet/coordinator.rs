@@ -31,8 +31,8 @@ pub struct FleetBackend {
     portable: String,
     /// Jobs opened so far, for job ids unique within the run.
     jobs: AtomicU64,
-    /// What the declared backend says a usage cost, asked of a backend
-    /// built here only for its price table.
+    /// The declared HTTP backend, built for its identity and asked what a
+    /// usage cost; never called.
     priced: Option<Box<dyn ModelBackend>>,
 }
 
@@ -44,23 +44,25 @@ impl FleetBackend {
         spec: &fanfold_core::spec::BackendSpec,
         spec_dir: &std::path::Path,
     ) -> Result<FleetBackend, BackendError> {
-        let info =
-            crate::backends::identity(spec, spec_dir, fanfold_core::spec::Execution::Online)?;
+        use fanfold_core::spec::{BackendSpec, Execution};
+        // An HTTP backend is cheap to build and knows its prices: it is
+        // built here once, for its identity and its prices. The others are
+        // named from the spec alone (no weights are loaded here).
+        let (info, priced) = match spec {
+            BackendSpec::Openai(_) | BackendSpec::Anthropic(_) => {
+                let built = crate::backends::build(spec, spec_dir, Execution::Online)?;
+                (built.info(), Some(built))
+            }
+            _ => (
+                crate::backends::identity(spec, spec_dir, Execution::Online)?,
+                None,
+            ),
+        };
         let portable = PortableBackend::new(spec, spec_dir)?;
         let portable = serde_json::to_string(&portable)
             .map_err(|e| BackendError::Setup(format!("describing the backend: {e}")))?;
         let store =
             Store::open(&link.store_path).map_err(|e| BackendError::Setup(e.to_string()))?;
-        // Prices are known to HTTP backends, which are cheap to build.
-        let priced = match spec {
-            fanfold_core::spec::BackendSpec::Openai(_)
-            | fanfold_core::spec::BackendSpec::Anthropic(_) => Some(crate::backends::build(
-                spec,
-                spec_dir,
-                fanfold_core::spec::Execution::Online,
-            )?),
-            _ => None,
-        };
         Ok(FleetBackend {
             store,
             run_id: link.run_id.clone(),

@@ -83,7 +83,7 @@ pub fn serve(opts: &WorkerOptions, stop: &AtomicBool) -> Result<WorkerReport, Wo
     store.set_lease_ms(opts.lease_ms);
     let worker_id = format!(
         "{}-{}-{}",
-        hostname(),
+        fanfold_store::this_host(),
         std::process::id(),
         fanfold_store::now_ms()
     );
@@ -122,12 +122,6 @@ impl Shared<'_> {
     fn stopping(&self) -> bool {
         self.stop.load(Ordering::Relaxed) || self.outer.load(Ordering::Relaxed)
     }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "host".into())
 }
 
 fn parent_gone(opts: &WorkerOptions) -> bool {
