@@ -9,10 +9,14 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
+mod asking;
 mod effects;
 mod fleet;
 mod newuser;
+mod quotes;
+mod realdata;
 mod recheck;
+mod refusals;
 
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_fanfold"));
