@@ -121,8 +121,62 @@ pub struct GeneratedReviews {
     pub oracle: ReviewsOracle,
 }
 
+/// How a review's text writes its punctuation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Punctuation {
+    /// As typed: `, . ' !`.
+    #[default]
+    Plain,
+    /// As some public review tables store it: every comma, full stop,
+    /// apostrophe, semicolon and exclamation mark an HTML numeric entity
+    /// (`&#44;` `&#46;` `&#8217;` `&#59;` `&#33;`), a dash and accented
+    /// letters left as UTF-8, and one review in three broken over two
+    /// lines. No sentence of such a text ends in a bare `.`.
+    Entities,
+}
+
+/// `text` as a table with [`Punctuation::Entities`] stores it.
+fn entity_encoded(text: &str, two_lines: bool) -> String {
+    let mut out = String::with_capacity(text.len() * 2);
+    let mut broke = !two_lines;
+    for c in text.chars() {
+        match c {
+            ',' => out.push_str("&#44;"),
+            '.' => {
+                out.push_str("&#46;");
+                if !broke {
+                    out.push('\n');
+                    broke = true;
+                    continue;
+                }
+            }
+            '\'' => out.push_str("&#8217;"),
+            ';' => out.push_str("&#59;"),
+            '!' => out.push_str("&#33;"),
+            other => out.push(other),
+        }
+    }
+    // The line break replaces the blank after the first full stop.
+    out.replace("\n ", "\n")
+}
+
+/// Critics' asides in the entity-encoded style: a dash and accented
+/// letters, which the quotes must carry byte for byte.
+const ASIDES: [&str; 3] = [
+    "A film festival favourite \u{2014} déjà vu for some.",
+    "Seen at the Cinémathèque; the café scene stays with you.",
+    "",
+];
+
 /// `per_film` reviews of each of six films, ids `r001` upwards.
 pub fn generate(seed: u64, per_film: usize) -> GeneratedReviews {
+    generate_with(seed, per_film, Punctuation::Plain)
+}
+
+/// [`generate`] with its text written in `punctuation`. The words, the
+/// ids and the oracle are the same in every style, but for the asides
+/// the entity style adds (which say nothing of the verdict).
+pub fn generate_with(seed: u64, per_film: usize, punctuation: Punctuation) -> GeneratedReviews {
     let mut reviews = Vec::new();
     let mut truth = BTreeMap::new();
     let mut n = 0u64;
@@ -159,6 +213,14 @@ pub fn generate(seed: u64, per_film: usize) -> GeneratedReviews {
                 text.push(' ');
                 text.push_str(closing);
             }
+            if punctuation == Punctuation::Entities {
+                let aside = rng.pick(&ASIDES);
+                if !aside.is_empty() {
+                    text.push(' ');
+                    text.push_str(aside);
+                }
+                text = entity_encoded(&text, rng.chance(33));
+            }
             let id = format!("r{n:03}");
             reviews.push(json!({
                 "id": id,
@@ -193,9 +255,14 @@ pub fn generate(seed: u64, per_film: usize) -> GeneratedReviews {
 
 /// Writes `reviews.jsonl` and `oracle.json` into `dir`, as
 /// `fanfold fixture film-reviews` does.
-pub fn write_film_reviews(dir: &Path, seed: u64, per_film: usize) -> std::io::Result<()> {
+pub fn write_film_reviews(
+    dir: &Path,
+    seed: u64,
+    per_film: usize,
+    punctuation: Punctuation,
+) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let generated = generate(seed, per_film);
+    let generated = generate_with(seed, per_film, punctuation);
     let mut lines = String::new();
     for r in &generated.reviews {
         lines.push_str(&r.to_string());
@@ -237,6 +304,28 @@ mod tests {
         let best = means["neon-orchard"];
         let worst = means["glass-mountains"];
         assert!(best.0 * worst.1 > worst.0 * best.1 + 2 * best.1 * worst.1);
+    }
+
+    #[test]
+    fn entity_style_keeps_the_truth_and_hides_every_full_stop() {
+        let plain = generate(5, 20);
+        let encoded = generate_with(5, 20, Punctuation::Entities);
+        assert_eq!(plain.oracle, encoded.oracle);
+        let mut two_lines = 0;
+        let mut non_ascii = 0;
+        for (p, e) in plain.reviews.iter().zip(&encoded.reviews) {
+            assert_eq!(p["id"], e["id"]);
+            let text = e["text"].as_str().expect("text");
+            assert!(!text.contains(['.', ',', '\'']), "{text}");
+            assert!(text.contains("&#46;"), "{text}");
+            let first = p["text"].as_str().expect("text").replace('\'', "&#8217;");
+            let first = first.split(". ").next().expect("a sentence");
+            assert!(text.starts_with(first), "{text}");
+            two_lines += usize::from(text.contains('\n'));
+            non_ascii += usize::from(!text.is_ascii());
+        }
+        assert!(two_lines > 20 && two_lines < 60, "{two_lines}");
+        assert!(non_ascii > 20, "{non_ascii}");
     }
 
     #[test]
