@@ -15,6 +15,7 @@ pub mod jq;
 pub mod partition;
 pub mod prefilter;
 pub mod proxy;
+pub mod quotes;
 pub mod verify;
 pub mod view;
 

@@ -2,6 +2,7 @@
 //! prefix of rubric and schema, then the unit's projected fields) and how its
 //! raw output becomes a typed, schema-checked, evidence-checked fact.
 
+use crate::quotes;
 use fanfold_core::spec::{Decode, MapStageSpec};
 use fanfold_core::{
     Bucket, ChoiceScore, ContentHash, Evidence, ModelParams, StableHash, StableHasher, Status,
@@ -248,19 +249,25 @@ impl MapStage {
     }
 
     /// The stage's schema narrowed to one unit: each evidence item's quote
-    /// must be one of the unit's own sentences, verbatim. A backend that
-    /// decodes under this schema cannot invent a quote. `None` when the
-    /// stage has no evidence or the unit offers no quotable sentence.
+    /// must be one of the unit's own spans, verbatim (see
+    /// [`crate::quotes`]: sentences, clauses and windows of words, whatever
+    /// the text's punctuation). A backend that decodes under this schema
+    /// cannot invent a quote. `None` when the stage has no evidence or the
+    /// unit has no text to quote.
     pub fn schema_for_unit(&self, projected: &Value) -> Option<Value> {
         let key = self.spec.evidence.as_deref()?.strip_prefix('/')?;
         if key.contains('/') {
             return None;
         }
         let items = self.schema.pointer(&format!("/properties/{key}/items"))?;
-        let max_len = items
-            .pointer("/properties/quote/maxLength")
-            .and_then(Value::as_u64)
-            .unwrap_or(200) as usize;
+        let bound = |name: &str| {
+            items
+                .pointer(&format!("/properties/quote/{name}"))
+                .and_then(Value::as_u64)
+                .map(|n| n as usize)
+        };
+        let max_len = bound("maxLength").unwrap_or(200);
+        let min_len = bound("minLength").unwrap_or(8);
         let fields: Vec<String> = match items
             .pointer("/properties/field/enum")
             .and_then(Value::as_array)
@@ -272,19 +279,21 @@ impl MapStage {
             None => projected.as_object()?.keys().cloned().collect(),
         };
         let mut alternatives = Vec::new();
+        let mut budget = quotes::MAX_SPAN_BYTES_PER_UNIT;
         for field in fields {
             let Some(text) = field_text(projected, &field) else {
                 continue;
             };
-            let quotes = sentences(&text, max_len);
-            if quotes.is_empty() {
+            let spans = quotes::quotable_spans(&text, min_len, max_len, budget);
+            if spans.is_empty() {
                 continue;
             }
+            budget -= spans.iter().map(String::len).sum::<usize>();
             alternatives.push(serde_json::json!({
                 "type": "object",
                 "additionalProperties": false,
                 "required": ["field", "quote"],
-                "properties": {"field": {"const": field}, "quote": {"enum": quotes}}
+                "properties": {"field": {"const": field}, "quote": {"enum": spans}}
             }));
         }
         if alternatives.is_empty() {
@@ -461,41 +470,6 @@ pub fn field_text(projected: &Value, field: &str) -> Option<String> {
     }
 }
 
-/// Most quote alternatives offered per field: grammar size grows with them.
-const MAX_QUOTES_PER_FIELD: usize = 48;
-
-/// The quotable sentences of a text: split at sentence ends and line
-/// breaks, trimmed, between 8 and `max_len` bytes, first occurrences only.
-/// Each is a verbatim substring of `text`.
-pub fn sentences(text: &str, max_len: usize) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    let mut start = 0;
-    let bytes = text.as_bytes();
-    for (i, b) in bytes.iter().enumerate() {
-        let end = match b {
-            b'\n' => Some(i),
-            b'.' | b'!' | b'?' if bytes.get(i + 1).is_none_or(|n| n.is_ascii_whitespace()) => {
-                Some(i + 1)
-            }
-            _ => None,
-        };
-        if let Some(end) = end {
-            push_sentence(&mut out, &text[start..end], max_len);
-            start = i + 1;
-        }
-    }
-    push_sentence(&mut out, &text[start..], max_len);
-    out.truncate(MAX_QUOTES_PER_FIELD);
-    out
-}
-
-fn push_sentence(out: &mut Vec<String>, raw: &str, max_len: usize) {
-    let s = raw.trim();
-    if s.len() >= 8 && s.len() <= max_len && !out.iter().any(|o| o == s) {
-        out.push(s.to_owned());
-    }
-}
-
 /// Resolves each `{field, quote}` to a byte range of the field's text. A quote
 /// that is not there verbatim invalidates the whole output.
 pub fn check_evidence(items: Option<&Value>, projected: &Value) -> Result<Vec<Evidence>, Invalid> {
@@ -637,19 +611,12 @@ mod tests {
     }
 
     #[test]
-    fn unit_schema_offers_only_verbatim_sentences() {
+    fn unit_schema_offers_only_verbatim_spans() {
         let s = stage();
         let unit = json!({"title": "Login loops", "body": "First line here.\nThe callback redirects to /login forever. Short.\n"});
         // The test stage's schema has no item properties to narrow by field.
         let narrowed = s.schema_for_unit(&unit);
         assert!(narrowed.is_none());
-        assert_eq!(
-            sentences(unit["body"].as_str().unwrap_or_default(), 200),
-            [
-                "First line here.",
-                "The callback redirects to /login forever."
-            ]
-        );
         let mut spec = s.spec.clone();
         spec.evidence = Some("/evidence".into());
         let schema = json!({
@@ -668,8 +635,18 @@ mod tests {
             .expect("anyOf");
         assert_eq!(alts.len(), 2);
         assert_eq!(
+            alts[0]["properties"]["quote"]["enum"],
+            json!(["Login loops"])
+        );
+        // The sentence over 30 bytes is offered as windows of its words.
+        assert_eq!(
             alts[1]["properties"]["quote"]["enum"],
-            json!(["First line here."])
+            json!([
+                "First line here.",
+                "The callback redirects to",
+                "/login forever.",
+                "redirects to /login forever."
+            ])
         );
         for alt in alts {
             for q in alt["properties"]["quote"]["enum"].as_array().expect("enum") {
