@@ -253,8 +253,11 @@ fn render(runs: &[Measured], blockers: &BTreeSet<String>, args: &ToolsArgs) -> S
         f.hang_ms,
     ));
     line(String::new());
-    line("| shape | units at the tool | distinct requests | shared (deduplicated) | from the store | sent | retries | not sent | tracker requests | most in flight at the tracker (quota) | observations | tool wall | total wall | answer | precision | recall |".into());
-    line("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|".into());
+    line("| shape | units at the tool | distinct requests | shared (deduplicated) | from the store | sent | retries | not sent (a shortfall) | cancelled by the contract | tracker requests | most in flight at the tracker (quota) | observations | tool wall | total wall | answer | complete | precision | recall |".into());
+    line(
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|"
+            .into(),
+    );
     for m in runs {
         let sum = |key: &str| m.tools.iter().map(|(_, r)| n(r, key)).sum::<u64>();
         let statuses: Vec<String> = m
@@ -287,7 +290,7 @@ fn render(runs: &[Measured], blockers: &BTreeSet<String>, args: &ToolsArgs) -> S
         };
         let recall = tp as f64 / blockers.len().max(1) as f64;
         line(format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {:.2} s | {:.2} s | {} | {precision:.2} | {recall:.2} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {:.2} s | {:.2} s | {} | {} | {precision:.2} | {recall:.2} |",
             m.label,
             sum("units"),
             sum("requests"),
@@ -296,6 +299,7 @@ fn render(runs: &[Measured], blockers: &BTreeSet<String>, args: &ToolsArgs) -> S
             sum("sent"),
             sum("retries"),
             sum("not_sent"),
+            sum("cancelled"),
             n(&m.tracker, "requests"),
             n(&m.tracker, "max_in_flight"),
             m.quota,
@@ -307,6 +311,11 @@ fn render(runs: &[Measured], blockers: &BTreeSet<String>, args: &ToolsArgs) -> S
             tool_ms as f64 / 1000.0,
             m.wall_s,
             answer.len(),
+            if m.report.answer.complete {
+                "yes".to_owned()
+            } else {
+                format!("**no**: {}", m.report.answer.incomplete.join("; "))
+            },
         ));
     }
     line(String::new());

@@ -17,6 +17,7 @@ mod quotes;
 mod realdata;
 mod recheck;
 mod refusals;
+mod safety;
 
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_fanfold"));

@@ -64,9 +64,13 @@ pub struct ToolReport {
     pub sent: u64,
     /// Attempts after the first (429, 5xx, timeouts).
     pub retries: u64,
-    /// Requests not sent because the run's budget, the stage's
-    /// `max_requests` or the contract ended them.
+    /// Requests not sent because the run's budget or the stage's
+    /// `max_requests` ended them: a shortfall of the answer.
     pub not_sent: u64,
+    /// Requests not sent because the contract was already satisfied:
+    /// their units are `cancelled`, which a satisfied contract allows.
+    #[serde(default)]
+    pub cancelled: u64,
     /// The most requests in flight at once, as counted here.
     pub max_in_flight: u64,
     /// Observations by status, per distinct request.
@@ -233,18 +237,37 @@ struct Gate<'a> {
     stop: Mutex<Option<StopReason>>,
 }
 
+/// Whether a request may go out.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Admission {
+    Send,
+    /// The contract no longer needs it.
+    Cancelled,
+    /// The run's wall budget or the stage's `max_requests` withheld it.
+    Withheld,
+}
+
+impl Admission {
+    fn after(stop: &StopReason) -> Admission {
+        match stop {
+            StopReason::ContractSatisfied { .. } => Admission::Cancelled,
+            _ => Admission::Withheld,
+        }
+    }
+}
+
 impl Gate<'_> {
-    /// Waits for the rate quota and takes one request's place; `false`
-    /// when the request may not be sent at all: the run's wall budget is
-    /// spent, the contract no longer needs it (both stop the run), or the
-    /// stage's `max_requests` are used up.
-    fn admit(&self) -> bool {
-        if self.lock_stop().is_some() {
-            return false;
+    /// Waits for the rate quota and takes one request's place, unless the
+    /// request may not be sent at all: the contract no longer needs it
+    /// (cancelled), or the run's wall budget is spent or the stage's
+    /// `max_requests` are used up (withheld).
+    fn admit(&self) -> Admission {
+        if let Some(stop) = &*self.lock_stop() {
+            return Admission::after(stop);
         }
         if let Some(s) = self.ctx_budget.wall_spent() {
             self.stopped(s);
-            return false;
+            return Admission::Withheld;
         }
         if let Some(detail) = self
             .ledger
@@ -254,14 +277,14 @@ impl Gate<'_> {
             .may_cancel_rest(None)
         {
             self.stopped(StopReason::ContractSatisfied { detail });
-            return false;
+            return Admission::Cancelled;
         }
         let n = self.sent.fetch_add(1, Ordering::SeqCst);
         if self.max_requests.is_some_and(|max| n >= max) {
-            return false;
+            return Admission::Withheld;
         }
         self.pace.wait();
-        true
+        Admission::Send
     }
 
     fn lock_stop(&self) -> std::sync::MutexGuard<'_, Option<StopReason>> {
@@ -447,6 +470,7 @@ impl Stage for ToolRunner {
         let queue = Mutex::new(jobs);
         let done: Mutex<Vec<Answered>> = Mutex::new(Vec::new());
         let not_sent = AtomicU64::new(0);
+        let cancelled = AtomicU64::new(0);
         let workers = sp.quota.concurrency.min(queue_len(&queue)).max(1);
         std::thread::scope(|s| {
             for _ in 0..workers {
@@ -455,9 +479,16 @@ impl Stage for ToolRunner {
                         let Some(job) = lock(&queue).pop_front() else {
                             break;
                         };
-                        if !gate.admit() {
-                            not_sent.fetch_add(1, Ordering::SeqCst);
-                            continue;
+                        match gate.admit() {
+                            Admission::Send => {}
+                            Admission::Cancelled => {
+                                cancelled.fetch_add(1, Ordering::SeqCst);
+                                continue;
+                            }
+                            Admission::Withheld => {
+                                not_sent.fetch_add(1, Ordering::SeqCst);
+                                continue;
+                            }
                         }
                         gate.enter();
                         let answered = executor.answer(job);
@@ -468,6 +499,7 @@ impl Stage for ToolRunner {
             }
         });
         report.not_sent = not_sent.into_inner();
+        report.cancelled = cancelled.into_inner();
         report.max_in_flight = gate.max_in_flight.load(Ordering::SeqCst) as u64;
         for a in done.into_inner().unwrap_or_else(|e| e.into_inner()) {
             report.sent += 1;
@@ -542,7 +574,8 @@ impl Stage for ToolRunner {
             if sp.then.is_some() {
                 ctx.table.add_field(i, &sp.field, shown);
                 passed.push(i);
-                ctx.progress.unit_finished(self.stage.name(), Status::Positive);
+                ctx.progress
+                    .unit_finished(self.stage.name(), Status::Positive);
                 continue;
             }
             let o = observation.unwrap_or_else(|| {
@@ -595,19 +628,28 @@ impl Stage for ToolRunner {
 
     fn accounting(&self, stats: &RunStats) -> Option<String> {
         let r = stats.reports.get::<ToolReport>(REPORT, self.stage.name())?;
-        Some(format!(
-            "Tool `{}` ({}): {} units, {} distinct requests ({} shared), {} from the store, {} sent ({} retries, at most {} in flight), {} refused",
-            self.stage.name(),
-            r.capability,
-            r.units,
-            r.requests,
-            r.deduplicated,
-            r.cached,
-            r.sent,
-            r.retries,
-            r.max_in_flight,
-            r.refused
-        ))
+        Some(
+            format!(
+                "Tool `{}` ({}): {} units, {} distinct requests ({} shared), {} from the store, {} sent ({} retries, at most {} in flight), {} refused",
+                self.stage.name(),
+                r.capability,
+                r.units,
+                r.requests,
+                r.deduplicated,
+                r.cached,
+                r.sent,
+                r.retries,
+                r.max_in_flight,
+                r.refused
+            ) + &if r.cancelled > 0 {
+                format!(
+                    ", {} not sent because the contract was already met",
+                    r.cancelled
+                )
+            } else {
+                String::new()
+            },
+        )
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
@@ -697,7 +739,11 @@ impl<'a> Executor<'a> {
         }
     }
 
-    fn http(&self, url: &str, stale: Option<&Observation>) -> (Observation, Option<Duration>, bool) {
+    fn http(
+        &self,
+        url: &str,
+        stale: Option<&Observation>,
+    ) -> (Observation, Option<Duration>, bool) {
         use ObservationStatus as S;
         let fail = |s, d: String| (Observation::failed(s, d), None, false);
         let Capability::HttpGet { url: template, .. } = &self.runner.stage.spec.capability else {
@@ -754,8 +800,8 @@ impl<'a> Executor<'a> {
             .and_then(|s| s.trim().parse::<u64>().ok())
             .map(|s| Duration::from_secs(s.min(60)))
             .unwrap_or(Duration::from_millis(500));
-        let rate_limited = code == 429
-            || (code == 403 && header("x-ratelimit-remaining").as_deref() == Some("0"));
+        let rate_limited =
+            code == 429 || (code == 403 && header("x-ratelimit-remaining").as_deref() == Some("0"));
         if code == 304
             && let Some(o) = stale
         {
@@ -795,7 +841,11 @@ impl<'a> Executor<'a> {
         }
         let mut o = Observation {
             status,
-            body: if status == S::Ok { body_of(&bytes) } else { Value::Null },
+            body: if status == S::Ok {
+                body_of(&bytes)
+            } else {
+                Value::Null
+            },
             version: (version.etag.is_some() || version.last_modified.is_some()).then_some(version),
             fetched_ms: fanfold_store::now_ms(),
             detail: None,
@@ -1048,7 +1098,10 @@ pub(crate) fn same_origin(template: &str, filled: &str) -> Result<(), String> {
         .unwrap_or("/");
     let raw_path = raw_path.split(['?', '#']).next().unwrap_or("/");
     if got.path() != raw_path {
-        return Err(format!("`{filled}` resolves to another path, {}", got.path()));
+        return Err(format!(
+            "`{filled}` resolves to another path, {}",
+            got.path()
+        ));
     }
     Ok(())
 }
@@ -1071,8 +1124,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let db = dir.path().join("t.db");
         let c = rusqlite::Connection::open(&db).expect("open");
-        c.execute_batch("create table t(n integer, s text); insert into t values (1, 'one'), (2, 'two');")
-            .expect("setup");
+        c.execute_batch(
+            "create table t(n integer, s text); insert into t values (1, 'one'), (2, 'two');",
+        )
+        .expect("setup");
         drop(c);
         let t = Duration::from_secs(1);
         let rows = query_rows(
@@ -1094,9 +1149,16 @@ mod tests {
         )
         .expect("rows");
         assert_eq!(rows, json!([]));
-        for write in ["delete from t", "insert into t values (3, 'x')", "drop table t"] {
+        for write in [
+            "delete from t",
+            "insert into t values (3, 'x')",
+            "drop table t",
+        ] {
             let e = query_rows(&db, write, &[], t, 1000).expect_err("refused");
-            assert!(matches!(e.0, ObservationStatus::Denied | ObservationStatus::Error), "{e:?}");
+            assert!(
+                matches!(e.0, ObservationStatus::Denied | ObservationStatus::Error),
+                "{e:?}"
+            );
         }
         let rows = query_rows(&db, "select count(*) as n from t", &[], t, 1000).expect("rows");
         assert_eq!(rows, json!([{"n": 2}]));
