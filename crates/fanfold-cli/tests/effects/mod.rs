@@ -548,3 +548,64 @@ fn an_idempotency_key_guards_resends_a_read_back_cannot_see() {
     // A receipt the read-back does not confirm is not in place.
     assert_eq!(outcome_count(&report, "absent"), n, "{report}");
 }
+
+impl Setup {
+    /// Edits the spec in place: `edit` gets its text and returns the new.
+    fn edit_spec(&self, edit: impl FnOnce(String) -> String) {
+        let path = self.dir.path().join("effects.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let edited = edit(text.clone());
+        assert_ne!(edited, text, "the edit changed nothing");
+        std::fs::write(path, edited).unwrap();
+    }
+}
+
+/// What an effect stage held back: every action planned, none performed,
+/// each saying why.
+fn assert_held(s: &Setup, why: &str) {
+    assert_eq!(s.log()["requests"], 0, "the tracker was sent nothing");
+    for stage in ["label_blockers", "comment_cause"] {
+        let report = s.report(stage);
+        let lines = report["effects"].as_array().unwrap();
+        assert!(!lines.is_empty(), "{stage}: {report}");
+        for line in lines {
+            assert_eq!(line["outcome"], "not_run", "{line}");
+            let detail = line["detail"].as_str().unwrap_or_default();
+            assert!(detail.contains(why), "{detail}");
+        }
+        assert_eq!(report["sent"], 0, "{report}");
+    }
+}
+
+#[test]
+fn an_incomplete_answer_holds_every_effect() {
+    let s = Setup::new(Faults::default());
+    // Thirty model calls for the sixty-odd issues the rules keep: the rest
+    // are not run.
+    s.edit_spec(|t| format!("{t}\n[budget]\nmax_model_calls = 30\n"));
+    let o = s.go(&[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(!s.answer_ids().is_empty(), "some issues were judged");
+    assert_held(&s, "the answer is incomplete");
+    let answer = std::fs::read_to_string(s.dir.path().join("out/answer.md")).unwrap();
+    assert!(answer.starts_with("# INCOMPLETE"), "{answer}");
+}
+
+#[test]
+fn an_answer_that_fails_its_own_verification_exits_4_and_holds_every_effect() {
+    let s = Setup::new(Faults::default());
+    // A view that is not a function of the unit: its first sentence
+    // carries the clock, so the judge's quote of it cannot be read back
+    // when verify rebuilds the view a moment later.
+    s.edit_spec(|t| {
+        t.replace(
+            r#"body: ((.body // "") | .[0:1200])}"#,
+            r#"body: ((now * 1000000 | floor | tostring) + " refresh token race. " + ((.body // "") | .[0:1200]))}"#,
+        )
+    });
+    let o = s.go(&[]);
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    assert!(stderr(&o).contains("verification failed"), "{}", stderr(&o));
+    assert_eq!(s.cert()["verify"]["passed"], false);
+    assert_held(&s, "the answer did not verify");
+}
