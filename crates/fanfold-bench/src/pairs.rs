@@ -134,7 +134,8 @@ pub fn main(args: &PairsArgs) -> Result<()> {
             m.name = "pair".into();
             m.rubric = "pair.md".into();
             m.output_schema = "pair.schema.json".into();
-            m.fields = vec!["first".into(), "second".into()];
+            // The projection alone says what a context sees.
+            m.fields = Vec::new();
             m.project = Some("{film, first, second}".into());
             m.decision.positive = vec!["opposite".into()];
             m.decision.negative = vec!["same".into()];

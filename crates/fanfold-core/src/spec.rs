@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub mod check;
 pub mod effect;
 pub mod tool;
 
@@ -174,6 +175,44 @@ impl PartitionSpec {
         Some(glob.as_deref().unwrap_or(default))
     }
 
+    /// The top-level fields every unit of a format that fixes them holds
+    /// (text lines and the document formats); `None` where the input's
+    /// records say (JSON, CSV).
+    pub fn fields(&self) -> Option<&'static [&'static str]> {
+        Some(match self {
+            PartitionSpec::JsonArray { .. }
+            | PartitionSpec::Jsonl { .. }
+            | PartitionSpec::Csv { .. } => return None,
+            PartitionSpec::Lines { .. } => &["text", "line"],
+            PartitionSpec::Files { .. } => &["path", "size", "modified", "text"],
+            PartitionSpec::Email { .. } => &[
+                "path",
+                "from",
+                "to",
+                "cc",
+                "date",
+                "subject",
+                "message_id",
+                "in_reply_to",
+                "attachments",
+                "body",
+            ],
+            PartitionSpec::Markdown { .. } => &[
+                "path", "heading", "title", "level", "start", "end", "line", "text",
+            ],
+            PartitionSpec::Code { .. } => &[
+                "path",
+                "language",
+                "symbol",
+                "symbol_kind",
+                "start",
+                "end",
+                "line",
+                "text",
+            ],
+        })
+    }
+
     pub fn type_name(&self) -> &'static str {
         match self {
             PartitionSpec::JsonArray { .. } => "json_array",
@@ -200,7 +239,9 @@ pub enum PrefilterAction {
 #[serde(deny_unknown_fields)]
 pub struct PrefilterRule {
     pub name: String,
-    /// A jq expression over the unit; the rule matches when it yields `true`.
+    /// A jq expression over the unit; the rule matches when it yields
+    /// `true`, and not on `false` or no output. Anything else (a string, a
+    /// number, null) is an error naming the rule and the unit.
     pub when: String,
     pub action: PrefilterAction,
     /// Reason code recorded for `exclude` (defaults to the rule's name).
@@ -249,6 +290,24 @@ pub trait KindSpec {
     fn model_turn(&self) -> Option<(&str, Execution)> {
         None
     }
+    /// The unit's top-level fields the stage lists as what it sees.
+    fn fields(&self) -> &[String] {
+        &[]
+    }
+    /// The sampling settings of the stage's model turn, if it has one.
+    fn sampling(&self) -> Option<Sampling> {
+        None
+    }
+}
+
+/// How a model turn samples, and where in the stage's table it is set
+/// (`""` for the stage's own keys, `"judge."`, `"model."`), so a check
+/// names the setting as the spec spells it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    pub at: &'static str,
+    pub max_output_tokens: u32,
+    pub temperature: f64,
 }
 
 #[doc(hidden)]
@@ -316,8 +375,10 @@ impl StageSpec {
     }
 }
 
-/// `KindSpec` for a kind whose spec has `name` and `project` fields and,
-/// with `turn`, its own `backend` and `execution`.
+/// `KindSpec` for a kind whose spec has `name`, `project` and (unless
+/// `turn` names no `fields`) `fields`, and, with `turn`, its own
+/// `backend`, `execution` and sampling settings; with `judge`, those of its
+/// judge.
 macro_rules! kind_spec {
     ($spec:ty) => {
         impl KindSpec for $spec {
@@ -327,9 +388,12 @@ macro_rules! kind_spec {
             fn project(&self) -> Option<&str> {
                 self.project.as_deref()
             }
+            fn fields(&self) -> &[String] {
+                &self.fields
+            }
         }
     };
-    ($spec:ty, turn) => {
+    ($spec:ty, turn $(, $fields:ident)?) => {
         impl KindSpec for $spec {
             fn name(&self) -> &str {
                 &self.name
@@ -345,6 +409,16 @@ macro_rules! kind_spec {
             }
             fn model_turn(&self) -> Option<(&str, Execution)> {
                 Some((&self.backend, self.execution))
+            }
+            $(fn fields(&self) -> &[String] {
+                &self.$fields
+            })?
+            fn sampling(&self) -> Option<Sampling> {
+                Some(Sampling {
+                    at: "",
+                    max_output_tokens: self.max_output_tokens,
+                    temperature: self.temperature,
+                })
             }
         }
     };
@@ -365,12 +439,22 @@ macro_rules! kind_spec {
             fn model_turn(&self) -> Option<(&str, Execution)> {
                 Some((&self.judge.backend, self.judge.execution))
             }
+            fn fields(&self) -> &[String] {
+                &self.judge.fields
+            }
+            fn sampling(&self) -> Option<Sampling> {
+                Some(Sampling {
+                    at: "judge.",
+                    max_output_tokens: self.judge.max_output_tokens,
+                    temperature: self.judge.temperature,
+                })
+            }
         }
     };
 }
 
-kind_spec!(MapStageSpec, turn);
-kind_spec!(ChunkStageSpec, turn);
+kind_spec!(MapStageSpec, turn, fields);
+kind_spec!(ChunkStageSpec, turn, fields);
 kind_spec!(ClusterStageSpec, turn);
 kind_spec!(AuditStageSpec, judge);
 kind_spec!(WidenStageSpec, judge);
@@ -394,6 +478,17 @@ impl KindSpec for SelectStageSpec {
     fn model_turn(&self) -> Option<(&str, Execution)> {
         let m = self.model.as_ref()?;
         Some((&m.backend, m.execution))
+    }
+    fn fields(&self) -> &[String] {
+        &self.fields
+    }
+    fn sampling(&self) -> Option<Sampling> {
+        let m = self.model.as_ref()?;
+        Some(Sampling {
+            at: "model.",
+            max_output_tokens: m.max_output_tokens,
+            temperature: m.temperature,
+        })
     }
 }
 
@@ -1431,6 +1526,25 @@ impl ReducerKind {
                 out
             }
             ReducerKind::Pairs { key, value, .. } => vec![key, value],
+        }
+    }
+
+    /// The pointers whose values the reducer reads as numbers: a value
+    /// that is not one is skipped.
+    pub fn numeric_pointers(&self) -> Vec<&str> {
+        match self {
+            ReducerKind::Set { order_by, .. } => order_by.iter().map(String::as_str).collect(),
+            ReducerKind::Histogram { value, .. }
+            | ReducerKind::MinMax { value }
+            | ReducerKind::Sum { value }
+            | ReducerKind::Mean { value } => vec![value],
+            ReducerKind::TopK { score, .. } => vec![score],
+            ReducerKind::GroupBy { reduce, .. } => reduce.numeric_pointers(),
+            ReducerKind::Count
+            | ReducerKind::CountBy { .. }
+            | ReducerKind::Join { .. }
+            | ReducerKind::Ratio { .. }
+            | ReducerKind::Pairs { .. } => Vec::new(),
         }
     }
 

@@ -71,6 +71,10 @@ pub enum RunError {
         path: String,
         source: std::io::Error,
     },
+    /// A spec mistake that shows once the input is read, before any stage
+    /// runs (a field no unit has).
+    #[error("spec {path}: {detail}")]
+    Spec { path: String, detail: String },
 }
 
 impl RunError {
@@ -88,6 +92,7 @@ impl RunError {
             | RunError::Bound { .. }
             | RunError::Cascade { .. } => ErrorCategory::Input,
             RunError::Backend { .. } | RunError::Embed { .. } => ErrorCategory::Configuration,
+            RunError::Spec { .. } => ErrorCategory::Spec,
             RunError::Store(_)
             | RunError::MissingChunk { .. }
             | RunError::NoUnit { .. }
@@ -102,7 +107,7 @@ impl ErrorCategory {
         match self {
             ErrorCategory::Input => EXIT_INPUT,
             ErrorCategory::Configuration => EXIT_CONFIGURATION,
-            ErrorCategory::Execution => EXIT_FAILED,
+            ErrorCategory::Execution | ErrorCategory::Spec => EXIT_FAILED,
         }
     }
 }
@@ -115,6 +120,9 @@ pub enum ErrorCategory {
     Configuration,
     /// The store or the output folder failed.
     Execution,
+    /// The spec is at fault, as a plan it cannot become is (exit 2), found
+    /// once the input was read.
+    Spec,
 }
 
 /// `fanfold run` exits with this when the input or a jq expression is at

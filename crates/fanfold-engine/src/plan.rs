@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use fanfold_core::spec::{BackendSpec, ContractSpec, Execution, ReducerKind, Spec};
+use fanfold_core::spec::{
+    BackendSpec, ContractSpec, Execution, PrefilterAction, ReducerKind, Spec, StageSpec, check,
+};
 use fanfold_core::{ContentHash, StableHash};
 use fanfold_ops::prefilter::Prefilter;
 
@@ -185,6 +187,16 @@ impl Plan {
                 fanfold_ops::jq::JqProgram::compile(expr)
                     .map_err(|e| invalid(format!("stage `{}` project: {e}", decl.name())))?;
             }
+            check::view(decl.name(), decl.project(), decl.kind().fields()).map_err(&invalid)?;
+            if let Some(sampling) = decl.kind().sampling() {
+                check::sampling(decl.name(), &sampling).map_err(&invalid)?;
+            }
+            if let StageSpec::Select(select) = decl {
+                for rule in &select.rules {
+                    let site = format!("select `{}` rule `{}`", select.name, rule.name);
+                    check_when(&site, &rule.when).map_err(&invalid)?;
+                }
+            }
             let mut ctx = BuildContext {
                 spec: &spec,
                 spec_path,
@@ -289,6 +301,11 @@ impl Plan {
             path: p.clone(),
             source: Box::new(source),
         })?;
+        for r in &spec.prefilter {
+            check_when(&format!("prefilter rule `{}`", r.name), &r.when).map_err(&invalid)?;
+        }
+        check_reachable(&spec, &stages).map_err(&invalid)?;
+        check_output_fields(&spec).map_err(&invalid)?;
         let mut reducers = BTreeMap::new();
         for r in &spec.fold.reducers {
             if let Some(st) = &r.stage
@@ -333,6 +350,12 @@ impl Plan {
                         r.name,
                         r.stage.as_deref().unwrap_or_default()
                     )));
+                }
+                if let (Some(schema), Some(stage)) = (schema, &r.stage)
+                    && r.kind.numeric_pointers().contains(&p)
+                {
+                    check::numeric_read(&r.name, r.kind.type_name(), p, stage, schema)
+                        .map_err(&invalid)?;
                 }
             }
             if let ReducerKind::Histogram { edges, .. } = &r.kind
@@ -551,6 +574,20 @@ impl Plan {
             }
         };
         let _ = writeln!(out, "\ncontract  {contract}");
+        // Fields of records are known once the input is read (the run and
+        // `explain` with an input refuse one no unit has); say so without.
+        let named = output_fields(s);
+        if routing.is_none() && s.input.partition.fields().is_none() && !named.is_empty() {
+            let shown: Vec<String> = named
+                .iter()
+                .map(|(setting, field)| format!("{setting} `{field}`"))
+                .collect();
+            let _ = writeln!(
+                out,
+                "output    {}: not checked without the input",
+                shown.join(", ")
+            );
+        }
         let b = &s.budget;
         let fmt = |v: Option<u64>| {
             v.map(|n| n.to_string())
@@ -750,6 +787,183 @@ fn check_reads(
                     fanfold_core::spec::PREFILTER_RUNG
                 ));
             }
+        }
+    }
+    Ok(())
+}
+
+/// A `when` (a prefilter rule's, a select rule's) matches only on `true`.
+/// One that is a constant other than a boolean (a string, a number, an
+/// object) would match nothing: it is said before the run. What a `when`
+/// yields on each unit is checked as the run evaluates it.
+fn check_when(site: &str, when: &str) -> Result<(), String> {
+    // Only a literal is known without running the program: running it on a
+    // made-up unit could run away, and ends the process when it does.
+    match serde_json::from_str::<serde_json::Value>(when.trim()) {
+        Ok(serde_json::Value::Bool(_) | serde_json::Value::Null) | Err(_) => Ok(()),
+        Ok(other) => Err(format!(
+            "{site}: `when` is {}, whatever the unit holds, not true or false; a rule matches only when it yields `true` (compare a value, e.g. `.field == \"x\"`)",
+            excerpt(&other.to_string())
+        )),
+    }
+}
+
+/// A value as an error message shows it: at most 80 characters.
+fn excerpt(text: &str) -> String {
+    match text.char_indices().nth(80) {
+        Some((at, _)) => format!("{}…", text.get(..at).unwrap_or(text)),
+        None => text.to_owned(),
+    }
+}
+
+/// Where a spec routes units, every stage that reads units is reached by
+/// some: the first stage (what no prefilter rule decides goes there), a
+/// prefilter `route`, or a stage that sends units on to it (`then`, a select's choices, a map's
+/// `widen`, an audit's `escalate`). A stage named as a cascade's proxy or
+/// features, or that `fanfold plan` may choose as one (a scored map stage,
+/// a scoring rung), or as a widen stage's `near` embedding, is used
+/// without units of its own. Any other stage would never run.
+fn check_reachable(spec: &Spec, stages: &[Box<dyn Stage>]) -> Result<(), String> {
+    // A spec that routes nothing sends every unit to its first stage, and
+    // may declare others for what drives a stage by name (`fanfold bench`,
+    // a plan's strategies); a stage left out is a route left out only
+    // where routes are declared.
+    let routes = spec
+        .prefilter
+        .iter()
+        .any(|r| r.action == PrefilterAction::Route)
+        || stages.iter().any(|s| !s.shape().targets().is_empty());
+    if !routes {
+        return Ok(());
+    }
+    let mut reached: BTreeSet<&str> = BTreeSet::new();
+    let mut todo: Vec<&str> = Vec::new();
+    todo.extend(stages.first().map(|s| s.name()));
+    todo.extend(
+        spec.prefilter
+            .iter()
+            .filter(|r| r.action == PrefilterAction::Route)
+            .filter_map(|r| r.stage.as_deref()),
+    );
+    for s in stages {
+        if !matches!(s.shape().reads, Reads::Units) {
+            todo.push(s.name());
+        }
+    }
+    let cascade = spec
+        .stages
+        .iter()
+        .any(|d| matches!(d, StageSpec::Map(m) if m.cascade.is_some()));
+    for decl in &spec.stages {
+        match decl {
+            StageSpec::Map(m) => {
+                if let Some(c) = &m.cascade {
+                    todo.push(&c.proxy);
+                    todo.extend(c.features.as_deref());
+                }
+                // A map stage whose decisions are scored is a proxy
+                // `fanfold plan` may choose for a cascade: the cascade runs
+                // it, so it is declared where no unit goes.
+                let scored = m.decode == fanfold_core::spec::Decode::Choice
+                    || matches!(
+                        spec.backends.get(&m.backend),
+                        Some(BackendSpec::Openai(h)) if h.logprobs
+                    );
+                if cascade && m.cascade.is_none() && scored {
+                    todo.push(&m.name);
+                }
+            }
+            // Scoring rungs a plan may choose as a proxy, or train one on.
+            StageSpec::Embed(_) | StageSpec::Bm25(_) if cascade => todo.push(decl.name()),
+            StageSpec::Widen(w) => todo.extend(w.group.near.as_deref()),
+            _ => {}
+        }
+    }
+    while let Some(name) = todo.pop() {
+        if !reached.insert(name) {
+            continue;
+        }
+        if let Some(stage) = stages.iter().find(|s| s.name() == name) {
+            todo.extend(stage.shape().targets());
+        }
+    }
+    match stages.iter().find(|s| !reached.contains(s.name())) {
+        Some(unreached) => Err(format!(
+            "stage `{}` is reached by no unit: it is not the first stage, no prefilter rule routes to it, and no stage sends units on to it (`then`, a select's choices, `widen`, an audit's `escalate`); it would never run: send units to it or remove it",
+            unreached.name()
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `output.title`, `link` and `show` name top-level fields of a unit.
+/// Where the partition fixes the fields (text lines, documents), a name
+/// that is not one of them would leave every answer item without it; for
+/// records, [`output_fields_in`] checks them once the input is read.
+fn check_output_fields(spec: &Spec) -> Result<(), String> {
+    let Some(known) = spec.input.partition.fields() else {
+        return Ok(());
+    };
+    let added = tool_fields(spec);
+    for (setting, field) in output_fields(spec) {
+        if !known.contains(&field) && !added.contains(&field) {
+            return Err(format!(
+                "output.{setting} names `{field}`, which no unit of a `{}` input has; its units have {}",
+                spec.input.partition.type_name(),
+                known
+                    .iter()
+                    .map(|f| format!("`{f}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The fields `output` names, with the setting naming each.
+fn output_fields(spec: &Spec) -> Vec<(&'static str, &str)> {
+    let o = &spec.output;
+    o.title
+        .iter()
+        .map(|f| ("title", f.as_str()))
+        .chain(o.link.iter().map(|f| ("link", f.as_str())))
+        .chain(o.show.iter().map(|f| ("show", f.as_str())))
+        .collect()
+}
+
+/// The fields tool stages add to the units they fetch for.
+fn tool_fields(spec: &Spec) -> Vec<&str> {
+    spec.stages
+        .iter()
+        .filter_map(|d| match d {
+            StageSpec::Tool(t) => Some(t.field.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Once the input is read: a field `output` names that no routed unit
+/// has would be missing from every answer item. Nothing is said when no
+/// unit was routed.
+pub(crate) fn output_fields_in(
+    spec: &Spec,
+    table: &crate::kit::table::UnitTable,
+) -> Result<(), String> {
+    if table.is_empty() {
+        return Ok(());
+    }
+    let added = tool_fields(spec);
+    for (setting, field) in output_fields(spec) {
+        if added.contains(&field) {
+            continue;
+        }
+        let held = (0..table.len()).any(|i| table.value(i).get(field).is_some());
+        if !held {
+            return Err(format!(
+                "output.{setting} names `{field}`, which none of the {} units routed to a stage has",
+                table.len()
+            ));
         }
     }
     Ok(())

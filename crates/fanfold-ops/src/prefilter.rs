@@ -86,8 +86,9 @@ impl Prefilter {
     }
 
     /// Decides one unit. A rule that fails at run time (e.g. `.labels[]` on a
-    /// unit without labels) is an error naming the rule and the unit, not a
-    /// silent exclusion.
+    /// unit without labels), or yields anything but a boolean or nothing (a
+    /// string, a number, null), is an error naming the rule and the unit,
+    /// not a silent exclusion.
     pub fn decide(&self, unit_id: &str, value: jaq_json::Val) -> Result<Outcome, PrefilterError> {
         Ok(match self.first_match(unit_id, value)? {
             Some(i) => self.outcome_of(Some(i)),
@@ -105,7 +106,7 @@ impl Prefilter {
         for (i, c) in self.rules.iter().enumerate() {
             let hit = c
                 .program
-                .test(value.clone(), Site::new(&c.site, unit_id))
+                .test_bool(value.clone(), Site::new(&c.site, unit_id))
                 .map_err(|source| PrefilterError::Eval {
                     rule: c.rule.name.clone(),
                     unit: unit_id.to_owned(),
@@ -178,13 +179,17 @@ pub mod fast {
         ) -> Result<Option<usize>, PrefilterError> {
             let mut value: Option<Val> = None;
             for (i, (c, direct)) in self.prefilter.rules.iter().zip(&self.direct).enumerate() {
-                let quick = direct.as_ref().and_then(|e| e.eval(record.root()).ok());
+                // Anything but a boolean is an error, which jaq words.
+                let quick = direct
+                    .as_ref()
+                    .and_then(|e| e.eval(record.root()).ok())
+                    .and_then(|out| out.as_bool());
                 let hit = match quick {
-                    Some(out) => out.is_true(),
+                    Some(b) => b,
                     None => {
                         let v = value.get_or_insert_with(|| record.to_val()).clone();
                         c.program
-                            .test(v, Site::new(&c.site, unit_id))
+                            .test_bool(v, Site::new(&c.site, unit_id))
                             .map_err(|source| PrefilterError::Eval {
                                 rule: c.rule.name.clone(),
                                 unit: unit_id.to_owned(),
@@ -265,8 +270,12 @@ pub mod fast {
             }
         }
 
-        fn is_true(&self) -> bool {
-            matches!(self, Operand::Val(Val::Bool(true)))
+        /// The value when it is a boolean.
+        fn as_bool(&self) -> Option<bool> {
+            match self {
+                Operand::Val(Val::Bool(b)) => Some(*b),
+                _ => None,
+            }
         }
 
         fn into_val(self) -> Val {
@@ -687,5 +696,34 @@ mod tests {
             .decide("42", to_val(&json!({"labels": 3})))
             .expect_err("fails");
         assert!(err.to_string().contains("unit 42"), "{err}");
+    }
+
+    #[test]
+    fn a_rule_yielding_no_boolean_is_an_error_not_a_miss() {
+        let record = br#"{"id": 7, "level": "ERROR", "n": 3, "flag": true}"#;
+        for when in [".level", ".n", ".missing", r#""yes""#, "{}"] {
+            let rules = [rule("odd", when, PrefilterAction::Exclude)];
+            let slow = Prefilter::compile(&rules).expect("compiles");
+            let mut parsed = crate::partition::jsonl::Record::default();
+            parsed.parse(record).expect("parses");
+            let err = slow
+                .decide("7", parsed.to_val())
+                .expect_err(when)
+                .to_string();
+            assert!(err.contains("`odd`") && err.contains("unit 7"), "{err}");
+            assert!(err.contains("not a boolean"), "{err}");
+            let fast = fast::RecordPrefilter::compile(&rules).expect("compiles");
+            let got = fast.decide("7", &parsed).expect_err(when).to_string();
+            assert_eq!(got, err, "{when}");
+        }
+        // A boolean decides, and no output is no match.
+        for (when, excluded) in [(".flag", true), (".n > 5", false), ("empty", false)] {
+            let pf =
+                Prefilter::compile(&[rule("r", when, PrefilterAction::Exclude)]).expect("compiles");
+            let out = pf
+                .decide("7", to_val(&json!({"flag": true, "n": 3})))
+                .expect(when);
+            assert_eq!(matches!(out, Outcome::Exclude { .. }), excluded, "{when}");
+        }
     }
 }

@@ -2,3 +2,280 @@
 
 #[allow(unused_imports)]
 use super::*;
+
+/// The fixture's spec with `from` replaced by `to` (which must be there).
+fn edited(extra: &str, from: &str, to: &str) -> Fixture {
+    let f = Fixture::new(JSON_ARRAY, extra);
+    f.input(&flagged_rows(6));
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    assert!(spec.contains(from), "the fixture holds {from:?}");
+    std::fs::write(f.path("spec.toml"), spec.replacen(from, to, 1)).expect("spec");
+    f
+}
+
+/// The run exits 2 naming each of `named`, and paid for nothing: no fact
+/// is in the store (which is not even made when the plan refuses).
+fn assert_refused(f: &Fixture, named: &[&str]) {
+    let o = f.run(&[]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    for n in named {
+        assert!(err.contains(n), "{n:?} is named in: {err}");
+    }
+    if f.path("store.sqlite").exists() {
+        assert_eq!(f.fact_count(), 0, "no call was paid: {err}");
+    }
+    assert!(!f.path("out/answer.json").exists(), "no answer: {err}");
+}
+
+const DECISION: &str =
+    r#"decision = { pointer = "/decision", positive = ["yes"], negative = ["no"] }"#;
+
+#[test]
+fn a_decision_value_the_schema_cannot_produce_is_refused() {
+    let f = edited("", DECISION, &DECISION.replace("[\"yes\"]", "[\"Yes\"]"));
+    assert_refused(
+        &f,
+        &[
+            "stage `judge`",
+            "decision.positive",
+            "\"Yes\"",
+            "did you mean \"yes\"",
+        ],
+    );
+    let f = edited(
+        "",
+        DECISION,
+        r#"decision = { pointer = "/decision", positive = ["yes"], negative = ["no"], abstain = ["unsure"] }"#,
+    );
+    assert_refused(&f, &["decision.abstain", "\"unsure\""]);
+}
+
+#[test]
+fn a_decision_with_no_negative_is_refused() {
+    let f = edited("", DECISION, &DECISION.replace("[\"no\"]", "[]"));
+    assert_refused(&f, &["stage `judge`", "decision.negative names no value"]);
+}
+
+#[test]
+fn a_prefilter_rule_that_yields_no_boolean_is_refused() {
+    // Plain on the plan: a string, or a number, whatever the unit holds.
+    // (A program is never run on the plan: one could run away.)
+    for when in [r#"'"yes"'"#, "'3'"] {
+        let f = Fixture::new(
+            JSON_ARRAY,
+            &format!("[[prefilter]]\nname = \"odd\"\nwhen = {when}\naction = \"exclude\"\n"),
+        );
+        f.input(&flagged_rows(6));
+        assert_refused(&f, &["prefilter rule `odd`", "not true or false"]);
+    }
+    // Only the units say: the rule's value on each is checked as it is
+    // evaluated, before any stage runs (a jq expression at fault: 5).
+    let f = Fixture::new(
+        JSON_ARRAY,
+        "[[prefilter]]\nname = \"titled\"\nwhen = '.title'\naction = \"exclude\"\n",
+    );
+    f.input(br#"[{"id": 1, "flag": true}, {"id": 2, "flag": false, "title": "spam"}]"#);
+    let o = f.run(&[]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(5), "{err}");
+    assert!(
+        err.contains("prefilter rule `titled`") && err.contains("unit 1"),
+        "{err}"
+    );
+    assert!(err.contains("not a boolean"), "{err}");
+    assert_eq!(f.fact_count(), 0, "{err}");
+    // A select's rules are held to the same on the plan.
+    let f = edited(
+        "[[stages]]\nname = \"route\"\ntype = \"select\"\nversion = 1\nrules = [{ name = \"all\", when = '\"judge\"', choose = \"judge\" }]\notherwise = \"judge\"\nchoices = [{ name = \"judge\", run = \"judge\" }]\n",
+        DECISION,
+        DECISION,
+    );
+    assert_refused(&f, &["select `route` rule `all`", "not true or false"]);
+    // A rule whose value only a unit gives is checked on the units: `//`
+    // yields the number for a unit without the field.
+    let f = Fixture::new(
+        JSON_ARRAY,
+        "[[prefilter]]\nname = \"odd\"\nwhen = '.flag // 3'\naction = \"exclude\"\n",
+    );
+    f.input(br#"[{"id": 1, "flag": true}, {"id": 2}]"#);
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    assert!(stderr(&o).contains("`odd` on unit 2"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_confidence_floor_with_nothing_to_compare_is_refused() {
+    let remote = "[backends.remote]\ntype = \"openai\"\nmodel = \"m\"\nbase_url = \"http://127.0.0.1:9/v1\"\n";
+    let floor = format!("{DECISION}\nbackend = \"remote\"\nmin_confidence = 0.5");
+    let f = edited(remote, DECISION, &floor);
+    assert_refused(
+        &f,
+        &[
+            "stage `judge` min_confidence = 0.5",
+            "`confidence` pointer",
+            "logprobs",
+        ],
+    );
+    // With probabilities from the backend, or a pointer, it stands.
+    for fix in [format!("{floor}\nconfidence = \"/score\""), floor.clone()] {
+        let backend = if fix.contains("/score") {
+            remote.to_owned()
+        } else {
+            format!("{remote}logprobs = true\n")
+        };
+        let f = edited(&backend, DECISION, &fix);
+        let o = run(bin()
+            .arg("explain")
+            .arg(f.path("spec.toml"))
+            .arg("--no-input"));
+        assert!(o.status.success(), "{fix}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn no_output_tokens_and_a_negative_temperature_are_refused() {
+    let f = edited("", DECISION, &format!("{DECISION}\nmax_output_tokens = 0"));
+    assert_refused(&f, &["stage `judge` max_output_tokens = 0"]);
+    let f = edited("", DECISION, &format!("{DECISION}\ntemperature = -0.5"));
+    assert_refused(&f, &["stage `judge` temperature = -0.5"]);
+    // A select's scorer, under its own table.
+    let f = edited(
+        "[[stages]]\nname = \"route\"\ntype = \"select\"\nversion = 1\nchoices = [{ name = \"judge\", run = \"judge\" }]\n[stages.model]\nrubric = \"rubric.md\"\ntemperature = -1.0\n",
+        DECISION,
+        DECISION,
+    );
+    assert_refused(&f, &["stage `route` model.temperature = -1"]);
+}
+
+#[test]
+fn project_with_fields_is_refused() {
+    let f = edited(
+        "",
+        DECISION,
+        &format!("{DECISION}\nfields = [\"flag\"]\nproject = \"{{flag, id}}\""),
+    );
+    assert_refused(&f, &["stage `judge`", "both `project` and `fields`"]);
+}
+
+#[test]
+fn an_output_field_no_unit_has_is_refused() {
+    // Records: known once the input is read, before any stage runs.
+    let f = edited("", "[fold]", "[output]\ntitle = \"titel\"\n\n[fold]");
+    assert_refused(&f, &["output.title names `titel`", "none of the 6 units"]);
+    let o = run(bin()
+        .arg("explain")
+        .arg(f.path("spec.toml"))
+        .arg("--store")
+        .arg(f.path("none.sqlite")));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("output.title names `titel`"));
+    // Without the input nothing can be known: said, not refused.
+    let o = run(bin()
+        .arg("explain")
+        .arg(f.path("spec.toml"))
+        .arg("--no-input"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("title `titel`: not checked without the input"),
+        "{}",
+        stdout(&o)
+    );
+    // A field some unit has stands.
+    let f = edited("", "[fold]", "[output]\nlink = \"flag\"\n\n[fold]");
+    assert!(f.run(&[]).status.success());
+    // Text lines fix their fields: refused on the plan.
+    let f = edited(
+        "",
+        "[fold]",
+        "[output]\nshow = [\"text\", \"level\"]\n\n[fold]",
+    );
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replace(JSON_ARRAY, "{ type = \"lines\" }"),
+    )
+    .expect("spec");
+    assert_refused(
+        &f,
+        &[
+            "output.show names `level`",
+            "`lines` input",
+            "`text`, `line`",
+        ],
+    );
+}
+
+#[test]
+fn a_stage_no_unit_reaches_is_refused() {
+    // Units are routed, and none to `orphan`: it would never run.
+    let orphan = "[[stages]]\nname = \"orphan\"\ntype = \"map\"\nversion = 1\nrubric = \"rubric.md\"\noutput_schema = \"schema.json\"\ndecision = { pointer = \"/decision\", positive = [\"yes\"], negative = [\"no\"] }\n\n[backends.default]";
+    let route = |to: &str| {
+        format!(
+            "[[prefilter]]\nname = \"odd\"\nwhen = '.id % 2 == 1'\naction = \"route\"\nstage = \"{to}\"\n"
+        )
+    };
+    let f = edited(&route("judge"), "[backends.default]", orphan);
+    assert_refused(&f, &["stage `orphan` is reached by no unit"]);
+    // Routed to by the rule, it runs.
+    let f = edited(&route("orphan"), "[backends.default]", orphan);
+    let o = f.run(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(f.certificate()["routed_by_stage"]["orphan"], 3);
+}
+
+#[test]
+fn a_numeric_reducer_over_strings_is_refused() {
+    let histogram = |value: &str| {
+        format!(
+            "[[fold.reducers]]\nname = \"spread\"\ntype = \"histogram\"\nstage = \"judge\"\nvalue = \"{value}\"\nedges = [0, 1]\n\n[[fold.reducers]]\nname = \"flagged\""
+        )
+    };
+    let f = edited(
+        "",
+        "[[fold.reducers]]\nname = \"flagged\"",
+        &histogram("/decision"),
+    );
+    assert_refused(
+        &f,
+        &[
+            "reducer `spread` (histogram) reads `/decision` as a number",
+            "\"yes\", \"no\"",
+        ],
+    );
+    let f = edited(
+        "",
+        "[[fold.reducers]]\nname = \"flagged\"",
+        &histogram("/score"),
+    );
+    let o = f.run(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// Every example spec still plans and explains under these checks.
+#[test]
+fn every_example_spec_explains() {
+    let mut specs = Vec::new();
+    for dir in std::fs::read_dir(repo().join("examples")).expect("examples") {
+        let dir = dir.expect("entry").path();
+        for file in std::fs::read_dir(&dir).into_iter().flatten() {
+            let path = file.expect("entry").path();
+            let is_spec = path.extension().is_some_and(|e| e == "toml")
+                && std::fs::read_to_string(&path).is_ok_and(|t| t.contains("[[stages]]"));
+            if is_spec {
+                specs.push(path);
+            }
+        }
+    }
+    assert!(specs.len() > 10, "{specs:?}");
+    let store = tempfile::tempdir().expect("dir");
+    for spec in specs {
+        let o = run(bin()
+            .current_dir(repo())
+            .arg("explain")
+            .arg(&spec)
+            .arg("--store")
+            .arg(store.path().join("none.sqlite")));
+        assert!(o.status.success(), "{}: {}", spec.display(), stderr(&o));
+    }
+}

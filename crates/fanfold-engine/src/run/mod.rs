@@ -278,6 +278,10 @@ fn run_begun(
         Some(store),
         options,
     )?;
+    crate::plan::output_fields_in(spec, &routed.table).map_err(|detail| RunError::Spec {
+        path: plan.spec_path.display().to_string(),
+        detail,
+    })?;
     let partition_id = routed.partition_id.unwrap_or_default();
     store.set_run_routing(
         run_id,
@@ -865,6 +869,10 @@ pub fn explain_routing(
     max_unit_bytes: u64,
 ) -> Result<Routing, RunError> {
     let routed = route_source(plan, source, max_unit_bytes)?;
+    crate::plan::output_fields_in(&plan.spec, &routed.table).map_err(|detail| RunError::Spec {
+        path: plan.spec_path.display().to_string(),
+        detail,
+    })?;
     let mut r = Routing {
         elements: routed.coverage.elements,
         units: routed.coverage.units,

@@ -159,6 +159,8 @@ impl MapRunner {
             file: s.output_schema.clone(),
             detail: e.to_string(),
         })?;
+        fanfold_core::spec::check::map_turn(s, &schema, ctx.spec.backends.get(&s.backend))
+            .map_err(|detail| ctx.invalid(detail))?;
         let mut runner = MapRunner::from_parts(s, rubric, schema, schema_text, ctx)?;
         runner.cascade = match &s.cascade {
             Some(c) => {
