@@ -84,25 +84,73 @@ fn read_wanted(path: &Path) -> Result<Vec<WantedLabel>> {
         .collect()
 }
 
+/// Takes labels from a JSONL file of `{"id", "decision"}` lines. A file
+/// that contradicts itself (one id, two decisions) is refused, naming the
+/// id and both lines. An id written as a number is matched as the unit's
+/// id text; a whole number written as a float (`2.0`) is read as the
+/// integer id (`"2"`) when the run asked for that unit, and said so. Ids
+/// the run did not ask labels for are named, not stored: a data set's
+/// labels often cover more units than a run asks about, so that is a
+/// warning, unless no id of the file matches at all, which means the
+/// file names units some other way and is refused.
 fn import(store: &Store, wanted: &[WantedLabel], file: &Path, labeller: &str) -> Result<()> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let mut given = std::collections::HashMap::new();
+    let asked: std::collections::HashSet<&str> = wanted.iter().map(|w| w.id.as_str()).collect();
+    let at = |line: usize| format!("{} line {line}", file.display());
+    // id -> (line, decision), for the ids the run asked about.
+    let mut given: std::collections::HashMap<String, (usize, String)> =
+        std::collections::HashMap::new();
+    let mut decided: std::collections::HashMap<String, (usize, String)> =
+        std::collections::HashMap::new();
+    let mut unknown: Vec<(usize, String)> = Vec::new();
+    let mut read_as: Vec<String> = Vec::new();
     for (n, line) in text.lines().enumerate() {
+        let n = n + 1;
         if line.trim().is_empty() {
             continue;
         }
-        let v: serde_json::Value = serde_json::from_str(line)
-            .with_context(|| format!("{} line {}: not JSON", file.display(), n + 1))?;
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{}: not JSON", at(n)))?;
         let id = match v.get("id") {
             Some(serde_json::Value::String(s)) => s.clone(),
-            Some(serde_json::Value::Number(n)) => n.to_string(),
-            _ => bail!("{} line {}: no `id`", file.display(), n + 1),
+            Some(serde_json::Value::Number(num)) => {
+                let (id, note) =
+                    number_id(num, &asked).map_err(|e| anyhow::anyhow!("{}: {e}", at(n)))?;
+                read_as.extend(note.map(|note| format!("line {n}: {note}")));
+                id
+            }
+            _ => bail!("{}: no string or number `id`", at(n)),
         };
         let Some(decision) = v.get("decision").and_then(serde_json::Value::as_str) else {
-            bail!("{} line {}: no string `decision`", file.display(), n + 1);
+            bail!("{}: no string `decision`", at(n));
         };
-        given.insert(id, (n + 1, decision.to_owned()));
+        // Every id, asked about or not: a file that says two things of
+        // one unit cannot be taken at its word for either.
+        match decided.get(&id) {
+            Some((first, said)) if said != decision => bail!(
+                "{}: unit {id:?} is labelled `{said}` on line {first} and `{decision}` on line {n}; keep the one that is right",
+                file.display()
+            ),
+            Some(_) => continue,
+            None => {
+                decided.insert(id.clone(), (n, decision.to_owned()));
+            }
+        }
+        if asked.contains(id.as_str()) {
+            given.insert(id, (n, decision.to_owned()));
+        } else {
+            unknown.push((n, id));
+        }
+    }
+    if given.is_empty() && !unknown.is_empty() {
+        bail!(
+            "none of the {} ids in {} is a unit the run asked labels for ({}); the run asked about {}",
+            unknown.len(),
+            file.display(),
+            listed(&unknown),
+            listed_ids(wanted)
+        );
     }
     let (mut stored, mut missing) = (0, 0);
     for w in wanted {
@@ -112,8 +160,8 @@ fn import(store: &Store, wanted: &[WantedLabel], file: &Path, labeller: &str) ->
         };
         if !w.decisions.contains(decision) {
             bail!(
-                "{} line {line}: unit {} may be labelled {}, not `{decision}`",
-                file.display(),
+                "{}: unit {} may be labelled {}, not `{decision}`",
+                at(*line),
                 w.id,
                 w.decisions.join(", ")
             );
@@ -121,11 +169,85 @@ fn import(store: &Store, wanted: &[WantedLabel], file: &Path, labeller: &str) ->
         give(store, w, decision, labeller)?;
         stored += 1;
     }
+    for note in &read_as {
+        eprintln!("note: {}: {note}", file.display());
+    }
+    if !unknown.is_empty() {
+        eprintln!(
+            "warning: {} ids in {} are not units the run asked labels for, and were not stored: {}",
+            unknown.len(),
+            file.display(),
+            listed(&unknown)
+        );
+    }
     println!(
         "{stored} labels stored, {missing} wanted labels not in {}",
         file.display()
     );
     Ok(())
+}
+
+/// The id a number names. Its text as JSON writes it when the run asked
+/// about that; else a whole number written as a float (`2.0`) is the
+/// integer's text (`"2"`), with a note saying so. A float past 2^53 is
+/// refused: it no longer tells neighbouring integers apart
+/// (18446744073709551616 and ...617 read as one).
+fn number_id(
+    num: &serde_json::Number,
+    asked: &std::collections::HashSet<&str>,
+) -> Result<(String, Option<String>)> {
+    let text = num.to_string();
+    if asked.contains(text.as_str()) || !num.is_f64() {
+        return Ok((text, None));
+    }
+    let Some(x) = num.as_f64() else {
+        return Ok((text, None));
+    };
+    /// The largest magnitude below which every integer is a distinct float.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    if x.fract() != 0.0 {
+        return Ok((text, None));
+    }
+    if x.abs() >= EXACT {
+        bail!(
+            "id {text} is a number too large to be read exactly (integers past 2^53 share their floats); write the id as a string"
+        );
+    }
+    // Exact: |x| < 2^53, so the integer is the float's value.
+    let whole = format!("{}", x as i64);
+    if asked.contains(whole.as_str()) {
+        let note = format!("id {text} was read as unit \"{whole}\"");
+        Ok((whole, Some(note)))
+    } else {
+        Ok((text, None))
+    }
+}
+
+/// Up to ten ids with their lines, and how many more.
+fn listed(ids: &[(usize, String)]) -> String {
+    let mut out: Vec<String> = ids
+        .iter()
+        .take(10)
+        .map(|(line, id)| format!("{id:?} (line {line})"))
+        .collect();
+    if ids.len() > 10 {
+        out.push(format!("and {} more", ids.len() - 10));
+    }
+    out.join(", ")
+}
+
+/// Up to five ids the run asked about, and how many in all.
+fn listed_ids(wanted: &[WantedLabel]) -> String {
+    let shown: Vec<String> = wanted
+        .iter()
+        .take(5)
+        .map(|w| format!("{:?}", w.id))
+        .collect();
+    match wanted.len() {
+        0 => "no unit".to_owned(),
+        n if n > 5 => format!("{n} units, such as {}", shown.join(", ")),
+        n => format!("{n}: {}", shown.join(", ")),
+    }
 }
 
 /// Stores `decision` as the label `w` asks for.
@@ -354,6 +476,32 @@ fn wrap(text: &str, width: usize) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_number_id_is_the_unit_it_names_or_said_otherwise() {
+        let asked: std::collections::HashSet<&str> = ["2", "7.5", "3.0"].into_iter().collect();
+        let id = |json: &str| {
+            let n: serde_json::Number = serde_json::from_str(json).expect("number");
+            number_id(&n, &asked)
+        };
+        assert_eq!(id("2").expect("int"), ("2".to_owned(), None));
+        let (whole, note) = id("2.0").expect("whole float");
+        assert_eq!(whole, "2");
+        assert!(note.is_some_and(|n| n.contains("2.0") && n.contains("\"2\"")));
+        // Written as the unit's own text, it is that unit.
+        assert_eq!(id("3.0").expect("as asked"), ("3.0".to_owned(), None));
+        assert_eq!(id("7.5").expect("fraction"), ("7.5".to_owned(), None));
+        // Not asked about: kept as written, so it is named as unknown.
+        assert_eq!(id("4.0").expect("unknown"), ("4.0".to_owned(), None));
+        let big = id("18446744073709551616")
+            .expect_err("too large")
+            .to_string();
+        assert!(big.contains("write the id as a string"), "{big}");
+        assert_eq!(
+            id("18446744073709551615").expect("u64"),
+            ("18446744073709551615".to_owned(), None)
+        );
+    }
 
     #[test]
     fn wrapping_keeps_every_character_within_the_width() {

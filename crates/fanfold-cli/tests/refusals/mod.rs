@@ -2,6 +2,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use serde_json::json;
 
 /// The fixture's spec with `from` replaced by `to` (which must be there).
 fn edited(extra: &str, from: &str, to: &str) -> Fixture {
@@ -278,4 +279,132 @@ fn every_example_spec_explains() {
             .arg(store.path().join("none.sqlite")));
         assert!(o.status.success(), "{}: {}", spec.display(), stderr(&o));
     }
+}
+
+/// A run whose cascade asks a person for labels; the ids it wants.
+fn labels_wanted() -> (Fixture, Vec<String>) {
+    let f = cascade_fixture(
+        r#"{ proxy = "lex", target = "recall", at_least = 0.7, delta = 0.1, label_budget = 300, oracle = "person" }"#,
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let ids: Vec<String> = f
+        .jsonl("out/labels-wanted.jsonl")
+        .iter()
+        .map(|w| w["id"].as_str().expect("id").to_owned())
+        .collect();
+    assert!(ids.len() > 3, "{ids:?}");
+    (f, ids)
+}
+
+fn import(f: &Fixture, lines: &[Value]) -> Output {
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(f.path("labels.jsonl"), text).expect("labels");
+    run(bin()
+        .arg("label")
+        .arg(f.path("out"))
+        .arg("--store")
+        .arg(f.path("store.sqlite"))
+        .arg("--import")
+        .arg(f.path("labels.jsonl")))
+}
+
+fn labels_stored(f: &Fixture) -> String {
+    sqlite3(&f.path("store.sqlite"), "SELECT COUNT(*) FROM labels;")
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn imported_labels_that_conflict_are_refused_and_unknown_ids_named() {
+    let (f, ids) = labels_wanted();
+    let (a, b) = (&ids[0], &ids[1]);
+    // One unit, two decisions: neither is taken, and nothing is stored.
+    let o = import(
+        &f,
+        &[
+            json!({"id": a, "decision": "yes"}),
+            json!({"id": b, "decision": "no"}),
+            json!({"id": a, "decision": "no"}),
+        ],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "unit {a:?} is labelled `yes` on line 1 and `no` on line 3"
+        )),
+        "{err}"
+    );
+    assert_eq!(labels_stored(&f), "0");
+    // Repeating the same decision is no conflict.
+    let o = import(
+        &f,
+        &[
+            json!({"id": a, "decision": "yes"}),
+            json!({"id": a, "decision": "yes"}),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(labels_stored(&f), "1");
+    // Ids the run did not ask about are named and counted, not stored.
+    let o = import(
+        &f,
+        &[
+            json!({"id": b, "decision": "no"}),
+            json!({"id": "no-such-unit", "decision": "no"}),
+            json!({"id": 999999, "decision": "yes"}),
+        ],
+    );
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("2 ids in")
+            && err.contains("\"no-such-unit\" (line 2)")
+            && err.contains("\"999999\" (line 3)"),
+        "{err}"
+    );
+    assert_eq!(labels_stored(&f), "2");
+    // A file none of whose ids the run asked about is refused.
+    let o = import(&f, &[json!({"id": "x1", "decision": "no"})]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("none of the 1 ids") && err.contains("\"x1\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_imported_id_written_as_a_whole_float_is_the_unit_and_said_so() {
+    let (f, ids) = labels_wanted();
+    let numbered: Vec<&String> = ids.iter().filter(|i| i.parse::<u32>().is_ok()).collect();
+    let id = numbered.first().expect("a numeric id");
+    let float: f64 = id.parse().expect("number");
+    let o = import(&f, &[json!({"id": float, "decision": "no"})]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("id {float:.1} was read as unit \"{id}\"")),
+        "{err}"
+    );
+    assert_eq!(
+        sqlite3(
+            &f.path("store.sqlite"),
+            "SELECT unit_id, decision FROM labels;"
+        )
+        .trim(),
+        format!("{id}|no")
+    );
+    // A float too large to tell integers apart names itself.
+    let o = import(
+        &f,
+        &[json!({"id": 18446744073709551616.0_f64, "decision": "no"})],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("write the id as a string"),
+        "{}",
+        stderr(&o)
+    );
 }
