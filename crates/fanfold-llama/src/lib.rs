@@ -261,9 +261,8 @@ impl EmbeddedModel {
             Some(id) => id.clone(),
             None => model_identity(&cfg.model_path)?,
         };
-        let model =
-            LlamaModel::load_from_file(backend, &cfg.model_path, &LlamaModelParams::default())
-                .map_err(|e| load(e.to_string()))?;
+        let model = LlamaModel::load_from_file(backend, &cfg.model_path, &model_params())
+            .map_err(|e| load(e.to_string()))?;
         Ok(EmbeddedModel {
             model,
             model_id,
@@ -1038,6 +1037,18 @@ impl ChoiceScorer {
     }
 }
 
+/// How every model is loaded: its weights stay in plain CPU buffers.
+///
+/// A build for a CPU with AMX (`target-cpu=native` on Sapphire Rapids and
+/// later) compiles llama.cpp's AMX matrix kernels, and by default moves
+/// the weights into AMX tile buffers. On a virtual machine that reports
+/// AMX, the first matrix product in those kernels died of an illegal
+/// instruction (SIGILL, every run); the same build with the weights in
+/// plain buffers runs its AVX-512 kernels without fault.
+fn model_params() -> LlamaModelParams {
+    LlamaModelParams::default().with_use_extra_bufts(false)
+}
+
 /// Points `seq` at a fresh copy of the shared prefix.
 fn fork(ctx: &mut LlamaContext<'_>, seq: i32) -> Result<(), String> {
     ctx.clear_kv_cache_seq(Some(seq as u32), None, None)
@@ -1184,11 +1195,12 @@ pub fn throughput_limit(
     const STEPS: usize = 32;
     let backend = backend()?;
     let fail = |e: String| LlamaError::Backend(e);
-    let model = LlamaModel::load_from_file(backend, model_path, &LlamaModelParams::default())
-        .map_err(|e| LlamaError::Load {
+    let model = LlamaModel::load_from_file(backend, model_path, &model_params()).map_err(|e| {
+        LlamaError::Load {
             path: model_path.display().to_string(),
             detail: e.to_string(),
-        })?;
+        }
+    })?;
     let seqs = seqs.max(1);
     let threads = std::thread::available_parallelism()
         .map(|n| n.get() as i32)

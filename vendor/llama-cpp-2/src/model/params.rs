@@ -532,6 +532,14 @@ impl LlamaModelParams {
         self
     }
 
+    /// sets `use_extra_bufts`: whether weights may go to the CPU's extra
+    /// buffer types (AMX tiles, repacked layouts). Added in this copy.
+    #[must_use]
+    pub fn with_use_extra_bufts(mut self, use_extra_bufts: bool) -> Self {
+        self.params.use_extra_bufts = use_extra_bufts;
+        self
+    }
+
     /// sets `vocab_only`
     #[must_use]
     pub fn with_vocab_only(mut self, vocab_only: bool) -> Self {
