@@ -81,8 +81,10 @@ pub struct Shape {
     pub show: Vec<String>,
 }
 
-/// Reads the input's first bytes and says what it is.
+/// Reads the input's first bytes (at most [`SAMPLE_BYTES`]) and says what
+/// it is.
 pub fn inspect(input: &Path) -> Result<Shape> {
+    regular_file_or_folder(input)?;
     if input.is_dir() {
         return folder_shape(input);
     }
@@ -147,6 +149,36 @@ pub fn inspect(input: &Path) -> Result<Shape> {
         evidence: Vec::new(),
         show: Vec::new(),
     })
+}
+
+/// The input is read twice, to draft the spec and to run it, and a run
+/// reads it to its end: a pipe gives its bytes once and may wait forever
+/// for a writer, a device may never end. Only a regular file or a folder
+/// (each through a link) is taken.
+fn regular_file_or_folder(input: &Path) -> Result<()> {
+    let meta = std::fs::metadata(input).with_context(|| format!("reading {}", input.display()))?;
+    let kind = meta.file_type();
+    if kind.is_file() || kind.is_dir() {
+        return Ok(());
+    }
+    let what = {
+        use std::os::unix::fs::FileTypeExt as _;
+        if kind.is_fifo() {
+            "a named pipe (FIFO)"
+        } else if kind.is_char_device() {
+            "a character device"
+        } else if kind.is_block_device() {
+            "a block device"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        }
+    };
+    bail!(
+        "{} is {what}, not a regular file or a folder: the input is read once to draft the spec and again to run it, which only a file or a folder allows; save the data to a file first",
+        input.display()
+    )
 }
 
 /// Whether text opens like an e-mail: header lines, with a sender, a
@@ -390,7 +422,7 @@ fn json_shape(kind: &str, what: &str, records: &[Value]) -> Shape {
     let (fields, title) = telling_fields(records, key.as_ref().map(|(k, _)| k.as_str()));
     let (partition, reason) = match key {
         Some((k, why)) => (
-            format!("{{ type = \"{kind}\", key = \"{k}\" }}"),
+            format!("{{ type = \"{kind}\", key = {} }}", toml_str(&k)),
             format!("{what}; {why}, so it is the key"),
         ),
         None => (
@@ -445,7 +477,7 @@ fn csv_shape(lines: &[&str], named_csv: bool) -> Option<Shape> {
         .map(|t| (*t).to_owned());
     let (partition, reason) = match &key {
         Some(k) => (
-            format!("{{ type = \"csv\", key = \"{k}\" }}"),
+            format!("{{ type = \"csv\", key = {} }}", toml_str(k)),
             format!(
                 "CSV with a header of {} columns; `{k}` is the key",
                 names.len()
@@ -487,8 +519,36 @@ fn keywords(question: &str) -> Vec<String> {
         .collect()
 }
 
-fn toml_str(s: &str) -> String {
-    toml::Value::String(s.to_owned()).to_string()
+/// A string as a TOML basic string on one line: quotes, backslashes and
+/// control characters escaped, so a name such as `it's` or `say "hi"`
+/// reads back as written wherever the spec puts it, a commented line
+/// included.
+pub(crate) fn toml_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04X}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Text for a `#` comment line: a line break in a name would end the
+/// comment and leave the rest as TOML.
+fn comment_text(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 /// Writes the spec folder; returns the spec's path and why its partition
@@ -536,13 +596,16 @@ pub fn write(dir: &Path, question: &str, input: &Path) -> Result<(PathBuf, Strin
         toml_str(&name),
         toml_str(question),
         toml_str(&input_abs.display().to_string()),
-        shape.reason,
+        comment_text(&shape.reason),
         shape.partition
     );
     let _ = writeln!(
         spec,
-        "# Rules run before any model; the first that matches decides. Uncomment\n# one to drop records that cannot be about the question:\n# [[prefilter]]\n# name = \"off_topic\"\n# when = '({text_of}) | test({}; \"i\") | not'\n# action = \"exclude\"\n# reason = \"off_topic\"\n",
-        toml_str(&pattern)
+        "# Rules run before any model; the first that matches decides. Uncomment\n# one to drop records that cannot be about the question:\n# [[prefilter]]\n# name = \"off_topic\"\n# when = {}\n# action = \"exclude\"\n# reason = \"off_topic\"\n",
+        toml_str(&format!(
+            "({text_of}) | test({}; \"i\") | not",
+            toml_json_str(&pattern)
+        ))
     );
     let _ = writeln!(
         spec,
@@ -692,6 +755,48 @@ mod tests {
         )
         .expect("w");
         assert!(inspect(&boxes).expect("mbox").partition.contains("email"));
+    }
+
+    #[test]
+    fn names_become_one_line_toml_strings_that_read_back() {
+        for name in [
+            "it's",
+            "say \"hi\"",
+            "back\\slash",
+            "'''",
+            "line\nbreak\ttab\u{7f}\u{1}",
+            "naïve",
+        ] {
+            let written = toml_str(name);
+            assert_eq!(written.lines().count(), 1, "{written}");
+            let line = format!("x = {written}");
+            let table: toml::Table = line.parse().expect("parses");
+            assert_eq!(table.get("x").and_then(toml::Value::as_str), Some(name));
+            // Commented out and in again, it is the same line.
+            let commented = format!("# {line}");
+            let back: toml::Table = commented
+                .strip_prefix("# ")
+                .unwrap_or_default()
+                .parse()
+                .expect("uncommented");
+            assert_eq!(back, table);
+        }
+        assert_eq!(comment_text("a\nb"), "a b");
+    }
+
+    #[test]
+    fn a_pipe_or_a_device_is_refused_before_a_byte_is_read() {
+        let o = inspect(Path::new("/dev/zero")).expect_err("a device");
+        assert!(
+            o.to_string()
+                .contains("/dev/zero is a character device, not a regular file or a folder"),
+            "{o}"
+        );
+        let missing = inspect(Path::new("/nonexistent/input.jsonl")).expect_err("missing");
+        assert!(
+            format!("{missing:#}").contains("/nonexistent/input.jsonl"),
+            "{missing}"
+        );
     }
 
     #[test]

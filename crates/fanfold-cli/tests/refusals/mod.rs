@@ -281,6 +281,63 @@ fn every_example_spec_explains() {
     }
 }
 
+/// The output of `cmd`, which must end within 60 s: a command that waits
+/// forever fails the test instead of hanging it.
+fn run_within_a_minute(cmd: &mut Command) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("still running after 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("output")
+}
+
+#[test]
+fn a_pipe_or_a_device_as_the_input_of_new_or_ask_is_refused() {
+    let tmp = tempfile::tempdir().expect("dir");
+    let fifo = tmp.path().join("feed");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let o = run_within_a_minute(
+        bin()
+            .args(["ask", "Which records are flagged?", "--backend", "scripted"])
+            .arg("--input")
+            .arg(&fifo)
+            .arg("--dir")
+            .arg(tmp.path().join("ask")),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("feed is a named pipe (FIFO)"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!tmp.path().join("ask/spec.toml").exists());
+    let o = run_within_a_minute(
+        bin()
+            .arg("new")
+            .arg(tmp.path().join("new"))
+            .args(["--question", "Which records are flagged?"])
+            .args(["--input", "/dev/zero"]),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("/dev/zero is a character device, not a regular file or a folder"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 /// A run whose cascade asks a person for labels; the ids it wants.
 fn labels_wanted() -> (Fixture, Vec<String>) {
     let f = cascade_fixture(
@@ -406,5 +463,88 @@ fn an_imported_id_written_as_a_whole_float_is_the_unit_and_said_so() {
         stderr(&o).contains("write the id as a string"),
         "{}",
         stderr(&o)
+    );
+}
+
+/// Field names a TOML literal string cannot hold (`it's`), or that need
+/// escaping (`"`, `\`, a tab), reach the spec `new` writes as they are:
+/// it parses, lists them verbatim, its rule reads them in jq, and every
+/// line it leaves commented out parses once uncommented.
+#[test]
+fn new_writes_odd_field_names_as_toml_that_reads_back() {
+    let tmp = tempfile::tempdir().expect("dir");
+    let input = tmp.path().join("notes.jsonl");
+    let odd = ["it's", "say \"hi\"", "back\\slash", "tab\tname"];
+    let rows: String = (0..4)
+        .map(|i| {
+            let mut row = serde_json::Map::new();
+            row.insert("id".into(), json!(i));
+            for (k, name) in odd.iter().enumerate() {
+                let text = if k == 0 && i % 2 == 0 {
+                    format!("the Kestrel launch, note {i}")
+                } else {
+                    format!("routine note {i}")
+                };
+                row.insert((*name).to_owned(), json!(text));
+            }
+            format!("{}\n", Value::Object(row))
+        })
+        .collect();
+    std::fs::write(&input, rows).expect("input");
+    let dir = tmp.path().join("spec");
+    let o = run(bin()
+        .arg("new")
+        .arg(&dir)
+        .args([
+            "--question",
+            "Which notes mention Kestrel, or say \"it's done\"?",
+        ])
+        .arg("--input")
+        .arg(&input));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(dir.join("spec.toml")).expect("spec");
+    let spec: toml::Table = text.parse().expect("the spec is TOML");
+    let fields: Vec<&str> = spec["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .find(|s| s["name"].as_str() == Some("judge"))
+        .and_then(|s| s["fields"].as_array())
+        .expect("fields")
+        .iter()
+        .filter_map(toml::Value::as_str)
+        .collect();
+    for name in odd {
+        assert!(fields.contains(&name), "{name:?} in {fields:?}");
+    }
+    // Commented-out TOML (a table header or a `key = value` line), once
+    // uncommented, still parses.
+    let looks_like_toml = |l: &str| {
+        (l.starts_with('[') && l.ends_with(']') && !l.contains(' '))
+            || l.split_once(" = ").is_some_and(|(k, _)| {
+                !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            })
+    };
+    let uncommented: String = text
+        .lines()
+        .map(|l| match l.strip_prefix("# ") {
+            Some(rest) if looks_like_toml(rest) => format!("{rest}\n"),
+            _ => format!("{l}\n"),
+        })
+        .collect();
+    let _: toml::Table = uncommented.parse().expect("uncommented lines parse");
+    // Uncommented, the prefilter rule reads the names in jq: the two notes
+    // naming Kestrel go on to the judge.
+    std::fs::write(dir.join("uncommented.toml"), uncommented).expect("spec");
+    let o = run(bin()
+        .arg("explain")
+        .arg(dir.join("uncommented.toml"))
+        .arg("--store")
+        .arg(tmp.path().join("none.sqlite")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("stage judge: 2 units"),
+        "{}",
+        stdout(&o)
     );
 }
