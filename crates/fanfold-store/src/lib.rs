@@ -77,6 +77,10 @@ pub enum StoreError {
         "{path} is an SQLite file of another application (it has tables and no fanfold schema); refusing to change it: give --store a new or empty file"
     )]
     Foreign { path: String },
+    #[error(
+        "store {path}: its copy of source chunk {hash} no longer matches its hash (damaged or edited); the copy was removed, and the next run stores it again from the source"
+    )]
+    CorruptChunk { path: String, hash: String },
     #[error("refusing to cache a `{status}` fact: only decided answers are cached")]
     NotCacheable { status: String },
     #[error("store {path} stayed locked by another writer for {secs} s{holders}")]
@@ -1218,6 +1222,32 @@ mod tests {
     }
 
     #[test]
+    fn a_damaged_chunk_is_never_handed_out_and_is_stored_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("s.sqlite")).expect("open");
+        let bytes = b"the disk failed hard\n";
+        let hash = ContentHash::of_bytes(bytes);
+        store.put_chunks(&[(hash, bytes)]).expect("put");
+        store
+            .conn()
+            .execute(
+                "UPDATE chunks SET bytes = ?2 WHERE hash = ?1",
+                params![&hash.0[..], &b"the disk FAILED hard\n"[..]],
+            )
+            .expect("damage it");
+        match store.get_chunk(&hash) {
+            Err(e @ StoreError::CorruptChunk { .. }) => {
+                assert!(e.to_string().contains(&hash.to_hex()), "{e}");
+            }
+            other => panic!("a damaged chunk was read: {other:?}"),
+        }
+        // Gone, so the next ingest of the source stores it again.
+        assert!(!store.has_chunk(&hash).expect("has"));
+        store.put_chunks(&[(hash, bytes)]).expect("put again");
+        assert_eq!(store.get_chunk(&hash).expect("get").as_deref(), Some(&bytes[..]));
+    }
+
+    #[test]
     fn partitions_are_written_in_batches_and_found_again() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(&dir.path().join("s.sqlite")).expect("open");
@@ -1255,6 +1285,11 @@ mod tests {
         assert!(store.unit_id_before(id, "a", 5).expect("query"));
         assert!(!store.unit_id_before(id, "a", 0).expect("query"));
         assert!(!store.unit_id_before(id, "zzz", 9).expect("query"));
+        assert_eq!(
+            store.unit_before(id, "b", 5).expect("query"),
+            Some((1, ContentHash::of_bytes(b"b"), 10))
+        );
+        assert_eq!(store.unit_before(id, "b", 1).expect("query"), None);
         assert_eq!(store.unit_range(id, "b").expect("range"), Some((10, 15)));
         assert_eq!(
             store.route_of(id, prefilter, 1).expect("route"),

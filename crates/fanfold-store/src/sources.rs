@@ -30,14 +30,31 @@ impl Store {
             .map(|r| r.is_some())
             .map_err(|e| self.sql(e))
     }
+    /// A stored chunk, checked against its hash. A copy that no longer
+    /// matches (a damaged disk, a hand edit) is never handed out: it is
+    /// removed, so the next run that reads the source stores it again, and
+    /// the read fails with [`StoreError::CorruptChunk`].
     pub fn get_chunk(&self, hash: &ContentHash) -> Result<Option<Vec<u8>>, StoreError> {
-        self.conn()
+        let bytes: Option<Vec<u8>> = self
+            .conn()
             .query_row(
                 "SELECT bytes FROM chunks WHERE hash = ?1",
                 params![&hash.0[..]],
                 |r| r.get(0),
             )
-            .map_err(|e| self.sql(e))
+            .map_err(|e| self.sql(e))?;
+        if let Some(b) = &bytes
+            && ContentHash::of_bytes(b) != *hash
+        {
+            self.conn()
+                .execute("DELETE FROM chunks WHERE hash = ?1", params![&hash.0[..]])
+                .map_err(|e| self.sql(e))?;
+            return Err(StoreError::CorruptChunk {
+                path: self.path().display().to_string(),
+                hash: hash.to_hex(),
+            });
+        }
+        Ok(bytes)
     }
     /// Records a source as the list of its (already stored) chunks, in one
     /// transaction. Recording the same source twice is a no-op; a recorded

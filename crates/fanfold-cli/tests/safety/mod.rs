@@ -145,3 +145,30 @@ fn a_tool_stopped_by_the_wall_budget_leaves_the_answer_incomplete() {
     assert!(r["not_sent"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(r["cancelled"], 0, "{r}");
 }
+
+#[test]
+fn a_damaged_copy_of_the_source_in_the_store_is_never_judged() {
+    let f = Fixture::new(JSON_ARRAY, "");
+    f.input(br#"[{"id": 1, "flag": true, "note": "the disk failed hard"}, {"id": 2, "flag": false, "note": "all quiet"}]"#);
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The store's copy of the source is edited behind fanfold's back.
+    let store = f.path("store.sqlite");
+    sqlite3(
+        &store,
+        "UPDATE chunks SET bytes = CAST(replace(CAST(bytes AS TEXT), 'failed', 'FAILED') AS BLOB)",
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no longer matches its hash"),
+        "{}",
+        stderr(&o)
+    );
+    // The next run stores the source again and answers from the file.
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let facts = std::fs::read_to_string(f.path("out/facts.jsonl")).unwrap();
+    assert!(!facts.contains("FAILED"), "{facts}");
+    assert_eq!(f.answer_ids(), ["1"]);
+}

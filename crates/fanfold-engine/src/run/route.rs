@@ -304,9 +304,12 @@ pub fn route_keeping(
     if let Some(e) = sink.failed.take() {
         return Err(e);
     }
-    let coverage = result.map_err(|source| RunError::Partition {
-        origin: origin.to_owned(),
-        source,
+    let coverage = result.map_err(|source| match store_failure(source) {
+        Ok(store) => RunError::Store(store),
+        Err(source) => RunError::Partition {
+            origin: origin.to_owned(),
+            source,
+        },
     })?;
     if let Some(w) = sink.writer.as_mut() {
         w.flush()?;
@@ -450,5 +453,29 @@ pub fn stream_options(max_unit_bytes: u64, threads: usize) -> StreamOptions {
     StreamOptions {
         partition: PartitionOptions { max_unit_bytes },
         threads,
+    }
+}
+
+/// The store's own failure, when a partition stopped because reading the
+/// stored source failed (a damaged chunk, a lost server): the store's
+/// error, not the input's.
+fn store_failure(source: PartitionError) -> Result<fanfold_store::StoreError, PartitionError> {
+    match source {
+        PartitionError::Io(io)
+            if io
+                .get_ref()
+                .is_some_and(|e| e.is::<fanfold_store::StoreError>()) =>
+        {
+            let kind = io.kind();
+            match io
+                .into_inner()
+                .map(|e| e.downcast::<fanfold_store::StoreError>())
+            {
+                Some(Ok(store)) => Ok(*store),
+                Some(Err(other)) => Err(PartitionError::Io(std::io::Error::new(kind, other))),
+                None => Err(PartitionError::Io(std::io::Error::from(kind))),
+            }
+        }
+        other => Err(other),
     }
 }
