@@ -19,6 +19,7 @@ pub mod ladder;
 pub mod page;
 mod pairs;
 pub mod provider;
+mod quotes;
 mod relations;
 pub mod report;
 mod scale;
@@ -82,6 +83,10 @@ pub enum BenchCommand {
     /// facts folded into pairs, against a pairwise judge (one context a
     /// candidate pair), on the same model and reviews, side by side.
     Pairs(PairsCliArgs),
+    /// Evidence quotes on text whose punctuation is HTML entities, on the
+    /// embedded model: the former sentence-only offer against today's
+    /// spans, side by side on the same reviews.
+    Quotes(QuotesCliArgs),
     /// Read-only enrichment on the example's comment fetch, against the
     /// local tracker with injected latency, 429s and hangs: calls against
     /// units, what deduplication, the observation cache and a contract's
@@ -173,6 +178,22 @@ pub struct PairsCliArgs {
     /// Run every model turn on this backend of the spec (e.g. `scripted`).
     #[arg(long)]
     backend: Option<String>,
+}
+
+#[derive(Args)]
+pub struct QuotesCliArgs {
+    /// The film-reviews example folder (its `count-by-film.toml`).
+    #[arg(long, default_value = "examples/film-reviews")]
+    example: PathBuf,
+    #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
+    report: PathBuf,
+    /// Reviews of each of the fixture's six films.
+    #[arg(long, default_value_t = 20)]
+    per_film: usize,
+    #[arg(long, default_value_t = 5)]
+    seed: u64,
+    #[arg(long, default_value_t = 4)]
+    slots: usize,
 }
 
 #[derive(Args)]
@@ -348,6 +369,16 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                 backend: a.backend,
                 slots: a.slots,
                 seed: a.seed,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Quotes(a) => {
+            quotes::main(&quotes::QuotesArgs {
+                example: a.example,
+                per_film: a.per_film,
+                seed: a.seed,
+                slots: a.slots,
+                report: a.report,
             })?;
             Ok(ExitCode::SUCCESS)
         }

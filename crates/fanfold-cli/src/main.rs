@@ -437,6 +437,10 @@ enum FixtureCommand {
         seed: u64,
         #[arg(long, default_value_t = 20)]
         per_film: usize,
+        /// Write punctuation as HTML entities (`&#44;` `&#46;` `&#8217;`),
+        /// as some public review tables store their text.
+        #[arg(long)]
+        entities: bool,
     },
     /// Serves an issue export and its comments over HTTP in the GitHub
     /// REST shapes `gh api` reads (`/repos/OWNER/REPO/issues/N`,
@@ -779,8 +783,14 @@ fn real_main() -> Result<ExitCode> {
             out,
             seed,
             per_film,
+            entities,
         }) => {
-            fanfold_fixtures::reviews::write_film_reviews(&out, seed, per_film)
+            let punctuation = if entities {
+                fanfold_fixtures::reviews::Punctuation::Entities
+            } else {
+                fanfold_fixtures::reviews::Punctuation::Plain
+            };
+            fanfold_fixtures::reviews::write_film_reviews(&out, seed, per_film, punctuation)
                 .with_context(|| format!("writing the fixture to {}", out.display()))?;
             eprintln!("wrote {}/reviews.jsonl and oracle.json", out.display());
             Ok(ExitCode::SUCCESS)
