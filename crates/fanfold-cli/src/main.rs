@@ -860,6 +860,13 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         Ok(report) => report,
         Err(e) => {
             eprintln!("error: {e}");
+            if e.is_store_failure() {
+                eprintln!(
+                    "the store failed, so no answer was written; the facts it holds are kept: \
+                     run the same command once the store answers again, and only the units \
+                     without a stored fact are paid for"
+                );
+            }
             return Ok(ExitCode::from(e.category().exit_code()));
         }
     };

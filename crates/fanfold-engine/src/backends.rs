@@ -97,6 +97,9 @@ pub fn build_sharing(
             cfg.batch = batch.then(|| batch_config(h));
             let prices = prices(h, spec_dir)?;
             let mut inner = OpenAiBackend::new(cfg)?;
+            // Before any call: a pool whose endpoints serve different
+            // weights would store one's answers as the other's.
+            inner.check_pool()?;
             if let Some(r) = rates {
                 inner.share_rates(r);
             }

@@ -91,6 +91,11 @@ impl RunError {
             | RunError::Group { .. }
             | RunError::Bound { .. }
             | RunError::Cascade { .. } => ErrorCategory::Input,
+            // A fleet's queue is the store: its failure is the store's.
+            RunError::Backend {
+                source: fanfold_model::BackendError::Store(_),
+                ..
+            } => ErrorCategory::Execution,
             RunError::Backend { .. } | RunError::Embed { .. } => ErrorCategory::Configuration,
             RunError::Spec { .. } => ErrorCategory::Spec,
             RunError::Store(_)
@@ -98,6 +103,20 @@ impl RunError {
             | RunError::NoUnit { .. }
             | RunError::Output { .. } => ErrorCategory::Execution,
         }
+    }
+
+    /// Whether the store failed (a server that stayed away, a full disk):
+    /// the facts it holds are kept, and a rerun once it answers pays only
+    /// for the units without one.
+    pub fn is_store_failure(&self) -> bool {
+        matches!(
+            self,
+            RunError::Store(_)
+                | RunError::Backend {
+                    source: fanfold_model::BackendError::Store(_),
+                    ..
+                }
+        )
     }
 }
 

@@ -71,6 +71,10 @@ pub enum HttpError {
     Runtime(String),
     #[error("could not build the HTTP client: {0}")]
     Client(String),
+    /// The endpoints of one pool do not all say they serve the same
+    /// weights.
+    #[error("the endpoints of one pool serve different models: {0}")]
+    MixedPool(String),
 }
 
 impl From<HttpError> for BackendError {

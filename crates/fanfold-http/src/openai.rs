@@ -31,13 +31,15 @@ pub(crate) struct OpenAiProtocol {
 /// requests and a provider's prefix cache can serve them.
 pub struct OpenAiBackend {
     transport: Transport<OpenAiProtocol>,
-    /// What the primary endpoint serves under the model name, asked once
-    /// (`None`: it could not say).
-    served: std::sync::OnceLock<Option<String>>,
+    /// What the pool serves under the model name, asked once: `Ok(Some)`
+    /// when every endpoint lists the same weights, `Ok(None)` when none can
+    /// say, `Err` (in words) when they disagree.
+    served: std::sync::OnceLock<Result<Option<String>, String>>,
 }
 
-/// One endpoint's answer: (base URL, alias) and what it serves.
-type Asked = ((String, String), Option<String>);
+/// One endpoint's answer: (base URL, alias) and what it serves, or why it
+/// could not say.
+type Asked = ((String, String), Result<String, String>);
 
 /// How long asking an endpoint what it serves may take: it only names the
 /// weights, so a slow or dead server is not waited on here.
@@ -71,56 +73,102 @@ impl OpenAiBackend {
         })
     }
 
-    /// What the primary endpoint says it serves under the model name, from
-    /// its `GET /models` listing: the served id and a fingerprint of its
+    /// What the endpoints say they serve under the model name, from their
+    /// `GET /models` listings: the served id and a fingerprint of its
     /// entry's fields that name the weights (its `id`, vLLM's `root` and
     /// `parent`, llama.cpp's `meta` with the weights' size and parameter
     /// count; never `created`, prices or limits, which change without the
     /// weights changing). Part of the backend's identity, so
     /// weights swapped behind an alias that the listing tells apart are
-    /// new facts, not stale ones. `None` when the server has no listing or
-    /// does not list the model; the identity is then the host and alias.
+    /// new facts, not stale ones. `None` when no endpoint has a listing
+    /// that lists the model (the identity is then the host and alias), or
+    /// when the endpoints of a pool disagree ([`OpenAiBackend::check_pool`]
+    /// refuses that pool).
     pub fn served(&self) -> Option<&str> {
+        match self.pool_served() {
+            Some(Ok(served)) => served.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Refuses a pool whose endpoints do not all say they serve the same
+    /// weights: its facts are keyed by one identity, so one member serving
+    /// other weights (or one that cannot say, beside members that can)
+    /// would store its answers as the others'. Every endpoint is asked; a
+    /// pool where none has a listing is keyed by the first's host and the
+    /// alias, as a single endpoint without one is.
+    pub fn check_pool(&self) -> Result<(), HttpError> {
+        if self.config().transport.endpoints.len() < 2 {
+            // One endpoint always agrees with itself; it is asked when its
+            // identity is first read.
+            return Ok(());
+        }
+        match self.pool_served() {
+            Some(Err(why)) => Err(HttpError::MixedPool(why.clone())),
+            _ => Ok(()),
+        }
+    }
+
+    fn pool_served(&self) -> Option<&Result<Option<String>, String>> {
         if let Some(served) = self.served.get() {
-            return served.as_deref();
+            return Some(served);
         }
         // Inside another runtime this thread must not block on ours; the
         // listing is asked (and kept) at the first call outside one.
         if tokio::runtime::Handle::try_current().is_ok() {
             return None;
         }
-        self.served
-            .get_or_init(|| {
-                // Asked once per process and endpoint: a run builds its
-                // backends more than once (to count cached facts, then to
-                // call), and must name one model throughout.
-                static ASKED: std::sync::Mutex<Vec<Asked>> = std::sync::Mutex::new(Vec::new());
-                let base = self.transport.batch_http().map(|h| h.base.to_owned());
-                let at = (base.unwrap_or_default(), self.config().model.clone());
-                let known = ASKED
-                    .lock()
-                    .ok()
-                    .and_then(|a| a.iter().find(|(k, _)| *k == at).map(|(_, v)| v.clone()));
-                if let Some(known) = known {
-                    return known;
+        Some(self.served.get_or_init(|| {
+            let alias = &self.config().model;
+            let answers: Vec<(String, Result<String, String>)> = self
+                .transport
+                .endpoints_http()
+                .iter()
+                .map(|http| (http.base.to_owned(), self.asked(http)))
+                .collect();
+            let verdict = pool_verdict(alias, &answers);
+            if let Ok(None) = verdict {
+                for (base, answer) in &answers {
+                    if let Err(why) = answer {
+                        tracing::warn!(
+                            "GET {base}/models: {why}; the cache names the model by host and \
+                             alias only, so weights swapped behind `{alias}` would be served \
+                             from cached facts"
+                        );
+                    }
                 }
-                let served = self.ask_served();
-                if let Ok(mut asked) = ASKED.lock() {
-                    asked.push((at, served.clone()));
-                }
-                served
-            })
-            .as_deref()
+            }
+            verdict
+        }))
     }
 
-    fn ask_served(&self) -> Option<String> {
-        let http = self.transport.batch_http()?;
+    /// What the endpoint `http` serves, asked once per process and
+    /// endpoint: a run builds its backends more than once (to count cached
+    /// facts, then to call), and must name one model throughout.
+    fn asked(&self, http: &crate::batch::BatchHttp<'_>) -> Result<String, String> {
+        static ASKED: std::sync::Mutex<Vec<Asked>> = std::sync::Mutex::new(Vec::new());
+        let at = (http.base.to_owned(), self.config().model.clone());
+        let known = ASKED
+            .lock()
+            .ok()
+            .and_then(|a| a.iter().find(|(k, _)| *k == at).map(|(_, v)| v.clone()));
+        if let Some(known) = known {
+            return known;
+        }
+        let served = self.ask_served(http);
+        if let Ok(mut asked) = ASKED.lock() {
+            asked.push((at, served.clone()));
+        }
+        served
+    }
+
+    fn ask_served(&self, http: &crate::batch::BatchHttp<'_>) -> Result<String, String> {
         let url = http.url("/models");
         let alias = &self.config().model;
         let listed = self
             .transport
             .block_on(async { tokio::time::timeout(SERVED_PROBE, http.get_json(&url)).await });
-        let why = match listed {
+        match listed {
             Ok(Ok(listing)) => match served_entry(&listing, alias) {
                 Some(served) => {
                     // The server's words: never the key, never unbounded.
@@ -128,24 +176,17 @@ impl OpenAiBackend {
                         Some(key) => key.scrub(&served),
                         None => served,
                     };
-                    return Some(
-                        served
-                            .chars()
-                            .filter(|c| !c.is_control())
-                            .take(160)
-                            .collect(),
-                    );
+                    Ok(served
+                        .chars()
+                        .filter(|c| !c.is_control())
+                        .take(160)
+                        .collect())
                 }
-                None => format!("its listing has no model `{alias}`"),
+                None => Err(format!("its listing has no model `{alias}`")),
             },
-            Ok(Err(fault)) => self.transport.fault_error(&fault).to_string(),
-            Err(_) => format!("no answer within {} s", SERVED_PROBE.as_secs()),
-        };
-        tracing::warn!(
-            "GET {url}: {why}; the cache names the model by host and alias only, so \
-             weights swapped behind `{alias}` would be served from cached facts"
-        );
-        None
+            Ok(Err(fault)) => Err(self.transport.fault_error(&fault).to_string()),
+            Err(_) => Err(format!("no answer within {} s", SERVED_PROBE.as_secs())),
+        }
     }
 
     pub fn config(&self) -> &OpenAiConfig {
@@ -211,6 +252,39 @@ fn served_entry(listing: &Value, alias: &str) -> Option<String> {
     let text = serde_json::to_string(&Value::Object(named)).ok()?;
     let hash = blake3::hash(text.as_bytes()).to_hex();
     Some(format!("{id}#{}", hash.get(..12).unwrap_or_default()))
+}
+
+/// What a pool serves, from each endpoint's answer (its base URL, and what
+/// it serves or why it cannot say): the weights every endpoint names, none
+/// when no endpoint can say, and an error naming each endpoint when some
+/// name other weights than the rest or cannot say beside ones that can.
+fn pool_verdict(
+    alias: &str,
+    answers: &[(String, Result<String, String>)],
+) -> Result<Option<String>, String> {
+    let named: Vec<&String> = answers
+        .iter()
+        .filter_map(|(_, a)| a.as_ref().ok())
+        .collect();
+    let Some(first) = named.first() else {
+        return Ok(None);
+    };
+    if named.len() == answers.len() && named.iter().all(|s| s == first) {
+        return Ok(Some((*first).clone()));
+    }
+    let each: Vec<String> = answers
+        .iter()
+        .map(|(base, answer)| match answer {
+            Ok(served) => format!("{base} serves `{served}`"),
+            Err(why) => format!("{base} does not say what it serves ({why})"),
+        })
+        .collect();
+    Err(format!(
+        "under `{alias}`, {}. Facts are keyed by the weights a backend serves, so the \
+         endpoints of one backend must all list the same ones: give each model a backend \
+         of its own",
+        each.join("; ")
+    ))
 }
 
 impl ModelBackend for OpenAiBackend {
@@ -657,6 +731,44 @@ mod tests {
                 .await
                 .expect("the task ends without a panic");
         });
+    }
+
+    /// A pool is keyed by the weights its endpoints name only when they all
+    /// name the same; one naming others, or one that cannot say beside
+    /// ones that can, is an error naming each endpoint.
+    #[test]
+    fn a_pool_names_its_weights_only_when_every_endpoint_agrees() {
+        let ok = |s: &str| Ok::<String, String>(s.to_owned());
+        let no = |s: &str| Err::<String, String>(s.to_owned());
+        let pool = |answers: &[(&str, Result<String, String>)]| {
+            let answers: Vec<(String, Result<String, String>)> = answers
+                .iter()
+                .map(|(b, a)| ((*b).to_owned(), a.clone()))
+                .collect();
+            pool_verdict("m", &answers)
+        };
+        assert_eq!(pool(&[("a", ok("m#1"))]), Ok(Some("m#1".into())));
+        assert_eq!(pool(&[("a", no("404"))]), Ok(None));
+        assert_eq!(
+            pool(&[("a", ok("m#1")), ("b", ok("m#1"))]),
+            Ok(Some("m#1".into()))
+        );
+        assert_eq!(pool(&[("a", no("404")), ("b", no("404"))]), Ok(None));
+        let other = pool(&[("a", ok("m#1")), ("b", ok("m#2"))]).expect_err("other weights");
+        assert!(
+            other.contains("a serves `m#1`") && other.contains("b serves `m#2`"),
+            "{other}"
+        );
+        let mute = pool(&[("a", ok("m#1")), ("b", no("its listing has no model `m`"))])
+            .expect_err("one cannot say");
+        assert!(
+            mute.contains("b does not say what it serves (its listing has no model `m`)"),
+            "{mute}"
+        );
+        assert!(
+            pool(&[("a", no("404")), ("b", ok("m#1"))]).is_err(),
+            "the first cannot say, the second can"
+        );
     }
 
     #[test]

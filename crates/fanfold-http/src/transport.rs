@@ -567,7 +567,19 @@ impl<P: Protocol> Transport<P> {
     /// one provider account, so pools do not apply. `new` refuses an empty
     /// pool, so there is always a first endpoint.
     pub(crate) fn batch_http(&self) -> Option<crate::batch::BatchHttp<'_>> {
-        let e = self.endpoints.first()?;
+        self.endpoint_http(0)
+    }
+
+    /// Every endpoint's HTTP side, in the pool's order: each is asked what
+    /// it serves.
+    pub(crate) fn endpoints_http(&self) -> Vec<crate::batch::BatchHttp<'_>> {
+        (0..self.endpoints.len())
+            .filter_map(|i| self.endpoint_http(i))
+            .collect()
+    }
+
+    fn endpoint_http(&self, index: usize) -> Option<crate::batch::BatchHttp<'_>> {
+        let e = self.endpoints.get(index)?;
         Some(crate::batch::BatchHttp {
             client: &self.client,
             base: &e.base,

@@ -198,6 +198,56 @@ fn openai_identity_names_the_weights_the_server_lists() {
     assert!(one.starts_with("HOST/test-model@/models/a.gguf#"), "{one}");
 }
 
+/// Every endpoint of a weighted pool is asked what it serves: a pool whose
+/// second member lists other weights is refused, naming both endpoints and
+/// what each serves, before any call; one whose members list the same
+/// weights is keyed by them.
+#[test]
+fn a_pool_whose_members_serve_other_weights_is_refused() {
+    key();
+    let serving = |root: &str| {
+        let mock = Mock::start();
+        *mock.state.models.lock().expect("models") = Some(json!({"data": [
+            {"id": "test-model", "object": "model", "root": root}
+        ]}));
+        mock
+    };
+    let (a, b, same) = (
+        serving("/w/a.gguf"),
+        serving("/w/b.gguf"),
+        serving("/w/a.gguf"),
+    );
+    let pool = |second: &Mock| {
+        OpenAiBackend::new(openai(vec![
+            EndpointConfig {
+                weight: 3,
+                ..endpoint(a.openai_url(), 1)
+            },
+            endpoint(second.openai_url(), 1),
+        ]))
+        .expect("backend")
+    };
+
+    let mixed = pool(&b);
+    let err = mixed.check_pool().expect_err("a pool of two models");
+    let text = err.to_string();
+    assert!(matches!(err, HttpError::MixedPool(_)), "{text}");
+    for m in [&a, &b] {
+        assert!(
+            text.contains(&format!("{} serves `test-model#", m.openai_url())),
+            "{text}"
+        );
+    }
+    assert_eq!(mixed.served(), None, "no one identity for two models");
+    assert!(a.hits().is_empty() && b.hits().is_empty(), "no model call");
+
+    let agreed = pool(&same);
+    agreed.check_pool().expect("one model");
+    let served = agreed.served().expect("named").to_owned();
+    let alone = OpenAiBackend::new(openai(vec![endpoint(a.openai_url(), 1)])).expect("backend");
+    assert_eq!(alone.served(), Some(served.as_str()), "the same weights");
+}
+
 #[test]
 fn openai_log_probabilities_give_each_decision_value_its_probability() {
     key();

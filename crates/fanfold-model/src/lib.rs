@@ -293,6 +293,11 @@ pub enum BackendError {
     Setup(String),
     #[error("cassette {path}: {detail}")]
     Cassette { path: String, detail: String },
+    /// The store the backend's calls go through (a fleet's work queue)
+    /// failed: neither the model nor its configuration is at fault. The
+    /// source is the store's own error.
+    #[error("the store failed: {0}")]
+    Store(Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
 pub trait ModelBackend: Send + Sync {

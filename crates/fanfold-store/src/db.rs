@@ -83,7 +83,9 @@ impl DbError {
 
     /// The PostgreSQL server dropped the connection (it shut down,
     /// restarted, or the network went): a new connection may succeed.
-    fn is_lost_connection(&self) -> bool {
+    /// Returned by a statement, it means the server stayed away for the
+    /// whole reconnect wait.
+    pub fn is_lost_connection(&self) -> bool {
         use postgres::error::SqlState;
         matches!(self, DbError::Postgres(e) if e.is_closed() || e.code().is_some_and(|c| {
             *c == SqlState::ADMIN_SHUTDOWN
@@ -201,8 +203,25 @@ pub(crate) fn pg_ddl(sql: &str) -> String {
     .replace(" WITHOUT ROWID", "")
 }
 
-/// How long a connection the PostgreSQL server dropped is tried again.
+/// How long a connection the PostgreSQL server dropped is tried again,
+/// unless [`RECONNECT_VAR`] says otherwise.
 const RECONNECT_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The environment variable that sets [`RECONNECT_FOR`] in whole seconds
+/// (a server that takes longer to fail over; a test that shuts one down).
+pub(crate) const RECONNECT_VAR: &str = "FANFOLD_STORE_RECONNECT_SECS";
+
+/// How long a dropped connection is tried again: [`RECONNECT_VAR`] when it
+/// holds a number of seconds, else [`RECONNECT_FOR`].
+fn reconnect_for() -> std::time::Duration {
+    static PATIENCE: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *PATIENCE.get_or_init(|| {
+        std::env::var(RECONNECT_VAR)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(RECONNECT_FOR, std::time::Duration::from_secs)
+    })
+}
 
 /// The most rows [`Conn::insert_rows`] puts in one statement: 256 rows of
 /// 8 columns stay far below both engines' limits on parameters (SQLite's
@@ -231,6 +250,11 @@ pub(crate) struct Pg {
     /// Whether a transaction is open (a panic inside one leaves it so;
     /// the next one rolls it back first).
     in_transaction: bool,
+    /// The server stayed away for a whole [`reconnect_for`]: until a
+    /// connection opens again, each statement tries once and fails, so a
+    /// process ends within one wait rather than one for every statement
+    /// it still has to run.
+    gave_up: bool,
 }
 
 /// A PostgreSQL address as the client takes it, and the TLS it speaks.
@@ -319,6 +343,7 @@ impl Pg {
             url: url.to_owned(),
             prepared: HashMap::new(),
             in_transaction: false,
+            gave_up: false,
         })
     }
 
@@ -334,10 +359,11 @@ impl Pg {
     }
 
     /// Opens the connection again after the server dropped it, trying for
-    /// up to [`RECONNECT_FOR`]: a server that restarts or fails over to a
-    /// standby is back within it, and the run goes on.
+    /// up to [`reconnect_for`] (30 s unless [`RECONNECT_VAR`] says): a
+    /// server that restarts or fails over to a standby is back within it,
+    /// and the run goes on. Once that wait ran out, one try only.
     fn reopen(&mut self) -> Result<(), DbError> {
-        let deadline = std::time::Instant::now() + RECONNECT_FOR;
+        let deadline = std::time::Instant::now() + reconnect_for();
         let mut wait = std::time::Duration::from_millis(100);
         loop {
             let address = Address::parse(&self.url)?;
@@ -346,14 +372,18 @@ impl Pg {
                     self.client = client;
                     self.prepared.clear();
                     self.in_transaction = false;
+                    self.gave_up = false;
                     tracing::warn!("the store's connection was lost and is open again");
                     return Ok(());
                 }
-                Err(_) if std::time::Instant::now() < deadline => {
+                Err(_) if !self.gave_up && std::time::Instant::now() < deadline => {
                     std::thread::sleep(wait);
                     wait = (wait * 2).min(std::time::Duration::from_secs(2));
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    self.gave_up = true;
+                    return Err(e.into());
+                }
             }
         }
     }

@@ -20,6 +20,8 @@ pub struct Postgres {
     port: u16,
     /// The user the server runs as, when the tests run as root.
     run_as: Option<String>,
+    /// The server's options (`pg_ctl -o`), to start it again after a stop.
+    options: String,
 }
 
 /// The folder of PostgreSQL's server programs: `FANFOLD_PG_BIN`, or the
@@ -117,6 +119,7 @@ impl Postgres {
             bin,
             port: 0,
             run_as,
+            options: String::new(),
         };
         if let Some(user) = &server.run_as {
             checked(
@@ -154,18 +157,8 @@ impl Postgres {
                  -c full_page_writes=off{tls_options}",
                 server.port
             );
-            let started = checked(
-                "pg_ctl start",
-                server
-                    .command("pg_ctl")
-                    .args(["start", "-w", "-t", "60", "-D"])
-                    .arg(&data)
-                    .arg("-l")
-                    .arg(server.dir.join("server.log"))
-                    .args(["-o", &options])
-                    .output(),
-            );
-            match started {
+            server.options = options;
+            match server.start_server() {
                 Ok(_) => return Ok(server),
                 Err(e) => last = format!("{e}\n{}", server.log()),
             }
@@ -273,6 +266,40 @@ impl Postgres {
             }
             None => Command::new(path),
         }
+    }
+
+    fn start_server(&self) -> Result<Output, String> {
+        checked(
+            "pg_ctl start",
+            self.command("pg_ctl")
+                .args(["start", "-w", "-t", "60", "-D"])
+                .arg(self.data())
+                .arg("-l")
+                .arg(self.dir.join("server.log"))
+                .args(["-o", &self.options])
+                .output(),
+        )
+    }
+
+    /// Shuts the server down (a fast shutdown: every open connection is
+    /// dropped) and leaves it down, as an outage does, until
+    /// [`Postgres::start_again`].
+    pub fn stop(&self) -> Result<(), String> {
+        checked(
+            "pg_ctl stop",
+            self.command("pg_ctl")
+                .args(["stop", "-w", "-m", "fast", "-D"])
+                .arg(self.data())
+                .output(),
+        )
+        .map(|_| ())
+    }
+
+    /// Starts a server that was stopped, on its port, with its databases.
+    pub fn start_again(&self) -> Result<(), String> {
+        self.start_server()
+            .map(|_| ())
+            .map_err(|e| format!("{e}\n{}", self.log()))
     }
 
     /// Restarts the server (a fast shutdown, as for a failover or an

@@ -605,3 +605,239 @@ fn a_worker_sends_its_calls_to_its_own_endpoint() {
     );
     stop_workers(&f, &mut worker);
 }
+
+/// A mock OpenAI endpoint that judges as the counting judge does, and
+/// whose `GET /v1/models` lists model `m` with the weights at `root`.
+fn listing_judge(root: &str) -> (fanfold_testkit::Server, Calls) {
+    use axum::extract::State;
+    async fn judge(
+        State(calls): State<Calls>,
+        body: axum::body::Bytes,
+    ) -> axum::response::Response {
+        let body: Value = serde_json::from_slice(&body).unwrap_or_default();
+        let content = fanfold_testkit::wire::user_content(&body).unwrap_or_default();
+        let Some((id, record)) = fanfold_testkit::wire::record_of(content) else {
+            return fanfold_testkit::wire::json_reply(
+                axum::http::StatusCode::BAD_REQUEST,
+                serde_json::json!({"error": {"message": "unrecognised request"}}),
+            );
+        };
+        *calls.lock().expect("calls").entry(id).or_default() += 1;
+        let decision = if record["flag"] == true { "yes" } else { "no" };
+        let answer = serde_json::json!({"decision": decision}).to_string();
+        fanfold_testkit::wire::json_reply(
+            axum::http::StatusCode::OK,
+            fanfold_testkit::wire::openai_chat_reply("m", &answer, content.len()),
+        )
+    }
+    let listing = serde_json::json!({"object": "list", "data": [
+        {"id": "m", "object": "model", "owned_by": "test", "root": root}
+    ]});
+    let calls = Calls::default();
+    let app = axum::Router::new()
+        .route("/v1/chat/completions", axum::routing::post(judge))
+        .route(
+            "/v1/models",
+            axum::routing::get(move || std::future::ready(axum::Json(listing.clone()))),
+        )
+        .with_state(calls.clone());
+    (
+        fanfold_testkit::Server::start(app).expect("mock server"),
+        calls,
+    )
+}
+
+/// `units` rows, every third flagged, under backend `http` whose table is
+/// `backend` (its endpoint or endpoints).
+fn http_fixture(units: usize, backend: &str) -> Fixture {
+    let rows: Vec<Value> = (0..units)
+        .map(|i| serde_json::json!({"id": i, "flag": i % 3 == 0}))
+        .collect();
+    let f = Fixture::new(
+        JSON_ARRAY,
+        &format!("[backends.http]\ntype = \"openai\"\nmodel = \"m\"\n{backend}\n"),
+    );
+    f.input(&serde_json::to_vec(&rows).expect("rows"));
+    f
+}
+
+/// Waits until `file` in the fixture holds `needle`; the file's text.
+fn wait_for_line(f: &Fixture, file: &str, needle: &str) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let text = std::fs::read_to_string(f.path(file)).unwrap_or_default();
+        if text.contains(needle) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{file} never said `{needle}`: {text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A worker whose own `--endpoint` lists other weights than the endpoint
+/// the job's facts are keyed by refuses the job, says why, and sends it
+/// nothing; the job stays for a worker whose endpoint serves the same
+/// weights, which answers it whole.
+#[test]
+fn a_worker_whose_endpoint_serves_other_weights_refuses_the_job() {
+    let pg = postgres();
+    let url = pg.create_database().expect("database");
+    let units = 12;
+    let (declared, declared_calls) = listing_judge("/weights/a.gguf");
+    let (other, other_calls) = listing_judge("/weights/b.gguf");
+    let (same, same_calls) = listing_judge("/weights/a.gguf");
+    let f = http_fixture(units, &format!("base_url = \"{}\"", declared.openai_url()));
+    let refusing = start_worker_with(&f, &url, 0, 4, &["--endpoint", &other.openai_url()]);
+    let coordinator = start_coordinator(&f, &url, 0, 8, 0);
+    let log = wait_for_line(&f, "worker0.log", "job refused");
+    assert!(
+        log.contains(&format!("endpoint {}", other.openai_url()))
+            && log.contains("it serves `m#")
+            && log.contains("the job's facts are keyed by `m#"),
+        "{log}"
+    );
+    let taking = start_worker_with(&f, &url, 1, 4, &["--endpoint", &same.openai_url()]);
+    let (code, err) = coordinator_done(&f, coordinator, 0);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        items(&f, 0).as_array().map(Vec::len),
+        Some(units.div_ceil(3)),
+        "the answer is whole"
+    );
+    assert!(
+        other_calls.lock().expect("calls").is_empty(),
+        "nothing was sent to the endpoint serving other weights"
+    );
+    assert_eq!(same_calls.lock().expect("calls").len(), units);
+    assert!(declared_calls.lock().expect("calls").is_empty());
+    // Both stop cleanly: the refusal ended nothing but that job there.
+    let logs = stop_workers(&f, &mut [refusing, taking]);
+    assert!(logs[0].contains("stopped: 0 calls answered"), "{}", logs[0]);
+}
+
+/// Every endpoint of a weighted pool is asked what it serves: a pool whose
+/// second member lists other weights is refused before any call, naming
+/// both endpoints and what each serves; the same pool with a second member
+/// serving the same weights runs.
+#[test]
+fn a_pool_whose_second_endpoint_serves_other_weights_is_refused() {
+    let (first, first_calls) = listing_judge("/weights/a.gguf");
+    let (other, other_calls) = listing_judge("/weights/b.gguf");
+    let (same, same_calls) = listing_judge("/weights/a.gguf");
+    let pool = |second: &fanfold_testkit::Server| {
+        format!(
+            "endpoints = [{{ base_url = \"{}\", weight = 3 }}, {{ base_url = \"{}\" }}]",
+            first.openai_url(),
+            second.openai_url()
+        )
+    };
+    let units = 9;
+
+    let f = http_fixture(units, &pool(&other));
+    let o = f.run(&["--backend", "http"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(6), "{err}");
+    assert!(err.contains("serve different models"), "{err}");
+    for server in [&first, &other] {
+        assert!(
+            err.contains(&format!("{} serves `m#", server.openai_url())),
+            "{err}"
+        );
+    }
+    assert!(
+        first_calls.lock().expect("calls").is_empty()
+            && other_calls.lock().expect("calls").is_empty(),
+        "no call was paid"
+    );
+
+    let f = http_fixture(units, &pool(&same));
+    let o = f.run(&["--backend", "http"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let paid = first_calls.lock().expect("calls").len() + same_calls.lock().expect("calls").len();
+    assert_eq!(paid, units, "the pool of one model answered every unit");
+}
+
+/// `fanfold run --workers 1` with `slots` on `store`, its store's
+/// reconnect wait `reconnect_secs`, writing to `out{n}` and `err{n}.log`.
+fn start_impatient_coordinator(
+    f: &Fixture,
+    store: &str,
+    n: usize,
+    slots: usize,
+    reconnect_secs: u64,
+) -> std::process::Child {
+    let log = std::fs::File::create(f.path(&format!("err{n}.log"))).expect("log");
+    bin()
+        .arg("run")
+        .arg(f.path("spec.toml"))
+        .args(["--store", store, "--backend", "http", "--json"])
+        .args(["--slots", &slots.to_string(), "--workers", "1"])
+        .args(["--lease-secs", "3"])
+        .arg("--out")
+        .arg(f.path(&format!("out{n}")))
+        .env("FANFOLD_STORE_RECONNECT_SECS", reconnect_secs.to_string())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starts")
+}
+
+/// A PostgreSQL server that stays down past the store's reconnect wait
+/// ends a fleet run as a store failure: exit 2 (not a backend's 6), a
+/// message that says the store failed and what a rerun does, no answer
+/// written. Once the server is back, a rerun pays only for the units
+/// without a stored fact.
+#[test]
+fn a_store_down_past_its_reconnect_wait_ends_a_fleet_run_as_a_store_failure() {
+    let pg = postgres();
+    let url = pg.create_database().expect("database");
+    let units: usize = 60;
+    let rows: Vec<Value> = (0..units)
+        .map(|i| serde_json::json!({"id": i, "flag": i % 3 == 0, "delay_ms": 150}))
+        .collect();
+    let (f, _server, calls) = judged(&rows, "", None);
+    let coordinator = start_impatient_coordinator(&f, &url, 0, 2, 2);
+    wait_for_calls(&calls, 10);
+    pg.stop().expect("the server stops");
+    let (code, err) = coordinator_done(&f, coordinator, 0);
+    assert_eq!(code, Some(2), "the store's exit code: {err}");
+    assert!(err.contains("the store failed"), "{err}");
+    assert!(
+        err.contains("run the same command once the store answers again"),
+        "{err}"
+    );
+    assert!(
+        !f.path("out0/answer.json").exists(),
+        "no answer pretends to be one"
+    );
+
+    pg.start_again().expect("the server starts again");
+    let stored = fanfold_store::Store::open(std::path::Path::new(&url))
+        .expect("store")
+        .count_facts()
+        .expect("facts") as usize;
+    assert!(
+        stored > 0 && stored < units,
+        "{stored} facts stored before the outage"
+    );
+    calls.lock().expect("calls").clear();
+    let mut rerun = [start_run(&f, &url, 1)];
+    let codes = wait_all(&mut rerun, std::time::Duration::from_secs(120));
+    let err = std::fs::read_to_string(f.path("err1.log")).unwrap_or_default();
+    assert_eq!(codes, [Some(0)], "{err}");
+    assert_eq!(
+        items(&f, 1).as_array().map(Vec::len),
+        Some(units.div_ceil(3)),
+        "the rerun answers whole"
+    );
+    let calls = calls.lock().expect("calls");
+    assert_eq!(
+        calls.len(),
+        units - stored,
+        "only the units without a stored fact are paid for"
+    );
+    assert!(calls.values().all(|n| *n == 1), "{calls:?}");
+}

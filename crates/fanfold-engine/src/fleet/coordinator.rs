@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use fanfold_model::{BackendError, BackendInfo, CallError, Job, ModelBackend, Next, Request};
-use fanfold_store::{FleetJob, Store};
+use fanfold_store::{FleetJob, Store, StoreError};
 
 use super::{FleetLink, JobOptions, PortableBackend, TaskRequest, TaskResult};
 
@@ -20,6 +20,15 @@ const POLL_MAX: Duration = Duration::from_millis(20);
 /// How long calls may wait with no answer before the run says, once a
 /// period, that no worker is taking them.
 const NO_WORKER: Duration = Duration::from_secs(30);
+
+/// Why the queue stopped serving a job.
+#[derive(Debug, thiserror::Error)]
+enum QueueError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Encode(String),
+}
 
 /// A backend whose calls are made by workers.
 pub struct FleetBackend {
@@ -61,8 +70,7 @@ impl FleetBackend {
         let portable = PortableBackend::new(spec, spec_dir)?;
         let portable = serde_json::to_string(&portable)
             .map_err(|e| BackendError::Setup(format!("describing the backend: {e}")))?;
-        let store =
-            Store::open(&link.store_path).map_err(|e| BackendError::Setup(e.to_string()))?;
+        let store = Store::open(&link.store_path).map_err(|e| BackendError::Store(Box::new(e)))?;
         Ok(FleetBackend {
             store,
             run_id: link.run_id.clone(),
@@ -73,7 +81,7 @@ impl FleetBackend {
         })
     }
 
-    fn queue(&self, job: &dyn Job, job_id: &str) -> Result<(), String> {
+    fn queue(&self, job: &dyn Job, job_id: &str) -> Result<(), QueueError> {
         let mut out: HashMap<u64, Request> = HashMap::new();
         let mut next_seq = 0_u64;
         let mut pulled_all = false;
@@ -81,9 +89,7 @@ impl FleetBackend {
         let mut answered = std::time::Instant::now();
         loop {
             if job.is_cancelled() {
-                self.store
-                    .close_fleet_job(job_id, "cancelled")
-                    .map_err(|e| e.to_string())?;
+                self.store.close_fleet_job(job_id, "cancelled")?;
                 for (_, r) in out.drain() {
                     job.complete(r, Err(CallError::Cancelled));
                 }
@@ -109,7 +115,8 @@ impl FleetBackend {
                         max_output_tokens: r.max_output_tokens,
                         schema: r.schema.clone(),
                     };
-                    let text = serde_json::to_string(&task).map_err(|e| e.to_string())?;
+                    let text = serde_json::to_string(&task)
+                        .map_err(|e| QueueError::Encode(e.to_string()))?;
                     rows.push((next_seq + rows.len() as u64, text));
                 }
                 // Held before the write, so a failed write still ends them.
@@ -117,17 +124,12 @@ impl FleetBackend {
                     out.insert(next_seq, r);
                     next_seq += 1;
                 }
-                self.store
-                    .put_fleet_tasks(job_id, &rows)
-                    .map_err(|e| e.to_string())?;
+                self.store.put_fleet_tasks(job_id, &rows)?;
             }
             if pulled_all && out.is_empty() {
                 return Ok(());
             }
-            let results = self
-                .store
-                .fleet_results(job_id)
-                .map_err(|e| e.to_string())?;
+            let results = self.store.fleet_results(job_id)?;
             if results.is_empty() {
                 if !out.is_empty() && answered.elapsed() >= NO_WORKER {
                     tracing::warn!(
@@ -144,9 +146,7 @@ impl FleetBackend {
             wait = POLL_MIN;
             answered = std::time::Instant::now();
             let seqs: Vec<u64> = results.iter().map(|(s, _)| *s).collect();
-            self.store
-                .forget_fleet_tasks(job_id, &seqs)
-                .map_err(|e| e.to_string())?;
+            self.store.forget_fleet_tasks(job_id, &seqs)?;
             for (seq, text) in results {
                 let Some(request) = out.remove(&seq) else {
                     continue;
@@ -185,12 +185,20 @@ impl ModelBackend for FleetBackend {
         };
         self.store
             .open_fleet_job(&row)
-            .map_err(|e| BackendError::Setup(format!("opening a fleet job: {e}")))?;
+            .map_err(|e| BackendError::Store(Box::new(e)))?;
         let queued = self.queue(job, &job_id);
         if let Err(e) = self.store.close_fleet_job(&job_id, "closed") {
             tracing::warn!(job = %job_id, error = %e, "the fleet job not closed");
         }
-        queued.map_err(|e| BackendError::Setup(format!("the fleet's queue: {e}")))
+        match queued {
+            Ok(()) => Ok(()),
+            // The store's failure, as the store's: the run ends as a store
+            // failure does, not as a backend that cannot be set up.
+            Err(QueueError::Store(e)) => Err(BackendError::Store(Box::new(e))),
+            Err(QueueError::Encode(e)) => Err(BackendError::Setup(format!(
+                "the fleet's queue: a request not written as JSON: {e}"
+            ))),
+        }
     }
 
     fn cost_usd(&self, usage: &fanfold_model::Usage) -> Option<f64> {

@@ -110,6 +110,63 @@ impl PortableBackend {
             BackendSpec::Openai(_) | BackendSpec::Anthropic(_)
         )
     }
+
+    /// Whether this backend, built on a worker's own endpoint and named
+    /// `here`, may make the facts of a job keyed by `job`: the two
+    /// identities (`host/alias[@served][suffixes]`, the host being each
+    /// one's own endpoint) must agree past the host. A job whose endpoint
+    /// named the weights it serves needs the worker's endpoint to name the
+    /// same ones; one whose endpoint could not say is keyed by host and
+    /// alias alone, and nothing here can prove the two differ. The error
+    /// says what each side serves.
+    pub fn serves_as(&self, job: &str, here: &str) -> Result<(), String> {
+        let (BackendSpec::Openai(h) | BackendSpec::Anthropic(h)) = &self.spec else {
+            return if job == here {
+                Ok(())
+            } else {
+                Err(format!(
+                    "it is `{here}`, the job's facts are keyed by `{job}`"
+                ))
+            };
+        };
+        let tail = |id: &str| {
+            id.split_once('/')
+                .and_then(|(_, rest)| rest.strip_prefix(h.model.as_str()))
+                .map(str::to_owned)
+        };
+        let (Some(wanted), Some(found)) = (tail(job), tail(here)) else {
+            return Err(format!(
+                "its identity `{here}` and the job's `{job}` do not both name model `{}`",
+                h.model
+            ));
+        };
+        if wanted == found || !wanted.starts_with('@') {
+            return Ok(());
+        }
+        match served_of(&found) {
+            Some(served) => Err(format!(
+                "it serves `{served}` under `{}`, the job's facts are keyed by `{}`",
+                h.model,
+                served_of(&wanted).unwrap_or_default()
+            )),
+            None => Err(format!(
+                "it does not say what it serves under `{}` (no `GET /models` listing names it), \
+                 and the job's facts are keyed by `{}`",
+                h.model,
+                served_of(&wanted).unwrap_or_default()
+            )),
+        }
+    }
+}
+
+/// The served weights an identity's tail past the alias names
+/// (`@id#fingerprint`, before any suffix the backend adds), for messages.
+fn served_of(tail: &str) -> Option<&str> {
+    let rest = tail.strip_prefix('@')?;
+    let id_end = rest.find('#').unwrap_or(rest.len());
+    // The fingerprint is 12 hex digits after the id's `#`.
+    let end = (id_end + 13).min(rest.len());
+    rest.get(..end)
 }
 
 /// What a job asks of a backend besides its prefix.
@@ -142,3 +199,62 @@ struct TaskRequest {
 
 /// A task's result as a worker writes it.
 type TaskResult = Result<fanfold_model::Completion, fanfold_model::CallError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn openai(model: &str) -> PortableBackend {
+        let spec: BackendSpec = serde_json::from_value(serde_json::json!({
+            "type": "openai", "model": model, "base_url": "http://declared:8000/v1"
+        }))
+        .unwrap_or_else(|e| panic!("spec: {e}"));
+        PortableBackend {
+            spec,
+            files: BTreeMap::new(),
+        }
+    }
+
+    /// On a worker's own endpoint the host differs by design: what decides
+    /// is what each endpoint says it serves under the alias.
+    #[test]
+    fn a_workers_endpoint_must_name_the_weights_the_job_is_keyed_by() {
+        let p = openai("org/m");
+        let job = "declared:8000/org/m@org/m#0123456789ab+logprobs#json_schema";
+        // The same weights, named alike from another host.
+        assert_eq!(
+            p.serves_as(
+                job,
+                "gpu7:8000/org/m@org/m#0123456789ab+logprobs#json_schema"
+            ),
+            Ok(())
+        );
+        // Other weights behind the same alias.
+        let other = p
+            .serves_as(
+                job,
+                "gpu7:8000/org/m@org/m#ba9876543210+logprobs#json_schema",
+            )
+            .expect_err("other weights");
+        assert!(
+            other.contains("serves `org/m#ba9876543210`")
+                && other.contains("keyed by `org/m#0123456789ab`"),
+            "{other}"
+        );
+        // An endpoint that cannot say is not taken for the job's weights.
+        let mute = p
+            .serves_as(job, "gpu7:8000/org/m+logprobs#json_schema")
+            .expect_err("cannot say");
+        assert!(mute.contains("does not say what it serves"), "{mute}");
+        // A job whose own endpoint could not say is keyed by host and alias:
+        // nothing proves another endpoint serves other weights.
+        let unnamed = "declared:8000/org/m#json_schema";
+        assert_eq!(p.serves_as(unnamed, "gpu7:8000/org/m#json_schema"), Ok(()));
+        assert_eq!(
+            p.serves_as(unnamed, "gpu7:8000/org/m@org/m#0123456789ab#json_schema"),
+            Ok(())
+        );
+        // Another alias is never the job's model.
+        assert!(p.serves_as(job, "gpu7:8000/org/n#json_schema").is_err());
+    }
+}

@@ -48,8 +48,11 @@ pub struct WorkerReport {
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
-    #[error(transparent)]
+    #[error("the store failed: {0}")]
     Store(#[from] StoreError),
+    /// The folder a job's backend files are written to.
+    #[error("a folder for the backends' files in {dir}: {source}")]
+    Files { dir: String, source: std::io::Error },
 }
 
 /// When nothing is queued: how long until the queue is read again.
@@ -74,6 +77,9 @@ struct Shared<'a> {
     stop: AtomicBool,
     calls: AtomicU64,
     late: AtomicU64,
+    /// The store failed while a job was served (a server that stayed away
+    /// past its reconnect wait): the job ends, and the worker with it.
+    store_failed: Mutex<Option<StoreError>>,
 }
 
 /// Serves jobs until `stop` is set, the parent process is gone, or no job
@@ -97,6 +103,7 @@ pub fn serve(opts: &WorkerOptions, stop: &AtomicBool) -> Result<WorkerReport, Wo
         stop: AtomicBool::new(false),
         calls: AtomicU64::new(0),
         late: AtomicU64::new(0),
+        store_failed: Mutex::new(None),
     };
     let (stop_beat, beat) = std::sync::mpsc::channel::<()>();
     let served = std::thread::scope(|scope| {
@@ -108,8 +115,10 @@ pub fn serve(opts: &WorkerOptions, stop: &AtomicBool) -> Result<WorkerReport, Wo
         served
     });
     let calls = shared.calls.load(Ordering::Relaxed);
-    store.worker_stopped(&shared.worker_id, calls)?;
+    let stopped = store.worker_stopped(&shared.worker_id, calls);
+    // The failure that ended the serving loop is the one to report.
     let jobs = served?;
+    stopped?;
     Ok(WorkerReport {
         worker_id: shared.worker_id.clone(),
         calls,
@@ -197,14 +206,10 @@ fn serve_jobs(
                 continue;
             }
         };
-        let info = backend.info();
-        let endpoint_replaced = opts.endpoint.is_some()
-            && serde_json::from_str::<PortableBackend>(&job.backend)
-                .is_ok_and(|p| p.takes_endpoint());
-        if info.model_id != job.model_id && !endpoint_replaced {
+        if let Err(why) = same_model(&job, backend, opts) {
             tracing::error!(
-                job = %job.job_id, wanted = %job.model_id, here = %info.model_id,
-                "job refused: this worker's model is another"
+                job = %job.job_id, wanted = %job.model_id,
+                "job refused, left for other workers: {why}"
             );
             refused.insert(job.job_id.clone());
             continue;
@@ -215,6 +220,14 @@ fn serve_jobs(
         let ran = backend.run(&worker_job);
         *shared.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
         served += 1;
+        let failed = shared
+            .store_failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(e) = failed {
+            return Err(WorkerError::Store(e));
+        }
         if let Err(e) = ran {
             tracing::error!(job = %job.job_id, error = %e, "job given back: the backend stopped");
             refused.insert(job.job_id.clone());
@@ -226,16 +239,45 @@ fn serve_jobs(
     Ok(served)
 }
 
+/// Whether `backend`, as this worker built it, makes the facts `job` is
+/// keyed by. On the declared endpoint its identity must be the job's. On
+/// the worker's own `--endpoint` the host differs by design, so that
+/// endpoint is asked what it serves ([`PortableBackend::serves_as`]): a
+/// job keyed by named weights is refused where they are not named alike.
+fn same_model(
+    job: &FleetJob,
+    backend: &dyn ModelBackend,
+    opts: &WorkerOptions,
+) -> Result<(), String> {
+    let here = backend.info().model_id;
+    let portable = serde_json::from_str::<PortableBackend>(&job.backend)
+        .map_err(|e| format!("the job's backend does not read: {e}"))?;
+    match &opts.endpoint {
+        Some(url) if portable.takes_endpoint() => portable
+            .serves_as(&job.model_id, &here)
+            .map_err(|why| format!("endpoint {url}: {why}")),
+        _ if here == job.model_id => Ok(()),
+        _ => Err(format!(
+            "this worker's model is `{here}`, the job's facts are keyed by `{}`",
+            job.model_id
+        )),
+    }
+}
+
+/// Whether `e` says the store's server is gone: a PostgreSQL connection
+/// that could not be opened again within the store's reconnect wait.
+fn is_unreachable(e: &StoreError) -> bool {
+    matches!(e, StoreError::Db { source, .. } if source.is_lost_connection())
+}
+
 /// A folder for the files a job's backend names, removed at exit.
 fn tempfile_dir() -> Result<tempfile::TempDir, WorkerError> {
     tempfile::Builder::new()
         .prefix("fanfold-worker-")
         .tempdir()
-        .map_err(|e| {
-            WorkerError::Store(StoreError::Open {
-                path: std::env::temp_dir().display().to_string(),
-                reason: format!("a folder for the backends' files: {e}"),
-            })
+        .map_err(|source| WorkerError::Files {
+            dir: std::env::temp_dir().display().to_string(),
+            source,
         })
 }
 
@@ -384,7 +426,23 @@ impl Job for WorkerJob<'_> {
                         }
                     }
                 }
+                Err(e) if is_unreachable(&e) => {
+                    // The server stayed away for the store's whole
+                    // reconnect wait: the job ends here (its calls in
+                    // flight are cancelled; their tasks stay in the store
+                    // for a worker that can reach it), and the worker
+                    // stops with the store's error.
+                    tracing::error!(error = %e, "tasks not claimed: the store failed");
+                    *self
+                        .shared
+                        .store_failed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = Some(e);
+                    self.shared.gone.store(true, Ordering::Relaxed);
+                    return Next::Done;
+                }
                 Err(e) => {
+                    // A store held by another writer: read again shortly.
                     tracing::warn!(error = %e, "tasks not claimed");
                     s.next_read = Some(now + TASK_POLL);
                 }
