@@ -102,7 +102,7 @@ impl Offer {
 /// `text` cut after each end `ends_at` finds, trimmed, empty pieces
 /// dropped. `ends_at(text, i)` is the byte just past the end starting at
 /// `i`, if one does.
-fn split<'t>(text: &'t str, ends_at: fn(&str, usize) -> Option<usize>) -> Vec<&'t str> {
+fn split(text: &str, ends_at: fn(&str, usize) -> Option<usize>) -> Vec<&str> {
     let mut out = Vec::new();
     let mut start = 0;
     let mut i = 0;
@@ -251,7 +251,8 @@ fn word_windows(piece: &str, max_len: usize, shifted: bool) -> Vec<&str> {
 /// `max_len` bytes.
 fn window_from(words: &[(usize, usize)], first: usize, max_len: usize) -> Option<&(usize, usize)> {
     let start = words.get(first)?.0;
-    words[first..]
+    words
+        .get(first..)?
         .iter()
         .take_while(|&&(_, end)| end - start <= max_len)
         .last()
