@@ -169,8 +169,8 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     checks.push(Check {
         name: "source_accounting",
         ok: cov.elements == issues.len() as u64
-            && cov.units + cov.rejected == cov.elements
-            && cov.rejected as usize == dup
+            && cov.is_complete()
+            && (cov.rejected + cov.repeated_identical) as usize == dup
             && stored_units == cov.units
             && unit_ids.iter().all(|id| keys.contains(id))
             && excluded + kept(&base) == cov.units,

@@ -313,16 +313,34 @@ pub fn markdown(report: &RunReport) -> String {
     }
     let s = &a.statuses;
     let _ = writeln!(out, "\n## Accounting\n");
+    let repeated = c.coverage.repeated_identical;
     let _ = writeln!(
         out,
-        "- source `{}` ({} bytes, {}): {} elements = {} units + {} rejected",
+        "- source `{}` ({} bytes, {}): {} elements = {} units + {} rejected{}",
         c.source_hash.short(16),
         c.source_bytes,
         c.source_origin,
         c.coverage.elements,
         c.coverage.units,
-        c.coverage.rejected
+        c.coverage.rejected,
+        if repeated > 0 {
+            format!(" + {repeated} repeated identically")
+        } else {
+            String::new()
+        }
     );
+    // A repeat is its unit again, judged once: said, so that a count of
+    // input rows against units is explained, and named, so it can be found.
+    if repeated > 0 {
+        let _ = writeln!(
+            out,
+            "- repeated_identical: {repeated} elements repeat an earlier unit's key and content; each is that unit, judged once{}",
+            c.repeats
+                .first()
+                .map(|r| format!(" (the first: {})", md_text(r)))
+                .unwrap_or_default()
+        );
+    }
     let _ = writeln!(
         out,
         "- excluded by the prefilter: {} {:?}",

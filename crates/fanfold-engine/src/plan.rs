@@ -664,6 +664,13 @@ impl Plan {
                 "\ninput     {} elements: {} units, {} rejected",
                 r.elements, r.units, r.rejected
             );
+            if r.repeated_identical > 0 {
+                let _ = writeln!(
+                    out,
+                    "  repeated identically (the same key and content as an earlier unit, judged once): {}",
+                    r.repeated_identical
+                );
+            }
             for (reason, n) in &r.rejected_by_reason {
                 let _ = writeln!(out, "  rejected {reason}: {n}");
             }
@@ -721,6 +728,8 @@ pub struct Routing {
     pub elements: u64,
     pub units: u64,
     pub rejected: u64,
+    /// Elements that repeat an earlier unit exactly, judged once.
+    pub repeated_identical: u64,
     pub rejected_by_reason: BTreeMap<String, u64>,
     pub excluded_by_reason: BTreeMap<String, u64>,
     pub routed: BTreeMap<String, u64>,

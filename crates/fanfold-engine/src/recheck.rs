@@ -146,10 +146,16 @@ pub fn check_folder(
         out.push("answer.json's status counts differ from the certificate's".into());
     }
     let c = &certificate.coverage;
-    if c.units + c.rejected != c.elements {
+    if !c.is_complete() {
         out.push(format!(
-            "the certificate's coverage does not add up: {} units + {} rejected != {} elements",
-            c.units, c.rejected, c.elements
+            "the certificate's coverage does not add up: {} units + {} rejected + {} repeated identically != {} elements",
+            c.units, c.rejected, c.repeated_identical, c.elements
+        ));
+    }
+    if answer.repeated_identical != c.repeated_identical {
+        out.push(format!(
+            "answer.json counts {} identical repeats, the certificate's coverage {}",
+            answer.repeated_identical, c.repeated_identical
         ));
     }
     let decided: BTreeSet<&UnitId> = facts
@@ -298,6 +304,17 @@ pub fn recheck(dir: &Path, input: Option<Source>) -> Result<Rechecked, RecheckEr
             cert.source_origin,
             h.short(16),
             cert.source_hash.short(16)
+        ));
+    }
+    // The same bytes partition the same way, whether ids are settled in
+    // memory (here) or through the store (the run).
+    let c = &routed.coverage;
+    if hash == Some(cert.source_hash) && *c != cert.coverage {
+        let k = &cert.coverage;
+        out.mismatches.push(format!(
+            "the source read again gives {} elements = {} units + {} rejected + {} repeated identically; the certificate says {} = {} + {} + {}",
+            c.elements, c.units, c.rejected, c.repeated_identical,
+            k.elements, k.units, k.rejected, k.repeated_identical
         ));
     }
     let table = &routed.table;

@@ -90,6 +90,11 @@ pub struct Answer {
     pub aggregates: Vec<Aggregate>,
     pub statuses: StatusCounts,
     pub excluded: u64,
+    /// Input elements that repeat an earlier unit exactly (the same key and
+    /// content): each is that unit, judged once, so none leaves the answer
+    /// incomplete.
+    #[serde(default)]
+    pub repeated_identical: u64,
     pub stop: StopReason,
     pub verified: bool,
 }
@@ -126,6 +131,10 @@ pub struct Certificate {
     pub rejected_by_reason: BTreeMap<String, u64>,
     /// The first rejections in full (where, why, what to do).
     pub rejections: Vec<String>,
+    /// The first identical repeats in full (`coverage.repeated_identical`
+    /// counts them all).
+    #[serde(default)]
+    pub repeats: Vec<String>,
     pub excluded_by_reason: BTreeMap<String, u64>,
     pub routed_by_stage: BTreeMap<String, u64>,
     pub statuses_by_stage: BTreeMap<String, StatusCounts>,

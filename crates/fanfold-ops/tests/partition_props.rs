@@ -25,7 +25,7 @@ use fanfold_core::spec::PartitionSpec;
 use fanfold_core::{ByteRange, ContentHash, Unit};
 use fanfold_ops::partition::{
     self, Coverage, DEFAULT_MAX_UNIT_BYTES, PartUnit, PartitionError, PartitionOptions, Rejection,
-    SeenKeys, StreamOptions, Streamed, UnitView, jsonl,
+    Repeat, SeenKeys, StreamOptions, Streamed, UnitView, jsonl,
 };
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -449,17 +449,19 @@ fn any_spec_and_source() -> impl Strategy<Value = (PartitionSpec, Vec<u8>)> {
 
 // ------------------------------------------------------------- checks
 
-type Parts = (Vec<PartUnit>, Vec<Rejection>, Coverage);
+type Parts = partition::Parts;
 
-/// Units as descriptors, rejections, coverage; or the error as shown.
-type Flat = Result<(Vec<Unit>, Vec<Rejection>, Coverage), String>;
+/// Units as descriptors, rejections, identical repeats, coverage; or the
+/// error as shown.
+type Flat = Result<(Vec<Unit>, Vec<Rejection>, Vec<Repeat>, Coverage), String>;
 
 fn flat(result: &Result<Parts, PartitionError>) -> Flat {
     match result {
-        Ok((units, rejections, coverage)) => Ok((
-            units.iter().map(|u| u.unit.clone()).collect(),
-            rejections.clone(),
-            *coverage,
+        Ok(p) => Ok((
+            p.units.iter().map(|u| u.unit.clone()).collect(),
+            p.rejections.clone(),
+            p.repeats.clone(),
+            p.coverage,
         )),
         Err(e) => Err(e.to_string()),
     }
@@ -544,7 +546,15 @@ fn check_id(spec: &PartitionSpec, u: &PartUnit) -> Result<(), TestCaseError> {
                 Some(Value::Bool(b)) => b.to_string(),
                 other => return Err(TestCaseError::fail(format!("unit {id} has key {other:?}"))),
             };
-            prop_assert_eq!(id, want);
+            // An integer past 64 bits keeps its digits, which read as
+            // the float `Value` holds.
+            let big = matches!(u.value.get(key), Some(Value::Number(n)) if n.is_f64())
+                && id
+                    .trim_start_matches('-')
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+                && id.parse::<f64>().ok() == u.value.get(key).and_then(Value::as_f64);
+            prop_assert!(id == want || big, "id {} for key {}", id, want);
         }
         None => {
             let base = format!("c{}", u.unit.unit_hash.short(16));
@@ -563,14 +573,21 @@ fn check_id(spec: &PartitionSpec, u: &PartUnit) -> Result<(), TestCaseError> {
 
 /// A successful partition accounts for its source.
 fn check_coverage(spec: &PartitionSpec, src: &[u8], parts: &Parts) -> Result<(), TestCaseError> {
-    let (units, rejections, coverage) = parts;
+    let Parts {
+        units,
+        rejections,
+        repeats,
+        coverage,
+    } = parts;
     prop_assert_eq!(coverage.units, units.len() as u64);
     prop_assert_eq!(coverage.rejected, rejections.len() as u64);
+    prop_assert_eq!(coverage.repeated_identical, repeats.len() as u64);
     prop_assert!(coverage.is_complete(), "{:?}", coverage);
     let mut placed: Vec<(u64, ByteRange)> = units
         .iter()
         .map(|u| (u.unit.ordinal, u.unit.bytes))
         .chain(rejections.iter().map(|r| (r.ordinal, r.bytes)))
+        .chain(repeats.iter().map(|r| (r.ordinal, r.bytes)))
         .collect();
     placed.sort_by_key(|p| p.0);
     let ordinals: Vec<u64> = placed.iter().map(|p| p.0).collect();
@@ -597,7 +614,9 @@ fn check_coverage(spec: &PartitionSpec, src: &[u8], parts: &Parts) -> Result<(),
                 "too_large",
                 "too_deep",
                 "truncated_line",
-                "malformed_line"
+                "malformed_line",
+                "repeated_field",
+                "unterminated_quote"
             ]
             .contains(&r.reason.as_str()),
             "unknown reason {:?}",
@@ -634,6 +653,26 @@ fn check_coverage(spec: &PartitionSpec, src: &[u8], parts: &Parts) -> Result<(),
             u.value
         );
     }
+    // A repeat reads back, from its own bytes, as the unit it names.
+    for r in repeats {
+        let first = units.iter().find(|u| u.unit.unit_id.as_str() == r.unit_id);
+        prop_assert!(first.is_some(), "repeat of a unit {} not given", r.unit_id);
+        let first = first.unwrap();
+        prop_assert_eq!(
+            (first.unit.ordinal, first.unit.bytes.start),
+            (r.first_ordinal, r.first_byte)
+        );
+        prop_assert!(r.first_ordinal < r.ordinal);
+        let bytes = &src[r.bytes.start as usize..r.bytes.end as usize];
+        let value = partition::reread(spec, bytes, header, 0, &r.unit_id);
+        prop_assert!(
+            matches!(&value, Ok(v) if partition::content_hash(spec, v) == first.unit.unit_hash),
+            "repeat {:?} reads back as {:?}, not as unit {}",
+            r,
+            value,
+            r.unit_id
+        );
+    }
     Ok(())
 }
 
@@ -665,7 +704,7 @@ fn partition_checked(
     src: &[u8],
     options: PartitionOptions,
 ) -> Result<Result<Parts, PartitionError>, TestCaseError> {
-    let result = partition::partition_all(spec, src, options);
+    let result = partition::partition_parts(spec, src, options);
     match &result {
         Ok(parts) => check_coverage(spec, src, parts)?,
         Err(e) => check_error(spec, src, e)?,
@@ -692,6 +731,7 @@ fn fast_path(
     let mut units = Vec::new();
     let mut raws = Vec::new();
     let mut rejections = Vec::new();
+    let mut repeats = Vec::new();
     let coverage = jsonl::partition_jsonl(
         key_of(spec),
         spec.kind(),
@@ -710,10 +750,11 @@ fn fast_path(
                 raws.push(raw.to_vec());
             }
             jsonl::FastElement::Rejected(r) => rejections.push(r),
+            jsonl::FastElement::Repeated(r) => repeats.push(r),
         },
     );
     let flat = coverage
-        .map(|c| (units, rejections, c))
+        .map(|c| (units, rejections, repeats, c))
         .map_err(|e| e.to_string());
     (flat, raws)
 }
@@ -728,6 +769,7 @@ fn streamed(
     let mut units = Vec::new();
     let mut jsons = Vec::new();
     let mut rejections = Vec::new();
+    let mut repeats = Vec::new();
     let coverage = partition::stream(
         spec,
         ContentHash::of_bytes(src),
@@ -744,10 +786,11 @@ fn streamed(
                 jsons.push(json.to_vec());
             }
             Streamed::Rejected(r) => rejections.push(r),
+            Streamed::Repeated(r) => repeats.push(r),
         },
     );
     let flat = coverage
-        .map(|c| (units, rejections, c))
+        .map(|c| (units, rejections, repeats, c))
         .map_err(|e| e.to_string());
     (flat, jsons)
 }
@@ -782,7 +825,12 @@ fn check_append_keeps_earlier_units(
     longer.extend_from_slice(line.as_bytes());
     longer.push(b'\n');
     let after = partition_checked(spec, &longer, options)?;
-    let (units_after, rejections_after, coverage_after) = match after {
+    let Parts {
+        units: units_after,
+        rejections: rejections_after,
+        coverage: coverage_after,
+        ..
+    } = match after {
         Ok(parts) => parts,
         Err(e) => return Err(TestCaseError::fail(format!("appending {line:?}: {e}"))),
     };
@@ -855,7 +903,7 @@ proptest! {
             (csv(keyed), csv_src),
         ] {
             match partition_checked(&spec, &src, options)? {
-                Ok((_, _, coverage)) => prop_assert_eq!(coverage.elements, records),
+                Ok(parts) => prop_assert_eq!(parts.coverage.elements, records),
                 // JSONL fails on a record nested past the parser's limit
                 // (a JSON array rejects that record instead).
                 Err(e) if matches!(spec, PartitionSpec::Jsonl { .. }) && deep(&e) => {}
@@ -866,7 +914,7 @@ proptest! {
             let spec = log_lines(grouped);
             let records = log_records(&log_src, grouped);
             match partition_checked(&spec, &log_src, options)? {
-                Ok((_, _, coverage)) => prop_assert_eq!(coverage.elements, records),
+                Ok(parts) => prop_assert_eq!(parts.coverage.elements, records),
                 Err(PartitionError::Empty) => prop_assert_eq!(records, 0),
                 Err(e) => prop_assert!(false, "valid log source fails: {e}"),
             }
@@ -878,8 +926,8 @@ proptest! {
         (spec, src) in any_spec_and_source(),
         options in options(),
     ) {
-        let first = partition::partition_all(&spec, &src, options);
-        let second = partition::partition_all(&spec, &src, options);
+        let first = partition::partition_parts(&spec, &src, options);
+        let second = partition::partition_parts(&spec, &src, options);
         prop_assert_eq!(flat(&first), flat(&second));
     }
 
@@ -910,11 +958,11 @@ proptest! {
         options in options(),
     ) {
         let spec = jsonl(keyed);
-        let want = flat(&partition::partition_all(&spec, &src, options));
+        let want = flat(&partition::partition_parts(&spec, &src, options));
         for (threads, chunk_bytes) in [(1, 1), (1, 13), (2, 1), (2, 29), (3, 1 << 20)] {
             let (got, raws) = fast_path(&spec, &src, options, threads, chunk_bytes);
             prop_assert_eq!(&got, &want, "threads {}, chunks of {}", threads, chunk_bytes);
-            if let Ok((units, _, _)) = &got {
+            if let Ok((units, _, _, _)) = &got {
                 for (unit, raw) in units.iter().zip(&raws) {
                     let r = unit.bytes;
                     prop_assert_eq!(&src[r.start as usize..r.end as usize], &raw[..]);
@@ -929,10 +977,10 @@ proptest! {
         options in options(),
         threads in 1usize..4,
     ) {
-        let all = partition::partition_all(&spec, &src, options);
+        let all = partition::partition_parts(&spec, &src, options);
         let (got, jsons) = streamed(&spec, &src, options, threads);
         prop_assert_eq!(&got, &flat(&all));
-        if let Ok((units, _, _)) = &all {
+        if let Ok(partition::Parts { units, .. }) = &all {
             for (u, json) in units.iter().zip(&jsons) {
                 let value: Value = serde_json::from_slice(json).expect("stream's unit JSON");
                 prop_assert_eq!(&value, &u.value);
@@ -950,9 +998,15 @@ proptest! {
         let array = format!("[{}]", records.join(",\n"));
         let from_lines = partition_checked(&jsonl(keyed), lines.as_bytes(), options)?;
         let from_array = partition_checked(&json_array(keyed), array.as_bytes(), options)?;
-        let (units, rejections, _) = from_array.expect("a valid JSON array partitions");
+        let Parts { units, rejections, repeats, .. } =
+            from_array.expect("a valid JSON array partitions");
         let too_deep = rejections.iter().any(|r| r.reason == "too_deep");
-        let (line_units, line_rejections, _) = match from_lines {
+        let Parts {
+            units: line_units,
+            rejections: line_rejections,
+            repeats: line_repeats,
+            ..
+        } = match from_lines {
             Ok(parts) => parts,
             // The array rejects a record nested past serde's limit; JSONL,
             // parsing with the same limit, fails on it instead.
@@ -977,6 +1031,10 @@ proptest! {
             r.iter().map(|r| (r.ordinal, r.reason.clone())).collect()
         };
         prop_assert_eq!(reasons(&line_rejections), reasons(&rejections));
+        let repeated = |r: &[Repeat]| -> Vec<(u64, String, u64)> {
+            r.iter().map(|r| (r.ordinal, r.unit_id.clone(), r.first_ordinal)).collect()
+        };
+        prop_assert_eq!(repeated(&line_repeats), repeated(&repeats));
         for (a, b) in line_units.iter().zip(&units) {
             prop_assert_eq!(&a.value, &b.value);
         }
@@ -992,8 +1050,8 @@ fn truncated_last_line_names_its_line_whatever_the_chunk_size() {
     let spec = jsonl(false);
     let src = b"{\"id\": 0}\n{";
     let options = PartitionOptions::default();
-    let want = flat(&partition::partition_all(&spec, src, options));
-    let (_, rejections, _) = want.as_ref().expect("partitions");
+    let want = flat(&partition::partition_parts(&spec, src, options));
+    let (_, rejections, _, _) = want.as_ref().expect("partitions");
     assert!(rejections[0].detail.contains("(line 2: "), "{rejections:?}");
     for (threads, chunk_bytes) in [(1, 1), (2, 1)] {
         assert_eq!(fast_path(&spec, src, options, threads, chunk_bytes).0, want);

@@ -155,6 +155,33 @@ impl Store {
             .map(|r| r.is_some())
             .map_err(|e| self.sql(e))
     }
+    /// The unit before `ordinal` in the partition that has `unit_id`: its
+    /// ordinal, content hash and first byte, to tell a repeated id's
+    /// identical repeat from a conflicting one.
+    pub fn unit_before(
+        &self,
+        partition: i64,
+        unit_id: &str,
+        ordinal: u64,
+    ) -> Result<Option<(u64, ContentHash, u64)>, StoreError> {
+        let row = self
+            .conn()
+            .query_row(
+                "SELECT ordinal, unit_hash, byte_start FROM units
+                 WHERE partition = ?1 AND unit_id = ?2 AND ordinal < ?3",
+                params![partition, unit_id, ordinal as i64],
+                |r| Ok((r.get::<i64>(0)?, r.get::<Vec<u8>>(1)?, r.get::<i64>(2)?)),
+            )
+            .map_err(|e| self.sql(e))?;
+        let Some((first, hash, byte)) = row else {
+            return Ok(None);
+        };
+        let hash = hash_of(&hash).ok_or_else(|| StoreError::Decode {
+            path: self.location.clone(),
+            detail: format!("unit {unit_id} has a content hash of {} bytes", hash.len()),
+        })?;
+        Ok(Some((first as u64, hash, byte as u64)))
+    }
     /// Where unit `unit_id` of a partition lies in its source.
     pub fn unit_range(
         &self,

@@ -465,6 +465,7 @@ fn run_begun(
             .collect(),
         rejected_by_reason: routed.rejected_by_reason.clone(),
         rejections: routed.rejections.clone(),
+        repeats: routed.repeats.clone(),
         excluded_by_reason: routed.excluded_by_reason.clone(),
         routed_by_stage: received,
         statuses_by_stage: fold.root.statuses.clone(),
@@ -505,6 +506,7 @@ fn run_begun(
         aggregates: answered.aggregates,
         statuses,
         excluded,
+        repeated_identical: routed.coverage.repeated_identical,
         stop: stop.clone(),
         verified: report.passed,
     };
@@ -877,6 +879,7 @@ pub fn explain_routing(
         elements: routed.coverage.elements,
         units: routed.coverage.units,
         rejected: routed.coverage.rejected,
+        repeated_identical: routed.coverage.repeated_identical,
         rejected_by_reason: routed.rejected_by_reason.clone(),
         excluded_by_reason: routed.excluded_by_reason.clone(),
         ..Routing::default()

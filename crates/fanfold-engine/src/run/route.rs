@@ -16,7 +16,7 @@ use fanfold_core::{ContentHash, StableHash, Unit};
 use fanfold_ops::audit::{BottomK, sample_rank};
 use fanfold_ops::partition::{
     CompactSeen, ConfirmRepeat, Coverage, PartitionError, PartitionOptions, SeenIds, SeenKeys,
-    StreamOptions, Streamed, UnitView,
+    StreamOptions, Streamed, UnitPlace, UnitView,
 };
 use fanfold_ops::prefilter::fast::RecordPrefilter;
 use fanfold_ops::prefilter::{Outcome, PrefilterError};
@@ -45,6 +45,8 @@ pub struct Routed {
     pub rejected_by_reason: BTreeMap<String, u64>,
     /// The first rejections in full.
     pub rejections: Vec<String>,
+    /// The first identical repeats in full (the coverage counts them all).
+    pub repeats: Vec<String>,
     pub excluded_by_reason: BTreeMap<String, u64>,
     /// Seed -> table positions of the prefilter's exclusions sampled for
     /// an audit with that seed, in sample order. Held in the table, but
@@ -140,23 +142,33 @@ enum Action {
     Route(String),
 }
 
-/// Confirms a fingerprint hit against the units stored so far.
+/// Settles a repeated id against the units stored so far: a fingerprint
+/// hit, and the earlier unit's content for a real repeat.
 struct StoreRepeat<'s, 'a>(&'s RefCell<Sink<'a>>);
 
 impl ConfirmRepeat for StoreRepeat<'_, '_> {
-    fn earlier(&mut self, id: &str, ordinal: u64) -> Result<bool, PartitionError> {
-        let mut sink = self.0.borrow_mut();
-        let Some(w) = sink.writer.as_mut() else {
-            return Ok(true);
-        };
+    fn earlier(&mut self, id: &str, ordinal: u64) -> Result<Option<UnitPlace>, PartitionError> {
         let io = |e: RunError| PartitionError::Io(std::io::Error::other(e.to_string()));
+        let mut sink = self.0.borrow_mut();
+        // Only built with a store to ask.
+        let Some(w) = sink.writer.as_mut() else {
+            return Err(PartitionError::Io(std::io::Error::other(format!(
+                "id {id} repeats, and there is no store to look its first unit up in"
+            ))));
+        };
         // The earlier element may still be waiting in this batch.
         if w.write_units {
             w.flush().map_err(io)?;
         }
-        w.store
-            .unit_id_before(w.partition, id, ordinal)
-            .map_err(|e| io(e.into()))
+        let found = w
+            .store
+            .unit_before(w.partition, id, ordinal)
+            .map_err(|e| io(e.into()))?;
+        Ok(found.map(|(ordinal, unit_hash, byte)| UnitPlace {
+            ordinal,
+            byte,
+            unit_hash,
+        }))
     }
 }
 
@@ -247,6 +259,7 @@ pub fn route_keeping(
             coverage: Coverage::default(),
             rejected_by_reason: BTreeMap::new(),
             rejections: Vec::new(),
+            repeats: Vec::new(),
             excluded_by_reason: BTreeMap::new(),
             excluded_samples: BTreeMap::new(),
             partition_id: ids.map(|(p, _)| p),
@@ -381,6 +394,19 @@ impl Sink<'_> {
                         byte_start: r.bytes.start,
                         byte_end: r.bytes.end,
                     });
+                }
+            }
+            Streamed::Repeated(r) => {
+                tracing::info!("{}", r.detail);
+                if self.routed.repeats.len() < MAX_LISTED_REJECTIONS {
+                    self.routed.repeats.push(r.detail);
+                }
+                // Not a unit: its element is accounted for like a
+                // rejection's in the route chunk, so ordinals line up.
+                if let Some(w) = self.writer.as_mut()
+                    && w.write_routes
+                {
+                    w.rules.push(RULE_REJECTED);
                 }
             }
             Streamed::Unit { unit, json, extra } => {

@@ -3,7 +3,19 @@
 
 use std::io::Read;
 
+use super::assign::{Proposed, scalar_id};
 use super::*;
+
+/// The id a JSON record's key field gives: its scalar, with an integer too
+/// large for 64 bits read from the record's own text.
+fn json_key_id(value: &Value, record: &[u8], key: &str) -> Option<String> {
+    match value.get(key)? {
+        Value::Number(n) if n.is_f64() => {
+            Some(json::integer_key_text(record, key).unwrap_or_else(|| n.to_string()))
+        }
+        v => scalar_id(Some(v)),
+    }
+}
 
 /// Where serde_json's error in the value starting at `start` lies, as an
 /// index into `bytes`: it reports a line and column inside the slice it
@@ -172,10 +184,20 @@ pub(super) fn json_array(
             start: w.base + start as u64,
             end: w.base + end as u64,
         };
-        match serde_json::from_slice::<Value>(slice) {
-            Ok(value) => {
+        match json::parse_value(slice) {
+            Ok((_, Some(name))) => {
+                let line = w.line_at(start);
+                emit(Element::Rejected(
+                    assigner.repeated_field(range, line, &name),
+                ));
+            }
+            Ok((value, None)) => {
                 let canonical = unit_hash(&value);
-                emit(assigner.element(value, range, canonical)?);
+                let id = match assigner.key {
+                    Some(key) => Proposed::Key(json_key_id(&value, slice, key)),
+                    None => Proposed::Derived(format!("c{}", canonical.short(16))),
+                };
+                emit(assigner.element_with_id(id, value, range, canonical)?);
             }
             // Valid JSON nested past the parser's depth limit: that one
             // record is rejected, the rest stand.
@@ -210,7 +232,7 @@ pub(super) fn json_array(
 
 /// The end of the JSON value starting at `start`: strings, nesting and
 /// escapes are tracked; the value itself is validated by serde afterwards.
-fn scan_value(bytes: &[u8], start: usize) -> Result<usize, (usize, &'static str)> {
+pub(super) fn scan_value(bytes: &[u8], start: usize) -> Result<usize, (usize, &'static str)> {
     let mut depth = 0usize;
     let mut in_string = false;
     // The byte after a backslash in a string is taken as it is.

@@ -1,29 +1,41 @@
 //! Ids, duplicates and coverage: every format's elements pass through the
 //! one [`Assigner`], so a rejection reads the same whatever the format.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use fanfold_core::UnitId;
 
 use super::*;
 
-/// Remembers the ids given so far, to tell a repeat from a first
-/// occurrence. The engine's implementation keeps compact fingerprints and
-/// confirms a hit against the store, so it stays exact and small at any
-/// size; [`SeenKeys`] keeps everything in memory.
-pub trait SeenIds {
-    /// Records `id` for the element at `ordinal`; false when an earlier
-    /// element already has it.
-    fn first(&mut self, id: &str, ordinal: u64) -> Result<bool, PartitionError>;
+/// The unit an id was given to: where it is and what it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnitPlace {
+    pub ordinal: u64,
+    /// Where its bytes start in the source.
+    pub byte: u64,
+    pub unit_hash: ContentHash,
 }
 
-/// Why a repeated key is rejected. Keys compare as text, so a number and
-/// the string of its digits are one id, which the message says where it
-/// may be the cause.
-fn repeat_detail(ordinal: u64, byte: u64, key: &str, id: &str) -> String {
+/// Remembers the ids given so far, to tell a repeat from a first
+/// occurrence, and a repeat's earlier unit, to tell an identical repeat
+/// from a conflicting one. The engine's implementation keeps compact
+/// fingerprints and asks the store, so it stays exact and small at any
+/// size; [`SeenKeys`] keeps everything in memory.
+pub trait SeenIds {
+    /// Claims `id` for the element at `place`, which is about to become a
+    /// unit: `None` when no earlier element holds it (it is now this
+    /// one's), else the earlier unit that does.
+    fn claim(&mut self, id: &str, place: UnitPlace) -> Result<Option<UnitPlace>, PartitionError>;
+}
+
+/// Why a repeated key with other content is rejected, naming both places.
+/// Keys compare as text, so a number and the string of its digits are one
+/// id, which the message says where it may be the cause.
+fn repeat_detail(ordinal: u64, byte: u64, key: &str, id: &str, first: &UnitPlace) -> String {
     let mut detail = format!(
-        "element {ordinal} at byte {byte} repeats {key} = {id}; the first occurrence is kept \
-         and this element is not judged"
+        "element {ordinal} at byte {byte} repeats {key} = {id} of element {} at byte {} with \
+         other content; the first occurrence is kept and this element is not judged",
+        first.ordinal, first.byte
     );
     if canonical_u64(id).is_some() {
         detail.push_str(&format!(
@@ -39,15 +51,15 @@ fn repeat_detail(ordinal: u64, byte: u64, key: &str, id: &str) -> String {
 pub(super) fn content_id(
     seen: &mut dyn SeenIds,
     base: String,
-    ordinal: u64,
+    place: UnitPlace,
 ) -> Result<String, PartitionError> {
-    if seen.first(&base, ordinal)? {
+    if seen.claim(&base, place)?.is_none() {
         return Ok(base);
     }
     let mut n = 2u64;
     loop {
         let id = format!("{base}-{n}");
-        if seen.first(&id, ordinal)? {
+        if seen.claim(&id, place)?.is_none() {
             return Ok(id);
         }
         n += 1;
@@ -146,50 +158,87 @@ impl<'a> Assigner<'a> {
         })
     }
 
-    /// The unit an element of `size` bytes at `bytes` becomes, or why it
-    /// cannot become one.
+    /// A record an object of which holds one field name twice: JSON
+    /// leaves which value counts undefined, so nobody could say what the
+    /// record holds.
+    pub fn repeated_field(&mut self, bytes: ByteRange, line: u64, name: &str) -> Rejection {
+        self.reject(bytes, "repeated_field", |ordinal| {
+            format!(
+                "element {ordinal} at byte {} (line {line}) holds the field {name:?} twice in one \
+                 object; JSON leaves which value counts undefined (a reader would silently keep \
+                 one), so the record is not judged: remove or rename one of them",
+                bytes.start
+            )
+        })
+    }
+
+    /// The unit an element of `size` bytes at `bytes` becomes, a repeat of
+    /// an earlier unit, or why it cannot become one.
     pub fn admit(
         &mut self,
         bytes: ByteRange,
         size: u64,
         id: Proposed,
         unit_hash: ContentHash,
-    ) -> Result<Result<Unit, Rejection>, PartitionError> {
+    ) -> Result<Admitted, PartitionError> {
         if size > self.max_unit_bytes {
-            return Ok(Err(self.too_large(bytes, size)));
+            return Ok(Admitted::Rejected(self.too_large(bytes, size)));
         }
         let ordinal = self.coverage.elements;
+        let place = UnitPlace {
+            ordinal,
+            byte: bytes.start,
+            unit_hash,
+        };
         let key = self.key.unwrap_or("id");
         let id = match id {
-            Proposed::Key(None) => return Ok(Err(self.missing_key(bytes))),
+            Proposed::Key(None) => return Ok(Admitted::Rejected(self.missing_key(bytes))),
             Proposed::Key(Some(id)) => {
                 if let Some(flaw) = key_flaw(&id) {
-                    return Ok(Err(self.reject(bytes, "bad_key", |ordinal| {
-                        format!(
-                            "element {ordinal} at byte {}: its `{key}` {flaw}",
-                            bytes.start
-                        )
-                    })));
+                    return Ok(Admitted::Rejected(self.reject(
+                        bytes,
+                        "bad_key",
+                        |ordinal| {
+                            format!(
+                                "element {ordinal} at byte {}: its `{key}` {flaw}",
+                                bytes.start
+                            )
+                        },
+                    )));
                 }
-                if !self.seen.first(&id, ordinal)? {
-                    return Ok(Err(self.reject(bytes, "duplicate_key", |ordinal| {
-                        repeat_detail(ordinal, bytes.start, key, &id)
-                    })));
+                match self.seen.claim(&id, place)? {
+                    None => id,
+                    // The same record again (a file concatenated twice, an
+                    // export that repeats rows): the unit it repeats
+                    // stands for it, so nothing is left unjudged.
+                    Some(first) if first.unit_hash == unit_hash => {
+                        return Ok(Admitted::Repeat(self.repeat(bytes, key, id, first)));
+                    }
+                    Some(first) => {
+                        return Ok(Admitted::Rejected(self.reject(
+                            bytes,
+                            "duplicate_key",
+                            |ordinal| repeat_detail(ordinal, bytes.start, key, &id, &first),
+                        )));
+                    }
                 }
-                id
             }
             Proposed::Derived(base) => {
                 if let Some(flaw) = key_flaw(&base) {
-                    return Ok(Err(self.reject(bytes, "bad_key", |ordinal| {
-                        format!("element {ordinal} at byte {}: its id {flaw}", bytes.start)
-                    })));
+                    return Ok(Admitted::Rejected(self.reject(
+                        bytes,
+                        "bad_key",
+                        |ordinal| {
+                            format!("element {ordinal} at byte {}: its id {flaw}", bytes.start)
+                        },
+                    )));
                 }
-                content_id(self.seen, base, ordinal)?
+                content_id(self.seen, base, place)?
             }
         };
         self.coverage.elements += 1;
         self.coverage.units += 1;
-        Ok(Ok(Unit {
+        Ok(Admitted::Unit(Unit {
             unit_id: UnitId(id),
             unit_kind: self.kind.to_owned(),
             ordinal,
@@ -197,6 +246,25 @@ impl<'a> Assigner<'a> {
             unit_hash,
             bytes,
         }))
+    }
+
+    /// An element that repeats the unit `first` exactly, counted.
+    fn repeat(&mut self, bytes: ByteRange, key: &str, id: String, first: UnitPlace) -> Repeat {
+        let ordinal = self.coverage.elements;
+        self.coverage.elements += 1;
+        self.coverage.repeated_identical += 1;
+        Repeat {
+            ordinal,
+            bytes,
+            detail: format!(
+                "element {ordinal} at byte {} repeats element {} at byte {} exactly ({key} = {id}, \
+                 the same content): it is that unit, judged once",
+                bytes.start, first.ordinal, first.byte
+            ),
+            unit_id: id,
+            first_ordinal: first.ordinal,
+            first_byte: first.byte,
+        }
     }
 
     /// A parsed record: its id is its key field's value, or without a key
@@ -211,10 +279,38 @@ impl<'a> Assigner<'a> {
             Some(key) => Proposed::Key(scalar_id(value.get(key))),
             None => Proposed::Derived(format!("c{}", canonical.short(16))),
         };
-        Ok(match self.admit(bytes, bytes.len(), id, canonical)? {
-            Ok(unit) => Element::Unit(PartUnit { unit, value }),
-            Err(r) => Element::Rejected(r),
-        })
+        self.element_with_id(id, value, bytes, canonical)
+    }
+
+    /// [`Assigner::element`] with the id already proposed.
+    pub fn element_with_id(
+        &mut self,
+        id: Proposed,
+        value: Value,
+        bytes: ByteRange,
+        canonical: ContentHash,
+    ) -> Result<Element, PartitionError> {
+        Ok(self
+            .admit(bytes, bytes.len(), id, canonical)?
+            .with_value(value))
+    }
+}
+
+/// What [`Assigner::admit`] made of an element.
+pub(super) enum Admitted {
+    Unit(Unit),
+    Rejected(Rejection),
+    Repeat(Repeat),
+}
+
+impl Admitted {
+    /// The element, a unit holding `value`.
+    pub fn with_value(self, value: Value) -> Element {
+        match self {
+            Admitted::Unit(unit) => Element::Unit(PartUnit { unit, value }),
+            Admitted::Rejected(r) => Element::Rejected(r),
+            Admitted::Repeat(r) => Element::Repeated(r),
+        }
     }
 }
 
@@ -243,31 +339,38 @@ pub fn key_flaw(id: &str) -> Option<String> {
     ))
 }
 
-/// Keys seen so far. Decimal-integer ids are kept as runs of consecutive
-/// numbers, so a source with sequential ids costs a few bytes in all.
+/// Ids seen so far, each with the unit it was given to, all in memory:
+/// exact, at about 64 bytes an id. (`fanfold run` keeps a
+/// [`CompactSeen`] instead, which asks the store for a repeat's earlier
+/// unit.)
 #[derive(Default)]
 pub struct SeenKeys {
-    /// Run start -> run end (inclusive); runs neither overlap nor touch.
-    pub(super) runs: BTreeMap<u64, u64>,
-    others: HashSet<Box<str>>,
+    ints: HashMap<u64, UnitPlace>,
+    others: HashMap<Box<str>, UnitPlace>,
 }
 
 impl SeenIds for SeenKeys {
-    fn first(&mut self, id: &str, _ordinal: u64) -> Result<bool, PartitionError> {
-        Ok(self.insert(id))
+    fn claim(&mut self, id: &str, place: UnitPlace) -> Result<Option<UnitPlace>, PartitionError> {
+        // Decimal integers as numbers: the common key costs no allocation.
+        let earlier = match canonical_u64(id) {
+            Some(n) => self.ints.entry(n).or_insert(place),
+            None => self.others.entry(id.into()).or_insert(place),
+        };
+        Ok((*earlier != place).then_some(*earlier))
     }
 }
 
-impl SeenKeys {
-    /// False when `id` was seen before.
-    pub fn insert(&mut self, id: &str) -> bool {
-        match canonical_u64(id) {
-            Some(n) => self.insert_int(n),
-            None => self.others.insert(id.into()),
-        }
-    }
+/// Decimal-integer ids seen so far, as runs of consecutive numbers, so a
+/// source with sequential ids costs a few bytes in all.
+#[derive(Default)]
+pub struct IntRuns {
+    /// Run start -> run end (inclusive); runs neither overlap nor touch.
+    pub(super) runs: BTreeMap<u64, u64>,
+}
 
-    fn insert_int(&mut self, n: u64) -> bool {
+impl IntRuns {
+    /// False when `n` was seen before.
+    pub fn insert(&mut self, n: u64) -> bool {
         let before = self.runs.range(..=n).next_back().map(|(&s, &e)| (s, e));
         if let Some((_, end)) = before
             && n <= end
@@ -308,19 +411,23 @@ fn canonical_u64(id: &str) -> Option<u64> {
     id.parse().ok()
 }
 
-/// Confirms that an id whose fingerprint was seen before really belongs to
-/// an earlier element (fingerprints of different ids can collide).
+/// Finds the unit an earlier element was given an id to, for an id whose
+/// run or fingerprint was seen before (fingerprints of different ids can
+/// collide; a run hit is certain, but only the store knows the content).
 pub trait ConfirmRepeat {
-    fn earlier(&mut self, id: &str, ordinal: u64) -> Result<bool, PartitionError>;
+    /// The unit before `ordinal` that has `id`, if one does.
+    fn earlier(&mut self, id: &str, ordinal: u64) -> Result<Option<UnitPlace>, PartitionError>;
 }
 
-/// Ids in little memory, exactly: decimal-integer ids as runs (like
-/// [`SeenKeys`]), every other id as a 64-bit fingerprint. A fingerprint hit
-/// is confirmed through [`ConfirmRepeat`] (the engine asks the store), so a
-/// collision never makes a unit a duplicate. Memory is 8 bytes and change
-/// per non-integer id, not the id itself.
+/// Ids in little memory, exactly: decimal-integer ids as runs
+/// ([`IntRuns`]), every other id as a 64-bit fingerprint. A hit is settled
+/// through [`ConfirmRepeat`] (the engine asks the store), so a collision
+/// never makes a unit a repeat, and an identical repeat is told from a
+/// conflicting one by the earlier unit's stored hash. Memory is 8 bytes and
+/// change per non-integer id, not the id itself, and nothing per unit's
+/// content: the store is asked only on a hit, which is rare.
 pub struct CompactSeen<C> {
-    runs: SeenKeys,
+    runs: IntRuns,
     fingerprints: HashSet<u64>,
     confirm: C,
 }
@@ -328,24 +435,36 @@ pub struct CompactSeen<C> {
 impl<C: ConfirmRepeat> CompactSeen<C> {
     pub fn new(confirm: C) -> Self {
         CompactSeen {
-            runs: SeenKeys::default(),
-            fingerprints: std::collections::HashSet::new(),
+            runs: IntRuns::default(),
+            fingerprints: HashSet::new(),
             confirm,
         }
     }
 }
 
 impl<C: ConfirmRepeat> SeenIds for CompactSeen<C> {
-    fn first(&mut self, id: &str, ordinal: u64) -> Result<bool, PartitionError> {
+    fn claim(&mut self, id: &str, place: UnitPlace) -> Result<Option<UnitPlace>, PartitionError> {
         if let Some(n) = canonical_u64(id) {
-            return Ok(self.runs.insert_int(n));
+            if self.runs.insert(n) {
+                return Ok(None);
+            }
+            // The runs are exact: an earlier unit has this id, and the
+            // store must know it.
+            return match self.confirm.earlier(id, place.ordinal)? {
+                Some(first) => Ok(Some(first)),
+                None => Err(PartitionError::Io(std::io::Error::other(format!(
+                    "id {id} was given to an earlier element, but the store holds no unit \
+                     before element {} with it",
+                    place.ordinal
+                )))),
+            };
         }
         let digest = ContentHash::of_bytes(id.as_bytes());
         let mut fp = [0u8; 8];
         fp.copy_from_slice(&digest.0[..8]);
         if self.fingerprints.insert(u64::from_le_bytes(fp)) {
-            return Ok(true);
+            return Ok(None);
         }
-        Ok(!self.confirm.earlier(id, ordinal)?)
+        self.confirm.earlier(id, place.ordinal)
     }
 }

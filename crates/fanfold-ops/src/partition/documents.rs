@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::assign::{Assigner, Proposed};
-use super::{Element, PartUnit, PartitionError};
+use super::{Element, PartitionError};
 
 /// A file larger than this is listed with its digest, not read: no
 /// document format splits a file that large into units a model can take.
@@ -413,13 +413,11 @@ pub(super) fn each_piece(
                         // across documents is rejected, never renamed,
                         // so a read-back of one document finds its units.
                         let id = Proposed::Key(Some(piece.id));
-                        emit(match assigner.admit(bytes, piece.size, id, hash)? {
-                            Ok(unit) => Element::Unit(PartUnit {
-                                unit,
-                                value: piece.value,
-                            }),
-                            Err(r) => Element::Rejected(r),
-                        });
+                        emit(
+                            assigner
+                                .admit(bytes, piece.size, id, hash)?
+                                .with_value(piece.value),
+                        );
                     }
                     continue;
                 }

@@ -27,10 +27,10 @@ use fanfold_core::{ByteRange, ContentHash, Unit};
 use jaq_json::{Map, Num, Rc, Val};
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use super::assign::{Assigner, Proposed};
+use super::assign::{Admitted, Assigner, Proposed};
 use super::{
-    Coverage, PartitionError, PartitionOptions, Rejection, SeenIds, check_utf8, too_deep_detail,
-    trim_line,
+    Coverage, PartitionError, PartitionOptions, Rejection, Repeat, SeenIds, check_utf8,
+    too_deep_detail, trim_line,
 };
 
 /// The hash bucket of [`super::unit_hash`].
@@ -68,6 +68,7 @@ pub enum FastElement<'a, T> {
         extra: T,
     },
     Rejected(Rejection),
+    Repeated(Repeat),
 }
 
 /// One JSON value read into flat buffers that are reused from line to
@@ -464,6 +465,12 @@ enum Candidate<T> {
     TooDeep {
         line: u64,
     },
+    /// An object of the record holds `name` twice; `line` counts from the
+    /// chunk's start.
+    RepeatedField {
+        line: u64,
+        name: String,
+    },
     Ready {
         id: String,
         extra: T,
@@ -617,11 +624,25 @@ impl<'a> LineParser<'a> {
             line: line_no,
             detail: "the value has no canonical JSON form".to_owned(),
         })?;
+        // Hashing sorts each object's names, so it finds a repeat for
+        // free; which name the parser meets first is looked up only then.
+        if self.scratch.repeated
+            && let Some(name) = record.repeated_field()
+        {
+            let name = String::from_utf8_lossy(name).into_owned();
+            return Ok((
+                hash,
+                Candidate::RepeatedField {
+                    line: line_no,
+                    name,
+                },
+            ));
+        }
         if body.len() as u64 > self.max_unit_bytes {
             return Ok((hash, Candidate::TooLarge));
         }
         let id = match self.key {
-            Some(key) => match key_id(record, key) {
+            Some(key) => match key_id(record, body, key) {
                 Some(id) => id,
                 None => return Ok((hash, Candidate::MissingKey)),
             },
@@ -633,6 +654,45 @@ impl<'a> LineParser<'a> {
 }
 
 impl Record {
+    /// The first field name an object of the record holds twice, in the
+    /// order serde's map visitor meets it (a field's value is read before
+    /// its name is checked), as [`super::json::parse_value`] names it.
+    fn repeated_field(&self) -> Option<&[u8]> {
+        self.repeated_in(0)
+    }
+
+    fn repeated_in(&self, i: usize) -> Option<&[u8]> {
+        match self.nodes.get(i)? {
+            Node::Arr { len, .. } => {
+                let mut j = i + 1;
+                for _ in 0..*len {
+                    if let Some(name) = self.repeated_in(j) {
+                        return Some(name);
+                    }
+                    j = self.next(j);
+                }
+                None
+            }
+            Node::Obj { len, .. } => {
+                let mut names: Vec<&[u8]> = Vec::with_capacity(*len);
+                let mut j = i + 1;
+                for _ in 0..*len {
+                    let name = self.str_at(j).unwrap_or_default();
+                    if let Some(inner) = self.repeated_in(j + 1) {
+                        return Some(inner);
+                    }
+                    if names.contains(&name) {
+                        return Some(name);
+                    }
+                    names.push(name);
+                    j = self.next(j + 1);
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
     /// The index after the value at `i` and its descendants.
     fn next(&self, i: usize) -> usize {
         match self.nodes.get(i) {
@@ -694,6 +754,7 @@ impl Record {
         }
         scratch.bytes.clear();
         scratch.fields.clear();
+        scratch.repeated = false;
         put_bytes(&mut scratch.bytes, UNIT_BUCKET.as_bytes());
         self.encode(0, scratch);
         Some(ContentHash::of_bytes(&scratch.bytes))
@@ -761,6 +822,7 @@ impl Record {
                         }
                 };
                 let distinct = (base..top).filter(|&k| kept(s, k)).count();
+                s.repeated |= distinct != top - base;
                 s.bytes.push(b'o');
                 put_u64(&mut s.bytes, distinct as u64);
                 for k in base..top {
@@ -822,17 +884,23 @@ struct HashScratch {
     /// ((key start, key length) in the text, value index) of the
     /// fields of the objects being encoded.
     fields: Vec<((usize, usize), usize)>,
+    /// Whether an object of the record last hashed repeats a name.
+    repeated: bool,
 }
 
-/// The id a declared key gives, as the serde path derives it.
-fn key_id(record: &Record, key: &str) -> Option<String> {
+/// The id a declared key gives, as the JSON array path derives it: an
+/// integer too large for 64 bits keeps the digits `line` has.
+fn key_id(record: &Record, line: &[u8], key: &str) -> Option<String> {
     let value = record.root().get(key.as_bytes())?;
     let mut text = Vec::new();
     match record.nodes.get(value.at)? {
         Node::Str { start, len } => text.extend_from_slice(record.bytes(*start, *len)),
         Node::U64(n) => write_int(false, *n, &mut text),
         Node::I64(n) => write_int(*n < 0, n.unsigned_abs(), &mut text),
-        Node::F64(f) => text = serde_json::Number::from_f64(*f)?.to_string().into_bytes(),
+        Node::F64(f) => match super::json::integer_key_text(line, key) {
+            Some(digits) => return Some(digits),
+            None => text = serde_json::Number::from_f64(*f)?.to_string().into_bytes(),
+        },
         Node::Bool(b) => text.extend_from_slice(if *b { b"true" } else { b"false" }),
         _ => return None,
     }
@@ -1064,6 +1132,9 @@ impl FastAssigner<'_> {
             Candidate::TooDeep { line } => a.reject(bytes, "too_deep", |ordinal| {
                 too_deep_detail(ordinal, bytes, line_base + line)
             }),
+            Candidate::RepeatedField { line, name } => {
+                a.repeated_field(bytes, line_base + line, &name)
+            }
             Candidate::MissingKey => a.missing_key(bytes),
             Candidate::Ready { id, extra } => {
                 let id = match a.key {
@@ -1071,8 +1142,9 @@ impl FastAssigner<'_> {
                     None => Proposed::Derived(id),
                 };
                 return Ok(match a.admit(bytes, bytes.len(), id, p.hash)? {
-                    Ok(unit) => FastElement::Unit { unit, raw, extra },
-                    Err(r) => FastElement::Rejected(r),
+                    Admitted::Unit(unit) => FastElement::Unit { unit, raw, extra },
+                    Admitted::Rejected(r) => FastElement::Rejected(r),
+                    Admitted::Repeat(r) => FastElement::Repeated(r),
                 });
             }
         };
@@ -1115,7 +1187,14 @@ mod tests {
         }]
     }
 
-    type Row = (Result<(Unit, Outcome), Rejection>, Vec<u8>);
+    /// An element that is no unit.
+    #[derive(Debug, PartialEq)]
+    enum NotUnit {
+        Rejected(Rejection),
+        Repeated(Repeat),
+    }
+
+    type Row = (Result<(Unit, Outcome), NotUnit>, Vec<u8>);
 
     fn serde_path(key: Option<&str>, max: u64) -> Vec<Row> {
         let spec = PartitionSpec::Jsonl {
@@ -1140,7 +1219,8 @@ mod tests {
                         .expect("decides");
                     rows.push((Ok((u.unit, outcome)), raw));
                 }
-                Element::Rejected(r) => rows.push((Err(r), Vec::new())),
+                Element::Rejected(r) => rows.push((Err(NotUnit::Rejected(r)), Vec::new())),
+                Element::Repeated(r) => rows.push((Err(NotUnit::Repeated(r)), Vec::new())),
             },
         )
         .expect("partitions");
@@ -1171,7 +1251,8 @@ mod tests {
                 FastElement::Unit { unit, raw, extra } => {
                     rows.push((Ok((unit, extra)), raw.to_vec()))
                 }
-                FastElement::Rejected(r) => rows.push((Err(r), Vec::new())),
+                FastElement::Rejected(r) => rows.push((Err(NotUnit::Rejected(r)), Vec::new())),
+                FastElement::Repeated(r) => rows.push((Err(NotUnit::Repeated(r)), Vec::new())),
             },
         )
         .expect("partitions");
@@ -1191,9 +1272,12 @@ mod tests {
         let keyed = serde_path(Some("id"), 1 << 20);
         let reasons: Vec<&str> = keyed
             .iter()
-            .filter_map(|r| r.0.as_ref().err().map(|r| r.reason.as_str()))
+            .filter_map(|r| match &r.0 {
+                Err(NotUnit::Rejected(r)) => Some(r.reason.as_str()),
+                _ => None,
+            })
             .collect();
-        assert_eq!(reasons, ["duplicate_key", "missing_key", "duplicate_key"]);
+        assert_eq!(reasons, ["duplicate_key", "missing_key", "repeated_field"]);
     }
 
     #[test]
@@ -1342,18 +1426,49 @@ mod tests {
 
     #[test]
     fn integer_runs_detect_repeats_exactly() {
-        let mut seen = crate::partition::SeenKeys::default();
-        for n in ["5", "7", "6", "4", "8", "10", "0", "18446744073709551615"] {
-            assert!(seen.insert(n), "{n}");
+        let mut runs = crate::partition::IntRuns::default();
+        for n in [5, 7, 6, 4, 8, 10, 0, u64::MAX] {
+            assert!(runs.insert(n), "{n}");
         }
-        assert_eq!(seen.runs.len(), 4);
-        for n in ["4", "5", "6", "7", "8", "10", "0", "18446744073709551615"] {
-            assert!(!seen.insert(n), "{n}");
+        assert_eq!(runs.runs.len(), 4);
+        for n in [4, 5, 6, 7, 8, 10, 0, u64::MAX] {
+            assert!(!runs.insert(n), "{n}");
         }
-        assert!(seen.insert("9"));
-        assert_eq!(seen.runs.len(), 3);
-        assert!(seen.insert("007"));
-        assert!(!seen.insert("007"));
-        assert!(seen.insert("18446744073709551616"));
+        assert!(runs.insert(9));
+        assert_eq!(runs.runs.len(), 3);
+    }
+
+    /// Ids compare as text: `7` and `07` differ, and an integer past 64
+    /// bits is an id of its own; the earlier unit comes back on a repeat.
+    #[test]
+    fn ids_in_memory_return_their_first_unit() {
+        use crate::partition::{SeenIds, SeenKeys, UnitPlace};
+        let mut seen = SeenKeys::default();
+        let place = |ordinal: u64| UnitPlace {
+            ordinal,
+            byte: ordinal * 10,
+            unit_hash: ContentHash::of_bytes(&ordinal.to_le_bytes()),
+        };
+        let ids = [
+            "7",
+            "007",
+            "18446744073709551615",
+            "18446744073709551616",
+            "x",
+        ];
+        for (n, id) in ids.iter().enumerate() {
+            assert_eq!(
+                seen.claim(id, place(n as u64)).expect("claims"),
+                None,
+                "{id}"
+            );
+        }
+        for (n, id) in ids.iter().enumerate() {
+            assert_eq!(
+                seen.claim(id, place(9)).expect("claims"),
+                Some(place(n as u64)),
+                "{id}"
+            );
+        }
     }
 }

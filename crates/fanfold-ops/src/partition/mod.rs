@@ -1,8 +1,9 @@
 //! Deterministic structural partition: source bytes -> units with stable ids.
 //!
 //! Coverage is checkable by construction: every element the parser finds is
-//! reported either as a unit or as a [`Rejection`] with a reason, and
-//! [`Coverage`] counts both. A malformed source is an error that names the
+//! reported as a unit, as a [`Rejection`] with a reason, or as a [`Repeat`]
+//! of an earlier unit (the same key and content), and [`Coverage`] counts
+//! all three. A malformed source is an error that names the
 //! byte offset and line; nothing is dropped silently.
 
 //!
@@ -22,6 +23,7 @@ mod code;
 pub mod documents;
 mod email;
 mod files;
+mod json;
 pub mod jsonl;
 mod lines;
 mod markdown;
@@ -31,7 +33,7 @@ mod tests;
 
 use array::json_array;
 use assign::Assigner;
-pub use assign::{CompactSeen, ConfirmRepeat, SeenIds, SeenKeys, key_flaw};
+pub use assign::{CompactSeen, ConfirmRepeat, IntRuns, SeenIds, SeenKeys, UnitPlace, key_flaw};
 use lines::lines;
 pub use table::csv_header;
 use table::csv_rows;
@@ -52,9 +54,28 @@ pub struct PartUnit {
 pub struct Rejection {
     pub ordinal: u64,
     pub bytes: ByteRange,
-    /// `duplicate_key`, `missing_key`, `bad_key`, `too_large`, `too_deep`,
-    /// `truncated_line` (a last line cut off), `malformed_line`.
+    /// `duplicate_key` (a key an earlier unit has, with other content),
+    /// `missing_key`, `bad_key`, `repeated_field` (an object holding one
+    /// name twice), `too_large`, `too_deep`, `truncated_line` (a last line
+    /// cut off), `malformed_line`, `unterminated_quote` (a CSV quote that
+    /// runs on past its line and is never closed where a field ends).
     pub reason: String,
+    pub detail: String,
+}
+
+/// An element that repeats an earlier unit exactly: the same key, and the
+/// same content once parsed (the same canonical hash). It is that unit,
+/// judged once; counted, and named, but neither a unit nor a rejection of
+/// its own, so it leaves nothing unjudged.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Repeat {
+    pub ordinal: u64,
+    pub bytes: ByteRange,
+    /// The id it shares with the unit it repeats.
+    pub unit_id: String,
+    /// Where that unit is.
+    pub first_ordinal: u64,
+    pub first_byte: u64,
     pub detail: String,
 }
 
@@ -63,12 +84,16 @@ pub struct Coverage {
     pub elements: u64,
     pub units: u64,
     pub rejected: u64,
+    /// Elements that repeat an earlier unit exactly ([`Repeat`]).
+    #[serde(default)]
+    pub repeated_identical: u64,
 }
 
 impl Coverage {
-    /// Every element is a unit or an explicit rejection.
+    /// Every element is a unit, an explicit rejection or an identical
+    /// repeat of a unit.
     pub fn is_complete(&self) -> bool {
-        self.units + self.rejected == self.elements
+        self.units + self.rejected + self.repeated_identical == self.elements
     }
 }
 
@@ -125,6 +150,7 @@ impl Default for PartitionOptions {
 pub enum Element {
     Unit(PartUnit),
     Rejected(Rejection),
+    Repeated(Repeat),
 }
 
 /// The canonical hash of a unit's content.
@@ -205,6 +231,7 @@ pub fn partition_reader(
                     }
                 }
                 jsonl::FastElement::Rejected(r) => emit(Element::Rejected(r)),
+                jsonl::FastElement::Repeated(r) => emit(Element::Repeated(r)),
             },
         )?;
         return match failed {
@@ -323,6 +350,7 @@ pub enum Streamed<'a, T> {
         extra: T,
     },
     Rejected(Rejection),
+    Repeated(Repeat),
 }
 
 /// Runtime knobs of [`stream`]; none of them changes the result.
@@ -377,6 +405,7 @@ where
                     extra,
                 }),
                 jsonl::FastElement::Rejected(r) => emit(Streamed::Rejected(r)),
+                jsonl::FastElement::Repeated(r) => emit(Streamed::Repeated(r)),
             },
         );
     }
@@ -401,6 +430,7 @@ where
                 });
             }
             Element::Rejected(r) => emit(Streamed::Rejected(r)),
+            Element::Repeated(r) => emit(Streamed::Repeated(r)),
         },
     )
 }
@@ -456,16 +486,42 @@ fn splitter(spec: &PartitionSpec) -> Box<documents::Split<'static>> {
 }
 
 /// Collects all elements into memory: convenient for the engine and tests.
+/// Identical repeats are only counted, in the coverage ([`partition_parts`]
+/// keeps them too).
 pub fn partition_all(
     spec: &PartitionSpec,
     source: &[u8],
     options: PartitionOptions,
 ) -> Result<(Vec<PartUnit>, Vec<Rejection>, Coverage), PartitionError> {
-    let mut units = Vec::new();
-    let mut rejections = Vec::new();
+    let parts = partition_parts(spec, source, options)?;
+    Ok((parts.units, parts.rejections, parts.coverage))
+}
+
+/// Every element of a source, by what it became.
+#[derive(Debug, Default)]
+pub struct Parts {
+    pub units: Vec<PartUnit>,
+    pub rejections: Vec<Rejection>,
+    pub repeats: Vec<Repeat>,
+    pub coverage: Coverage,
+}
+
+/// Collects all elements into memory, identical repeats included.
+pub fn partition_parts(
+    spec: &PartitionSpec,
+    source: &[u8],
+    options: PartitionOptions,
+) -> Result<Parts, PartitionError> {
+    let (mut units, mut rejections, mut repeats) = (Vec::new(), Vec::new(), Vec::new());
     let coverage = partition(spec, source, options, |el| match el {
         Element::Unit(u) => units.push(u),
         Element::Rejected(r) => rejections.push(r),
+        Element::Repeated(r) => repeats.push(r),
     })?;
-    Ok((units, rejections, coverage))
+    Ok(Parts {
+        units,
+        rejections,
+        repeats,
+        coverage,
+    })
 }

@@ -141,7 +141,8 @@ fn json_array_units_carry_ids_and_ranges() {
         Coverage {
             elements: 2,
             units: 2,
-            rejected: 0
+            rejected: 0,
+            repeated_identical: 0,
         }
     );
     assert_eq!(units[0].unit.unit_id.as_str(), "2");
@@ -202,7 +203,7 @@ fn records_whose_key_cannot_be_read_as_stored_are_rejected_in_both_formats() {
 
 #[test]
 fn duplicate_and_missing_keys_are_explicit_rejections() {
-    let src = br#"[{"number": 1}, {"number": 1}, {"title": "no key"}]"#;
+    let src = br#"[{"number": 1}, {"number": 1, "title": "other"}, {"title": "no key"}]"#;
     let (units, rej, cov) =
         partition_all(&json_array_spec(), src, PartitionOptions::default()).expect("ok");
     assert_eq!(units.len(), 1);
@@ -315,9 +316,9 @@ fn jsonl_skips_blank_lines_and_reports_bad_lines() {
     );
 }
 
-/// Only a short row that runs on to the end of the input is called an
-/// unclosed quote; a closed field over two lines in a short row is a
-/// count of fields.
+/// A quote opened and never closed is that row's rejection, named where
+/// the quote opened, however many fields the runaway row has; a closed
+/// field over two lines in a short row is still a count of fields.
 #[test]
 fn an_unclosed_csv_quote_is_told_from_a_short_multi_line_row() {
     let spec = PartitionSpec::Csv {
@@ -326,15 +327,190 @@ fn an_unclosed_csv_quote_is_told_from_a_short_multi_line_row() {
         delimiter: None,
     };
     let open = b"id,title,body\n1,a,b\n2,\"open,x\n3,a,b\n4,c,d\n";
-    let err = partition_all(&spec, open, PartitionOptions::default()).expect_err("fails");
-    assert!(err.to_string().contains("never closed"), "{err}");
-    assert!(err.to_string().contains("(line 3)"), "{err}");
+    let (units, rejected, coverage) =
+        partition_all(&spec, open, PartitionOptions::default()).expect("partitions");
+    let ids: Vec<&str> = units.iter().map(|u| u.unit.unit_id.as_str()).collect();
+    assert_eq!(ids, ["1", "3", "4"]);
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(rejected[0].reason, "unterminated_quote");
+    assert!(
+        rejected[0]
+            .detail
+            .contains("element 1 at byte 20 (line 3): the quoted field opened at byte 22 (line 3) is never closed"),
+        "{}",
+        rejected[0].detail
+    );
+    assert!(coverage.is_complete());
     let closed = b"id,title,body\n1,\"two\nlines\"\n2,a,b\n";
     let err = partition_all(&spec, closed, PartitionOptions::default()).expect_err("fails");
     let shown = err.to_string();
     assert!(
         !shown.contains("never closed") && shown.contains("2 fields"),
         "{shown}"
+    );
+}
+
+fn csv_spec() -> PartitionSpec {
+    PartitionSpec::Csv {
+        key: Some("id".into()),
+        kind: "row".into(),
+        delimiter: None,
+    }
+}
+
+/// 100 rows of `id,flag,text`, the text last, so a quote opened in it and
+/// never closed leaves the row its full count of fields.
+fn hundred_rows(bad: impl Fn(usize) -> Option<String>) -> String {
+    let mut src = String::from("id,flag,text\n");
+    for i in 1..=100 {
+        let row = bad(i).unwrap_or_else(|| format!("{i},{},row {i} text", i % 5 == 0));
+        src.push_str(&row);
+        src.push('\n');
+    }
+    src
+}
+
+/// The partition of a CSV source, every element checked against the
+/// source: units read back from their own bytes, rejections and units in
+/// order without overlap.
+fn csv_parts(src: &str) -> Parts {
+    let spec = csv_spec();
+    let parts =
+        partition_parts(&spec, src.as_bytes(), PartitionOptions::default()).expect("partitions");
+    assert!(parts.coverage.is_complete(), "{:?}", parts.coverage);
+    let header = csv_header(src.as_bytes(), None);
+    let mut ends = 0;
+    let mut placed: Vec<(u64, ByteRange)> = parts
+        .units
+        .iter()
+        .map(|u| (u.unit.ordinal, u.unit.bytes))
+        .chain(parts.rejections.iter().map(|r| (r.ordinal, r.bytes)))
+        .collect();
+    placed.sort_by_key(|p| p.0);
+    for (_, r) in &placed {
+        assert!(r.start >= ends && r.end >= r.start, "{r:?} after {ends}");
+        ends = r.end;
+    }
+    for u in &parts.units {
+        let r = u.unit.bytes;
+        let bytes = &src.as_bytes()[r.start as usize..r.end as usize];
+        let value = reread(&spec, bytes, header, 0, u.unit.unit_id.as_str()).expect("reads back");
+        assert_eq!(value, u.value);
+    }
+    parts
+}
+
+/// A quote opened in row 10 of 100 and never closed once swallowed rows 11
+/// to 100 into one field: 10 units and a complete answer. Now row 10 is
+/// rejected, naming the line and byte where its quote opened, and rows 11
+/// to 100 are units again.
+#[test]
+fn an_unterminated_quote_rejects_its_row_and_keeps_the_rows_after_it() {
+    let src = hundred_rows(|i| (i == 10).then(|| "10,true,\"row 10 text".to_owned()));
+    let parts = csv_parts(&src);
+    assert_eq!(parts.units.len(), 99);
+    assert!(parts.units.iter().all(|u| u.unit.unit_id.as_str() != "10"));
+    assert_eq!(parts.units[9].unit.unit_id.as_str(), "11");
+    assert_eq!(parts.units[9].value["text"], "row 11 text");
+    assert_eq!(parts.units[98].value["text"], "row 100 text");
+    let r = &parts.rejections[..];
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].reason, "unterminated_quote");
+    assert_eq!(r[0].ordinal, 9);
+    let row = src.find("10,true").expect("row 10") as u64;
+    let quote = src.find("\"row 10").expect("quote") as u64;
+    assert_eq!(r[0].bytes.start, row);
+    assert_eq!(
+        &src[row as usize..r[0].bytes.end as usize],
+        "10,true,\"row 10 text"
+    );
+    assert!(
+        r[0].detail.contains(&format!(
+            "element 9 at byte {row} (line 11): the quoted field opened at byte {quote} (line 11) is never closed"
+        )) && r[0].detail.contains("to the end of the input (line 101)")
+            && r[0].detail.contains("read again as rows"),
+        "{}",
+        r[0].detail
+    );
+}
+
+/// The same on the last row: it is rejected, not read as a complete row
+/// whose field ends in a line break.
+#[test]
+fn an_unterminated_quote_on_the_last_row_is_rejected() {
+    for end in ["\n", ""] {
+        let mut src = hundred_rows(|i| (i == 100).then(|| "100,true,\"row 100 text".to_owned()));
+        if end.is_empty() {
+            src.pop();
+        }
+        let parts = csv_parts(&src);
+        assert_eq!(parts.units.len(), 99);
+        assert_eq!(parts.rejections.len(), 1);
+        let r = &parts.rejections[0];
+        assert_eq!(r.reason, "unterminated_quote");
+        assert!(
+            r.detail.contains("(line 101): the quoted field opened")
+                && !r.detail.contains("read again"),
+            "{}",
+            r.detail
+        );
+    }
+}
+
+/// A runaway quote closed many lines later by a quote inside ordinary
+/// text (`he said "hi"`) once merged the rows between into one field with
+/// the right count; it is a runaway too, and the rows between are units.
+#[test]
+fn a_quote_closed_lines_later_by_text_is_a_runaway_row() {
+    let src = hundred_rows(|i| match i {
+        10 => Some("10,true,\"row 10 text".to_owned()),
+        50 => Some("50,true,he said \"hi\" to row 50".to_owned()),
+        _ => None,
+    });
+    let parts = csv_parts(&src);
+    assert_eq!(parts.units.len(), 99);
+    let fifty = parts
+        .units
+        .iter()
+        .find(|u| u.unit.unit_id.as_str() == "50")
+        .expect("row 50");
+    assert_eq!(fifty.value["text"], "he said \"hi\" to row 50");
+    let r = &parts.rejections[0];
+    assert_eq!(r.reason, "unterminated_quote");
+    assert!(r.detail.contains("closed only on line 51"), "{}", r.detail);
+}
+
+/// Legitimate quoting stays as it was: a field over several lines, doubled
+/// quotes, a quote inside an unquoted field, CRLF line ends.
+#[test]
+fn well_quoted_csv_is_read_as_before() {
+    let src = "id,flag,text\r\n1,true,\"two\r\nlines, \"\"quoted\"\"\"\r\n2,false,say \"hi\"\r\n3,true,\"\"\r\n";
+    let parts = csv_parts(src);
+    assert!(parts.rejections.is_empty(), "{:?}", parts.rejections);
+    let texts: Vec<&Value> = parts.units.iter().map(|u| &u.value["text"]).collect();
+    assert_eq!(texts, ["two\r\nlines, \"quoted\"", "say \"hi\"", ""]);
+}
+
+/// A header row whose quote runs on cannot be read past: an error at the
+/// quote.
+#[test]
+fn a_header_whose_quote_runs_on_is_an_error() {
+    let err = partition_all(
+        &csv_spec(),
+        b"id,\"flag,text\n1,true,a\n",
+        PartitionOptions::default(),
+    )
+    .expect_err("fails");
+    assert!(
+        matches!(
+            err,
+            PartitionError::Malformed {
+                offset: 3,
+                line: 1,
+                ..
+            }
+        ),
+        "{err}"
     );
 }
 
@@ -387,4 +563,303 @@ fn lines_group_continuations_and_ids_are_content_derived() {
     let edited = b"2024-01-01 BOOM\n2024-01-02 ok\n";
     let (after, _, _) = partition_all(&spec, edited, PartitionOptions::default()).expect("ok");
     assert_eq!(after[1].unit.unit_id, units[1].unit.unit_id);
+}
+
+/// The same records as CSV, JSONL and a JSON array: `1` and `2` once each,
+/// then `1` again byte for byte, then `2` again with other content.
+fn repeated_rows() -> [(PartitionSpec, String); 3] {
+    let key = || Some("id".to_owned());
+    let rows = [
+        (1, "a", "true"),
+        (2, "b", "false"),
+        (1, "a", "true"),
+        (2, "changed", "false"),
+    ];
+    let csv: String = std::iter::once("id,text,flag\n".to_owned())
+        .chain(rows.iter().map(|(id, t, f)| format!("{id},{t},{f}\n")))
+        .collect();
+    let objects: Vec<String> = rows
+        .iter()
+        .map(|(id, t, f)| format!(r#"{{"id": {id}, "text": "{t}", "flag": {f}}}"#))
+        .collect();
+    [
+        (
+            PartitionSpec::Csv {
+                key: key(),
+                kind: "row".into(),
+                delimiter: None,
+            },
+            csv,
+        ),
+        (
+            PartitionSpec::Jsonl {
+                key: key(),
+                kind: "row".into(),
+            },
+            format!("{}\n", objects.join("\n")),
+        ),
+        (
+            PartitionSpec::JsonArray {
+                key: key(),
+                kind: "row".into(),
+            },
+            format!("[{}]", objects.join(",\n")),
+        ),
+    ]
+}
+
+/// An identical repeat (same key, same content once parsed) is the unit it
+/// repeats: counted and named, no unit and no rejection, so the coverage
+/// is complete with nothing rejected. A repeat with other content stays a
+/// `duplicate_key` rejection that names both places.
+#[test]
+fn identical_repeats_are_counted_and_conflicting_ones_rejected_in_every_format() {
+    for (spec, src) in repeated_rows() {
+        let parts =
+            partition_parts(&spec, src.as_bytes(), PartitionOptions::default()).expect("ok");
+        let name = spec.type_name();
+        let ids: Vec<&str> = parts
+            .units
+            .iter()
+            .map(|u| u.unit.unit_id.as_str())
+            .collect();
+        assert_eq!(ids, ["1", "2"], "{name}");
+        assert_eq!(
+            parts.coverage,
+            Coverage {
+                elements: 4,
+                units: 2,
+                rejected: 1,
+                repeated_identical: 1,
+            },
+            "{name}"
+        );
+        assert!(parts.coverage.is_complete());
+        let first = &parts.units[0].unit;
+        let repeat = &parts.repeats[..];
+        assert_eq!(repeat.len(), 1, "{name}");
+        assert_eq!(
+            (repeat[0].ordinal, repeat[0].unit_id.as_str()),
+            (2, "1"),
+            "{name}"
+        );
+        assert_eq!(
+            (repeat[0].first_ordinal, repeat[0].first_byte),
+            (0, first.bytes.start)
+        );
+        assert!(
+            repeat[0].detail.contains(&format!(
+                "element 2 at byte {} repeats element 0 at byte {} exactly",
+                repeat[0].bytes.start, first.bytes.start
+            )),
+            "{name}: {}",
+            repeat[0].detail
+        );
+        let conflict = &parts.rejections[0];
+        assert_eq!(conflict.reason, "duplicate_key", "{name}");
+        let second = &parts.units[1].unit;
+        assert!(
+            conflict.detail.contains(&format!(
+                "element 3 at byte {} repeats id = 2 of element 1 at byte {} with other content",
+                conflict.bytes.start, second.bytes.start
+            )),
+            "{name}: {}",
+            conflict.detail
+        );
+    }
+}
+
+/// Fields in another order are the same content once parsed.
+#[test]
+fn a_repeat_with_its_fields_reordered_is_identical() {
+    let spec = PartitionSpec::Jsonl {
+        key: Some("id".into()),
+        kind: "row".into(),
+    };
+    let src =
+        b"{\"id\": 1, \"a\": [1, 2]}\n{\"a\": [1, 2], \"id\": 1}\n{\"id\": 1, \"a\": [2, 1]}\n";
+    let parts = partition_parts(&spec, src, PartitionOptions::default()).expect("ok");
+    assert_eq!(parts.coverage.repeated_identical, 1);
+    assert_eq!(parts.rejections[0].reason, "duplicate_key");
+}
+
+/// The store a run settles repeats through, kept in memory here: the units
+/// emitted so far, and how often it was asked.
+#[derive(Default)]
+struct StoredUnits {
+    units: std::collections::HashMap<String, UnitPlace>,
+    asked: u64,
+}
+
+struct AskStored<'a>(&'a std::cell::RefCell<StoredUnits>);
+
+impl ConfirmRepeat for AskStored<'_> {
+    fn earlier(&mut self, id: &str, ordinal: u64) -> Result<Option<UnitPlace>, PartitionError> {
+        let mut stored = self.0.borrow_mut();
+        stored.asked += 1;
+        Ok(stored
+            .units
+            .get(id)
+            .copied()
+            .filter(|u| u.ordinal < ordinal))
+    }
+}
+
+/// The compact id set of a run keeps no content per id, and asks the store
+/// for the earlier unit only when an id repeats; it tells identical repeats
+/// from conflicting ones exactly as the in-memory set does, for integer
+/// ids (kept as runs) and others (kept as fingerprints).
+#[test]
+fn the_compact_id_set_asks_the_store_only_on_a_repeat_and_agrees_with_memory() {
+    for (spec, src) in repeated_rows() {
+        for renamed in [false, true] {
+            // Non-integer ids go through fingerprints.
+            let src = match (renamed, &spec) {
+                (false, _) => src.clone(),
+                (true, PartitionSpec::Csv { .. }) => {
+                    src.replace("\n1,", "\nk1,").replace("\n2,", "\nk2,")
+                }
+                (true, _) => src
+                    .replace("\"id\": 1", "\"id\": \"k1\"")
+                    .replace("\"id\": 2", "\"id\": \"k2\""),
+            };
+            assert_eq!(src.matches("k1").count(), 2 * usize::from(renamed));
+            let want =
+                partition_parts(&spec, src.as_bytes(), PartitionOptions::default()).expect("ok");
+            let stored = std::cell::RefCell::new(StoredUnits::default());
+            let mut seen = CompactSeen::new(AskStored(&stored));
+            let (mut units, mut rejections, mut repeats) = (Vec::new(), Vec::new(), Vec::new());
+            let coverage = partition_reader(
+                &spec,
+                ContentHash::of_bytes(src.as_bytes()),
+                src.as_bytes(),
+                PartitionOptions::default(),
+                &mut seen,
+                &mut |el| match el {
+                    Element::Unit(u) => {
+                        let unit = &u.unit;
+                        stored.borrow_mut().units.insert(
+                            unit.unit_id.0.clone(),
+                            UnitPlace {
+                                ordinal: unit.ordinal,
+                                byte: unit.bytes.start,
+                                unit_hash: unit.unit_hash,
+                            },
+                        );
+                        units.push(u.unit);
+                    }
+                    Element::Rejected(r) => rejections.push(r),
+                    Element::Repeated(r) => repeats.push(r),
+                },
+            )
+            .expect("partitions");
+            let name = spec.type_name();
+            assert_eq!(coverage, want.coverage, "{name}");
+            assert_eq!(rejections, want.rejections, "{name}");
+            assert_eq!(repeats, want.repeats, "{name}");
+            let want_units: Vec<_> = want.units.iter().map(|u| u.unit.clone()).collect();
+            assert_eq!(units, want_units, "{name}");
+            assert_eq!(
+                stored.borrow().asked,
+                2,
+                "{name}: asked for the two repeats only"
+            );
+        }
+    }
+}
+
+/// Integer keys too large for 64 bits keep their digits: two ids, not one
+/// float, in JSONL and in a JSON array.
+#[test]
+fn integer_keys_beyond_64_bits_stay_distinct() {
+    let records = [
+        r#"{"id": 18446744073709551616, "t": "a"}"#,
+        r#"{"id": 18446744073709551617, "t": "b"}"#,
+        r#"{"id": -18446744073709551617, "t": "c"}"#,
+        r#"{"id": 1e3, "t": "d"}"#,
+    ];
+    for (spec, src) in [
+        (
+            PartitionSpec::Jsonl {
+                key: Some("id".into()),
+                kind: "row".into(),
+            },
+            format!("{}\n", records.join("\n")),
+        ),
+        (
+            PartitionSpec::JsonArray {
+                key: Some("id".into()),
+                kind: "row".into(),
+            },
+            format!("[{}]", records.join(",")),
+        ),
+    ] {
+        let (units, rejected, _) =
+            partition_all(&spec, src.as_bytes(), PartitionOptions::default()).expect("ok");
+        assert!(rejected.is_empty(), "{rejected:?}");
+        let ids: Vec<&str> = units.iter().map(|u| u.unit.unit_id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "18446744073709551616",
+                "18446744073709551617",
+                "-18446744073709551617",
+                "1000.0"
+            ],
+            "{}",
+            spec.type_name()
+        );
+    }
+}
+
+/// A record whose object holds a name twice is rejected, naming the
+/// element, its byte and line, and the name, alike in JSONL and a JSON
+/// array, nested objects included; the record was read as its last value.
+#[test]
+fn records_with_a_repeated_field_are_rejected_in_both_formats() {
+    let records = [
+        r#"{"id": 1, "t": "a"}"#,
+        r#"{"id": 2, "id": 3}"#,
+        r#"{"id": 4, "user": {"name": "x", "\u006eame": "y"}}"#,
+        r#"{"id": 5, "list": [{"k": 1}, {"k": 2}]}"#,
+    ];
+    for (spec, src, lines) in [
+        (
+            PartitionSpec::Jsonl {
+                key: Some("id".into()),
+                kind: "row".into(),
+            },
+            format!("{}\n", records.join("\n")),
+            [2, 3],
+        ),
+        (
+            PartitionSpec::JsonArray {
+                key: Some("id".into()),
+                kind: "row".into(),
+            },
+            format!("[\n{}\n]", records.join(",\n")),
+            [3, 4],
+        ),
+    ] {
+        let name = spec.type_name();
+        let (units, rejected, coverage) =
+            partition_all(&spec, src.as_bytes(), PartitionOptions::default()).expect("ok");
+        let ids: Vec<&str> = units.iter().map(|u| u.unit.unit_id.as_str()).collect();
+        assert_eq!(ids, ["1", "5"], "{name}");
+        assert!(coverage.is_complete());
+        let expected = [(1, "id", lines[0]), (2, "name", lines[1])];
+        for (r, (ordinal, field, line)) in rejected.iter().zip(expected) {
+            assert_eq!(r.reason, "repeated_field", "{name}");
+            let at = src.find(records[ordinal]).expect("record") as u64;
+            assert_eq!(r.bytes.start, at, "{name}");
+            assert!(
+                r.detail.starts_with(&format!(
+                    "element {ordinal} at byte {at} (line {line}) holds the field \"{field}\" twice"
+                )),
+                "{name}: {}",
+                r.detail
+            );
+        }
+        assert_eq!(rejected.len(), 2, "{name}");
+    }
 }
