@@ -1244,7 +1244,10 @@ mod tests {
         // Gone, so the next ingest of the source stores it again.
         assert!(!store.has_chunk(&hash).expect("has"));
         store.put_chunks(&[(hash, bytes)]).expect("put again");
-        assert_eq!(store.get_chunk(&hash).expect("get").as_deref(), Some(&bytes[..]));
+        assert_eq!(
+            store.get_chunk(&hash).expect("get").as_deref(),
+            Some(&bytes[..])
+        );
     }
 
     #[test]
