@@ -69,8 +69,11 @@ enum Command {
     Plan(planner::PlanArgs),
     /// Write a spec folder from a question and an input file: the format
     /// and key it detected (and why), a rubric drafted from the question, a
-    /// decision schema with evidence, prefilter rules commented out, the
-    /// embedded backend and a [SIMULATED] keyword judge; then explain it.
+    /// decision schema with evidence, a first rung before the model (a
+    /// keyword rule of the question's names, quoted words or parenthesised
+    /// list, else an embed stage near the question) with what it keeps of
+    /// the input, the embedded backend and a [SIMULATED] keyword judge;
+    /// then explain it.
     New(new::NewArgs),
     /// Ask a question of an input file in one command: `new` into
     /// `.fanfold/ask/NAME` (printed, to refine and rerun), then run it.
@@ -578,12 +581,15 @@ fn real_main() -> Result<ExitCode> {
         Command::Worker(args) => worker(&args).map(|()| ExitCode::SUCCESS),
         Command::Label(args) => label::label(&args).map(|()| ExitCode::SUCCESS),
         Command::New(args) => {
-            let (spec, why) = new::write(&args.dir, &args.question, &args.input)?;
+            let written = new::write(&args.dir, &args.question, &args.input, None)?;
+            let spec = &written.spec;
             println!(
-                "wrote {}: spec.toml, rubric.md, decision.schema.json, scripted.jq\ninput: {why}\n",
-                args.dir.display()
+                "wrote {}: spec.toml, rubric.md, decision.schema.json, scripted.jq\ninput: {}\n{}\n",
+                args.dir.display(),
+                written.reason,
+                written.rung
             );
-            explain_new(&spec)?;
+            explain_new(spec, written.routing)?;
             println!(
                 "\nedit rubric.md and the fields, then: fanfold run {} (or --backend scripted to try it without a model)",
                 spec.display()
@@ -595,15 +601,24 @@ fn real_main() -> Result<ExitCode> {
                 Some(d) => d,
                 None => free_folder(&args.question)?,
             };
-            let (spec, why) = new::write(&dir, &args.question, &args.input)?;
+            let store = dir.join("store.sqlite");
+            let written = new::write(&dir, &args.question, &args.input, Some(&store))?;
+            let spec = &written.spec;
             eprintln!(
-                "the spec is in {} (edit it and run `fanfold run {}` to refine)\ninput: {why}",
+                "the spec is in {} (edit it and run `fanfold run {}` to refine)\ninput: {}\n{}",
                 dir.display(),
-                spec.display()
+                spec.display(),
+                written.reason,
+                written.rung
             );
+            if let Some(n) = written.to_model {
+                eprintln!(
+                    "the model is expected to judge {n} units: {n} model calls (more with retries)"
+                );
+            }
             let spec_arg = spec.display().to_string();
             let out_arg = dir.join("out").display().to_string();
-            let store_arg = dir.join("store.sqlite").display().to_string();
+            let store_arg = store.display().to_string();
             let cli = Cli::try_parse_from([
                 "fanfold",
                 "run",
@@ -849,12 +864,9 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         .unwrap_or_else(|| PathBuf::from(".fanfold/runs").join(&plan.spec.name));
     opts.out_dir = Some(out.clone());
     let workers = LocalWorkers::start(&args)?;
-    let result = if args.json {
-        fanfold_engine::run(&plan, &opts, &fanfold_engine::NoProgress)
-    } else {
-        let bars = progress::Bars::new();
-        fanfold_engine::run(&plan, &opts, &bars)
-    };
+    // Progress on standard error in either mode: `--json` writes stdout.
+    let bars = progress::Bars::new(&plan);
+    let result = bars.while_running(|| fanfold_engine::run(&plan, &opts, &bars));
     workers.stop();
     let report = match result {
         Ok(report) => report,
@@ -1038,17 +1050,22 @@ fn explain(args: ExplainArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `explain` for a spec `new` just wrote, over its input.
-fn explain_new(spec: &std::path::Path) -> Result<()> {
+/// `explain` for a spec `new` just wrote, over its input: with the
+/// routing `new` counted its first rung on, else routed here.
+fn explain_new(
+    spec: &std::path::Path,
+    counted: Option<fanfold_engine::plan::Routing>,
+) -> Result<()> {
     let plan = fanfold_engine::Plan::load(spec)?;
-    let routing = match plan.default_source() {
-        Some(src) => Some(fanfold_engine::run::explain_routing(
+    let routing = match (counted, plan.default_source()) {
+        (Some(r), _) => Some(r),
+        (None, Some(src)) => Some(fanfold_engine::run::explain_routing(
             &plan,
             &src,
             None,
             fanfold_ops::partition::DEFAULT_MAX_UNIT_BYTES,
         )?),
-        None => None,
+        (None, None) => None,
     };
     print!("{}", plan.explain(routing.as_ref()));
     Ok(())

@@ -4,8 +4,11 @@
 //! mbox, Markdown) and which field, if any, is a key; a folder's files say
 //! whether it holds e-mail, Markdown, code or other text files. The rest
 //! is drafted from the question for the user to
-//! edit: a rubric, a decision schema with evidence, prefilter rules left
-//! commented out, the embedded backend, and a [SIMULATED] keyword judge.
+//! edit: a rubric, a decision schema with evidence, a cheap first rung
+//! (`rung`: a keyword rule from the question's distinctive terms, or an
+//! embed stage), the embedded backend, and a [SIMULATED] keyword judge.
+
+mod rung;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -501,8 +504,8 @@ fn csv_shape(lines: &[&str], named_csv: bool) -> Option<Shape> {
     })
 }
 
-/// The question's words worth matching, for the keyword judge and the
-/// commented prefilter.
+/// The question's words, for the spec's name and the keyword judge when
+/// the question names no distinctive term; never a prefilter.
 fn keywords(question: &str) -> Vec<String> {
     const STOP: [&str; 24] = [
         "which", "what", "where", "when", "there", "their", "about", "these", "those", "that",
@@ -551,9 +554,24 @@ fn comment_text(s: &str) -> String {
         .collect()
 }
 
-/// Writes the spec folder; returns the spec's path and why its partition
-/// was chosen.
-pub fn write(dir: &Path, question: &str, input: &Path) -> Result<(PathBuf, String)> {
+/// What [`write`] wrote, and what its first rung did with the input.
+pub struct Written {
+    pub spec: PathBuf,
+    /// Why the partition was chosen.
+    pub reason: String,
+    /// What the first rung does and kept, in words.
+    pub rung: String,
+    /// The units the model is expected to judge, when counted.
+    pub to_model: Option<u64>,
+    /// What the prefilter and the first rung did with the input, for
+    /// `explain`.
+    pub routing: Option<fanfold_engine::plan::Routing>,
+}
+
+/// Writes the spec folder and counts what its first rung keeps of the
+/// input. An embed rung keeps the vectors and facts it computed in the
+/// store at `store` (in memory when `None`), so a run on it reuses them.
+pub fn write(dir: &Path, question: &str, input: &Path, store: Option<&Path>) -> Result<Written> {
     let shape = inspect(input)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let spec_path = dir.join("spec.toml");
@@ -566,10 +584,12 @@ pub fn write(dir: &Path, question: &str, input: &Path) -> Result<(PathBuf, Strin
     let input_abs =
         std::path::absolute(input).with_context(|| format!("resolving {}", input.display()))?;
     let words = keywords(question);
-    let pattern = if words.is_empty() {
-        ".".to_owned()
-    } else {
-        words.join("|")
+    let first_rung = rung::Rung::for_question(question);
+    // The keyword judge looks for what the first rung looks for.
+    let pattern = match &first_rung {
+        rung::Rung::Keyword { terms } => rung::terms_regex(terms),
+        rung::Rung::Embed if words.is_empty() => ".".to_owned(),
+        rung::Rung::Embed => words.join("|"),
     };
     let name: String = words.iter().take(3).cloned().collect::<Vec<_>>().join("-");
     let name = if name.is_empty() {
@@ -599,14 +619,31 @@ pub fn write(dir: &Path, question: &str, input: &Path) -> Result<(PathBuf, Strin
         comment_text(&shape.reason),
         shape.partition
     );
-    let _ = writeln!(
-        spec,
-        "# Rules run before any model; the first that matches decides. Uncomment\n# one to drop records that cannot be about the question:\n# [[prefilter]]\n# name = \"off_topic\"\n# when = {}\n# action = \"exclude\"\n# reason = \"off_topic\"\n",
-        toml_str(&format!(
-            "({text_of}) | test({}; \"i\") | not",
-            toml_json_str(&pattern)
-        ))
-    );
+    // What the embedder reads: the title and the content, not headers.
+    let mut embedded: Vec<String> = shape.title.iter().cloned().collect();
+    let content = if shape.evidence.is_empty() {
+        &shape.fields
+    } else {
+        &shape.evidence
+    };
+    for f in content {
+        if !embedded.contains(f) {
+            embedded.push(f.clone());
+        }
+    }
+    let rung_toml = |counted: Option<&rung::Counted>| {
+        first_rung.toml(question, &text_of, &embedded, "judge", counted)
+    };
+    // A keyword rule is the prefilter; an embed rung is the first stage,
+    // just before the judge.
+    let uncounted = rung_toml(None);
+    if matches!(first_rung, rung::Rung::Keyword { .. }) {
+        let _ = writeln!(
+            spec,
+            "# Rules run before any model; the first that matches decides."
+        );
+    }
+    let _ = writeln!(spec, "{uncounted}");
     let _ = writeln!(
         spec,
         "[[stages]]\nname = \"judge\"\ntype = \"map\"\nversion = 1\nrubric = \"rubric.md\"\noutput_schema = \"decision.schema.json\"\nfields = [{}]\ndecision = {{ pointer = \"/decision\", positive = [\"positive\"], negative = [\"negative\"], abstain = [\"unsure\"] }}\nevidence = \"/evidence\"\nbackend = \"default\"\nmax_attempts = 2\nmax_output_tokens = 200\n",
@@ -670,10 +707,100 @@ pub fn write(dir: &Path, question: &str, input: &Path) -> Result<(PathBuf, Strin
         ),
         (dir.join("scripted.jq"), script),
     ];
-    for (path, text) in files {
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    for (path, text) in &files {
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
-    Ok((spec_path, shape.reason))
+    let (counted, routing) = count_rung(&spec_path, &first_rung, store);
+    let rung = match &counted {
+        Ok(c) => {
+            // The count goes into the rung's comment; the rung is unchanged,
+            // so what was cached under it stays valid.
+            let spec = files
+                .first()
+                .map(|(_, text)| text.replacen(&uncounted, &rung_toml(Some(c)), 1))
+                .unwrap_or_default();
+            std::fs::write(&spec_path, spec)
+                .with_context(|| format!("writing {}", spec_path.display()))?;
+            format!("{} {}", first_rung.summary(), c.sentence())
+        }
+        Err(e) => format!(
+            "{} It could not be counted: {}",
+            first_rung.summary(),
+            crate::describe(e)
+        ),
+    };
+    Ok(Written {
+        spec: spec_path,
+        reason: shape.reason,
+        rung,
+        to_model: counted.ok().map(|c| c.expected()),
+        routing,
+    })
+}
+
+/// What the first rung of the spec at `spec_path` keeps of its input, and
+/// the routing `explain` shows. The routing is kept even when the rung
+/// could not be counted (an embedder that cannot be fetched).
+fn count_rung(
+    spec_path: &Path,
+    first_rung: &rung::Rung,
+    store: Option<&Path>,
+) -> (Result<rung::Counted>, Option<fanfold_engine::plan::Routing>) {
+    let max = fanfold_ops::partition::DEFAULT_MAX_UNIT_BYTES;
+    let plan = match fanfold_engine::Plan::load(spec_path) {
+        Ok(p) => p,
+        Err(e) => return (Err(e.into()), None),
+    };
+    let Some(source) = plan.default_source() else {
+        return (Err(anyhow::anyhow!("the spec names no input")), None);
+    };
+    match first_rung {
+        rung::Rung::Keyword { .. } => {
+            match fanfold_engine::run::explain_routing(&plan, &source, None, max) {
+                Ok(r) => {
+                    let excluded = r
+                        .excluded_by_reason
+                        .get(rung::KEYWORD_REASON)
+                        .copied()
+                        .unwrap_or(0);
+                    let counted = rung::Counted {
+                        units: r.units,
+                        tried: r.units,
+                        kept: r.units.saturating_sub(excluded),
+                    };
+                    (Ok(counted), Some(r))
+                }
+                Err(e) => (Err(e.into()), None),
+            }
+        }
+        rung::Rung::Embed => {
+            let store = match store {
+                Some(path) => fanfold_store::Store::open(path),
+                None => fanfold_store::Store::open(Path::new(":memory:")),
+            };
+            let store = match store {
+                Ok(s) => s,
+                Err(e) => return (Err(e.into()), None),
+            };
+            let previewed = fanfold_engine::stages::embed::preview(
+                &plan,
+                rung::EMBED_STAGE,
+                &source,
+                &store,
+                max,
+                rung::EMBED_PREVIEW_UNITS,
+            );
+            let routing = fanfold_engine::run::explain_routing(&plan, &source, Some(&store), max);
+            let counted = previewed
+                .map_err(anyhow::Error::from)
+                .map(|p| rung::Counted {
+                    units: p.units,
+                    tried: p.tried,
+                    kept: p.kept,
+                });
+            (counted, routing.ok())
+        }
+    }
 }
 
 /// A field name as jq reads it: `.name`, or `.["odd name"]`.

@@ -25,10 +25,13 @@ pub use ledger::{FactLedger, Origin};
 pub use stats::{RunStats, StageReports};
 pub use table::UnitTable;
 
-/// Receives progress while a run goes. The CLI draws bars from it; tests
-/// and `--json` runs pass [`NoProgress`].
+/// Receives progress while a run goes. The CLI draws bars or writes lines
+/// from it; tests pass [`NoProgress`].
 pub trait Progress: Sync {
     fn stage_started(&self, _stage: &str, _units: u64, _cached: u64) {}
+    /// The model calls the run has made so far, retries included: said
+    /// before each `unit_finished`.
+    fn model_calls(&self, _calls: u64) {}
     fn unit_finished(&self, _stage: &str, _status: fanfold_core::Status) {}
     fn stage_finished(&self, _stage: &str) {}
 }

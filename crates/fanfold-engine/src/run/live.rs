@@ -103,6 +103,9 @@ impl Progress for Tally<'_> {
             let t = stages.entry(stage.to_owned()).or_default();
             *t.by_status.entry(status.as_str()).or_default() += 1;
         }
+        if let Some((pool, _)) = self.budget.get() {
+            self.inner.model_calls(pool.used().calls);
+        }
         self.inner.unit_finished(stage, status);
     }
 

@@ -605,3 +605,70 @@ pub(crate) fn unit_vectors(
     )?;
     Ok(vectors.into_iter().map(Some).collect())
 }
+
+/// What an embed stage kept of the units a spec routes to it, tried
+/// before any run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Preview {
+    /// Units the prefilter routes to the stage.
+    pub units: u64,
+    /// Of those, the ones embedded: all, or an even spread of them.
+    pub tried: u64,
+    /// Of those, the ones the stage keeps.
+    pub kept: u64,
+}
+
+/// Tries the embed stage `name` on the units the prefilter routes to it
+/// (at most `most`, spread evenly over them) before any run, for `fanfold
+/// new`, which states what its first rung keeps in the spec it writes.
+/// Their vectors and facts go into `store` as a run's would, so a run or an
+/// `explain` on that store finds them and embeds nothing again.
+pub fn preview(
+    plan: &crate::Plan,
+    name: &str,
+    source: &crate::Source,
+    store: &Store,
+    max_unit_bytes: u64,
+    most: usize,
+) -> Result<Preview, RunError> {
+    let runner = plan
+        .stage(name)
+        .and_then(|s| s.as_any().downcast_ref::<EmbedRunner>())
+        .ok_or_else(|| RunError::Embed {
+            stage: name.to_owned(),
+            source: "the spec has no embed stage of that name".into(),
+        })?;
+    let routed = crate::run::route_source(plan, source, max_unit_bytes)?;
+    let all = routed.by_stage.get(name).cloned().unwrap_or_default();
+    let tried: Vec<usize> = if all.len() <= most {
+        all.clone()
+    } else {
+        (0..most)
+            .filter_map(|k| all.get(k * all.len() / most).copied())
+            .collect()
+    };
+    let outcome = run_stage(
+        &runner.stage,
+        &plan.spec_dir,
+        &routed.table,
+        &tried,
+        store,
+        &mut Embedders::default(),
+    )?;
+    for (_, fact, origin) in &outcome.ended {
+        if *origin == Origin::Fresh {
+            store.put_fact(fact)?;
+        }
+    }
+    let kept = outcome.passed.len()
+        + outcome
+            .ended
+            .iter()
+            .filter(|(_, f, _)| f.status == Status::Positive)
+            .count();
+    Ok(Preview {
+        units: all.len() as u64,
+        tried: tried.len() as u64,
+        kept: kept as u64,
+    })
+}
