@@ -216,18 +216,29 @@ fn embedded_ask_answers_a_folder_of_emails_quoting_bodies_not_headers() {
     assert_eq!(cert["coverage"]["units"], 24, "{}", cert["coverage"]);
     assert_eq!(cert["simulated"], false);
     assert_eq!(cert["verify"]["passed"], true, "{}", cert["verify"]);
-    // Whatever the small model decided, what it quotes is the body.
+    // Whatever the small model decided, what it quotes is the body: the
+    // field named, and the words found in the message below its headers.
+    let mail = super::repo().join("examples/mailbox/mail");
     let facts = std::fs::read_to_string(out.join("facts.jsonl")).unwrap();
     let mut quotes = 0;
     for line in facts.lines() {
         let f: Value = serde_json::from_str(line).unwrap();
         for e in f["evidence"].as_array().into_iter().flatten() {
             assert_eq!(e["field"], "body", "{e}");
+            let id = f["source_ids"][0].as_str().unwrap();
+            let raw = std::fs::read_to_string(mail.join(id)).unwrap();
+            let (_, body) = raw.split_once("\n\n").unwrap();
+            let quote = e["quote"].as_str().unwrap();
+            let words = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+            assert!(words(body).contains(&words(quote)), "{id}: {quote}");
             quotes += 1;
         }
     }
+    assert!(quotes >= 1, "no quote in {facts}");
     let a = answer(&out);
-    for item in a["items"].as_array().unwrap() {
+    let items = a["items"].as_array().unwrap();
+    assert!(!items.is_empty(), "no item in {a}");
+    for item in items {
         assert!(
             item["title"].as_str().is_some_and(|t| !t.is_empty()),
             "{item}"
@@ -312,8 +323,15 @@ fn embedded_ask_runs_a_new_spec_on_the_embedded_model_for_each_shape() {
         .map(|k| s[*k].as_u64().unwrap())
         .sum();
         assert_eq!(total, 6, "{shape}: {s}");
+        // Each message the first rung kept was judged by the model.
+        let facts = std::fs::read_to_string(dir.join("out/facts.jsonl")).unwrap();
+        let judged = facts
+            .lines()
+            .filter(|l| l.contains("\"stage\":\"judge\""))
+            .count() as u64;
+        assert!(judged >= 1, "{shape}: {facts}");
         assert!(
-            cert["stats"]["model_calls"].as_u64().unwrap() >= 6,
+            cert["stats"]["model_calls"].as_u64().unwrap() >= judged,
             "{shape}"
         );
         assert_eq!(cert["simulated"], false, "{shape}");
