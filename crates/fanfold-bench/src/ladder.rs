@@ -570,6 +570,7 @@ fn batch(
         provider = Some(loopback);
         what
     };
+    let mut floors = Vec::new();
     for s in &mut spec.stages {
         if let Some(turn) = s.model_turn_mut() {
             if provider.is_some() {
@@ -577,7 +578,26 @@ fn batch(
             }
             *turn.execution = Execution::Batch;
         }
+        // The loopback provider's answers carry no probabilities, so a
+        // confidence floor with no `confidence` pointer has nothing to
+        // compare with (a spec holding one is refused): it goes, and the
+        // row says so.
+        if let StageSpec::Map(m) = s
+            && provider.is_some()
+            && m.confidence.is_none()
+            && let Some(floor) = m.min_confidence.take()
+        {
+            floors.push(format!("`{}`'s min_confidence {floor}", m.name));
+        }
     }
+    let what = if floors.is_empty() {
+        what
+    } else {
+        format!(
+            "{what}; without {}, which no probability reaches through a batch API",
+            floors.join(", ")
+        )
+    };
     let (report, wall_s) = ex.run(spec, "batch", slots, dir)?;
     let mut row = measured(ex, "batch", what, &report, wall_s);
     row.simulated |= provider.as_ref().is_some_and(|p| p.model().simulated);
