@@ -339,24 +339,71 @@ pub fn key_flaw(id: &str) -> Option<String> {
     ))
 }
 
-/// Ids seen so far, each with the unit it was given to, all in memory:
-/// exact, at about 64 bytes an id. (`fanfold run` keeps a
-/// [`CompactSeen`] instead, which asks the store for a repeat's earlier
-/// unit.)
-#[derive(Default)]
+/// Ids seen so far, each with the unit it was given to, all in memory and
+/// exact. Decimal-integer ids, the common key, cost their unit's place (56
+/// bytes) in a list in claim order, searched by halves while they come in
+/// ascending order and through an index built on the first repeat
+/// otherwise; other ids cost themselves and their place in a map.
+/// (`fanfold run` keeps a [`CompactSeen`] instead, nothing per unit, and
+/// asks the store for a repeat's earlier unit.)
 pub struct SeenKeys {
-    ints: HashMap<u64, UnitPlace>,
+    int_runs: IntRuns,
+    int_places: Vec<(u64, UnitPlace)>,
+    /// Whether `int_places` is sorted by id.
+    ascending: bool,
+    int_index: Option<HashMap<u64, usize>>,
     others: HashMap<Box<str>, UnitPlace>,
+}
+
+impl Default for SeenKeys {
+    fn default() -> Self {
+        SeenKeys {
+            int_runs: IntRuns::default(),
+            int_places: Vec::new(),
+            ascending: true,
+            int_index: None,
+            others: HashMap::new(),
+        }
+    }
+}
+
+impl SeenKeys {
+    /// The unit integer id `n`, claimed before, was given to.
+    fn int_place(&mut self, n: u64) -> Option<UnitPlace> {
+        let places = &self.int_places;
+        let at = if self.ascending {
+            places.binary_search_by_key(&n, |p| p.0).ok()?
+        } else {
+            let index = self.int_index.get_or_insert_with(|| {
+                places
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (id, _))| (*id, i))
+                    .collect()
+            });
+            *index.get(&n)?
+        };
+        places.get(at).map(|p| p.1)
+    }
 }
 
 impl SeenIds for SeenKeys {
     fn claim(&mut self, id: &str, place: UnitPlace) -> Result<Option<UnitPlace>, PartitionError> {
-        // Decimal integers as numbers: the common key costs no allocation.
-        let earlier = match canonical_u64(id) {
-            Some(n) => self.ints.entry(n).or_insert(place),
-            None => self.others.entry(id.into()).or_insert(place),
+        let Some(n) = canonical_u64(id) else {
+            let earlier = self.others.entry(id.into()).or_insert(place);
+            return Ok((*earlier != place).then_some(*earlier));
         };
-        Ok((*earlier != place).then_some(*earlier))
+        if !self.int_runs.insert(n) {
+            return Ok(self.int_place(n));
+        }
+        if self.int_places.last().is_some_and(|last| last.0 > n) {
+            self.ascending = false;
+        }
+        if let Some(index) = self.int_index.as_mut() {
+            index.insert(n, self.int_places.len());
+        }
+        self.int_places.push((n, place));
+        Ok(None)
     }
 }
 

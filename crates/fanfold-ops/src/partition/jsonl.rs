@@ -1449,12 +1449,16 @@ mod tests {
             byte: ordinal * 10,
             unit_hash: ContentHash::of_bytes(&ordinal.to_le_bytes()),
         };
+        // Integers first ascending, then not: found by halves, then
+        // through an index built on the first repeat and kept up after.
         let ids = [
             "7",
+            "9",
             "007",
-            "18446744073709551615",
             "18446744073709551616",
             "x",
+            "3",
+            "18446744073709551615",
         ];
         for (n, id) in ids.iter().enumerate() {
             assert_eq!(
@@ -1465,10 +1469,15 @@ mod tests {
         }
         for (n, id) in ids.iter().enumerate() {
             assert_eq!(
-                seen.claim(id, place(9)).expect("claims"),
+                seen.claim(id, place(99)).expect("claims"),
                 Some(place(n as u64)),
                 "{id}"
             );
         }
+        assert_eq!(seen.claim("8", place(100)).expect("claims"), None);
+        assert_eq!(
+            seen.claim("8", place(101)).expect("claims"),
+            Some(place(100))
+        );
     }
 }
