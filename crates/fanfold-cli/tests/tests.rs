@@ -2812,6 +2812,7 @@ fn slow_a_killed_embed_stage_keeps_its_finished_batches() {
                 "body": format!("Case {i}: users are logged out after the refresh token rotates."),
                 "state": "OPEN",
                 "labels": [{"name": "bug"}],
+                "url": format!("https://example.com/issues/{i}"),
             })
         })
         .collect();
@@ -2835,13 +2836,21 @@ fn slow_a_killed_embed_stage_keeps_its_finished_batches() {
             .and_then(|s| s.count_embeddings())
             .unwrap_or(0)
     };
+    let log = dir.path().join("a.stderr");
     let mut child = start("a")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
         .spawn()
         .expect("spawn");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
     while std::time::Instant::now() < deadline && (!store.exists() || vectors() < 32) {
+        // A run that ends before the kill cannot test it: say why it ended.
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "the run ended ({status}) before the kill: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     child.kill().expect("kill");
