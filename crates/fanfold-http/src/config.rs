@@ -110,6 +110,11 @@ pub struct TransportConfig {
     /// The whole of one attempt: connecting, sending, and reading the body.
     #[serde(default = "default_request_timeout")]
     pub request_timeout_ms: u64,
+    /// The whole of one call, every attempt and the waits between them,
+    /// from its first send: a hanging endpoint fails a call within this
+    /// (or within one attempt, when `request_timeout_ms` is longer).
+    #[serde(default = "default_call_timeout")]
+    pub call_timeout_ms: u64,
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout_ms: u64,
     #[serde(default)]
@@ -132,6 +137,7 @@ impl TransportConfig {
         TransportConfig {
             endpoints,
             request_timeout_ms: default_request_timeout(),
+            call_timeout_ms: default_call_timeout(),
             connect_timeout_ms: default_connect_timeout(),
             retry: RetryConfig::default(),
             breaker: BreakerConfig::default(),
@@ -271,8 +277,13 @@ fn default_weight() -> u32 {
 fn default_concurrency() -> usize {
     4
 }
+/// Two attempts on a hanging endpoint fit in [`default_call_timeout`].
 fn default_request_timeout() -> u64 {
-    120_000
+    30_000
+}
+/// A call fails within a minute by default, retries included.
+fn default_call_timeout() -> u64 {
+    60_000
 }
 fn default_connect_timeout() -> u64 {
     10_000

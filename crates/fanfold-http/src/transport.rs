@@ -432,6 +432,7 @@ impl<P: Protocol> Transport<P> {
         let day = MAX_WAIT.as_millis() as u64;
         for (name, ms, min) in [
             ("request_timeout_ms", cfg.request_timeout_ms, 1),
+            ("call_timeout_ms", cfg.call_timeout_ms, 1),
             ("connect_timeout_ms", cfg.connect_timeout_ms, 1),
             ("retry.backoff_base_ms", cfg.retry.backoff_base_ms, 0),
             ("retry.backoff_max_ms", cfg.retry.backoff_max_ms, 0),
@@ -748,6 +749,10 @@ impl<P: Protocol> Transport<P> {
             + u64::from(request.max_output_tokens);
         let retry = &self.cfg.retry;
         let timeout = Duration::from_millis(self.cfg.request_timeout_ms);
+        // Set at the first send: waiting for a slot is not the call's time.
+        let mut deadline: Option<Instant> = None;
+        let whole =
+            Duration::from_millis(self.cfg.call_timeout_ms.max(self.cfg.request_timeout_ms));
         let mut attempts: u32 = 0;
         let mut rate_limited: u32 = 0;
         let mut last: Option<Fault> = None;
@@ -801,6 +806,14 @@ impl<P: Protocol> Transport<P> {
             if !self.take_shared(endpoint, cost, job).await {
                 return Err(CallError::Cancelled);
             }
+            let now = Instant::now();
+            let end = *deadline.get_or_insert_with(|| crate::limits::later(now, whole));
+            if now >= end && last.is_some() {
+                break;
+            }
+            let timeout = timeout
+                .min(end.saturating_duration_since(now))
+                .max(Duration::from_millis(1));
             attempts += 1;
             if attempts > 1 {
                 bump(&self.counters.retries, 1);
@@ -929,6 +942,26 @@ impl<P: Protocol> Transport<P> {
                 break;
             }
             let delay = self.backoff(attempts).max(retry_after.unwrap_or_default());
+            let left = deadline.map_or(delay, |end| end.saturating_duration_since(Instant::now()));
+            let cause = last
+                .as_ref()
+                .map(|f| {
+                    self.to_error(f, attempts, rate_limited, last_retry_after)
+                        .to_string()
+                })
+                .unwrap_or_default();
+            if left <= delay {
+                // The call's whole time would pass before the next attempt.
+                tracing::warn!(
+                    endpoint = %endpoint.host, unit = %request.unit_id, attempt = attempts,
+                    %cause, "call failed; its {} ms are spent, no retry", whole.as_millis()
+                );
+                break;
+            }
+            tracing::warn!(
+                endpoint = %endpoint.host, unit = %request.unit_id, attempt = attempts,
+                %cause, retry_in_ms = delay.as_millis() as u64, "call failed; retrying"
+            );
             if !pause(delay, job).await {
                 return Err(CallError::Cancelled);
             }
@@ -1167,4 +1200,106 @@ fn weighted<'a>(choices: &[&'a Endpoint]) -> Option<&'a Endpoint> {
         pick -= w;
     }
     choices.last().copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    use fanfold_model::{CallError, Completion, Job, ModelBackend, Request};
+
+    use crate::{EndpointConfig, OpenAiBackend, OpenAiConfig, TransportConfig};
+
+    /// One request; its result is kept.
+    struct One {
+        request: Mutex<Option<Request>>,
+        result: Mutex<Option<Result<Completion, CallError>>>,
+    }
+
+    impl Job for One {
+        fn prefix(&self) -> &str {
+            "p"
+        }
+        fn slots(&self) -> usize {
+            1
+        }
+        fn next(&self) -> Option<Request> {
+            self.request.lock().ok()?.take()
+        }
+        fn complete(&self, _: Request, result: Result<Completion, CallError>) {
+            if let Ok(mut r) = self.result.lock() {
+                *r = Some(result);
+            }
+        }
+        fn is_cancelled(&self) -> bool {
+            false
+        }
+    }
+
+    /// A server that accepts connections and never answers.
+    fn hanging() -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}/v1", listener.local_addr().expect("addr"));
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for conn in listener.incoming() {
+                held.push(conn);
+            }
+        });
+        url
+    }
+
+    /// By default a call fails within a minute, retries included.
+    #[test]
+    fn a_call_fails_within_a_minute_by_default() {
+        let t = TransportConfig::new(Vec::new());
+        assert!(
+            t.call_timeout_ms.max(t.request_timeout_ms) <= 60_000,
+            "{t:?}"
+        );
+        assert!(t.request_timeout_ms < t.call_timeout_ms, "a retry fits");
+    }
+
+    /// A hanging endpoint: attempts are retried until the call's whole
+    /// time is spent, and not past it, however many retries are left.
+    #[test]
+    fn a_hanging_endpoint_fails_the_call_at_its_whole_time() {
+        let mut transport = TransportConfig::new(vec![EndpointConfig::new(hanging())]);
+        transport.request_timeout_ms = 400;
+        transport.call_timeout_ms = 1_000;
+        transport.retry.max_retries = 50;
+        transport.retry.backoff_base_ms = 10;
+        transport.retry.backoff_max_ms = 20;
+        transport.breaker.failure_threshold = 1_000;
+        let mut config = OpenAiConfig::new("m", Vec::new());
+        config.transport = transport;
+        let backend = OpenAiBackend::new(config).expect("backend");
+        let job = One {
+            request: Mutex::new(Some(Request {
+                index: 0,
+                unit_id: "u".into(),
+                suffix: "s".into(),
+                input: serde_json::Value::Null,
+                attempt: 1,
+                max_output_tokens: 8,
+                schema: None,
+            })),
+            result: Mutex::new(None),
+        };
+        let started = Instant::now();
+        backend.run(&job).expect("run");
+        let took = started.elapsed();
+        let result = job.result.lock().expect("result").take();
+        assert!(
+            matches!(result, Some(Err(CallError::Timeout { .. }))),
+            "{result:?}"
+        );
+        assert!(
+            took >= Duration::from_millis(800) && took < Duration::from_millis(1_800),
+            "took {took:?}"
+        );
+        let sent = backend.stats().requests;
+        assert!((2..=3).contains(&sent), "{sent} attempts");
+    }
 }
