@@ -312,15 +312,24 @@ pub(super) fn tidy_id(id: &str) -> String {
 /// Numbers repeated ids within one document, in order: the first keeps
 /// its id, later ones gain `-2`, `-3`. Partition and read-back both number
 /// a document's pieces this way, so a read-back finds the same unit.
+/// Each repeated id's last number is kept, so the next repeat starts its
+/// search there: the first free number only grows (ids are only added),
+/// and numbering stays linear however often an id repeats.
 fn number_repeats(pieces: &mut [Piece]) {
     let mut seen = std::collections::HashSet::new();
+    let mut last: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     for piece in pieces {
-        if !seen.insert(piece.id.clone()) {
-            let mut n = 2u64;
-            while !seen.insert(format!("{}-{n}", piece.id)) {
-                n += 1;
+        if seen.insert(piece.id.clone()) {
+            continue;
+        }
+        let n = last.entry(piece.id.clone()).or_insert(1);
+        loop {
+            *n += 1;
+            let numbered = format!("{}-{n}", piece.id);
+            if seen.insert(numbered.clone()) {
+                piece.id = numbered;
+                break;
             }
-            piece.id = format!("{}-{n}", piece.id);
         }
     }
 }
@@ -449,4 +458,37 @@ pub(super) fn pieces_of(
     let mut pieces = split(&doc, &content).map_err(|(_, detail)| detail)?;
     number_repeats(&mut pieces);
     Ok(pieces)
+}
+
+#[cfg(test)]
+mod numbering {
+    use super::{Piece, number_repeats};
+
+    fn numbered(ids: &[&str]) -> Vec<String> {
+        let mut pieces: Vec<Piece> = ids
+            .iter()
+            .map(|id| Piece::unit((*id).to_owned(), serde_json::Value::Null, 0))
+            .collect();
+        number_repeats(&mut pieces);
+        pieces.into_iter().map(|p| p.id).collect()
+    }
+
+    #[test]
+    fn repeats_are_numbered_past_ids_already_taken() {
+        assert_eq!(
+            numbered(&["a", "a", "a-2", "a", "a-3", "a", "b"]),
+            ["a", "a-2", "a-2-2", "a-3", "a-3-2", "a-4", "b"]
+        );
+        assert_eq!(numbered(&["a-2", "a", "a"]), ["a-2", "a", "a-3"]);
+    }
+
+    #[test]
+    fn twenty_thousand_repeats_are_numbered_in_one_pass() {
+        let ids = vec!["doc.md#Notes"; 20_000];
+        let got = numbered(&ids);
+        assert_eq!(got[0], "doc.md#Notes");
+        assert_eq!(got[19_999], "doc.md#Notes-20000");
+        let unique: std::collections::HashSet<&String> = got.iter().collect();
+        assert_eq!(unique.len(), 20_000);
+    }
 }
