@@ -10,6 +10,7 @@ use std::process::{Command, Output, Stdio};
 use serde_json::Value;
 
 mod asking;
+mod cascade;
 mod effects;
 mod fleet;
 mod newuser;

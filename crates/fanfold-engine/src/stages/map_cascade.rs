@@ -555,6 +555,8 @@ impl CascadeRun {
             Plan::Band { low, high } => {
                 format!("score < {low:.4} negative, ≥ {high:.4} positive")
             }
+            Plan::DropBelow { threshold } => format!("score < {threshold:.4} negative"),
+            Plan::KeepFrom { threshold } => format!("score ≥ {threshold:.4} positive"),
             Plan::OracleDecidesAll => "none".into(),
         };
         let mut left = Vec::new();
@@ -650,7 +652,16 @@ impl CascadeRun {
                     ),
                     None => left.push(i),
                 },
-                Decision::Oracle => left.push(i),
+                // A labels file answers every unit left to the oracle that
+                // it holds a label for, drawn or not.
+                Decision::Oracle => match (&c.labels, self.label(ctx, &name, &units, &stored, p)) {
+                    (Some(f), Some(positive)) => ctx.ledger.record(
+                        i,
+                        made(positive, "label", format!("labelled in `{f}`")),
+                        Origin::Derived,
+                    ),
+                    _ => left.push(i),
+                },
             }
         }
         let mut wanted = 0;
@@ -1044,6 +1055,12 @@ pub(crate) fn answer_section(stats: &RunStats, stage: &str) -> Option<String> {
         Some(Plan::Band { low, high }) => format!(
             "the proxy decides scores below {low:.4} (negative) and from {high:.4} (positive); the oracle the band between"
         ),
+        Some(Plan::DropBelow { threshold }) => {
+            format!("the proxy decides scores below {threshold:.4} (negative); the oracle the rest")
+        }
+        Some(Plan::KeepFrom { threshold }) => {
+            format!("the proxy decides scores from {threshold:.4} (positive); the oracle the rest")
+        }
         Some(Plan::OracleDecidesAll) | None => {
             "the oracle decides every unit (nothing was proven of the proxy)".into()
         }
