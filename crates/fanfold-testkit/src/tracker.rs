@@ -12,8 +12,10 @@
 //! applied and every one that repeated an earlier one (a label already on
 //! the issue, a comment with the body of one already posted), so a test
 //! can prove exactly-once; `/_effects` shows them. A request carrying an
-//! `Idempotency-Key` it has seen is answered as before and applies
-//! nothing.
+//! `Idempotency-Key` it has seen is answered as before, with
+//! `Idempotent-Replayed: true`, and applies nothing. A slow commit
+//! ([`SlowCommit`]) applies an effect only after the client has given up
+//! waiting, as a target that finishes a write late.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
@@ -141,6 +143,15 @@ pub struct Faults {
     pub lose_every: u64,
 }
 
+/// Every n-th effect request (from 1) is written only after `ms`: the
+/// request is held that long, then applied and answered, whether or not
+/// the client still waits. A key it carries is known only once applied.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SlowCommit {
+    pub every: u64,
+    pub ms: u64,
+}
+
 /// What the tracker saw.
 #[derive(Debug, Default)]
 pub struct TrackerStats {
@@ -167,6 +178,8 @@ pub struct EffectLog {
     pub replayed: u64,
     /// Answers dropped by the `lose_every` fault after applying.
     pub lost_answers: u64,
+    /// Effects written late by the slow-commit fault.
+    pub slow_commits: u64,
     /// Labels added by effects and still on, by issue.
     pub labels: BTreeMap<u64, BTreeSet<String>>,
     /// Labels removed by effects, by issue (base labels taken off).
@@ -191,6 +204,7 @@ impl EffectLog {
             "duplicates": self.duplicates,
             "replayed": self.replayed,
             "lost_answers": self.lost_answers,
+            "slow_commits": self.slow_commits,
             "effects": times,
         })
     }
@@ -235,6 +249,7 @@ impl TrackerStats {
 struct Shared {
     data: Arc<TrackerData>,
     faults: Faults,
+    slow: SlowCommit,
     stats: Arc<TrackerStats>,
 }
 
@@ -258,9 +273,20 @@ impl Drop for InFlight {
 /// The tracker's routes: an issue, its comments, the issue list, and
 /// `/_stats` (what the tracker saw, not counted as a request).
 pub fn app(data: Arc<TrackerData>, faults: Faults, stats: Arc<TrackerStats>) -> Router {
+    app_with(data, faults, SlowCommit::default(), stats)
+}
+
+/// [`app`], with effects that commit late.
+pub fn app_with(
+    data: Arc<TrackerData>,
+    faults: Faults,
+    slow: SlowCommit,
+    stats: Arc<TrackerStats>,
+) -> Router {
     let shared = Shared {
         data,
         faults,
+        slow,
         stats,
     };
     Router::new()
@@ -488,7 +514,7 @@ async fn labels(
 async fn effect(
     s: &Shared,
     headers: &HeaderMap,
-    apply: impl FnOnce(&mut EffectLog) -> (StatusCode, Value),
+    apply: impl FnOnce(&mut EffectLog) -> (StatusCode, Value) + Send + 'static,
 ) -> Response {
     let _flight = InFlight::enter(&s.stats);
     let n = {
@@ -503,8 +529,55 @@ async fn effect(
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    if s.slow.every > 0 && n.is_multiple_of(s.slow.every) {
+        // Written late, on a task of its own: a client that gave up
+        // waiting does not stop the write.
+        let (shared, ms) = (s.clone(), s.slow.ms);
+        let late = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            shared.stats.effect_log().slow_commits += 1;
+            commit(&shared, key, n, apply)
+        });
+        return match late.await {
+            Ok(Ok((status, body, _))) => (status, axum::Json(body)).into_response(),
+            Ok(Err((status, body))) => replayed(status, body),
+            Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "the write failed"),
+        };
+    }
+    let applied = commit(s, key, n, apply);
+    let (status, body, lost) = match applied {
+        Ok(done) => done,
+        Err((status, body)) => return replayed(status, body),
+    };
+    if s.faults.latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(s.faults.latency_ms)).await;
+    }
+    if lost {
+        return error(StatusCode::BAD_GATEWAY, "upstream connection lost");
+    }
+    (status, axum::Json(body)).into_response()
+}
+
+/// An answer given again from its idempotency key.
+fn replayed(status: u16, body: Value) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    let mut r = (status, axum::Json(body)).into_response();
+    r.headers_mut()
+        .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    r
+}
+
+/// Applies effect request `n` unless its key was seen: the answer and
+/// whether the `lose_every` fault drops it, or the earlier answer.
+#[allow(clippy::type_complexity)]
+fn commit(
+    s: &Shared,
+    key: Option<String>,
+    n: u64,
+    apply: impl FnOnce(&mut EffectLog) -> (StatusCode, Value),
+) -> Result<(StatusCode, Value, bool), (u16, Value)> {
     // The log's lock is let go before the answer waits.
-    let applied = {
+    {
         let mut log = s.stats.effect_log();
         match key.as_ref().and_then(|k| log.keys.get(k).cloned()) {
             Some(seen) => {
@@ -525,21 +598,7 @@ async fn effect(
                 Ok((status, body, lost))
             }
         }
-    };
-    let (status, body, lost) = match applied {
-        Ok(done) => done,
-        Err((status, body)) => {
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-            return (status, axum::Json(body)).into_response();
-        }
-    };
-    if s.faults.latency_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(s.faults.latency_ms)).await;
     }
-    if lost {
-        return error(StatusCode::BAD_GATEWAY, "upstream connection lost");
-    }
-    (status, axum::Json(body)).into_response()
 }
 
 async fn add_labels(

@@ -20,6 +20,11 @@ struct Setup {
 impl Setup {
     fn new(faults: Faults) -> Setup {
         let (server, stats) = tracker(faults);
+        Setup::on(server, stats)
+    }
+
+    /// The spec pointed at `server`.
+    fn on(server: fanfold_testkit::Server, stats: Arc<TrackerStats>) -> Setup {
         let ex = repo().join("examples/issue-triage");
         let dir = tempfile::tempdir().unwrap();
         for name in [
@@ -353,9 +358,14 @@ fn a_cancel_after_dispatch_is_journaled_and_the_next_run_finishes_the_rest() {
         ids.len() as u64 - 3,
         "{report}"
     );
-    // Cut off after its send: journaled as such, not undone.
-    let cut = &report["effects"][2];
-    assert_eq!(cut["outcome"], "cancelled", "{report}");
+    // Cut off after its send: journaled as such, not undone. (Each run
+    // takes its effects in an order of its own.)
+    let cut = report["effects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["outcome"] == "cancelled")
+        .unwrap();
     assert_eq!(
         cut["journal"],
         serde_json::json!(["intent", "dispatched", "cancelled"]),
@@ -529,7 +539,8 @@ fn an_idempotency_key_guards_resends_a_read_back_cannot_see() {
         .replace(
             "holds = 'any(.body[]; .name == \"release-blocker-auth\")'",
             "holds = 'false'",
-        );
+        )
+        .replace("timeout_ms = 5000", "timeout_ms = 5000\nsettle_ms = 50");
     assert!(spec.contains("idempotency_header") && spec.contains("holds = 'false'"));
     std::fs::write(s.dir.path().join("effects.toml"), spec).unwrap();
     let o = s.go(&[]);
@@ -608,4 +619,179 @@ fn an_answer_that_fails_its_own_verification_exits_4_and_holds_every_effect() {
     assert!(stderr(&o).contains("verification failed"), "{}", stderr(&o));
     assert_eq!(s.cert()["verify"]["passed"], false);
     assert_held(&s, "the answer did not verify");
+}
+
+/// The example's issues served with effects written late: every
+/// `every`-th effect request is applied `ms` after it arrives.
+fn slow_tracker(
+    slow: fanfold_testkit::tracker::SlowCommit,
+) -> (fanfold_testkit::Server, Arc<TrackerStats>) {
+    let ex = repo().join("examples/issue-triage");
+    let read = |name: &str| -> Value {
+        serde_json::from_slice(&std::fs::read(ex.join(name)).unwrap()).unwrap()
+    };
+    let data = fanfold_testkit::tracker::TrackerData::from_export(
+        &read("issues.json"),
+        &read("comments.json"),
+    )
+    .unwrap();
+    let stats = Arc::new(TrackerStats::default());
+    let app =
+        fanfold_testkit::tracker::app_with(Arc::new(data), Faults::default(), slow, stats.clone());
+    (fanfold_testkit::Server::start(app).unwrap(), stats)
+}
+
+/// Comments applied at the tracker, by issue: how many distinct texts
+/// and how many times in all.
+fn comments_by_issue(log: &Value) -> std::collections::BTreeMap<String, (u64, u64)> {
+    let mut out = std::collections::BTreeMap::new();
+    for e in log["effects"].as_array().unwrap() {
+        if e["kind"] == "comment" {
+            let slot: &mut (u64, u64) = out.entry(e["issue"].to_string()).or_default();
+            slot.0 += 1;
+            slot.1 += e["times"].as_u64().unwrap();
+        }
+    }
+    out
+}
+
+#[test]
+fn two_runs_on_two_stores_at_once_comment_each_issue_once() {
+    let s = Setup::new(Faults {
+        latency_ms: 20,
+        ..Faults::default()
+    });
+    let spawn = |store: &str, out: &str| {
+        let mut c = bin();
+        c.current_dir(s.dir.path())
+            .args(["run", "effects.toml", "--backend", "scripted", "--json"])
+            .args(["--store", store, "--out", out])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        c.spawn().unwrap()
+    };
+    let a = spawn("store-a.sqlite", "out-a");
+    let b = spawn("store-b.sqlite", "out-b");
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(a.status.success(), "{}", stderr(&a));
+    assert!(b.status.success(), "{}", stderr(&b));
+    let log = s.log();
+    assert_eq!(log["duplicates"], 0, "{log}");
+    let read = |dir: &str| -> Value {
+        serde_json::from_slice(
+            &std::fs::read(s.dir.path().join(dir).join("certificate.json")).unwrap(),
+        )
+        .unwrap()
+    };
+    let (ca, cb) = (read("out-a"), read("out-b"));
+    let n = ca["stats"]["effects"]["comment_cause"]["targets"]
+        .as_u64()
+        .unwrap();
+    assert!(n > 5);
+    let comments = comments_by_issue(&log);
+    assert_eq!(comments.len() as u64, n, "{log}");
+    assert!(comments.values().all(|&c| c == (1, 1)), "{comments:?}");
+    let mut already = 0;
+    for stage in ["label_blockers", "comment_cause"] {
+        for c in [&ca, &cb] {
+            let r = &c["stats"]["effects"][stage];
+            // Each run read every effect back in place, once.
+            assert_eq!(
+                outcome_count(r, "done") + outcome_count(r, "already"),
+                n,
+                "{r}"
+            );
+            already += outcome_count(r, "already");
+        }
+    }
+    // Between them each effect was made once: the other run found it.
+    assert_eq!(already, 2 * n, "{ca} {cb}");
+}
+
+#[test]
+fn a_target_that_commits_after_the_timeout_gets_each_comment_once() {
+    // Every third effect request is written 1.2 s after it arrives; the
+    // client gives up after 0.4 s. The target honours no idempotency key,
+    // so only the settle and a second read-back keep the resend away.
+    let (server, stats) = slow_tracker(fanfold_testkit::tracker::SlowCommit {
+        every: 3,
+        ms: 1_200,
+    });
+    let s = Setup::on(server, stats);
+    s.edit_spec(|t| {
+        t.replace(
+            "type = \"http\", method = \"POST\",",
+            "type = \"http\", method = \"POST\", idempotency_header = \"\",",
+        )
+        .replace("timeout_ms = 5000", "timeout_ms = 400\nsettle_ms = 1500")
+    });
+    let o = s.go(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let n = s.answer_ids().len() as u64;
+    let log = s.log();
+    assert!(log["slow_commits"].as_u64().unwrap() >= 2, "{log}");
+    assert_eq!(log["duplicates"], 0, "{log}");
+    let comments = comments_by_issue(&log);
+    assert_eq!(comments.len() as u64, n, "{log}");
+    assert!(comments.values().all(|&c| c == (1, 1)), "{comments:?}");
+    let report = s.report("comment_cause");
+    assert_eq!(outcome_count(&report, "done"), n, "{report}");
+    let settled = ["label_blockers", "comment_cause"]
+        .iter()
+        .flat_map(|st| s.report(st)["effects"].as_array().unwrap().clone())
+        .filter(|l| {
+            l["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("after a 1500 ms settle: in place"))
+        })
+        .count();
+    assert!(settled >= 2, "{}", s.cert()["stats"]["effects"]);
+}
+
+#[test]
+fn a_changed_template_is_held_without_the_flag_and_posted_with_it() {
+    let s = Setup::new(Faults::default());
+    let o = s.go(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ids = s.answer_ids();
+    let n = ids.len() as u64;
+    s.edit_spec(|t| t.replace("; cause `{cause}`.", "; probable cause `{cause}`."));
+    let requests = s.log()["requests"].as_u64().unwrap();
+
+    // Without the flag: every unit carries the earlier comment, so each is
+    // held, named, and the answer and the exit say so.
+    let o = s.go(&[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert_eq!(s.log()["requests"], requests, "nothing was sent");
+    let report = s.report("comment_cause");
+    assert_eq!(outcome_count(&report, "held"), n, "{report}");
+    let line = &report["effects"][0];
+    assert!(
+        line["detail"]
+            .as_str()
+            .unwrap()
+            .contains("carries an earlier version of this effect"),
+        "{line}"
+    );
+    assert_eq!(outcome_count(&s.report("label_blockers"), "already"), n);
+    let answer = std::fs::read_to_string(s.dir.path().join("out/answer.md")).unwrap();
+    assert!(answer.starts_with("# INCOMPLETE"), "{answer}");
+    assert!(answer.contains(&format!("{n} held")), "{answer}");
+    assert!(answer.contains("--allow-new-version"), "{answer}");
+    assert!(answer.contains(&ids[0]), "{answer}");
+
+    // With it: the new comment goes to each, once.
+    let o = s.go(&["--allow-new-version"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let log = s.log();
+    assert_eq!(log["duplicates"], 0, "{log}");
+    let comments = comments_by_issue(&log);
+    assert_eq!(comments.len() as u64, n, "{log}");
+    assert!(comments.values().all(|&c| c == (2, 2)), "{comments:?}");
+    let report = s.report("comment_cause");
+    assert_eq!(outcome_count(&report, "done"), n, "{report}");
+    // And again without the flag: its own marker is found, nothing held.
+    let o = s.go(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(outcome_count(&s.report("comment_cause"), "already"), n);
 }

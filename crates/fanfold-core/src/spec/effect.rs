@@ -57,6 +57,23 @@ pub struct EffectStageSpec {
     /// The most actions one run sends (read-backs are free); effects past
     /// it end `not_run`.
     pub max_actions: Option<u64>,
+    /// A JSON pointer to a string of the action's body (a comment's text,
+    /// `/body`) that gets the effect's marker appended,
+    /// `<!-- fanfold:effect NAME KEY -->`: the idempotency key, visible at
+    /// the target. Every read-back looks for it: the effect's own key is in
+    /// place (once; twice is said), and another key of the same effect
+    /// name is an earlier version on that unit.
+    pub marker: Option<String>,
+    /// How long to wait, in milliseconds, after an answer is lost and a
+    /// read-back does not see the action, before reading back again and
+    /// only then sending it again: a target may complete a write after the
+    /// client gave up. Absent: `timeout_ms`.
+    pub settle_ms: Option<u64>,
+    /// Send to units whose read-back shows an earlier version of this
+    /// effect (its marker with another key, as after the template
+    /// changed). Without it (or `--allow-new-version`) such units are held.
+    #[serde(default)]
+    pub allow_new_version: bool,
 }
 
 /// An HTTP request whose URL and body are templates: `{name}` holes in
@@ -74,9 +91,9 @@ pub enum EffectAction {
         /// An environment variable whose value is sent as a bearer token,
         /// to this host only.
         token_env: Option<String>,
-        /// A header that carries the effect's idempotency key, for servers
-        /// that accept one (`Idempotency-Key`); the key is journaled
-        /// either way.
+        /// The header that carries the effect's idempotency key, for
+        /// servers that accept one. Absent: `Idempotency-Key`; `""` sends
+        /// none. The key is journaled either way.
         idempotency_header: Option<String>,
     },
 }

@@ -158,6 +158,9 @@ pub struct ActGate {
     /// Why nothing may be done at all (the answer is incomplete or did not
     /// verify), if so.
     pub held: Option<String>,
+    /// An effect may be sent to a unit that carries an earlier version of
+    /// it (`--allow-new-version`).
+    pub allow_new_version: bool,
 }
 
 impl StageContext<'_> {

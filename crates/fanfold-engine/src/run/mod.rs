@@ -59,6 +59,8 @@ pub struct RunOptions {
     pub lease_ms: Option<u64>,
     /// Effects show what they would do and do nothing.
     pub dry_run: bool,
+    /// Effects may send a new version to units that carry an earlier one.
+    pub allow_new_version: bool,
     /// Model calls are made by worker processes sharing the store
     /// (`fanfold worker`); this run queues them and folds what they answer.
     pub fleet: bool,
@@ -104,6 +106,7 @@ impl RunOptions {
             store_max_bytes: None,
             lease_ms: None,
             dry_run: false,
+            allow_new_version: false,
             fleet: false,
         }
     }
@@ -393,6 +396,7 @@ fn run_begun(
     // Effects, on the units the answer selected, once it verified.
     let act = crate::kit::ActGate {
         dry_run: opts.dry_run,
+        allow_new_version: opts.allow_new_version,
         held: if !report.passed {
             Some("the answer did not verify".into())
         } else if !incomplete.is_empty() {

@@ -13,8 +13,20 @@
 //! 4. `dispatched` is journaled before the request leaves, the receipt
 //!    after it answers, and the read-back after that;
 //! 5. an answer that is lost (timeout, 5xx, 429, reset) is followed by a
-//!    read-back, and the action is sent again only if the read-back does
-//!    not see it.
+//!    read-back, and, when that does not see it, by the stage's settle
+//!    time and a second read-back: the action is sent again only if that
+//!    does not see it either (a target may finish a write after the
+//!    client gave up).
+//!
+//! The key is visible at the target: sent as a header (`Idempotency-Key`
+//! unless the spec names another or none), and, with `marker`, in the
+//! body (`<!-- fanfold:effect NAME KEY -->`), which every read-back looks
+//! for. So a run on another store, or one whose store was lost, finds the
+//! effect and records `already`; two markers of one key are said
+//! (`duplicated`); and a marker of the same effect under another key (the
+//! template changed) holds the unit unless a new version is allowed. Each
+//! run takes its effects in an order of its own, so runs started together
+//! on different stores rarely reach one unit at once.
 //!
 //! What the report says of an effect is what its read-back saw in this
 //! run, never a stored answer: nothing here is served from a cache.
@@ -85,6 +97,12 @@ pub enum Outcome {
     Skipped,
     /// A dry run: what would be sent.
     Planned,
+    /// Not sent: the unit carries an earlier version of this effect (its
+    /// marker under another key) and a new version was not allowed.
+    Held,
+    /// In place more than once: the read-back shows the effect's marker
+    /// twice or more.
+    Duplicated,
 }
 
 impl Outcome {
@@ -100,6 +118,8 @@ impl Outcome {
             Outcome::Invalid => "invalid",
             Outcome::Skipped => "skipped",
             Outcome::Planned => "planned",
+            Outcome::Held => "held",
+            Outcome::Duplicated => "duplicated",
         }
     }
 
@@ -171,8 +191,14 @@ impl super::Kind for EffectStageSpec {
 
 /// How a request went.
 enum Heard {
-    /// The target answered with this status and body.
-    Answer { status: u16, body: Value },
+    /// The target answered with this status and body; `replayed` when it
+    /// said the answer is an earlier request's, found by the idempotency
+    /// key (`Idempotent-Replayed: true`).
+    Answer {
+        status: u16,
+        body: Value,
+        replayed: bool,
+    },
     /// No answer: timed out, reset, refused to connect.
     Lost(String),
 }
@@ -225,10 +251,9 @@ impl Sender<'_> {
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
         }
-        if method != "GET"
-            && let Some(h) = idempotency_header
-        {
-            req = req.header(h.as_str(), key);
+        let header = idempotency_header.as_deref().unwrap_or(IDEMPOTENCY_HEADER);
+        if method != "GET" && !header.is_empty() {
+            req = req.header(header, key);
         }
         if let Some(b) = body {
             req = req
@@ -238,11 +263,17 @@ impl Sender<'_> {
         match req.send() {
             Ok(r) => {
                 let status = r.status().as_u16();
+                let replayed = r
+                    .headers()
+                    .get("idempotent-replayed")
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.eq_ignore_ascii_case("true"));
                 let mut bytes = Vec::new();
                 match r.take(keep).read_to_end(&mut bytes) {
                     Ok(_) => Heard::Answer {
                         status,
                         body: super::tool::body_of(&bytes),
+                        replayed,
                     },
                     Err(e) => Heard::Lost(format!("{method} {url}: the answer broke off: {e}")),
                 }
@@ -252,20 +283,35 @@ impl Sender<'_> {
         }
     }
 
-    /// Reads the target back: whether the action is in place, with what
-    /// was seen; `Err` when it could not be read.
-    fn read_back(&self, action: &Action) -> Result<(bool, Value), String> {
+    /// Reads the target back: whether the action is in place (its
+    /// predicate holds, or its marker is seen), with what was seen; `Err`
+    /// when it could not be read.
+    fn read_back(&self, action: &Action) -> Result<Seen, String> {
         match self.send("GET", &action.read_url, None, "", READ_BACK_BYTES) {
-            Heard::Answer { status, body } if (200..300).contains(&status) || status == 404 => {
-                let holds = self
-                    .runner
-                    .stage
-                    .holds(action, status, &body)
-                    .map_err(|e| e.to_string())?;
-                Ok((
+            Heard::Answer { status, body, .. } if (200..300).contains(&status) || status == 404 => {
+                let marks = self.runner.stage.markers(action, &body);
+                let holds = marks.own > 0
+                    || self
+                        .runner
+                        .stage
+                        .holds(action, status, &body)
+                        .map_err(|e| e.to_string())?;
+                let mut record =
+                    json!({"holds": holds, "status": status, "at_ms": fanfold_store::now_ms()});
+                if let Some(o) = record.as_object_mut() {
+                    if marks.own > 0 {
+                        o.insert("markers".into(), json!(marks.own));
+                    }
+                    if !marks.earlier.is_empty() {
+                        o.insert("earlier_keys".into(), json!(marks.earlier));
+                    }
+                }
+                Ok(Seen {
                     holds,
-                    json!({"holds": holds, "status": status, "at_ms": fanfold_store::now_ms()}),
-                ))
+                    copies: marks.own,
+                    earlier: marks.earlier,
+                    record,
+                })
             }
             Heard::Answer { status, .. } => Err(format!(
                 "read-back GET {} answered {status}",
@@ -275,6 +321,21 @@ impl Sender<'_> {
         }
     }
 }
+
+/// What one read-back saw.
+struct Seen {
+    /// The action is in place.
+    holds: bool,
+    /// How many of its markers (with its own key) the target shows.
+    copies: usize,
+    /// Keys of earlier versions of the effect the unit carries.
+    earlier: Vec<String>,
+    /// As journaled and reported.
+    record: Value,
+}
+
+/// The header that carries the idempotency key when the spec names none.
+const IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
 
 /// The run-wide limits an action checks before it is sent.
 struct Gate<'a> {
@@ -324,21 +385,21 @@ impl Work<'_> {
         Ok(ok)
     }
 
-    fn read_back(&mut self, action: &Action) -> Result<(bool, Value), String> {
+    fn read_back(&mut self, action: &Action) -> Result<Seen, String> {
         self.read_backs += 1;
         let r = self.sender.read_back(action);
-        if let Ok((_, seen)) = &r {
-            self.line.read_back = Some(seen.clone());
+        if let Ok(seen) = &r {
+            self.line.read_back = Some(seen.record.clone());
         }
         r
     }
 
     /// Reads back after a receipt, a few times: a target may show a change
     /// a moment after it answers.
-    fn read_back_settled(&mut self, action: &Action, tries: u32) -> Result<(bool, Value), String> {
+    fn read_back_settled(&mut self, action: &Action, tries: u32) -> Result<Seen, String> {
         let mut last = self.read_back(action);
         for _ in 1..tries {
-            if !matches!(last, Ok((false, _))) {
+            if !matches!(&last, Ok(seen) if !seen.holds) {
                 break;
             }
             std::thread::sleep(LEASE_POLL);
@@ -351,23 +412,24 @@ impl Work<'_> {
     /// action is seen, `missing` when it is not.
     fn settle(
         &mut self,
-        seen: Result<(bool, Value), String>,
+        seen: Result<Seen, String>,
         in_place: Outcome,
         missing: Outcome,
     ) -> Result<(), RunError> {
         match seen {
-            Ok((true, v)) => {
-                if self.step(EffectState::Confirmed, v)? {
+            Ok(seen) if seen.holds => {
+                let copies = seen.copies;
+                if self.step(EffectState::Confirmed, seen.record)? {
                     self.line.outcome = in_place;
+                    self.duplicated(copies);
                 }
             }
-            Ok((false, v)) => {
-                if self.step(EffectState::Absent, v)? {
+            Ok(seen) => {
+                if self.step(EffectState::Absent, seen.record)? {
                     self.line.outcome = missing;
                     if missing == Outcome::Absent {
                         self.line.detail = Some(
-                            "carried out before, not seen by this read-back: not sent again"
-                                .into(),
+                            "carried out before, not seen by this read-back: not sent again".into(),
                         );
                     }
                 }
@@ -382,6 +444,34 @@ impl Work<'_> {
         Ok(())
     }
 
+    /// Says so when the target shows the effect more than once.
+    fn duplicated(&mut self, copies: usize) {
+        if copies > 1 {
+            self.line.outcome = Outcome::Duplicated;
+            self.line.detail = Some(format!(
+                "the target shows this effect's marker {copies} times: sent more than once"
+            ));
+        }
+    }
+
+    /// Waits the settle time after a lost answer (never past the run's
+    /// wall budget), then reads back; `None` when the budget ran out.
+    fn settle_then_read(
+        &mut self,
+        action: &Action,
+        settle: Duration,
+    ) -> Option<Result<Seen, String>> {
+        let wait = match self.sender.budget.wall_left() {
+            Some(left) => settle.min(left),
+            None => settle,
+        };
+        std::thread::sleep(wait);
+        if self.sender.budget.wall_spent().is_some() {
+            return None;
+        }
+        Some(self.read_back(action))
+    }
+
     /// Carries out one effect whose lease this run holds.
     fn carry_out(
         &mut self,
@@ -389,8 +479,17 @@ impl Work<'_> {
         prior: EffectState,
         gate: &Gate<'_>,
         attempts: u32,
+        allow_new_version: bool,
     ) -> Result<(), RunError> {
         use EffectState as S;
+        let settle = Duration::from_millis(
+            self.sender
+                .runner
+                .stage
+                .spec
+                .settle_ms
+                .unwrap_or(self.sender.runner.stage.spec.timeout_ms),
+        );
         if gate.budget.wall_spent().is_some() {
             // Nothing more is sent or read: what may have acted stays for
             // the next run's read-back.
@@ -414,8 +513,8 @@ impl Work<'_> {
             // is not made twice.
             S::Dispatched | S::Unknown | S::Cancelled | S::Intent | S::Refused => {
                 match self.read_back(action) {
-                    Ok((true, v)) => {
-                        if self.step(S::Confirmed, v)? {
+                    Ok(seen) if seen.holds => {
+                        if self.step(S::Confirmed, seen.record)? {
                             let sent_before = prior.may_have_acted();
                             self.line.outcome = if sent_before {
                                 Outcome::Done
@@ -427,10 +526,38 @@ impl Work<'_> {
                             } else {
                                 "in place before any send of this store: not sent".into()
                             });
+                            self.duplicated(seen.copies);
                         }
                         return Ok(());
                     }
-                    Ok((false, _)) => {}
+                    // An earlier version of this effect is on the unit
+                    // (the template or arguments changed since): a new
+                    // one is sent only when allowed.
+                    Ok(seen) if !seen.earlier.is_empty() && !prior.may_have_acted() => {
+                        let earlier = seen.earlier.join(", ");
+                        if !allow_new_version {
+                            tracing::warn!(
+                                stage = %self.sender.runner.stage.name(),
+                                unit = %action.unit_id,
+                                %earlier,
+                                "the unit carries an earlier version of this effect: held, not sent (--allow-new-version sends it)"
+                            );
+                            self.line.outcome = Outcome::Held;
+                            self.line.detail = Some(format!(
+                                "carries an earlier version of this effect (key {earlier}): held, not sent; --allow-new-version or allow_new_version = true sends the new one"
+                            ));
+                            return Ok(());
+                        }
+                        tracing::warn!(
+                            stage = %self.sender.runner.stage.name(),
+                            unit = %action.unit_id,
+                            %earlier,
+                            "the unit carries an earlier version of this effect: sending the new one, as allowed"
+                        );
+                        self.line.detail =
+                            Some(format!("a new version over the earlier key {earlier}"));
+                    }
+                    Ok(_) => {}
                     Err(why) => {
                         // Nothing is sent unseen: what may have acted
                         // stays unknown, what never was stays not run.
@@ -470,16 +597,34 @@ impl Work<'_> {
                 RECEIPT_BYTES,
             );
             match heard {
-                Heard::Answer { status, body } if (200..300).contains(&status) => {
-                    let receipt = json!({"status": status, "body": body});
+                Heard::Answer {
+                    status,
+                    body,
+                    replayed,
+                } if (200..300).contains(&status) => {
+                    let receipt = json!({"status": status, "body": body, "replayed": replayed});
                     self.line.receipt = Some(receipt.clone());
                     if !self.step(S::Receipt, receipt)? {
                         return Ok(());
                     }
                     let seen = self.read_back_settled(action, attempts.max(2));
+                    if replayed {
+                        // The target knew the key: an earlier send (another
+                        // run's, another store's) made it, not this one.
+                        self.line.detail = Some(
+                            "the target answered from the idempotency key: made by an earlier send"
+                                .into(),
+                        );
+                        let outcome = if self.line.sent > 1 {
+                            Outcome::Done
+                        } else {
+                            Outcome::Already
+                        };
+                        return self.settle(seen, outcome, Outcome::Absent);
+                    }
                     return self.settle(seen, Outcome::Done, Outcome::Absent);
                 }
-                Heard::Answer { status, body }
+                Heard::Answer { status, body, .. }
                     if (400..500).contains(&status) && !matches!(status, 408 | 409 | 425 | 429) =>
                 {
                     let receipt = json!({"status": status, "body": body});
@@ -491,6 +636,8 @@ impl Work<'_> {
                     return Ok(());
                 }
                 heard => {
+                    // A 429 says the request was not taken: no settle.
+                    let refused_for_now = matches!(heard, Heard::Answer { status: 429, .. });
                     let why = match heard {
                         Heard::Answer { status, .. } => format!("{} answered {status}", action.url),
                         Heard::Lost(why) => why,
@@ -503,19 +650,51 @@ impl Work<'_> {
                         }
                         return Ok(());
                     }
-                    // No receipt: the read-back says whether it acted.
-                    match self.read_back(action) {
-                        Ok((true, v)) => {
-                            if self.step(S::Confirmed, v)? {
+                    // No receipt: the read-back says whether it acted; if
+                    // it does not see it, the settle time passes and it is
+                    // read back again before anything is sent again.
+                    let mut seen = self.read_back(action);
+                    let mut settled = false;
+                    if refused_for_now && matches!(&seen, Ok(s) if !s.holds) {
+                        std::thread::sleep(Duration::from_millis(100 << attempt.min(5)));
+                    } else if matches!(&seen, Ok(s) if !s.holds) {
+                        match self.settle_then_read(action, settle) {
+                            Some(again) => {
+                                seen = again;
+                                settled = true;
+                            }
+                            None => {
+                                if self.step(S::Cancelled, json!({"why": why}))? {
+                                    self.line.outcome = Outcome::Cancelled;
+                                    self.line.detail = Some(why);
+                                }
+                                return Ok(());
+                            }
+                        }
+                    }
+                    match seen {
+                        Ok(seen) if seen.holds => {
+                            let copies = seen.copies;
+                            if self.step(S::Confirmed, seen.record)? {
                                 self.line.outcome = Outcome::Done;
-                                self.line.detail =
-                                    Some(format!("{why}; resolved by read-back: in place"));
+                                self.line.detail = Some(format!(
+                                    "{why}; resolved by read-back{}: in place",
+                                    if settled {
+                                        format!(" after a {} ms settle", settle.as_millis())
+                                    } else {
+                                        String::new()
+                                    }
+                                ));
+                                self.duplicated(copies);
                             }
                             return Ok(());
                         }
-                        Ok((false, _)) => {
-                            self.line.detail = Some(why);
-                            std::thread::sleep(Duration::from_millis(100 << attempt.min(5)));
+                        Ok(_) => {
+                            self.line.detail = Some(if settled {
+                                format!("{why}; not seen after a {} ms settle", settle.as_millis())
+                            } else {
+                                why
+                            });
                         }
                         Err(e) => {
                             if self.step(S::Unknown, json!({"error": e}))? {
@@ -565,11 +744,16 @@ impl Stage for EffectRunner {
     fn explain(&self, _spec: &Spec, out: &mut String) {
         let sp = &self.stage.spec;
         let EffectAction::Http {
-            method, url, body, ..
+            method,
+            url,
+            body,
+            idempotency_header,
+            ..
         } = &sp.action;
+        let header = idempotency_header.as_deref().unwrap_or(IDEMPOTENCY_HEADER);
         let _ = writeln!(
             out,
-            "  {} effect v{} (on the units the answer selects, once it is whole and verified)\n    request `{}`; {} {url}{}\n    read back by GET {}, in place when `{}`\n    quota {} in flight{}, {} ms an attempt, {} sends at most; leased and journaled in the store",
+            "  {} effect v{} (on the units the answer selects, once it is whole and verified)\n    request `{}`; {} {url}{}\n    read back by GET {}, in place when `{}`{}\n    quota {} in flight{}, {} ms an attempt, {} sends at most, {} ms settle before a resend; key sent {}; leased and journaled in the store; a unit with an earlier version {}",
             sp.name,
             sp.version,
             sp.request,
@@ -579,6 +763,10 @@ impl Stage for EffectRunner {
                 .unwrap_or_default(),
             sp.read_back.url,
             sp.read_back.holds,
+            sp.marker
+                .as_ref()
+                .map(|p| format!(" or its marker is seen (appended at `{p}`)"))
+                .unwrap_or_default(),
             sp.quota.concurrency,
             sp.quota
                 .per_second
@@ -586,6 +774,17 @@ impl Stage for EffectRunner {
                 .unwrap_or_default(),
             sp.timeout_ms,
             sp.attempts,
+            sp.settle_ms.unwrap_or(sp.timeout_ms),
+            if header.is_empty() {
+                "in no header".to_owned()
+            } else {
+                format!("as {header}")
+            },
+            if sp.allow_new_version {
+                "gets the new one (allow_new_version)"
+            } else {
+                "is held unless --allow-new-version"
+            },
         );
     }
 
@@ -694,10 +893,15 @@ impl Stage for EffectRunner {
                 sent: AtomicU64::new(0),
                 pace: crate::kit::Pace::new(sp.quota.per_second),
             };
-            let queue = Mutex::new(queue);
+            // An order of this run's own: runs started together on
+            // different stores seldom reach one unit at the same moment.
+            let mut queue: Vec<(usize, Action)> = queue.into();
+            queue.sort_by_cached_key(|(_, a)| run_order(ctx.run_id, &a.key));
+            let queue = Mutex::new(VecDeque::from(queue));
             let done: Mutex<Vec<(usize, EffectLine, u64)>> = Mutex::new(Vec::new());
             let failure: Mutex<Option<RunError>> = Mutex::new(None);
             let workers = sp.quota.concurrency.min(lock(&queue).len()).max(1);
+            let allow_new_version = sp.allow_new_version || ctx.act.allow_new_version;
             let (store, run_id, progress) = (ctx.store, ctx.run_id, ctx.progress);
             std::thread::scope(|s| {
                 for _ in 0..workers {
@@ -712,7 +916,14 @@ impl Stage for EffectRunner {
                             if lock(&failure).is_some() {
                                 break;
                             }
-                            match self.one(store, run_id, &sender, &gate, &action) {
+                            match self.one(
+                                store,
+                                run_id,
+                                &sender,
+                                &gate,
+                                &action,
+                                allow_new_version,
+                            ) {
                                 Ok(Some((line, read_backs))) => {
                                     progress.unit_finished(
                                         name,
@@ -781,8 +992,30 @@ impl Stage for EffectRunner {
             *by.entry(l.outcome.as_str()).or_insert(0) += 1;
         }
         let kinds: Vec<String> = by.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        let held: Vec<&str> = short
+            .iter()
+            .filter(|l| l.outcome == Outcome::Held)
+            .map(|l| l.unit_id.as_str())
+            .collect();
+        let held = if held.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; held, carrying an earlier version of this effect (sent only with --allow-new-version or allow_new_version = true): {}{}",
+                held.iter()
+                    .take(SHOWN)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if held.len() > SHOWN {
+                    format!(" and {} more", held.len() - SHOWN)
+                } else {
+                    String::new()
+                }
+            )
+        };
         vec![format!(
-            "effect `{}`: {} of {} effects are not in place by read-back ({}){}",
+            "effect `{}`: {} of {} effects are not in place by read-back ({}){held}{}",
             self.stage.name(),
             short.len(),
             r.effects.len(),
@@ -795,7 +1028,9 @@ impl Stage for EffectRunner {
     }
 
     fn answer_section(&self, stats: &RunStats, simulated: &str) -> Option<String> {
-        let r = stats.reports.get::<EffectReport>(REPORT, self.stage.name())?;
+        let r = stats
+            .reports
+            .get::<EffectReport>(REPORT, self.stage.name())?;
         let mut out = String::new();
         let _ = writeln!(out, "\n## Effects: `{}`{simulated}\n", self.stage.name());
         let counts: Vec<String> = r.outcomes.iter().map(|(k, n)| format!("{n} {k}")).collect();
@@ -842,17 +1077,15 @@ impl Stage for EffectRunner {
             );
         }
         if r.effects.len() > SHOWN {
-            let _ = writeln!(
-                out,
-                "\n{} more in effects.jsonl.",
-                r.effects.len() - SHOWN
-            );
+            let _ = writeln!(out, "\n{} more in effects.jsonl.", r.effects.len() - SHOWN);
         }
         Some(out)
     }
 
     fn accounting(&self, stats: &RunStats) -> Option<String> {
-        let r = stats.reports.get::<EffectReport>(REPORT, self.stage.name())?;
+        let r = stats
+            .reports
+            .get::<EffectReport>(REPORT, self.stage.name())?;
         Some(format!(
             "Effect `{}`: {} targets, {} sent, {} read-backs",
             self.stage.name(),
@@ -895,6 +1128,7 @@ impl EffectRunner {
         sender: &Sender<'_>,
         gate: &Gate<'_>,
         action: &Action,
+        allow_new_version: bool,
     ) -> Result<Option<(EffectLine, u64)>, RunError> {
         let key = action.key.to_hex();
         store.effect_intent(
@@ -926,9 +1160,7 @@ impl EffectRunner {
             )));
         }
         // Read under the lease: another run may have moved it on.
-        let prior = store
-            .effect(&key)?
-            .map_or(EffectState::Intent, |r| r.state);
+        let prior = store.effect(&key)?.map_or(EffectState::Intent, |r| r.state);
         let mut work = Work {
             store,
             run_id,
@@ -947,7 +1179,13 @@ impl EffectRunner {
             },
             read_backs: 0,
         };
-        let result = work.carry_out(action, prior, gate, self.stage.spec.attempts.max(1));
+        let result = work.carry_out(
+            action,
+            prior,
+            gate,
+            self.stage.spec.attempts.max(1),
+            allow_new_version,
+        );
         store.release_claim(&action.key, run_id)?;
         result?;
         let row = store.effect(&key)?;
@@ -962,6 +1200,15 @@ impl EffectRunner {
             .collect();
         Ok(Some((work.line, work.read_backs)))
     }
+}
+
+/// Where effect `key` falls in run `run_id`'s order.
+fn run_order(run_id: &str, key: &ContentHash) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    run_id.hash(&mut h);
+    key.to_hex().hash(&mut h);
+    h.finish()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
