@@ -82,7 +82,9 @@ enum Command {
     /// another machine: every fact against its digest, the counts, the
     /// answer against what its facts give, and every cited unit and quote
     /// against the source read again. Exits 4 on any mismatch, naming
-    /// each.
+    /// each, and when the source cannot be read again: verify reads the
+    /// file given, or the file the spec names while it hashes as the run
+    /// read it, and never runs a command a certificate names.
     Verify {
         /// The run's output folder (answer.json, certificate.json,
         /// facts.jsonl).
@@ -93,12 +95,16 @@ enum Command {
     },
     /// What each stage of a finished run said of one unit, and why: its
     /// facts with their evidence, the fold path up to the answer, the
-    /// select's choice and the effects taken on it.
+    /// select's choice and the effects taken on it, and the unit read
+    /// back from the source (exits 4 when it cannot be, or changed).
     Why {
         /// The run's output folder.
         run: PathBuf,
         /// The unit's id.
         unit: String,
+        /// Read the source from here instead of the spec's input.
+        #[arg(long, value_name = "FILE")]
+        input: Option<PathBuf>,
     },
     /// Prove the spine's claims on the issue-triage fixture.
     Selfcheck(SelfcheckArgs),
@@ -142,6 +148,10 @@ enum ReportCommand {
         /// default.
         #[arg(long, value_name = "FILE")]
         md: Option<PathBuf>,
+        /// Re-check against the source read from here instead of the
+        /// spec's input.
+        #[arg(long, value_name = "FILE")]
+        input: Option<PathBuf>,
     },
     /// A ladder's strategies for people: held-out F1 against tokens and
     /// against wall time with the Pareto frontier marked, and the table,
@@ -319,11 +329,6 @@ struct RunArgs {
     /// and send nothing; the rest of the run is as usual.
     #[arg(long)]
     dry_run: bool,
-    /// Effect stages send a new version (a changed template or
-    /// arguments) to units whose read-back shows an earlier one; without
-    /// it those units are held, named and counted.
-    #[arg(long)]
-    allow_new_version: bool,
     /// Hand the model calls to worker processes sharing the store
     /// (`fanfold worker`): start N of them here, or 0 to wait for workers
     /// started elsewhere. `--slots` then bounds the calls out across all
@@ -479,13 +484,6 @@ enum FixtureCommand {
         /// answer is lost on the way back (0: never).
         #[arg(long, default_value_t = 0)]
         lose_every: u64,
-        /// Write every N-th effect only after --slow-commit-ms, whether or
-        /// not the client still waits, as a target that finishes a write
-        /// after the client's timeout (0: never).
-        #[arg(long, default_value_t = 0)]
-        slow_commit_every: u64,
-        #[arg(long, default_value_t = 7_000)]
-        slow_commit_ms: u64,
     },
     /// Synthetic JSONL event records.
     Jsonl {
@@ -648,8 +646,7 @@ fn real_main() -> Result<ExitCode> {
             }
         }
         Command::Verify { run, input } => {
-            let checked =
-                fanfold_engine::recheck::recheck(&run, input.map(fanfold_engine::Source::File))?;
+            let checked = fanfold_engine::recheck::recheck(&run, input.as_deref())?;
             if checked.passed() {
                 println!(
                     "verify {}: passed: {} facts match their digests, the counts add up, the answer is what its facts give ({} reducers), {} cited units and {} quotes read back from the source",
@@ -662,21 +659,47 @@ fn real_main() -> Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             println!(
-                "verify {}: FAILED, {} mismatches:",
+                "verify {}: FAILED, {} mismatches{}:",
                 run.display(),
-                checked.mismatches.len()
+                checked.mismatches.len(),
+                if checked.unread.is_some() {
+                    ", and the source was not read again"
+                } else {
+                    ""
+                }
             );
+            if let Some(why) = &checked.unread {
+                println!("  - could not re-read the source: {why}");
+            }
             for m in &checked.mismatches {
                 println!("  - {m}");
             }
             Ok(ExitCode::from(fanfold_engine::EXIT_VERIFY_FAILED))
         }
-        Command::Why { run, unit } => {
-            print!("{}", fanfold_engine::recheck::why(&run, &unit)?);
-            Ok(ExitCode::SUCCESS)
+        Command::Why { run, unit, input } => {
+            let why = fanfold_engine::recheck::why(&run, &unit, input.as_deref())?;
+            print!("{}", why.text);
+            Ok(if why.read_back {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(fanfold_engine::EXIT_VERIFY_FAILED)
+            })
         }
-        Command::Report(ReportCommand::Run { run, html, md }) => {
-            let out = fanfold_bench::page::RunOutput::read(&run)?;
+        Command::Report(ReportCommand::Run {
+            run,
+            html,
+            md,
+            input,
+        }) => {
+            let mut out = fanfold_bench::page::RunOutput::read(&run)?;
+            // What the source read again shows, beside what the folder
+            // alone does; a source that cannot be read again is said so.
+            let checked = fanfold_engine::recheck::recheck(&run, input.as_deref())?;
+            for m in checked.mismatches {
+                if !out.changed.contains(&m) {
+                    out.changed.push(m);
+                }
+            }
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let (text, page) = fanfold_bench::page::run_page(&out, cores);
             let md = md.unwrap_or_else(|| run.join("report.md"));
@@ -684,11 +707,18 @@ fn real_main() -> Result<ExitCode> {
             write_file(&md, &text)?;
             write_file(&html, &page)?;
             println!("wrote {} and {}", md.display(), html.display());
+            if let Some(why) = &checked.unread {
+                eprintln!(
+                    "could not re-read the source, so the report's citations were not checked against it: {why}"
+                );
+            }
             Ok(if !out.changed.is_empty() {
                 eprintln!(
                     "the folder was changed after its run: {}",
                     out.changed.join("; ")
                 );
+                ExitCode::from(fanfold_engine::EXIT_VERIFY_FAILED)
+            } else if checked.unread.is_some() {
                 ExitCode::from(fanfold_engine::EXIT_VERIFY_FAILED)
             } else if out.answer.complete {
                 ExitCode::SUCCESS
@@ -776,8 +806,6 @@ fn real_main() -> Result<ExitCode> {
             every_hang,
             hang_ms,
             lose_every,
-            slow_commit_every,
-            slow_commit_ms,
         }) => {
             let data = tracker_data(&dir)?;
             let (issues, comments) = (data.issues.len(), data.comment_count());
@@ -790,13 +818,9 @@ fn real_main() -> Result<ExitCode> {
                 lose_every,
                 hang_once_at: 0,
             };
-            let app = fanfold_testkit::tracker::app_with(
+            let app = fanfold_testkit::tracker::app(
                 std::sync::Arc::new(data),
                 faults,
-                fanfold_testkit::tracker::SlowCommit {
-                    every: slow_commit_every,
-                    ms: slow_commit_ms,
-                },
                 std::sync::Arc::default(),
             );
             let server = fanfold_testkit::Server::start_at(
@@ -875,7 +899,6 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     opts.store_max_bytes = args.store_max_bytes;
     opts.lease_ms = Some(args.lease_secs * 1_000);
     opts.dry_run = args.dry_run;
-    opts.allow_new_version = args.allow_new_version;
     opts.fleet = args.workers.is_some();
     let out = args
         .out

@@ -3,10 +3,14 @@
 //! against the facts, the answer against what its facts give, and, with
 //! the source, every cited unit's hash and every quote at its range. It
 //! trusts nothing the run kept (no store, no cached fold node): the spec
-//! is rebuilt from the certificate and must hash as it did, and the source
-//! is partitioned again.
+//! is rebuilt from the certificate and must hash as it did, every fact
+//! must have been made by its stage, rubric and model, every unit the
+//! source routes must have its fact, and the source is partitioned again.
+//! The source is read only from a file or a folder (the one given, or the
+//! one the spec names while it hashes as the run read it): a certificate
+//! is data, and a command it names is never run.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use fanfold_core::{ContentHash, FactRecord, StatusCounts, UnitId};
@@ -41,11 +45,15 @@ pub struct Rechecked {
     pub cited_checked: u64,
     pub evidence_checked: u64,
     pub numbers_checked: u64,
+    /// What could not be read again, and why (the source came from a
+    /// command, standard input, or a file changed or missing here): the
+    /// answer is then not re-checked against its source.
+    pub unread: Option<String>,
 }
 
 impl Rechecked {
     pub fn passed(&self) -> bool {
-        self.mismatches.is_empty()
+        self.mismatches.is_empty() && self.unread.is_none()
     }
 }
 
@@ -211,36 +219,99 @@ impl ReadBack for Reparsed<'_> {
     }
 }
 
-/// Re-checks the run in `dir`: `input` overrides where the source is read
-/// from (else the spec's own input).
-pub fn recheck(dir: &Path, input: Option<Source>) -> Result<Rechecked, RecheckError> {
-    let out_dir = OutDir::read(dir)?;
-    let mut out = Rechecked::default();
-    out_dir.check_alone(&mut out);
-    let cert = &out_dir.certificate;
-
-    // The spec as it ran, rebuilt and hashed with the files it names.
+/// The plan of the spec a run ran with, rebuilt from its certificate, or
+/// why it cannot be.
+fn rebuilt_plan(dir: &Path, cert: &Certificate) -> Result<Result<Plan, String>, RecheckError> {
     let (Some(spec_path), Some(spec)) = (&cert.spec_path, &cert.spec_as_run) else {
-        out.mismatches.push(
+        return Ok(Err(
             "the certificate does not carry the spec it ran with (written by an older fanfold): only the folder itself was checked".into(),
-        );
-        return Ok(out);
+        ));
     };
     let spec: fanfold_core::spec::Spec =
         serde_json::from_value(spec.clone()).map_err(|e| RecheckError::File {
             path: dir.join("certificate.json").display().to_string(),
             detail: format!("spec_as_run: {e}"),
         })?;
-    let spec_path = PathBuf::from(spec_path);
+    Ok(rebuild(spec, Path::new(spec_path)))
+}
+
+fn rebuild(spec: fanfold_core::spec::Spec, spec_path: &Path) -> Result<Plan, String> {
     let spec_dir = spec_path
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
-    let rebuild = |spec| {
-        Plan::from_spec(spec, &spec_path, &spec_dir)
-            .map_err(|e| format!("the spec it ran with cannot be rebuilt: {e}"))
+    Plan::from_spec(spec, spec_path, &spec_dir)
+        .map_err(|e| format!("the spec it ran with cannot be rebuilt: {e}"))
+}
+
+/// The source as it may be read again, and its hash.
+pub struct Reread {
+    pub source: Source,
+    pub hash: ContentHash,
+}
+
+/// The source a finished run may be re-checked against: the file or
+/// folder given (`input`), or else the one the run's spec names, when it
+/// exists here and hashes as the run read it. Never a command and never
+/// standard input: a certificate is data, and what it says to run is not
+/// run. `Err` says what could not be read again, and why.
+pub fn source_to_reread(
+    plan: &Plan,
+    cert: &Certificate,
+    input: Option<&Path>,
+) -> Result<Reread, String> {
+    let hashed = |source: Source| -> Result<Reread, String> {
+        let source = plan.resolve(source).map_err(|e| e.to_string())?;
+        match source_hash(&source) {
+            Ok(hash) => Ok(Reread { source, hash }),
+            Err(e) => Err(format!("{} cannot be read: {e}", source.origin())),
+        }
     };
-    let plan = match rebuild(spec) {
+    if let Some(path) = input {
+        return hashed(Source::File(path.to_owned()));
+    }
+    let spec = &plan.spec.input;
+    let Some(path) = &spec.path else {
+        return Err(match &spec.command {
+            Some(command) => format!(
+                "the run read its source from the command `{}`, and verify never runs a program a certificate names: give --input FILE holding what it printed",
+                command.join(" ")
+            ),
+            None => format!(
+                "the run read its source from {}, which cannot be read again: give --input FILE",
+                cert.source_origin
+            ),
+        });
+    };
+    let named = plan.spec_dir.join(path);
+    if !named.exists() {
+        return Err(format!(
+            "the source the spec names, {}, is not here: give --input FILE",
+            named.display()
+        ));
+    }
+    let found = hashed(Source::File(named.clone()))?;
+    if found.hash != cert.source_hash {
+        return Err(format!(
+            "the source the spec names, {}, hashes {}, not {} as the run read it: it changed since the run, or is another file; give --input FILE to re-check against it",
+            named.display(),
+            found.hash.short(16),
+            cert.source_hash.short(16)
+        ));
+    }
+    Ok(found)
+}
+
+/// Re-checks the run in `dir`: against the source at `input`, or else the
+/// file its spec names while it is unchanged (see [`source_to_reread`]).
+pub fn recheck(dir: &Path, input: Option<&Path>) -> Result<Rechecked, RecheckError> {
+    let out_dir = OutDir::read(dir)?;
+    let mut out = Rechecked::default();
+    out_dir.check_alone(&mut out);
+    let cert = &out_dir.certificate;
+
+    // The spec as it ran, rebuilt and hashed with the files it names.
+    let plan = match rebuilt_plan(dir, cert)? {
         Ok(p) => p,
         Err(e) => {
             out.mismatches.push(e);
@@ -255,61 +326,108 @@ pub fn recheck(dir: &Path, input: Option<Source>) -> Result<Rechecked, RecheckEr
         ));
         return Ok(out);
     }
+    if cert.question != plan.spec.question {
+        out.mismatches.push(format!(
+            "the certificate states the question {:?}; the spec it ran with asks {:?}",
+            cert.question, plan.spec.question
+        ));
+    }
+    if out_dir.answer.question != plan.spec.question {
+        out.mismatches.push(format!(
+            "answer.json states the question {:?}; the spec it ran with asks {:?}",
+            out_dir.answer.question, plan.spec.question
+        ));
+    }
+    out.mismatches
+        .extend(check_fact_origins(&plan, cert, &out_dir.facts));
 
-    // The facts give the answer: folded flat, with no cached node.
-    let facts: Vec<&FactRecord> = out_dir.facts.iter().map(|(_, f)| f).collect();
-    let Some(source) = input.or_else(|| plan.default_source()) else {
-        out.mismatches
-            .push("no source to read: give --input".into());
-        return Ok(out);
+    let reread = match source_to_reread(&plan, cert, input) {
+        Ok(r) => r,
+        Err(why) => {
+            out.unread = Some(why);
+            return Ok(out);
+        }
     };
-    let source = plan.resolve(source).map_err(crate::RunError::from)?;
+    let source = reread.source;
+    let same = reread.hash == cert.source_hash;
+    if !same {
+        out.mismatches.push(format!(
+            "the source {} changed since the run: it hashes {}, the run read {}",
+            cert.source_origin,
+            reread.hash.short(16),
+            cert.source_hash.short(16)
+        ));
+    }
+
+    let facts: Vec<&FactRecord> = out_dir.facts.iter().map(|(_, f)| f).collect();
     // Every unit a fact is about, whether the prefilter keeps it now or
     // not: a cited unit edited since may no longer pass it, and is then
-    // changed, not missing. Only those units are held.
-    let wanted: std::collections::HashSet<String> = facts
+    // changed, not missing.
+    let wanted: HashSet<String> = facts
         .iter()
         .flat_map(|f| f.source_ids.iter().map(|id| id.0.clone()))
         .chain(out_dir.answer.items.iter().map(|i| i.unit_id.0.clone()))
         .collect();
-    let mut every = plan.spec.clone();
-    every.prefilter.clear();
-    let unfiltered = match rebuild(every) {
-        Ok(p) => p,
-        Err(e) => {
-            out.mismatches.push(e);
-            return Ok(out);
+    let unreadable =
+        |e: crate::RunError| format!("the source cannot be read as the run read it: {e}");
+    // The same bytes route as the run routed them: every unit the
+    // prefilter sends to a stage holds, and every fact is about one such
+    // unit (or one an audit sampled from its exclusions). Routed as the
+    // run routed, the table holds what the run's did.
+    let mut routed = None;
+    if same {
+        match crate::run::route_source_keeping(&plan, &source, cert.settings.max_unit_bytes, None) {
+            Ok(r) => {
+                out.mismatches
+                    .extend(check_every_unit_has_its_fact(&r, &out_dir.facts));
+                routed = Some(r);
+            }
+            Err(e) => {
+                out.mismatches.push(unreadable(e));
+                return Ok(out);
+            }
         }
-    };
-    let routed = match crate::run::route_source_keeping(
-        &unfiltered,
-        &source,
-        cert.settings.max_unit_bytes,
-        Some(&wanted),
-    ) {
-        Ok(r) => r,
-        Err(e) => {
-            out.mismatches
-                .push(format!("the source cannot be read as the run read it: {e}"));
-            return Ok(out);
+    }
+    // Units the routed table lacks (a source edited since, a unit a fact
+    // names that the source no longer routes): every unit, kept only where
+    // a fact or the answer names it.
+    let complete = routed.as_ref().is_some_and(|r| {
+        let have = r.table.index_by_id();
+        wanted
+            .iter()
+            .all(|id| have.contains_key(&UnitId(id.clone())))
+    });
+    if !complete {
+        let mut every = plan.spec.clone();
+        every.prefilter.clear();
+        let unfiltered = match rebuild(every, &plan.spec_path) {
+            Ok(p) => p,
+            Err(e) => {
+                out.mismatches.push(e);
+                return Ok(out);
+            }
+        };
+        match crate::run::route_source_keeping(
+            &unfiltered,
+            &source,
+            cert.settings.max_unit_bytes,
+            Some(&wanted),
+        ) {
+            Ok(r) => routed = Some(r),
+            Err(e) => {
+                out.mismatches.push(unreadable(e));
+                return Ok(out);
+            }
         }
+    }
+    let Some(routed) = routed else {
+        return Ok(out);
     };
     out.source_read = true;
-    let hash = source_hash(&source);
-    if let Some(h) = hash
-        && h != cert.source_hash
-    {
-        out.mismatches.push(format!(
-            "the source {} changed since the run: it hashes {}, the run read {}",
-            cert.source_origin,
-            h.short(16),
-            cert.source_hash.short(16)
-        ));
-    }
     // The same bytes partition the same way, whether ids are settled in
     // memory (here) or through the store (the run).
     let c = &routed.coverage;
-    if hash == Some(cert.source_hash) && *c != cert.coverage {
+    if same && *c != cert.coverage {
         let k = &cert.coverage;
         out.mismatches.push(format!(
             "the source read again gives {} elements = {} units + {} rejected + {} repeated identically; the certificate says {} = {} + {} + {}",
@@ -319,6 +437,10 @@ pub fn recheck(dir: &Path, input: Option<Source>) -> Result<Rechecked, RecheckEr
     }
     let table = &routed.table;
     let at = table.index_by_id();
+    if same {
+        out.mismatches
+            .extend(check_fact_keys(&plan, table, &at, &out_dir.facts));
+    }
     let positioned: Vec<(usize, FactRecord)> = facts
         .iter()
         .filter_map(|f| Some((*at.get(f.source_ids.first()?)?, (*f).clone())))
@@ -417,25 +539,349 @@ pub fn recheck(dir: &Path, input: Option<Source>) -> Result<Rechecked, RecheckEr
     Ok(out)
 }
 
-/// The source's hash, for a file; a stream read again may not be what the
-/// run read, so it is not hashed.
-fn source_hash(source: &Source) -> Option<ContentHash> {
+/// The source's hash, for a file or a folder; a stream read again may not
+/// be what the run read, and a command is never run.
+fn source_hash(source: &Source) -> Result<ContentHash, String> {
     if !source.rereadable() {
-        return None;
+        return Err(format!("{} is not a file or a folder", source.origin()));
     }
     let mut hasher = blake3::Hasher::new();
-    let mut reader = source.open().ok()?;
-    std::io::copy(&mut reader, &mut hasher).ok()?;
-    Some(ContentHash(*hasher.finalize().as_bytes()))
+    let mut reader = source.open().map_err(|e| e.to_string())?;
+    std::io::copy(&mut reader, &mut hasher).map_err(|e| e.to_string())?;
+    reader.finish().map_err(|e| e.to_string())?;
+    Ok(ContentHash(*hasher.finalize().as_bytes()))
+}
+
+/// Each routed unit's fact: every unit the prefilter sends to a stage has
+/// a fact (a fact line deleted, with its item and counts, leaves one
+/// without), and no unit has two at one stage.
+fn check_every_unit_has_its_fact(
+    routed: &crate::run::route::Routed,
+    facts: &[(usize, FactRecord)],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut lines: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
+    for (line, f) in facts {
+        if let Some(id) = f.source_ids.first() {
+            lines
+                .entry((id.as_str(), f.stage.as_str()))
+                .or_default()
+                .push(*line);
+        }
+    }
+    let mut twice: Vec<(&(&str, &str), &Vec<usize>)> =
+        lines.iter().filter(|(_, l)| l.len() > 1).collect();
+    twice.sort();
+    for ((unit, stage), at) in twice {
+        let at: Vec<String> = at.iter().map(ToString::to_string).collect();
+        out.push(format!(
+            "facts.jsonl holds {} facts of unit `{unit}` at stage `{stage}` (lines {}); a run records one",
+            at.len(),
+            at.join(", ")
+        ));
+    }
+    let with_fact: HashSet<&str> = lines.keys().map(|(unit, _)| *unit).collect();
+    let mut missing: Vec<(&str, &str)> = Vec::new();
+    for (stage, units) in &routed.by_stage {
+        for &i in units {
+            let Ok(id) = routed.table.id(i) else {
+                continue;
+            };
+            if !with_fact.contains(id.as_str()) {
+                missing.push((id.as_str(), stage.as_str()));
+            }
+        }
+    }
+    if !missing.is_empty() {
+        const NAMED: usize = 10;
+        let named: Vec<String> = missing
+            .iter()
+            .take(NAMED)
+            .map(|(unit, stage)| format!("`{unit}` (routed to `{stage}`)"))
+            .collect();
+        out.push(format!(
+            "{} units the source routes to a stage have no fact in facts.jsonl: {}{}",
+            missing.len(),
+            named.join(", "),
+            if missing.len() > NAMED { ", ..." } else { "" }
+        ));
+    }
+    out
+}
+
+/// Each fact against the spec it ran with, from the folder alone: its
+/// stage is one of the spec's, a stage that calls a model names one of
+/// the run's backends, a map stage's facts carry its rubric and version,
+/// and every fact of a stage was made with the same rubric, version and
+/// model (a sealed fact spliced in from another run differs).
+fn check_fact_origins(
+    plan: &Plan,
+    cert: &Certificate,
+    facts: &[(usize, FactRecord)],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let fact_at = |line: &usize, f: &FactRecord| {
+        format!(
+            "facts.jsonl line {line}: the fact of unit `{}` at stage `{}`",
+            f.source_ids.first().map_or("?", |u| u.as_str()),
+            f.stage
+        )
+    };
+    let backends: HashSet<(&str, &str, bool)> = cert
+        .backends
+        .iter()
+        .map(|b| (b.kind.as_str(), b.model_id.as_str(), b.simulated))
+        .collect();
+    // Per stage: how many of its facts share each (rubric, version, model).
+    type Origin = (ContentHash, u32, String);
+    let origin = |f: &FactRecord| -> Origin {
+        (
+            f.rubric_hash,
+            f.stage_version,
+            serde_json::to_string(&f.model).unwrap_or_default(),
+        )
+    };
+    let mut by_stage: HashMap<&str, HashMap<Origin, usize>> = HashMap::new();
+    let mut reported: HashSet<usize> = HashSet::new();
+    for (line, f) in facts {
+        let Some(stage) = plan.stage(&f.stage) else {
+            out.push(format!(
+                "{}: the spec it ran with has no such stage",
+                fact_at(line, f)
+            ));
+            reported.insert(*line);
+            continue;
+        };
+        *by_stage
+            .entry(f.stage.as_str())
+            .or_default()
+            .entry(origin(f))
+            .or_default() += 1;
+        let m = &f.model;
+        if stage.shape().backend().is_some()
+            && !backends.contains(&(m.backend.as_str(), m.model_id.as_str(), m.simulated))
+        {
+            out.push(format!(
+                "{}: made by model `{}` of a `{}` backend, which this run did not use",
+                fact_at(line, f),
+                m.model_id,
+                m.backend
+            ));
+            reported.insert(*line);
+            continue;
+        }
+        if let Some(map) = plan.map_stage(&f.stage) {
+            if f.rubric_hash != map.rubric_hash {
+                out.push(format!(
+                    "{}: made with another rubric (it hashes {}, this run's {})",
+                    fact_at(line, f),
+                    f.rubric_hash.short(16),
+                    map.rubric_hash.short(16)
+                ));
+            } else if f.stage_version != map.spec.version {
+                out.push(format!(
+                    "{}: made by version {} of the stage, this run's is {}",
+                    fact_at(line, f),
+                    f.stage_version,
+                    map.spec.version
+                ));
+            } else if m.temperature != map.spec.temperature
+                || m.max_output_tokens != map.spec.max_output_tokens
+                || m.seed != map.spec.seed
+            {
+                out.push(format!(
+                    "{}: made with other sampling (temperature {}, max_output_tokens {}, seed {}) than the stage's",
+                    fact_at(line, f),
+                    m.temperature,
+                    m.max_output_tokens,
+                    m.seed
+                ));
+            } else {
+                continue;
+            }
+            reported.insert(*line);
+        }
+    }
+    // A fact of a stage whose others were all made otherwise.
+    for (line, f) in facts {
+        if reported.contains(line) {
+            continue;
+        }
+        let Some(origins) = by_stage.get(f.stage.as_str()) else {
+            continue;
+        };
+        let Some((most, n)) = origins.iter().max_by_key(|(o, n)| (**n, (*o).clone())) else {
+            continue;
+        };
+        if origins.len() > 1 && *n > 1 && origin(f) != *most {
+            out.push(format!(
+                "{}: made with another rubric, version or model than the stage's other {n} facts",
+                fact_at(line, f)
+            ));
+        }
+    }
+    out
+}
+
+/// Each map fact's key derived again, from the unit read back, the stage's
+/// meaning and rubric, and its model: a fact that is not this run's (about
+/// other content, or made for another spec) does not derive. A fact the
+/// run keyed by more than its unit's own view (a widened context, a
+/// cascade's derived facts, a view holding a tool's observations) is left
+/// to the checks above.
+fn check_fact_keys(
+    plan: &Plan,
+    table: &UnitTable,
+    at: &HashMap<&UnitId, usize>,
+    facts: &[(usize, FactRecord)],
+) -> Vec<String> {
+    use fanfold_core::StableHash as _;
+    let mut out = Vec::new();
+    if plan.stages.iter().any(|s| s.kind() == "tool") {
+        return out;
+    }
+    let mut projectors: HashMap<&str, Option<Projector>> = HashMap::new();
+    for (line, f) in facts {
+        let [id] = f.source_ids.as_slice() else {
+            continue;
+        };
+        let Some(map) = plan.map_stage(&f.stage) else {
+            continue;
+        };
+        if map.spec.cascade.is_some() || map.rubric_hash != f.rubric_hash {
+            continue;
+        }
+        let Some(&i) = at.get(id) else {
+            continue;
+        };
+        let projector = projectors.entry(f.stage.as_str()).or_insert_with(|| {
+            Projector::compile(
+                map.spec.name.as_str(),
+                map.spec.project.as_deref(),
+                &map.spec.fields,
+            )
+            .ok()
+        });
+        let Some(projector) = projector else {
+            continue;
+        };
+        let Ok(view) = projector.project(id.as_str(), &table.value(i)) else {
+            continue;
+        };
+        let key = map.cache_key(view.key_in(fanfold_ops::view::INPUT_BUCKET), &f.model);
+        if key != f.key {
+            out.push(format!(
+                "facts.jsonl line {line}: the fact of unit `{id}` at stage `{}` is keyed {}, but this run's stage, rubric and model give {} for that unit: it is not this run's fact",
+                f.stage,
+                f.key.short(16),
+                key.short(16)
+            ));
+        }
+    }
+    out
 }
 
 /// What each stage said of one unit of a finished run, and why, in words:
 /// its facts (status, decision, confidence, reason, evidence, the fold
 /// path up to the answer), whether the answer holds it, the select's
-/// choice and the effects taken on it.
-pub fn why(dir: &Path, unit: &str) -> Result<String, RecheckError> {
-    use std::fmt::Write as _;
+/// choice and the effects taken on it; then the unit read back from the
+/// source, when it can be read again (see [`source_to_reread`]).
+pub fn why(dir: &Path, unit: &str, input: Option<&Path>) -> Result<Why, RecheckError> {
     let out_dir = OutDir::read(dir)?;
+    let mut text = story(&out_dir, dir, unit);
+    let (line, read_back) = read_unit_back(&out_dir, dir, unit, input)?;
+    text.push_str(&line);
+    Ok(Why { text, read_back })
+}
+
+/// What `why` tells of one unit.
+pub struct Why {
+    pub text: String,
+    /// Whether the unit was read back from its source and is as the run
+    /// judged it (or, with no fact about it, whether the source was read).
+    pub read_back: bool,
+}
+
+/// The unit read back from the run's source, in one line, and whether it
+/// is as the run judged it.
+fn read_unit_back(
+    out_dir: &OutDir,
+    dir: &Path,
+    unit: &str,
+    input: Option<&Path>,
+) -> Result<(String, bool), RecheckError> {
+    let cert = &out_dir.certificate;
+    let plan = match rebuilt_plan(dir, cert)? {
+        Ok(p) => p,
+        Err(e) => return Ok((format!("  not read back from the source: {e}\n"), false)),
+    };
+    let reread = match source_to_reread(&plan, cert, input) {
+        Ok(r) => r,
+        Err(e) => return Ok((format!("  not read back from the source: {e}\n"), false)),
+    };
+    let origin = reread.source.origin();
+    let mut every = plan.spec.clone();
+    every.prefilter.clear();
+    let unfiltered = match rebuild(every, &plan.spec_path) {
+        Ok(p) => p,
+        Err(e) => return Ok((format!("  not read back from the source: {e}\n"), false)),
+    };
+    let keep: HashSet<String> = HashSet::from([unit.to_owned()]);
+    let routed = match crate::run::route_source_keeping(
+        &unfiltered,
+        &reread.source,
+        cert.settings.max_unit_bytes,
+        Some(&keep),
+    ) {
+        Ok(r) => r,
+        Err(e) => {
+            return Ok((
+                format!(
+                    "  not read back from the source: {origin} cannot be read as the run read it: {e}\n"
+                ),
+                false,
+            ));
+        }
+    };
+    let id = UnitId(unit.to_owned());
+    let found = routed.table.index_by_id().get(&id).and_then(|&i| {
+        let value = routed.table.value(i);
+        Some(fanfold_ops::partition::content_hash(
+            &plan.spec.input.partition,
+            &value,
+        ))
+    });
+    let judged: Option<&ContentHash> = out_dir.facts.iter().find_map(|(_, f)| {
+        f.source_ids
+            .iter()
+            .zip(&f.source_hashes)
+            .find(|(u, _)| u.as_str() == unit)
+            .map(|(_, h)| h)
+    });
+    Ok(match (found, judged) {
+        (None, Some(_)) => (
+            format!("  read back: {origin} has no unit `{unit}` now\n"),
+            false,
+        ),
+        (None, None) => (
+            format!("  read back: {origin} has no unit `{unit}`\n"),
+            true,
+        ),
+        (Some(h), Some(j)) if h != *j => (
+            format!("  read back: the unit changed in {origin} since the run (its hash differs)\n"),
+            false,
+        ),
+        (Some(_), Some(_)) => (
+            format!("  read back from {origin}: as the run judged it\n"),
+            true,
+        ),
+        (Some(_), None) => (format!("  read back from {origin}: it is there\n"), true),
+    })
+}
+
+/// The facts' and the answer's story of one unit, from the folder alone.
+fn story(out_dir: &OutDir, dir: &Path, unit: &str) -> String {
+    use std::fmt::Write as _;
     let (a, c) = (&out_dir.answer, &out_dir.certificate);
     let mut s = String::new();
     let _ = writeln!(s, "unit `{unit}` in run {} of spec `{}`", c.run_id, c.spec);
@@ -544,5 +990,5 @@ pub fn why(dir: &Path, unit: &str) -> Result<String, RecheckError> {
             };
         }
     }
-    Ok(s)
+    s
 }

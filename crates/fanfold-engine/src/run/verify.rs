@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use fanfold_core::spec::PartitionSpec;
 use fanfold_core::{ContentHash, FactRecord, UnitId};
-use fanfold_ops::partition::{content_hash, csv_header, reread};
+use fanfold_ops::partition::{PartitionOptions, content_hash, csv_header, partition_all, reread};
 use fanfold_ops::verify::{ReadBack, VerifyReport, verify};
 use fanfold_ops::view::Projector;
 use fanfold_store::Store;
@@ -28,6 +28,10 @@ struct StoredSource<'a> {
     /// Fields the run's stages added to units (a tool's observations):
     /// part of the view a later stage judged, so part of its evidence.
     added: HashMap<UnitId, serde_json::Map<String, Value>>,
+    /// A document format's last document read back (where its line
+    /// starts, and its units by id): a document's units are cited
+    /// together, so it is split once, not once a unit.
+    document: Option<(u64, HashMap<String, Value>)>,
 }
 
 impl StoredSource<'_> {
@@ -56,9 +60,31 @@ impl StoredSource<'_> {
         let Some((start, end)) = self.store.unit_range(self.partition, id.as_str())? else {
             return Ok(None);
         };
+        let documents = self.spec.document_glob().is_some();
+        if documents
+            && let Some((at, units)) = &self.document
+            && *at == start
+        {
+            return Ok(units.get(id.as_str()).cloned());
+        }
         let Some(bytes) = self.bytes.range(start, end)? else {
             return Ok(None);
         };
+        if documents {
+            // Every unit of the document, numbered as the run numbered it;
+            // no size limit, since the run's units passed its own.
+            let whole = PartitionOptions {
+                max_unit_bytes: u64::MAX,
+            };
+            let (units, _, _) = partition_all(self.spec, &bytes, whole)?;
+            let units: HashMap<String, Value> = units
+                .into_iter()
+                .map(|u| (u.unit.unit_id.0, u.value))
+                .collect();
+            let value = units.get(id.as_str()).cloned();
+            self.document = Some((start, units));
+            return Ok(value);
+        }
         let line = match self.spec {
             PartitionSpec::Lines { .. } => self.bytes.line_of(start)?,
             _ => 0,
@@ -165,6 +191,7 @@ pub fn verify_stored(plan: &Plan, store: &Store, checked: Checked<'_>) -> Verify
         header,
         projectors,
         added,
+        document: None,
     };
     let decided: Vec<&FactRecord> = facts
         .iter()
