@@ -32,6 +32,10 @@ mod env_vars {
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Read links in an input folder that lead out of it (by default each
+    /// is named among the rejections and not read).
+    #[arg(long, global = true)]
+    follow_links: bool,
 }
 
 #[derive(Subcommand)]
@@ -581,6 +585,7 @@ fn describe(e: &anyhow::Error) -> String {
 
 fn real_main() -> Result<ExitCode> {
     let cli = Cli::parse();
+    fanfold_ops::partition::documents::set_follow_links(cli.follow_links);
     match cli.command {
         Command::Run(args) => run(args),
         Command::Explain(args) => explain(args),

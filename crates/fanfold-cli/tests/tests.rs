@@ -19,6 +19,7 @@ mod realdata;
 mod recheck;
 mod refusals;
 mod safety;
+mod trust;
 
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_fanfold"));

@@ -38,6 +38,45 @@ pub struct Spec {
     pub verify: VerifySpec,
     #[serde(default)]
     pub output: OutputSpec,
+    /// The environment variables jq programs (rules, `project`, a
+    /// scripted backend's script) may read through `env` and `$ENV`;
+    /// none unless named here.
+    #[serde(default, skip_serializing_if = "EnvSpec::is_empty")]
+    pub env: EnvSpec,
+}
+
+/// `[env]`: what of the environment jq programs see.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnvSpec {
+    /// Variable names, e.g. `["GITHUB_REPOSITORY"]`. `fanfold explain`
+    /// lists them.
+    #[serde(default)]
+    pub read: Vec<String>,
+}
+
+impl EnvSpec {
+    pub fn is_empty(&self) -> bool {
+        self.read.is_empty()
+    }
+
+    /// Every name is a variable name (letters, digits, `_`, not starting
+    /// with a digit).
+    pub fn check(&self) -> Result<(), String> {
+        for name in &self.read {
+            let valid = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return Err(format!(
+                    "[env] read: `{name}` is not an environment variable name"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -88,7 +127,8 @@ pub enum PartitionSpec {
     /// A folder (or one file): one unit per file whose path, relative to
     /// the folder, matches `glob`. Its id is that path; its fields are
     /// `path`, `size`, `modified` and `text`. Binary and non-UTF-8 files
-    /// are rejections with their reason.
+    /// are rejections with their reason, and so are links out of the
+    /// folder (read with `--follow-links`) and FIFOs or devices.
     Files {
         /// Which files, by path relative to the folder (default `**/*`).
         /// Hidden files and folders are skipped.

@@ -157,6 +157,10 @@ impl Plan {
             path: p.clone(),
             detail,
         };
+        // Before any jq program is compiled: what of the environment they
+        // may read is the spec's to say.
+        spec.env.check().map_err(&invalid)?;
+        fanfold_ops::jq::allow_env(&spec.env.read);
         let mut hashed: BTreeMap<String, String> = BTreeMap::new();
         // The spec as parsed and overridden, not its text: comments and
         // layout do not change what runs, overrides do.
@@ -526,6 +530,13 @@ impl Plan {
                 }
             };
             let _ = writeln!(out, "  {:<20} {:<28} when {}", r.name, action, r.when);
+        }
+        if !s.env.read.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nenv (jq's `env` and `$ENV` hold these variables only)\n  {}",
+                s.env.read.join(", ")
+            );
         }
         let _ = writeln!(out, "\nstages");
         for stage in &self.stages {

@@ -14,11 +14,17 @@
 //! allocator counts, per thread, the bytes an evaluation holds; one that
 //! passes the memory limit is reported to the same handler, from the
 //! allocation that passed it, before the memory is taken.
+//!
+//! A program does not see the process's environment. jq's `env` and
+//! `$ENV` are an object of only the variables a spec declares
+//! (`[env] read = [...]`, see [`allow_env`]); with none declared both are
+//! `{}`. A program runs on data the model or the input wrote, and what it
+//! outputs can reach a fact: the environment holds API keys.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use jaq_core::load::{Arena, File, Loader};
@@ -34,6 +40,10 @@ pub struct JqProgram {
     /// The program as error messages name it, shared with the watchdog.
     shown: Arc<str>,
     filter: jaq_core::compile::Filter<jaq_core::Native<Data>>,
+    /// `$ENV`: the declared variables that are set, when compiled. Kept
+    /// as strings so the program can be shared between threads; each builds the
+    /// jq value once ([`env_val`]).
+    env: Arc<[(String, String)]>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,9 +59,13 @@ impl JqProgram {
         let defs = jaq_core::defs()
             .chain(jaq_std::defs())
             .chain(jaq_json::defs());
+        // jaq's own `env` reads the whole environment; this one is
+        // `$ENV`, the declared variables only.
         let funs = jaq_core::funs()
-            .chain(jaq_std::funs())
+            .chain(jaq_std::funs().filter(|(name, _, _)| *name != "env"))
             .chain(jaq_json::funs());
+        let defs =
+            defs.chain(jaq_core::load::parse("def env: $ENV;", |p| p.defs()).unwrap_or_default());
         let loader = Loader::new(defs);
         let arena = Arena::default();
         let syntax = |detail: String| JqError::Syntax {
@@ -76,6 +90,7 @@ impl JqProgram {
             })?;
         let filter = Compiler::default()
             .with_funs(funs)
+            .with_global_vars(["$ENV"])
             .compile(modules)
             .map_err(|errs| {
                 let names: Vec<String> = errs
@@ -91,6 +106,7 @@ impl JqProgram {
             source: source.to_owned(),
             shown: Arc::from(excerpt(source)),
             filter,
+            env: declared_env().into(),
         })
     }
 
@@ -101,7 +117,7 @@ impl JqProgram {
     /// Every output of the program on `input`.
     pub fn run(&self, input: Val, at: Site<'_>) -> Result<Vec<Val>, JqError> {
         let _watch = Watch::start(&self.shown, at);
-        let ctx = Ctx::<Data>::new(&self.filter.lut, Vars::new([]));
+        let ctx = Ctx::<Data>::new(&self.filter.lut, Vars::new([env_val(&self.env)]));
         let mut out = Vec::new();
         for item in self.filter.id.run((ctx, input)) {
             match item {
@@ -125,7 +141,7 @@ impl JqProgram {
     /// computed: a generator such as `repeat(false)` is asked for one value.
     pub fn first(&self, input: Val, at: Site<'_>) -> Result<Option<Val>, JqError> {
         let _watch = Watch::start(&self.shown, at);
-        let ctx = Ctx::<Data>::new(&self.filter.lut, Vars::new([]));
+        let ctx = Ctx::<Data>::new(&self.filter.lut, Vars::new([env_val(&self.env)]));
         match self.filter.id.run((ctx, input)).next() {
             None => Ok(None),
             Some(Ok(v)) => Ok(Some(v)),
@@ -180,6 +196,68 @@ impl JqProgram {
             }
         }
     }
+}
+
+static ENV_READ: RwLock<Vec<String>> = RwLock::new(Vec::new());
+
+/// The environment variables jq programs may read through `env` and
+/// `$ENV` (none unless a spec declares them). Process-wide, like the
+/// limits: it belongs to the run's spec, and a program compiled after
+/// this call sees these names only.
+pub fn allow_env(names: &[String]) {
+    if let Ok(mut read) = ENV_READ.write() {
+        *read = names.to_vec();
+    }
+}
+
+/// The names [`allow_env`] declared.
+pub fn allowed_env() -> Vec<String> {
+    ENV_READ.read().map(|r| r.clone()).unwrap_or_default()
+}
+
+/// The declared variables that are set, read now.
+fn declared_env() -> Vec<(String, String)> {
+    allowed_env()
+        .into_iter()
+        .filter_map(|name| {
+            let value = std::env::var(&name).ok()?;
+            Some((name, value))
+        })
+        .collect()
+}
+
+/// A program's environment and the jq value made of it.
+type EnvVal = (Arc<[(String, String)]>, Val);
+
+thread_local! {
+    /// The last program environment made a jq value on this thread: a
+    /// run's programs share one, so the object is built once per thread.
+    static ENV_VAL: std::cell::RefCell<Option<EnvVal>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `env` as a jq object.
+fn env_val(env: &Arc<[(String, String)]>) -> Val {
+    let build = || {
+        let map: serde_json::Map<String, serde_json::Value> = env
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        to_val(&serde_json::Value::Object(map))
+    };
+    ENV_VAL
+        .try_with(|cell| {
+            let mut cached = cell.borrow_mut();
+            match &*cached {
+                Some((of, val)) if Arc::ptr_eq(of, env) || **of == **env => val.clone(),
+                _ => {
+                    let val = build();
+                    *cached = Some((Arc::clone(env), val.clone()));
+                    val
+                }
+            }
+        })
+        .unwrap_or_else(|_| build())
 }
 
 /// Where an evaluation runs, for the error that names a runaway program:
@@ -582,6 +660,36 @@ mod tests {
         assert_eq!(
             p.first_json(to_val(&json!(null)), AT).expect("runs"),
             Some(json!(0))
+        );
+    }
+
+    #[test]
+    fn env_holds_only_declared_variables() {
+        // SAFETY: set before any thread of this test reads the
+        // environment; no other test reads these names.
+        unsafe {
+            std::env::set_var("FANFOLD_JQ_TEST_SECRET", "sk-hidden-value");
+            std::env::set_var("FANFOLD_JQ_TEST_OPEN", "visible");
+        }
+        let all = JqProgram::compile("[env, $ENV]").expect("compiles");
+        let shown = |p: &JqProgram| {
+            p.first_json(to_val(&json!(null)), AT)
+                .expect("runs")
+                .expect("an output")
+        };
+        let seen = shown(&all);
+        assert!(!seen.to_string().contains("sk-hidden-value"), "{seen}");
+        assert!(!seen.to_string().contains("PATH"), "{seen}");
+        allow_env(&[
+            "FANFOLD_JQ_TEST_OPEN".to_owned(),
+            "FANFOLD_JQ_UNSET".to_owned(),
+        ]);
+        let declared = JqProgram::compile("[env, $ENV]").expect("compiles");
+        allow_env(&[]);
+        let seen = shown(&declared);
+        assert_eq!(
+            seen,
+            json!([{"FANFOLD_JQ_TEST_OPEN": "visible"}, {"FANFOLD_JQ_TEST_OPEN": "visible"}])
         );
     }
 

@@ -73,7 +73,9 @@ impl Template {
                 .ok_or_else(|| format!("`{text}` has a `{{` with no `}}`"))?;
             let name = after.get(1..close).unwrap_or_default();
             if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(format!("`{text}` has a hole `{{{name}}}` that is not a name"));
+                return Err(format!(
+                    "`{text}` has a hole `{{{name}}}` that is not a name"
+                ));
             }
             pieces.push(Piece::Hole(name.to_owned()));
             rest = after.get(close + 1..).unwrap_or_default();
@@ -329,10 +331,8 @@ impl ToolStage {
         };
         let target = self.target(&args)?;
         let mut h = StableHasher::new(REQUEST);
-        h.field("capability", &self.capability).field(
-            "args",
-            &serde_json::to_value(&args).unwrap_or(Value::Null),
-        );
+        h.field("capability", &self.capability)
+            .field("args", &serde_json::to_value(&args).unwrap_or(Value::Null));
         Ok(Some(Request {
             key: h.finish(),
             args,
@@ -353,6 +353,10 @@ impl ToolStage {
                     argv.push(t.fill(args, |_, v| {
                         if v.starts_with('-') {
                             Err("an argument may not start with `-`, which a program reads as an option")
+                        } else if is_dot_segment(v) || v.contains(['/', '\\']) {
+                            // `cat data/{name}.txt` must not reach `../../x`:
+                            // any argument may be a path to the program.
+                            Err("a value may not hold a path separator or be a dot segment, which a program may read as a path")
                         } else {
                             Ok(v.to_owned())
                         }
@@ -487,7 +491,10 @@ fn templates(cap: &Capability) -> Result<Vec<Template>, String> {
                 Some(t) if t.has_holes() => {
                     Err("argv's program is fixed: its first element may hold no hole".into())
                 }
-                Some(_) => Ok(templates),
+                Some(_) => {
+                    refuse_code_from_values(argv, &templates)?;
+                    Ok(templates)
+                }
             }
         }
         Capability::File { path, .. } => {
@@ -506,6 +513,109 @@ fn templates(cap: &Capability) -> Result<Vec<Template>, String> {
             }
             Ok(Vec::new())
         }
+    }
+}
+
+/// An interpreter told to run its argument as a program (`sh -c`,
+/// `python -c`, `perl -e`, `node -e` ...) in a command whose holes a
+/// record fills: the record would write the code. Refused when the spec
+/// is checked; no quoting makes a value safe inside a program's text.
+fn refuse_code_from_values(argv: &[String], templates: &[Template]) -> Result<(), String> {
+    if !templates.iter().any(Template::has_holes) {
+        return Ok(());
+    }
+    let mut interpreter: Option<(&str, &str)> = None;
+    for (arg, t) in argv.iter().zip(templates) {
+        if t.has_holes() {
+            continue;
+        }
+        if let Some((name, _)) = interpreter
+            && runs_code_flag(name, arg)
+        {
+            return Err(format!(
+                "`{} {arg}` runs its argument as a program, and a hole would let a record \
+                 write that program; put the code in a script file the spec names, and pass \
+                 values as its own arguments",
+                interpreter.map_or(name, |(_, shown)| shown)
+            ));
+        }
+        if let Some(name) = interpreter_name(arg) {
+            interpreter = Some((name, arg.as_str()));
+        }
+    }
+    Ok(())
+}
+
+/// The interpreter family `program` belongs to (its file name, less a
+/// version: `/usr/bin/python3.12` is `python`), if it runs code given on
+/// its command line.
+fn interpreter_name(program: &str) -> Option<&'static str> {
+    let file = program.rsplit('/').next().unwrap_or(program);
+    let base = file.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    let base = base.strip_suffix(".exe").unwrap_or(base);
+    const KNOWN: &[&str] = &[
+        "sh",
+        "bash",
+        "zsh",
+        "dash",
+        "ksh",
+        "mksh",
+        "ash",
+        "fish",
+        "busybox",
+        "python",
+        "pypy",
+        "perl",
+        "ruby",
+        "node",
+        "nodejs",
+        "deno",
+        "bun",
+        "php",
+        "lua",
+        "luajit",
+        "osascript",
+        "pwsh",
+        "powershell",
+        "Rscript",
+        "julia",
+        "cmd",
+    ];
+    KNOWN.iter().copied().find(|k| *k == base)
+}
+
+/// Whether `flag` makes interpreter `name` run the next argument (or a
+/// later one) as code.
+fn runs_code_flag(name: &str, flag: &str) -> bool {
+    let short = |letters: &[char]| {
+        flag.strip_prefix('-')
+            .filter(|rest| !rest.starts_with('-') && !rest.is_empty())
+            .is_some_and(|rest| rest.chars().any(|c| letters.contains(&c)))
+    };
+    let long = |names: &[&str]| {
+        names
+            .iter()
+            .any(|n| flag == *n || flag.starts_with(&format!("{n}=")))
+    };
+    match name {
+        "sh" | "bash" | "zsh" | "dash" | "ksh" | "mksh" | "ash" | "fish" => {
+            short(&['c']) || long(&["--command"])
+        }
+        // `busybox sh -c`: the applet's flag is the shell's.
+        "busybox" => short(&['c']),
+        "python" | "pypy" => short(&['c']),
+        "perl" | "ruby" | "lua" | "luajit" | "julia" | "osascript" | "Rscript" => {
+            short(&['e', 'E'])
+        }
+        "node" | "nodejs" | "bun" => short(&['e', 'p']) || long(&["--eval", "--print"]),
+        "deno" => flag == "eval",
+        "php" => short(&['r']) || long(&["--run"]),
+        "pwsh" | "powershell" => {
+            let f = flag.to_ascii_lowercase();
+            f.starts_with("-c") || f.starts_with("-e") || f.starts_with("/c")
+        }
+        "cmd" => flag.eq_ignore_ascii_case("/c") || flag.eq_ignore_ascii_case("/k"),
+        _ => false,
     }
 }
 
@@ -559,7 +669,10 @@ mod tests {
     #[test]
     fn fills_path_segments_encoded() {
         let s = stage(http());
-        let r = s.request("1", &json!({"number": 7})).expect("ok").expect("some");
+        let r = s
+            .request("1", &json!({"number": 7}))
+            .expect("ok")
+            .expect("some");
         assert_eq!(
             r.target,
             Target::Http {
@@ -586,9 +699,18 @@ mod tests {
     #[test]
     fn identical_requests_share_a_key() {
         let s = stage(http());
-        let a = s.request("1", &json!({"number": 7, "x": 1})).expect("ok").expect("some");
-        let b = s.request("2", &json!({"number": 7, "x": 2})).expect("ok").expect("some");
-        let c = s.request("3", &json!({"number": 8})).expect("ok").expect("some");
+        let a = s
+            .request("1", &json!({"number": 7, "x": 1}))
+            .expect("ok")
+            .expect("some");
+        let b = s
+            .request("2", &json!({"number": 7, "x": 2}))
+            .expect("ok")
+            .expect("some");
+        let c = s
+            .request("3", &json!({"number": 8}))
+            .expect("ok")
+            .expect("some");
         assert_eq!(a.key, b.key);
         assert_ne!(a.key, c.key);
     }
@@ -605,7 +727,8 @@ mod tests {
             Err(Refused::Schema(_))
         ));
         let mut spec = s.spec.clone();
-        spec.request = "if .number > 5 then {owner: \"a\", repo: \"b\", number} else null end".into();
+        spec.request =
+            "if .number > 5 then {owner: \"a\", repo: \"b\", number} else null end".into();
         let s = ToolStage::new(spec).expect("valid");
         assert_eq!(s.request("1", &json!({"number": 1})).expect("ok"), None);
     }
@@ -642,23 +765,108 @@ mod tests {
     #[test]
     fn argv_and_file_values_stay_in_their_place() {
         let s = stage(Capability::Argv {
-            argv: vec!["gh".into(), "api".into(), "repos/{owner}/{repo}/issues/{number}".into()],
+            argv: vec![
+                "gh".into(),
+                "api".into(),
+                "repos/{owner}/{repo}/issues/{number}".into(),
+            ],
         });
-        let r = s.request("1", &json!({"number": 3})).expect("ok").expect("some");
+        let r = s
+            .request("1", &json!({"number": 3}))
+            .expect("ok")
+            .expect("some");
         assert_eq!(
             r.target,
-            Target::Argv(vec!["gh".into(), "api".into(), "repos/acme/widget/issues/3".into()])
+            Target::Argv(vec![
+                "gh".into(),
+                "api".into(),
+                "repos/acme/widget/issues/3".into()
+            ])
         );
         let s = stage(Capability::Argv {
             argv: vec!["gh".into(), "{number}".into()],
         });
-        assert!(s.request("1", &json!({"number": "--hostname=evil"})).is_err());
+        assert!(
+            s.request("1", &json!({"number": "--hostname=evil"}))
+                .is_err()
+        );
         let s = stage(Capability::File {
             root: "notes".into(),
             path: "{number}.md".into(),
         });
-        assert!(s.request("1", &json!({"number": "../../etc/passwd"})).is_err());
-        let r = s.request("1", &json!({"number": 3})).expect("ok").expect("some");
-        assert_eq!(r.target, Target::File { path: "3.md".into() });
+        assert!(
+            s.request("1", &json!({"number": "../../etc/passwd"}))
+                .is_err()
+        );
+        let r = s
+            .request("1", &json!({"number": 3}))
+            .expect("ok")
+            .expect("some");
+        assert_eq!(
+            r.target,
+            Target::File {
+                path: "3.md".into()
+            }
+        );
+    }
+
+    #[test]
+    fn an_argv_value_is_never_a_path_out() {
+        let s = stage(Capability::Argv {
+            argv: vec!["cat".into(), "data/{number}.txt".into()],
+        });
+        for climb in [
+            "../../outside-secret",
+            "..",
+            "/etc/passwd",
+            "a\\..\\b",
+            "sub/x",
+        ] {
+            assert!(
+                matches!(
+                    s.request("1", &json!({"number": climb})),
+                    Err(Refused::Value { .. })
+                ),
+                "{climb}"
+            );
+        }
+        let r = s
+            .request("1", &json!({"number": "notes..v2"}))
+            .expect("ok")
+            .expect("some");
+        assert_eq!(
+            r.target,
+            Target::Argv(vec!["cat".into(), "data/notes..v2.txt".into()])
+        );
+    }
+
+    #[test]
+    fn an_interpreter_running_a_filled_argument_is_refused() {
+        let refused = |argv: &[&str]| {
+            let mut spec = stage(http()).spec;
+            spec.capability = Capability::Argv {
+                argv: argv.iter().map(|a| (*a).to_owned()).collect(),
+            };
+            ToolStage::new(spec).err().map(|e| e.to_string())
+        };
+        for argv in [
+            &["sh", "-c", "echo {number}"][..],
+            &["/bin/bash", "-ec", "gh issue view {number}"],
+            &["env", "zsh", "-c", "x", "{number}"],
+            &["dash", "-c", "echo $1", "sh", "{number}"],
+            &["python3.12", "-c", "print({number})"],
+            &["perl", "-ne", "print if /{number}/"],
+            &["node", "--eval", "{number}"],
+            &["ruby", "-e", "p {number}"],
+        ] {
+            let err = refused(argv).unwrap_or_else(|| panic!("{argv:?} is refused"));
+            assert!(err.contains("runs its argument as a program"), "{err}");
+        }
+        // The same programs with no hole, or running a file the spec
+        // names with values as its arguments, are allowed.
+        assert_eq!(refused(&["sh", "-c", "date"]), None);
+        assert_eq!(refused(&["sh", "scripts/lookup.sh", "{number}"]), None);
+        assert_eq!(refused(&["python3", "-u", "lookup.py", "{number}"]), None);
+        assert_eq!(refused(&["gh", "issue", "view", "-c", "{number}"]), None);
     }
 }

@@ -657,6 +657,22 @@ impl Stage for ToolRunner {
     }
 }
 
+/// Ends every process in the child's group (the child leads it). Called
+/// before the child is reaped, or just after it exits, so the group id is
+/// still the child's.
+fn kill_group(child: &std::process::Child) {
+    #[cfg(unix)]
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: `kill` has no memory effects; a group that is gone
+        // makes it fail with ESRCH, which is ignored.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = child;
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -861,13 +877,29 @@ impl<'a> Executor<'a> {
         let Some((program, args)) = argv.split_first() else {
             return Observation::failed(S::Error, "argv is empty".into());
         };
-        let child = std::process::Command::new(program)
+        // A spec named without a folder (`fanfold run argv.toml`) has an
+        // empty one: the program runs here, not in "".
+        let dir = if self.spec_dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            self.spec_dir
+        };
+        let mut command = std::process::Command::new(program);
+        command
             .args(args)
-            .current_dir(self.spec_dir)
+            .current_dir(dir)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn();
+            .stderr(std::process::Stdio::piped());
+        // Its own process group, so that the program and whatever it
+        // started end together: a grandchild holding the pipe would keep
+        // the read open past the timeout.
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::CommandExt as _;
+            command.process_group(0);
+        }
+        let child = command.spawn();
         let mut child = match child {
             Ok(c) => c,
             Err(e) => return Observation::failed(S::Error, format!("cannot run `{program}`: {e}")),
@@ -893,14 +925,21 @@ impl<'a> Executor<'a> {
             match child.try_wait() {
                 Ok(Some(s)) => break Some(s),
                 Ok(None) if Instant::now() >= deadline => {
+                    kill_group(&child);
                     let _ = child.kill();
                     let _ = child.wait();
                     break None;
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-                Err(_) => break None,
+                Err(_) => {
+                    kill_group(&child);
+                    break None;
+                }
             }
         };
+        // What the program left running in its group ends with it: the
+        // answer is what it wrote before it exited.
+        kill_group(&child);
         let bytes = reader.join().unwrap_or_default();
         let stderr = String::from_utf8_lossy(&err_reader.join().unwrap_or_default()).into_owned();
         let shown = argv.join(" ");
@@ -955,14 +994,18 @@ impl<'a> Executor<'a> {
                 format!("{path} resolves outside the root {}", root.display()),
             );
         }
-        let mut bytes = Vec::new();
-        let read = std::fs::File::open(&full).and_then(|f| f.take(max + 1).read_to_end(&mut bytes));
+        // A FIFO or a device would hold the read past every limit: only a
+        // regular file is opened, without waiting on it.
+        let read = fanfold_ops::partition::documents::read_bounded(&full, max);
         match read {
+            Err(e) if fanfold_ops::partition::documents::is_not_regular(&e) => {
+                Observation::failed(S::Denied, format!("{path}: {e}"))
+            }
             Err(e) => Observation::failed(S::Error, format!("{path}: {e}")),
-            Ok(_) if bytes.len() as u64 > max => {
+            Ok(bytes) if bytes.len() as u64 > max => {
                 Observation::failed(S::Error, format!("{path} is over {max} bytes"))
             }
-            Ok(_) => Observation {
+            Ok(bytes) => Observation {
                 status: S::Ok,
                 body: body_of(&bytes),
                 version: None,

@@ -9,9 +9,17 @@
 //! piece to the one assigner. A unit's byte range is its document's line
 //! in the stream; where a piece lies inside its file is in its own fields
 //! (`start`, `end`, `line`).
+//!
+//! What is read stays in the folder: a link that leads out of it is not
+//! followed unless the run asks ([`set_follow_links`], `--follow-links`),
+//! and a FIFO, a device or a socket is never opened. Each is a line of the
+//! stream with its reason (`link_outside`, `not_a_file`), so the run names
+//! it among its rejections. Every read is bounded by the bytes it takes,
+//! not by the size the file claims (a file of `/proc` claims 0).
 
 use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use fanfold_core::ByteRange;
 use serde::{Deserialize, Serialize};
@@ -27,6 +35,18 @@ pub const MAX_DOCUMENT_BYTES: u64 = 256 * 1024 * 1024;
 /// How much of a file is looked at for a NUL byte, the mark of a binary
 /// file (what git and grep look at too).
 const BINARY_PROBE: usize = 8000;
+
+static FOLLOW_LINKS: AtomicBool = AtomicBool::new(false);
+
+/// Whether links that lead out of a folder are read (off unless the run
+/// says `--follow-links`). Process-wide: the choice is the run's.
+pub fn set_follow_links(follow: bool) {
+    FOLLOW_LINKS.store(follow, Ordering::Relaxed);
+}
+
+pub fn follow_links() -> bool {
+    FOLLOW_LINKS.load(Ordering::Relaxed)
+}
 
 /// One file of the stream.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -47,7 +67,7 @@ pub struct Document {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<String>,
     /// Why there is no text: `binary`, `not_utf8`, `too_large`,
-    /// `unreadable`, with the detail.
+    /// `unreadable`, `link_outside`, `not_a_file`, with the detail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipped: Option<Skipped>,
 }
@@ -79,7 +99,7 @@ pub enum DocumentError {
 pub struct DocumentStream {
     root: PathBuf,
     /// Paths relative to `root` (empty for a single-file root), in order.
-    files: std::vec::IntoIter<(PathBuf, String)>,
+    files: std::vec::IntoIter<Entry>,
     line: Vec<u8>,
     at: usize,
 }
@@ -96,9 +116,13 @@ impl DocumentStream {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| root.display().to_string());
-            vec![(root.to_path_buf(), name)]
+            vec![Entry {
+                full: root.to_path_buf(),
+                rel: name,
+                skipped: None,
+            }]
         } else {
-            list(root, glob)?
+            listing(root, glob)?
         };
         Ok(DocumentStream {
             root: root.to_path_buf(),
@@ -114,10 +138,21 @@ impl DocumentStream {
     }
 
     fn next_line(&mut self) -> bool {
-        let Some((full, rel)) = self.files.next() else {
+        let Some(entry) = self.files.next() else {
             return false;
         };
-        let doc = read_document(&full, rel);
+        let doc = match entry.skipped {
+            None => read_document(&entry.full, entry.rel),
+            Some(skipped) => Document {
+                path: entry.rel,
+                size: 0,
+                modified: None,
+                digest: String::new(),
+                text: None,
+                bytes: None,
+                skipped: Some(skipped),
+            },
+        };
         self.line.clear();
         // Writing a plain struct to memory cannot fail.
         let _ = serde_json::to_writer(&mut self.line, &doc);
@@ -144,9 +179,49 @@ impl Read for DocumentStream {
     }
 }
 
+/// One entry of a folder's listing: a file to read, or one that is named
+/// and not read.
+struct Entry {
+    full: PathBuf,
+    rel: String,
+    skipped: Option<Skipped>,
+}
+
 /// The files under `root` whose relative paths match `glob`, in path
-/// order; hidden entries (a name starting with `.`) are skipped.
+/// order; hidden entries (a name starting with `.`) are skipped, and so
+/// are links out of the folder (unless [`follow_links`]) and files that
+/// are not regular files.
 pub fn list(root: &Path, glob: &str) -> Result<Vec<(PathBuf, String)>, DocumentError> {
+    Ok(listing(root, glob)?
+        .into_iter()
+        .filter(|e| e.skipped.is_none())
+        .map(|e| (e.full, e.rel))
+        .collect())
+}
+
+/// What a file that is not a regular file is, in words.
+fn kind_of_special(ft: std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt as _;
+        if ft.is_fifo() {
+            return "a FIFO";
+        }
+        if ft.is_char_device() {
+            return "a character device";
+        }
+        if ft.is_block_device() {
+            return "a block device";
+        }
+        if ft.is_socket() {
+            return "a socket";
+        }
+    }
+    let _ = ft;
+    "another kind of file"
+}
+
+fn listing(root: &Path, glob: &str) -> Result<Vec<Entry>, DocumentError> {
     let matcher = globset::GlobBuilder::new(glob)
         .literal_separator(true)
         // `README.MD` is Markdown too.
@@ -157,14 +232,11 @@ pub fn list(root: &Path, glob: &str) -> Result<Vec<(PathBuf, String)>, DocumentE
             source,
         })?
         .compile_matcher();
-    let mut files = Vec::new();
-    // A symbolic link is read as what it points to (a link that loops is
-    // an error naming it): a linked file is never dropped unsaid.
-    let walk = walkdir::WalkDir::new(root)
-        .follow_links(true)
-        .sort_by_file_name()
-        .into_iter()
-        .filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'));
+    let follow = follow_links();
+    let home = root.canonicalize().map_err(|source| DocumentError::Root {
+        path: root.display().to_string(),
+        source,
+    })?;
     let relative = |path: &Path| {
         path.strip_prefix(root).ok().map(|rel| {
             rel.components()
@@ -173,6 +245,57 @@ pub fn list(root: &Path, glob: &str) -> Result<Vec<(PathBuf, String)>, DocumentE
                 .join("/")
         })
     };
+    // A link that leads out of the folder, named and not read, unless the
+    // run follows links. One inside the folder is read as what it points
+    // to (a link that loops is an error naming it).
+    let leaves = |path: &Path| -> Option<Skipped> {
+        if follow {
+            return None;
+        }
+        // A dangling link reads nothing: it fails as `unreadable`.
+        let inside = path.canonicalize().map_or(true, |t| t.starts_with(&home));
+        if inside {
+            return None;
+        }
+        let target = std::fs::read_link(path)
+            .map(|t| t.display().to_string())
+            .unwrap_or_else(|_| "a place".to_owned());
+        Some(Skipped {
+            reason: "link_outside".to_owned(),
+            detail: format!(
+                "a link to {target}, outside the folder, not followed (--follow-links reads it)"
+            ),
+        })
+    };
+    let outside = std::cell::RefCell::new(Vec::new());
+    let mut files = Vec::new();
+    let walk = walkdir::WalkDir::new(root)
+        .follow_links(true)
+        .sort_by_file_name()
+        .into_iter()
+        .filter_entry(|e| {
+            if e.depth() == 0 {
+                return true;
+            }
+            if e.file_name().to_string_lossy().starts_with('.') {
+                return false;
+            }
+            // A linked folder that leaves is not walked: named once.
+            if e.path_is_symlink()
+                && e.file_type().is_dir()
+                && let Some(skipped) = leaves(e.path())
+            {
+                if let Some(rel) = relative(e.path()) {
+                    outside.borrow_mut().push(Entry {
+                        full: e.path().to_path_buf(),
+                        rel: format!("{rel}/"),
+                        skipped: Some(skipped),
+                    });
+                }
+                return false;
+            }
+            true
+        });
     for entry in walk {
         let entry = match entry {
             Ok(entry) => entry,
@@ -180,11 +303,34 @@ pub fn list(root: &Path, glob: &str) -> Result<Vec<(PathBuf, String)>, DocumentE
             // the file it names, if the glob wants it, is read (and fails
             // as `unreadable`, with why); the rest of the folder stands.
             Err(e) => {
+                // A link out of the folder that loops back above it.
+                if e.depth() > 0
+                    && let Some(path) = e.path()
+                    && let Some(rel) = relative(path)
+                    && std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+                    && let Some(skipped) = leaves(path)
+                {
+                    let rel = if path.is_dir() {
+                        format!("{rel}/")
+                    } else {
+                        rel
+                    };
+                    files.push(Entry {
+                        full: path.to_path_buf(),
+                        rel,
+                        skipped: Some(skipped),
+                    });
+                    continue;
+                }
                 if let Some(path) = e.path()
                     && let Some(rel) = relative(path)
                     && matcher.is_match(&rel)
                 {
-                    files.push((path.to_path_buf(), rel));
+                    files.push(Entry {
+                        full: path.to_path_buf(),
+                        rel,
+                        skipped: None,
+                    });
                     continue;
                 }
                 if e.depth() == 0 {
@@ -196,20 +342,98 @@ pub fn list(root: &Path, glob: &str) -> Result<Vec<(PathBuf, String)>, DocumentE
                 continue;
             }
         };
-        if !entry.file_type().is_file() {
+        if entry.file_type().is_dir() {
             continue;
         }
-        let Some(rel_text) = relative(entry.path()) else {
+        let Some(rel) = relative(entry.path()) else {
             continue;
         };
-        if matcher.is_match(&rel_text) {
-            files.push((entry.path().to_path_buf(), rel_text));
+        if !matcher.is_match(&rel) {
+            continue;
         }
+        let skipped = if entry.path_is_symlink() {
+            leaves(entry.path())
+        } else {
+            None
+        }
+        .or_else(|| {
+            (!entry.file_type().is_file()).then(|| Skipped {
+                reason: "not_a_file".to_owned(),
+                detail: format!("{}, not read", kind_of_special(entry.file_type())),
+            })
+        });
+        files.push(Entry {
+            full: entry.path().to_path_buf(),
+            rel,
+            skipped,
+        });
     }
+    files.extend(outside.into_inner());
     // Walking sorts each folder's entries; the stream's order is the
     // paths' own, so `a/b` and `a.txt` sort the same on every system.
-    files.sort_by(|a, b| a.1.cmp(&b.1));
+    files.sort_by(|a, b| a.rel.cmp(&b.rel));
     Ok(files)
+}
+
+/// Why a file was not opened: it is not a regular file (a FIFO, a device,
+/// a socket), which a read could wait on or never finish.
+#[derive(Debug)]
+pub struct NotRegular(&'static str);
+
+impl std::fmt::Display for NotRegular {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}, not a regular file", self.0)
+    }
+}
+
+impl std::error::Error for NotRegular {}
+
+/// Whether `e` is [`open_regular`]'s refusal of a file that is not a
+/// regular one.
+pub fn is_not_regular(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<NotRegular>())
+}
+
+/// Opens `path` for reading only if it is a regular file: a FIFO, a
+/// device or a socket is refused without waiting on it (it is opened
+/// without blocking and its type checked on the open file).
+pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = options.open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other(NotRegular(kind_of_special(
+            meta.file_type(),
+        ))));
+    }
+    Ok(file)
+}
+
+/// At most `limit + 1` bytes of `path`, a regular file: more than `limit`
+/// says the file is over it, whatever size it claims. Read in whole
+/// 64 KiB chunks (a file of `/proc` may refuse a read of an odd size).
+pub fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    let mut file = open_regular(path)?;
+    let keep = usize::try_from(limit.saturating_add(1)).unwrap_or(usize::MAX);
+    let mut bytes = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    while bytes.len() < keep {
+        let n = match file.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        bytes.extend_from_slice(chunk.get(..n).unwrap_or_default());
+    }
+    bytes.truncate(keep);
+    Ok(bytes)
 }
 
 /// One file as a stream line: never an error, since a file that cannot be
@@ -241,18 +465,34 @@ fn read_document(full: &Path, path: String) -> Document {
             String::new(),
         );
     }
-    let bytes = match std::fs::read(full) {
+    let bytes = match read_bounded(full, MAX_DOCUMENT_BYTES) {
+        Ok(b) if b.len() as u64 > MAX_DOCUMENT_BYTES => {
+            return skipped(
+                "too_large",
+                format!(
+                    "over the {MAX_DOCUMENT_BYTES}-byte document limit (its size reads {size})"
+                ),
+                String::new(),
+            );
+        }
         Ok(b) => b,
+        Err(e) if is_not_regular(&e) => {
+            return skipped("not_a_file", e.to_string(), String::new());
+        }
         Err(e) => return skipped("unreadable", e.to_string(), String::new()),
     };
+    // The size is what was read: a file of `/proc` claims 0.
+    let size = bytes.len() as u64;
     let digest = blake3::hash(&bytes).to_hex().to_string();
     let probe = bytes.get(..BINARY_PROBE).unwrap_or(&bytes);
     if let Some(at) = memchr::memchr(0, probe) {
-        return skipped(
+        let mut doc = skipped(
             "binary",
             format!("a binary file (a NUL byte at offset {at})"),
             digest,
         );
+        doc.size = size;
+        return doc;
     }
     let body = bytes.strip_prefix(super::BOM).unwrap_or(&bytes);
     match std::str::from_utf8(body) {
@@ -274,6 +514,7 @@ fn read_document(full: &Path, path: String) -> Document {
                 ),
                 digest,
             );
+            doc.size = size;
             use base64::Engine as _;
             doc.bytes = Some(base64::engine::general_purpose::STANDARD.encode(&bytes));
             doc
@@ -490,5 +731,94 @@ mod numbering {
         assert_eq!(got[19_999], "doc.md#Notes-20000");
         let unique: std::collections::HashSet<&String> = got.iter().collect();
         assert_eq!(unique.len(), 20_000);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_read_is_bounded_by_the_bytes_read_not_the_size_claimed() {
+        // `/proc/self/pagemap` claims 0 bytes and holds gigabytes.
+        let path = Path::new("/proc/self/pagemap");
+        if !path.exists() {
+            return;
+        }
+        assert_eq!(std::fs::metadata(path).unwrap().len(), 0);
+        let bytes = read_bounded(path, 4096).unwrap();
+        assert_eq!(bytes.len(), 4097);
+        // A regular file under the limit is read whole.
+        let dir = tempfile::tempdir().unwrap();
+        let small = dir.path().join("small");
+        std::fs::write(&small, b"12345").unwrap();
+        assert_eq!(read_bounded(&small, 5).unwrap(), b"12345");
+        assert_eq!(read_bounded(&small, 4).unwrap(), b"12345");
+        assert_eq!(read_bounded(&small, 2).unwrap(), b"123");
+    }
+
+    #[test]
+    fn a_fifo_or_a_device_is_refused_without_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pipe");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // No writer ever opens it: a blocking open would wait forever.
+        let err = read_bounded(&fifo, 10).unwrap_err();
+        assert!(is_not_regular(&err), "{err}");
+        assert!(err.to_string().contains("a FIFO"), "{err}");
+        let err = read_bounded(Path::new("/dev/zero"), 10).unwrap_err();
+        assert!(err.to_string().contains("a character device"), "{err}");
+    }
+
+    #[test]
+    fn links_out_of_the_folder_are_named_and_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("docs");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("a.txt"), "a").unwrap();
+        std::fs::write(dir.path().join("secret.txt"), "secret").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("secret.txt"), root.join("s.txt")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), root.join("up")).unwrap();
+        std::os::unix::fs::symlink(root.join("a.txt"), root.join("sub/a.txt")).unwrap();
+        let listed = listing(&root, "**/*").unwrap();
+        let shown: Vec<(&str, Option<&str>)> = listed
+            .iter()
+            .map(|e| {
+                (
+                    e.rel.as_str(),
+                    e.skipped.as_ref().map(|s| s.reason.as_str()),
+                )
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("a.txt", None),
+                ("s.txt", Some("link_outside")),
+                ("sub/a.txt", None),
+                ("up/", Some("link_outside")),
+            ]
+        );
+        assert_eq!(
+            list(&root, "**/*")
+                .unwrap()
+                .into_iter()
+                .map(|(_, rel)| rel)
+                .collect::<Vec<_>>(),
+            ["a.txt", "sub/a.txt"]
+        );
+        let mut stream = String::new();
+        DocumentStream::open(&root, "**/*")
+            .unwrap()
+            .read_to_string(&mut stream)
+            .unwrap();
+        assert!(!stream.contains("\"secret\""), "{stream}");
+        assert!(stream.contains("--follow-links"), "{stream}");
     }
 }
