@@ -844,12 +844,8 @@ fn read_unit_back(
         }
     };
     let id = UnitId(unit.to_owned());
-    let found = routed.table.index_by_id().get(&id).and_then(|&i| {
-        let value = routed.table.value(i);
-        Some(fanfold_ops::partition::content_hash(
-            &plan.spec.input.partition,
-            &value,
-        ))
+    let found = routed.table.index_by_id().get(&id).map(|&i| {
+        fanfold_ops::partition::content_hash(&plan.spec.input.partition, &routed.table.value(i))
     });
     let judged: Option<&ContentHash> = out_dir.facts.iter().find_map(|(_, f)| {
         f.source_ids
