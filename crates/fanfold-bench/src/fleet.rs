@@ -257,11 +257,13 @@ fn start_run(
         .with_context(|| format!("starting {}", exe.display()))
 }
 
-/// One `fanfold worker` with `slots` and 3 s leases, logging to `log`.
-fn start_worker(exe: &Path, store: &str, slots: usize, log: &Path) -> Result<Child> {
+/// One `fanfold worker` with `slots` and 3 s leases, allowed to send to
+/// the judge at `judge`, logging to `log`.
+fn start_worker(exe: &Path, store: &str, judge: &str, slots: usize, log: &Path) -> Result<Child> {
     Command::new(exe)
         .args(["worker", "--store", store, "--lease-secs", "3"])
         .args(["--slots", &slots.to_string()])
+        .args(["--allow-endpoint", judge])
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log)?)
         .spawn()
@@ -273,6 +275,7 @@ fn start_worker(exe: &Path, store: &str, slots: usize, log: &Path) -> Result<Chi
 fn start_pool(
     exe: &Path,
     store: &str,
+    judge: &str,
     slots: usize,
     tmp: &Path,
     name: &str,
@@ -281,7 +284,7 @@ fn start_pool(
     (0..n)
         .map(|i| {
             let log = tmp.join(format!("{name}-worker-{i}.log"));
-            Ok((start_worker(exe, store, slots, &log)?, log))
+            Ok((start_worker(exe, store, judge, slots, &log)?, log))
         })
         .collect()
 }
@@ -531,7 +534,16 @@ fn scale(
     };
     let mut pool = Vec::new();
     let children = if workers {
-        pool = start_pool(exe, &store, args.slots, tmp, &format!("scale-{n}"), n)?;
+        let judge_url = judge.server.openai_url();
+        pool = start_pool(
+            exe,
+            &store,
+            &judge_url,
+            args.slots,
+            tmp,
+            &format!("scale-{n}"),
+            n,
+        )?;
         outs.iter()
             .map(|out| start_coordinator(exe, spec, &store, args.slots, n, out))
             .collect::<Result<Vec<_>>>()?
@@ -608,10 +620,11 @@ fn fault_run(
     args: &FleetArgs,
 ) -> Result<Faults> {
     let workers = 4;
+    let judge_url = judge.server.openai_url();
     let spec = workspace(
         &tmp.join("faults"),
         args.fault_units,
-        &judge.server.openai_url(),
+        &judge_url,
         args.slots,
         None,
     )?;
@@ -636,7 +649,10 @@ fn fault_run(
     let mut start = |live: &mut Vec<(Child, PathBuf)>| -> Result<()> {
         let log = tmp.join(format!("faults-worker-{serial}.log"));
         serial += 1;
-        live.push((start_worker(exe, &store, args.slots, &log)?, log));
+        live.push((
+            start_worker(exe, &store, &judge_url, args.slots, &log)?,
+            log,
+        ));
         Ok(())
     };
     let t = Instant::now();
@@ -709,7 +725,8 @@ fn budget_run(
     );
     let store = pg.create_database().map_err(|e| anyhow!(e))?;
     judge.take();
-    let pool = start_pool(exe, &store, args.slots, tmp, "budget", workers)?;
+    let url = judge.server.openai_url();
+    let pool = start_pool(exe, &store, &url, args.slots, tmp, "budget", workers)?;
     let out = tmp.join("budget-fleet");
     let mut coordinator = start_coordinator(exe, &spec, &store, args.slots, workers, &out)?;
     // The answer is incomplete (the budget ran out): the run says so in
@@ -748,7 +765,8 @@ fn partition_run(
     judge.take();
     let store = pg.create_database().map_err(|e| anyhow!(e))?;
     let logs = [tmp.join("partition-0.log"), tmp.join("partition-1.log")];
-    let paused = start_worker(exe, &store, args.slots, &logs[0])?;
+    let url = judge.server.openai_url();
+    let paused = start_worker(exe, &store, &url, args.slots, &logs[0])?;
     let out = tmp.join("partition-fleet");
     let coordinator = start_coordinator(exe, &spec, &store, args.slots, 2, &out)?;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -757,7 +775,7 @@ fn partition_run(
         std::thread::sleep(Duration::from_millis(10));
     }
     signal(&paused, "STOP")?;
-    let other = start_worker(exe, &store, args.slots, &logs[1])?;
+    let other = start_worker(exe, &store, &url, args.slots, &logs[1])?;
     std::thread::sleep(Duration::from_secs(5));
     signal(&paused, "CONT")?;
     finish(coordinator, &out)?;

@@ -367,6 +367,16 @@ struct WorkerArgs {
     /// as the declared backend's, so it must serve the same model.
     #[arg(long, value_name = "URL")]
     endpoint: Option<String>,
+    /// An endpoint a job may send its calls to (repeatable). A job read
+    /// from the store that names any other endpoint is refused: whoever
+    /// can write the store must not choose where this worker sends.
+    #[arg(long = "allow-endpoint", value_name = "URL")]
+    allow_endpoint: Vec<String>,
+    /// An environment variable a job may read its API key from
+    /// (repeatable). A job naming any other is refused, and no other
+    /// variable is read.
+    #[arg(long = "allow-key-env", value_name = "VAR")]
+    allow_key_env: Vec<String>,
     /// Stop after this many seconds with no call to make.
     #[arg(long, value_name = "SECS")]
     idle_exit_secs: Option<u64>,
@@ -910,7 +920,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(".fanfold/runs").join(&plan.spec.name));
     opts.out_dir = Some(out.clone());
-    let workers = LocalWorkers::start(&args)?;
+    let workers = LocalWorkers::start(&args, &plan.spec)?;
     // Progress on standard error in either mode: `--json` writes stdout.
     let bars = progress::Bars::new(&plan);
     let result = bars.while_running(|| fanfold_engine::run(&plan, &opts, &bars));
@@ -993,20 +1003,37 @@ struct LocalWorkers(Vec<std::process::Child>);
 
 impl LocalWorkers {
     /// Starts `--workers` worker processes on the run's store, with the
-    /// run's slots shared among them.
-    fn start(args: &RunArgs) -> Result<LocalWorkers> {
+    /// run's slots shared among them, allowed the endpoints and key
+    /// variables `spec` names. The store's address goes through the
+    /// environment, not the command line, where `ps` would show a
+    /// PostgreSQL password to every user of the host.
+    fn start(args: &RunArgs, spec: &fanfold_core::spec::Spec) -> Result<LocalWorkers> {
         let n = args.workers.unwrap_or(0);
         if n == 0 {
             return Ok(LocalWorkers(Vec::new()));
         }
         let exe = std::env::current_exe().context("finding this program to start workers")?;
         let slots = args.slots.div_ceil(n).max(1);
+        let mut allowed = Vec::new();
+        for backend in spec.backends.values() {
+            use fanfold_core::spec::BackendSpec;
+            if let BackendSpec::Openai(h) | BackendSpec::Anthropic(h) = backend {
+                for e in h.endpoint_list().unwrap_or_default() {
+                    allowed.push("--allow-endpoint".to_owned());
+                    allowed.push(e.base_url);
+                    if let Some(var) = e.api_key_env {
+                        allowed.push("--allow-key-env".to_owned());
+                        allowed.push(var);
+                    }
+                }
+            }
+        }
         let mut children = Vec::new();
         for _ in 0..n {
             let child = std::process::Command::new(&exe)
                 .arg("worker")
-                .arg("--store")
-                .arg(&args.input.store)
+                .env(env_vars::STORE, &args.input.store)
+                .args(&allowed)
                 .args(["--slots", &slots.to_string()])
                 .args(["--lease-secs", &args.lease_secs.to_string()])
                 .args(["--parent-pid", &std::process::id().to_string()])
@@ -1056,6 +1083,8 @@ fn worker(args: &WorkerArgs) -> Result<()> {
         run_id: args.run.clone(),
         lease_ms: args.lease_secs * 1_000,
         endpoint: args.endpoint.clone(),
+        allow_endpoints: args.allow_endpoint.clone(),
+        allow_key_envs: args.allow_key_env.clone(),
         idle_exit: args.idle_exit_secs.map(std::time::Duration::from_secs),
         parent_pid: args.parent_pid,
     };

@@ -9,8 +9,14 @@
 //! claim at once; SQLite's write lock serializes them anyway), renew it
 //! while they work, and write each result once: the first result under a
 //! task stands, and a late one (a worker paused past its lease) changes
-//! nothing. A task whose worker died is claimed again when its lease
-//! lapses. `fleet_rates` holds the per-minute limits of the endpoints the
+//! nothing. A task is claimed once: its call may have been sent, and paid
+//! for, the moment it was claimed. A task whose worker died or paused
+//! past its lease is taken back by the coordinator
+//! ([`Store::take_back_lapsed_tasks`]), which asks for it again under a
+//! new reservation; a worker gives back only what it never sent.
+//! `fleet_refusals` holds why a worker would not take a job, and
+//! `fleet_parents` which process started a worker, so a coordinator knows
+//! when no worker is left for its job. `fleet_rates` holds the per-minute limits of the endpoints the
 //! workers share, as token buckets (in millionths, so integers).
 
 use crate::db::params;
@@ -34,6 +40,11 @@ CREATE TABLE IF NOT EXISTS fleet_workers (
     started_ms INTEGER NOT NULL, heartbeat_ms INTEGER NOT NULL,
     slots INTEGER NOT NULL, calls INTEGER NOT NULL, state TEXT NOT NULL,
     job_id TEXT);
+CREATE TABLE IF NOT EXISTS fleet_refusals (
+    job_id TEXT NOT NULL, worker_id TEXT NOT NULL, reason TEXT NOT NULL,
+    PRIMARY KEY (job_id, worker_id));
+CREATE TABLE IF NOT EXISTS fleet_parents (
+    worker_id TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL);
 ";
 
 /// A job as a coordinator opens it and a worker reads it.
@@ -75,6 +86,19 @@ pub struct WorkerRow {
     pub job_id: Option<String>,
     /// Tasks it holds now.
     pub holding: u64,
+}
+
+/// Who can still answer a job, as its coordinator sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetWatch {
+    /// Workers this coordinator started: `(worker_id, pid, gone)`, gone
+    /// being stopped, or silent past the liveness window.
+    pub started: Vec<(String, u32, bool)>,
+    /// Live workers (not stopped, beating within the window), wherever
+    /// they were started.
+    pub live: Vec<String>,
+    /// Live workers that refused the job, with why.
+    pub refused: Vec<(String, String)>,
 }
 
 /// What a worker's heartbeat learns.
@@ -314,9 +338,9 @@ impl Store {
                  WHERE j.state = 'open' AND r.finished_ms IS NULL AND r.heartbeat_ms >= ?1
                    AND (?2 = '' OR j.run_id = ?2)
                    AND EXISTS (SELECT 1 FROM fleet_tasks t WHERE t.job_id = j.job_id
-                               AND t.result IS NULL AND t.lease_ms < ?3)
+                               AND t.result IS NULL AND t.worker IS NULL)
                  ORDER BY j.created_ms LIMIT 16",
-                params![now - live_ms as i64, run_id, now],
+                params![now - live_ms as i64, run_id],
                 |r| {
                     Ok(FleetJob {
                         job_id: r.get(0)?,
@@ -332,8 +356,11 @@ impl Store {
     }
 
     /// Claims at most `n` of a job's unanswered tasks that no worker
-    /// holds (never held, or their lease lapsed) for `worker` until
-    /// `lease_ms` from now. Concurrent claims never take one task twice.
+    /// holds (never claimed, or given back unsent) for `worker` until
+    /// `lease_ms` from now. Concurrent claims never take one task twice,
+    /// and a task whose holder's lease lapsed is not taken here: its call
+    /// may have been sent, so only its coordinator, under a new
+    /// reservation, asks for it again.
     pub fn claim_fleet_tasks(
         &self,
         job_id: &str,
@@ -349,20 +376,20 @@ impl Store {
         let sql = if conn.is_postgres() {
             "UPDATE fleet_tasks SET worker = ?2, lease_ms = ?3
              WHERE job_id = ?1 AND seq IN (
-                SELECT seq FROM fleet_tasks WHERE job_id = ?1 AND result IS NULL AND lease_ms < ?4
-                ORDER BY seq LIMIT ?5 FOR UPDATE SKIP LOCKED)
+                SELECT seq FROM fleet_tasks WHERE job_id = ?1 AND result IS NULL AND worker IS NULL
+                ORDER BY seq LIMIT ?4 FOR UPDATE SKIP LOCKED)
              RETURNING seq, request"
         } else {
             "UPDATE fleet_tasks SET worker = ?2, lease_ms = ?3
              WHERE job_id = ?1 AND seq IN (
-                SELECT seq FROM fleet_tasks WHERE job_id = ?1 AND result IS NULL AND lease_ms < ?4
-                ORDER BY seq LIMIT ?5)
+                SELECT seq FROM fleet_tasks WHERE job_id = ?1 AND result IS NULL AND worker IS NULL
+                ORDER BY seq LIMIT ?4)
              RETURNING seq, request"
         };
         let mut tasks = conn
             .query_map(
                 sql,
-                params![job_id, worker, now + lease_ms as i64, now, n as i64],
+                params![job_id, worker, now + lease_ms as i64, n as i64],
                 |r| {
                     Ok(FleetTask {
                         seq: r.get::<i64>(0)?.max(0) as u64,
@@ -395,28 +422,149 @@ impl Store {
         Ok(changed == 1)
     }
 
-    /// Gives back every unanswered task `worker` holds, for others to take
-    /// at once.
-    pub fn release_fleet_tasks(&self, worker: &str) -> Result<(), StoreError> {
+    /// Takes back a job's unanswered tasks whose holder's lease lapsed
+    /// (a worker killed or paused with them): they are removed, so no
+    /// worker sends them and a late answer changes nothing, and their
+    /// numbers are returned for the coordinator to ask again.
+    pub fn take_back_lapsed_tasks(&self, job_id: &str) -> Result<Vec<u64>, StoreError> {
+        let mut seqs = self
+            .conn()
+            .query_map(
+                "DELETE FROM fleet_tasks WHERE job_id = ?1 AND result IS NULL
+                   AND worker IS NOT NULL AND lease_ms < ?2
+                 RETURNING seq",
+                params![job_id, now_ms() as i64],
+                |r| Ok(r.get::<i64>(0)?.max(0) as u64),
+            )
+            .map_err(|e| self.sql(e))?;
+        seqs.sort_unstable();
+        Ok(seqs)
+    }
+
+    /// Gives back tasks `seqs` of a job that `worker` claimed and never
+    /// sent, for others to take at once.
+    pub fn give_back_fleet_tasks(
+        &self,
+        job_id: &str,
+        worker: &str,
+        seqs: &[u64],
+    ) -> Result<(), StoreError> {
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        let list = serde_json::to_string(seqs).unwrap_or_else(|_| "[]".into());
+        let mut conn = self.conn();
+        let sql = if conn.is_postgres() {
+            "UPDATE fleet_tasks SET worker = NULL, lease_ms = 0
+             WHERE job_id = ?1 AND worker = ?2 AND result IS NULL
+               AND seq IN (SELECT value::bigint FROM json_array_elements_text(CAST(?3 AS TEXT)::json))"
+        } else {
+            "UPDATE fleet_tasks SET worker = NULL, lease_ms = 0
+             WHERE job_id = ?1 AND worker = ?2 AND result IS NULL
+               AND seq IN (SELECT value FROM json_each(?3))"
+        };
+        conn.execute(sql, params![job_id, worker, list])
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    /// Records that `worker` will not take `job_id`, and why.
+    pub fn refuse_fleet_job(
+        &self,
+        job_id: &str,
+        worker: &str,
+        reason: &str,
+    ) -> Result<(), StoreError> {
         self.conn()
             .execute(
-                "UPDATE fleet_tasks SET worker = NULL, lease_ms = 0
-                 WHERE worker = ?1 AND result IS NULL",
-                params![worker],
+                "INSERT INTO fleet_refusals (job_id, worker_id, reason) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (job_id, worker_id) DO UPDATE SET reason = excluded.reason",
+                params![job_id, worker, reason],
             )
             .map_err(|e| self.sql(e))?;
         Ok(())
     }
 
-    /// Records a worker process as it starts.
-    pub fn register_worker(&self, worker: &str, slots: usize) -> Result<(), StoreError> {
+    /// Who can still answer `job_id`: the workers process `pid` on `host`
+    /// started at `since_ms` or later (earlier ones had a parent that used
+    /// the pid before), the live workers, and which of them refused the
+    /// job. A worker is live while it is not stopped and beat within
+    /// `live_ms`.
+    pub fn fleet_watch(
+        &self,
+        job_id: &str,
+        host: &str,
+        pid: u32,
+        since_ms: u64,
+        live_ms: u64,
+    ) -> Result<FleetWatch, StoreError> {
+        let since = now_ms() as i64 - live_ms as i64;
+        let mut conn = self.conn();
+        let started = conn
+            .query_map(
+                "SELECT w.worker_id, w.pid, w.state, w.heartbeat_ms FROM fleet_workers w
+                 JOIN fleet_parents p ON p.worker_id = w.worker_id
+                 WHERE p.host = ?1 AND p.pid = ?2 AND w.started_ms >= ?3",
+                params![host, i64::from(pid), since_ms as i64],
+                |r| {
+                    let state: String = r.get(2)?;
+                    let beat: i64 = r.get(3)?;
+                    Ok((
+                        r.get::<String>(0)?,
+                        u32::try_from(r.get::<i64>(1)?).unwrap_or_default(),
+                        state == "stopped" || beat < since,
+                    ))
+                },
+            )
+            .map_err(|e| self.sql(e))?;
+        let live = conn
+            .query_map(
+                "SELECT worker_id FROM fleet_workers WHERE state <> 'stopped' AND heartbeat_ms >= ?1",
+                params![since],
+                |r| r.get::<String>(0),
+            )
+            .map_err(|e| self.sql(e))?;
+        let refused = conn
+            .query_map(
+                "SELECT f.worker_id, f.reason FROM fleet_refusals f
+                 JOIN fleet_workers w ON w.worker_id = f.worker_id
+                 WHERE f.job_id = ?1 AND w.state <> 'stopped' AND w.heartbeat_ms >= ?2
+                 ORDER BY f.worker_id",
+                params![job_id, since],
+                |r| Ok((r.get::<String>(0)?, r.get::<String>(1)?)),
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(FleetWatch {
+            started,
+            live,
+            refused,
+        })
+    }
+
+    /// Records a worker process as it starts, and the process on this
+    /// host that started it, if one did.
+    pub fn register_worker(
+        &self,
+        worker: &str,
+        slots: usize,
+        parent: Option<u32>,
+    ) -> Result<(), StoreError> {
         let now = now_ms() as i64;
         self.conn()
-            .execute(
-                "INSERT INTO fleet_workers (worker_id, host, pid, started_ms, heartbeat_ms, slots, calls, state)
-                 VALUES (?1, ?2, ?3, ?4, ?4, ?5, 0, 'idle')",
-                params![worker, this_host(), i64::from(std::process::id()), now, slots as i64],
-            )
+            .transaction(|tx| {
+                tx.execute(
+                    "INSERT INTO fleet_workers (worker_id, host, pid, started_ms, heartbeat_ms, slots, calls, state)
+                     VALUES (?1, ?2, ?3, ?4, ?4, ?5, 0, 'idle')",
+                    params![worker, this_host(), i64::from(std::process::id()), now, slots as i64],
+                )?;
+                if let Some(parent) = parent {
+                    tx.execute(
+                        "INSERT INTO fleet_parents (worker_id, host, pid) VALUES (?1, ?2, ?3)",
+                        params![worker, this_host(), i64::from(parent)],
+                    )?;
+                }
+                Ok(())
+            })
             .map_err(|e| self.sql(e))?;
         Ok(())
     }
@@ -465,9 +613,11 @@ impl Store {
             .map_err(|e| self.sql(e))
     }
 
-    /// Marks a worker stopped, giving back what it holds.
+    /// Marks a worker stopped. What it still holds is not given back: a
+    /// worker gives back what it never sent before it stops, and a task
+    /// still held may have been sent, so its coordinator takes it back
+    /// once its lease lapses and asks again under a new reservation.
     pub fn worker_stopped(&self, worker: &str, calls: u64) -> Result<(), StoreError> {
-        self.release_fleet_tasks(worker)?;
         self.conn()
             .execute(
                 "UPDATE fleet_workers SET state = 'stopped', calls = ?2, job_id = NULL,
@@ -538,7 +688,7 @@ mod tests {
     }
 
     #[test]
-    fn tasks_are_claimed_once_answered_once_and_claimed_again_when_a_lease_lapses() {
+    fn tasks_are_claimed_once_answered_once_and_taken_back_when_a_lease_lapses() {
         let (_d, store) = store();
         let job = job(&store, "r1");
         let tasks: Vec<(u64, String)> = (0..5).map(|i| (i, format!("req{i}"))).collect();
@@ -577,15 +727,55 @@ mod tests {
             store.fleet_results(&job.job_id).expect("results"),
             [(0, "r0".to_owned())]
         );
-        // Worker b dies: its lease lapses and a takes its tasks.
+        // Worker b dies: its lease lapses. No worker takes its tasks (their
+        // calls may have been sent); its coordinator takes them back.
         store
             .worker_heartbeat("wb", Some(&job.job_id), 0, 0, 60_000)
             .expect("beat");
         std::thread::sleep(std::time::Duration::from_millis(5));
+        assert!(
+            store
+                .claim_fleet_tasks(&job.job_id, "wa", 10, 60_000)
+                .expect("again")
+                .is_empty()
+        );
+        assert!(
+            store
+                .claimable_fleet_jobs("", 60_000)
+                .expect("jobs")
+                .is_empty()
+        );
+        assert_eq!(
+            store.take_back_lapsed_tasks(&job.job_id).expect("back"),
+            [3, 4]
+        );
+        // Taken back once, and a late answer to one changes nothing.
+        assert!(
+            store
+                .take_back_lapsed_tasks(&job.job_id)
+                .expect("back")
+                .is_empty()
+        );
+        assert!(
+            !store
+                .finish_fleet_task(&job.job_id, 3, "wb", "late")
+                .expect("late")
+        );
+        // Tasks given back unsent are claimed again at once; a live
+        // holder's are not taken back.
+        store
+            .give_back_fleet_tasks(&job.job_id, "wa", &[1, 2])
+            .expect("give back");
         let again = store
-            .claim_fleet_tasks(&job.job_id, "wa", 10, 60_000)
+            .claim_fleet_tasks(&job.job_id, "wc", 10, 60_000)
             .expect("again");
-        assert_eq!(again.iter().map(|t| t.seq).collect::<Vec<_>>(), [3, 4]);
+        assert_eq!(again.iter().map(|t| t.seq).collect::<Vec<_>>(), [1, 2]);
+        assert!(
+            store
+                .take_back_lapsed_tasks(&job.job_id)
+                .expect("back")
+                .is_empty()
+        );
         store.forget_fleet_tasks(&job.job_id, &[0]).expect("forget");
         assert!(
             store
@@ -598,6 +788,62 @@ mod tests {
             !store
                 .finish_fleet_task(&job.job_id, 1, "wa", "r1")
                 .expect("gone")
+        );
+    }
+
+    #[test]
+    fn a_coordinator_sees_the_workers_it_started_and_who_refused_its_job() {
+        let (_d, store) = store();
+        let job = job(&store, "r3");
+        let me = std::process::id();
+        store
+            .register_worker("mine", 2, Some(me))
+            .expect("register");
+        store
+            .register_worker("elsewhere", 2, None)
+            .expect("register");
+        let watch = store
+            .fleet_watch(&job.job_id, &this_host(), me, 0, 60_000)
+            .expect("watch");
+        assert_eq!(watch.started, [("mine".to_owned(), me, false)]);
+        assert_eq!(watch.live.len(), 2);
+        assert!(watch.refused.is_empty());
+        store
+            .refuse_fleet_job(
+                &job.job_id,
+                "elsewhere",
+                "its backend sends to endpoint `x`",
+            )
+            .expect("refuse");
+        store.worker_stopped("mine", 0).expect("stop");
+        let watch = store
+            .fleet_watch(&job.job_id, &this_host(), me, 0, 60_000)
+            .expect("watch");
+        assert_eq!(watch.started, [("mine".to_owned(), me, true)]);
+        assert_eq!(watch.live, ["elsewhere"]);
+        assert_eq!(
+            watch.refused,
+            [(
+                "elsewhere".to_owned(),
+                "its backend sends to endpoint `x`".to_owned()
+            )]
+        );
+        // A worker registered before this process started was another's
+        // that had the same pid.
+        assert!(
+            store
+                .fleet_watch(&job.job_id, &this_host(), me, now_ms() + 60_000, 60_000)
+                .expect("watch")
+                .started
+                .is_empty()
+        );
+        // Another process started no worker.
+        assert!(
+            store
+                .fleet_watch(&job.job_id, &this_host(), me + 1, 0, 60_000)
+                .expect("watch")
+                .started
+                .is_empty()
         );
     }
 
@@ -648,7 +894,7 @@ mod tests {
     fn a_worker_learns_its_job_is_gone_when_the_job_closes_or_its_run_ends() {
         let (_d, store) = store();
         let job = job(&store, "r2");
-        store.register_worker("w", 4).expect("register");
+        store.register_worker("w", 4, None).expect("register");
         let beat = |s: &Store| {
             s.worker_heartbeat("w", Some(&job.job_id), 3, 60_000, 60_000)
                 .expect("beat")

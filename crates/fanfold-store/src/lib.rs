@@ -35,7 +35,7 @@ mod units;
 
 pub use db::DbError;
 pub use effects::{EffectRow, EffectState, JournalEntry};
-pub use fleet::{FleetJob, FleetTask, JobState, WorkerRow};
+pub use fleet::{FleetJob, FleetTask, FleetWatch, JobState, WorkerRow};
 
 use db::{Conn, Param, Row, params};
 

@@ -4,6 +4,8 @@
 
 use super::*;
 
+mod trust;
+
 /// Waits until the judge has answered `n` calls in all.
 fn wait_for_calls(calls: &Calls, n: usize) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -248,6 +250,17 @@ fn start_worker(f: &Fixture, store: &str, n: usize, slots: usize) -> std::proces
     start_worker_with(f, store, n, slots, &[])
 }
 
+/// The `--allow-endpoint` arguments for every `base_url` the fixture's
+/// spec names: a worker sends only where it was told to.
+fn allowances(f: &Fixture) -> Vec<String> {
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    spec.lines()
+        .filter_map(|l| l.trim().strip_prefix("base_url = \""))
+        .filter_map(|rest| rest.split('"').next())
+        .flat_map(|url| ["--allow-endpoint".to_owned(), url.to_owned()])
+        .collect()
+}
+
 /// [`start_worker`] with `extra` arguments.
 fn start_worker_with(
     f: &Fixture,
@@ -260,6 +273,7 @@ fn start_worker_with(
     bin()
         .args(["worker", "--store", store, "--lease-secs", "3"])
         .args(["--slots", &slots.to_string()])
+        .args(allowances(f))
         .args(extra)
         .stdout(Stdio::null())
         .stderr(log)

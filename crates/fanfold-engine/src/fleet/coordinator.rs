@@ -21,6 +21,14 @@ const POLL_MAX: Duration = Duration::from_millis(20);
 /// period, that no worker is taking them.
 const NO_WORKER: Duration = Duration::from_secs(30);
 
+/// How long every live worker may have refused a job, when this process
+/// started none of them, before the coordinator stops waiting for another.
+const REFUSED_GRACE: Duration = Duration::from_secs(10);
+
+/// How often the coordinator takes back the tasks of workers whose leases
+/// lapsed, and looks at who is left to answer.
+const WATCH: Duration = Duration::from_millis(250);
+
 /// Why the queue stopped serving a job.
 #[derive(Debug, thiserror::Error)]
 enum QueueError {
@@ -28,6 +36,16 @@ enum QueueError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Encode(String),
+    /// No worker is left that could answer the job.
+    #[error("{0}")]
+    NoWorker(String),
+}
+
+/// What a call comes back as when its worker stopped renewing its lease.
+fn lost_worker() -> CallError {
+    CallError::Backend(
+        "its worker stopped renewing its lease (killed or paused) with the call in flight".into(),
+    )
 }
 
 /// A backend whose calls are made by workers.
@@ -43,6 +61,11 @@ pub struct FleetBackend {
     /// The declared HTTP backend, built for its identity and asked what a
     /// usage cost; never called.
     priced: Option<Box<dyn ModelBackend>>,
+    /// How long a worker stays live without a heartbeat: the run's lease.
+    live_ms: u64,
+    /// When this backend was made: workers registered before it were not
+    /// started by this run (a pid used again).
+    since_ms: u64,
 }
 
 impl FleetBackend {
@@ -71,6 +94,9 @@ impl FleetBackend {
         let portable = serde_json::to_string(&portable)
             .map_err(|e| BackendError::Setup(format!("describing the backend: {e}")))?;
         let store = Store::open(&link.store_path).map_err(|e| BackendError::Store(Box::new(e)))?;
+        // Workers beat well within a lease; one silent for a whole lease
+        // (the store's default, a minute) is taken for gone.
+        let live_ms = store.lease_ms();
         Ok(FleetBackend {
             store,
             run_id: link.run_id.clone(),
@@ -78,6 +104,8 @@ impl FleetBackend {
             portable,
             jobs: AtomicU64::new(0),
             priced,
+            live_ms,
+            since_ms: process_started_ms().unwrap_or(0),
         })
     }
 
@@ -87,7 +115,32 @@ impl FleetBackend {
         let mut pulled_all = false;
         let mut wait = POLL_MIN;
         let mut answered = std::time::Instant::now();
+        let mut watched = std::time::Instant::now();
+        let mut all_refused: Option<std::time::Instant> = None;
         loop {
+            if !out.is_empty() && watched.elapsed() >= WATCH {
+                watched = std::time::Instant::now();
+                // A task whose worker died or paused past its lease: its
+                // call may have been sent, so it fails as a call does and
+                // the job asks again, reserving the budget again.
+                for seq in self.store.take_back_lapsed_tasks(job_id)? {
+                    if let Some(r) = out.remove(&seq) {
+                        tracing::warn!(
+                            job = %job_id, unit = %r.unit_id,
+                            "a worker stopped renewing its lease with this call; asking again"
+                        );
+                        job.complete(r, Err(lost_worker()));
+                    }
+                }
+                if let Some(why) = self.nobody_left(job_id, &mut all_refused)? {
+                    tracing::error!(job = %job_id, "the fleet's calls stop: {why}");
+                    self.store.close_fleet_job(job_id, "cancelled")?;
+                    for (_, r) in out.drain() {
+                        job.complete(r, Err(CallError::Backend(why.clone())));
+                    }
+                    return Err(QueueError::NoWorker(why));
+                }
+            }
             if job.is_cancelled() {
                 self.store.close_fleet_job(job_id, "cancelled")?;
                 for (_, r) in out.drain() {
@@ -162,6 +215,93 @@ impl FleetBackend {
     }
 }
 
+impl FleetBackend {
+    /// Why no worker is left to answer `job_id`, if none is: every worker
+    /// this process started is gone (stopped, killed, silent past the
+    /// lease), or every live worker refused the job (at once when this
+    /// process started workers; after [`REFUSED_GRACE`] when they were
+    /// started elsewhere, where another may yet come).
+    fn nobody_left(
+        &self,
+        job_id: &str,
+        all_refused: &mut Option<std::time::Instant>,
+    ) -> Result<Option<String>, QueueError> {
+        let w = self.store.fleet_watch(
+            job_id,
+            &fanfold_store::this_host(),
+            std::process::id(),
+            self.since_ms,
+            self.live_ms,
+        )?;
+        let started = !w.started.is_empty();
+        let gone = |pid: u32, gone: bool| gone || !process_alive(pid);
+        if started && w.started.iter().all(|(_, pid, g)| gone(*pid, *g)) {
+            return Ok(Some(format!(
+                "all {} workers this run started have stopped or died; what was answered is kept",
+                w.started.len()
+            )));
+        }
+        let refused_all = !w.live.is_empty()
+            && w.live
+                .iter()
+                .all(|id| w.refused.iter().any(|(r, _)| r == id));
+        if !refused_all {
+            *all_refused = None;
+            return Ok(None);
+        }
+        let since = *all_refused.get_or_insert_with(std::time::Instant::now);
+        if started || since.elapsed() >= REFUSED_GRACE {
+            let reasons: Vec<String> = w
+                .refused
+                .iter()
+                .map(|(id, why)| format!("{id}: {why}"))
+                .collect();
+            return Ok(Some(format!(
+                "every live worker refused the job ({})",
+                reasons.join("; ")
+            )));
+        }
+        Ok(None)
+    }
+}
+
+/// When this process started (ms since the epoch, to within a second or
+/// two, and never later than it did), read from `/proc`; `None` elsewhere.
+fn process_started_ms() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The 22nd field, the 20th past the command's closing parenthesis:
+    // clock ticks (100 a second on Linux) since boot.
+    let ticks: u64 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()?;
+    let boot: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    Some((boot * 1_000 + ticks * 10).saturating_sub(2_000))
+}
+
+/// Whether process `pid` on this host is running (not gone, not a zombie
+/// waiting to be reaped).
+fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        // Without /proc (not Linux), the heartbeat alone decides.
+        Err(_) => !std::path::Path::new("/proc/self/stat").exists(),
+    }
+}
+
 impl ModelBackend for FleetBackend {
     fn info(&self) -> BackendInfo {
         self.info.clone()
@@ -198,6 +338,9 @@ impl ModelBackend for FleetBackend {
             Err(QueueError::Encode(e)) => Err(BackendError::Setup(format!(
                 "the fleet's queue: a request not written as JSON: {e}"
             ))),
+            // The calls not answered end unanswered, and the run goes on
+            // to an incomplete answer, keeping what was answered.
+            Err(QueueError::NoWorker(_)) => Ok(()),
         }
     }
 

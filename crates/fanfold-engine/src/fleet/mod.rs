@@ -81,18 +81,27 @@ impl PortableBackend {
     }
 
     /// Builds the backend in `dir` (where its files are written), with
-    /// `endpoint` in place of an HTTP backend's own.
+    /// `endpoint` in place of an HTTP backend's own. Every file name is
+    /// checked before anything is written: a name that is not a plain file
+    /// name (a separator, `..`, empty) is refused and nothing is written.
     pub fn build(
         &self,
         dir: &Path,
         endpoint: Option<&str>,
         rates: Option<std::sync::Arc<dyn fanfold_model::SharedRates>>,
     ) -> Result<Box<dyn ModelBackend>, BackendError> {
+        self.check_files().map_err(BackendError::Setup)?;
         for (name, text) in &self.files {
             std::fs::write(dir.join(name), text).map_err(|e| {
                 BackendError::Setup(format!("writing {name} in {}: {e}", dir.display()))
             })?;
         }
+        crate::backends::build_sharing(&self.spec_on(endpoint), dir, Execution::Online, rates)
+    }
+
+    /// The spec as built on a worker: an HTTP backend's endpoints replaced
+    /// by the worker's own `endpoint`, when it has one.
+    fn spec_on(&self, endpoint: Option<&str>) -> BackendSpec {
         let mut spec = self.spec.clone();
         if let (Some(url), BackendSpec::Openai(h) | BackendSpec::Anthropic(h)) =
             (endpoint, &mut spec)
@@ -100,7 +109,142 @@ impl PortableBackend {
             h.base_url = Some(url.to_owned());
             h.endpoints.clear();
         }
-        crate::backends::build_sharing(&spec, dir, Execution::Online, rates)
+        spec
+    }
+
+    /// Whether every file this description carries, and every file its
+    /// spec names, is a plain file name that it carries: a store row is
+    /// data, and a name like `../../x` or `/etc/x` must never become a
+    /// path written or read on a worker's host. The error names the file.
+    pub fn check_files(&self) -> Result<(), String> {
+        for name in self.files.keys() {
+            plain_name(name)?;
+        }
+        let named = match &self.spec {
+            BackendSpec::Scripted { script, .. } => Some(script),
+            BackendSpec::Replay { cassette } => Some(cassette),
+            BackendSpec::Openai(h) | BackendSpec::Anthropic(h) => h.prices.as_ref(),
+            BackendSpec::Llama { .. } => None,
+        };
+        if let Some(name) = named {
+            plain_name(name)?;
+            if !self.files.contains_key(name) {
+                return Err(format!(
+                    "the backend names file `{}`, which the job does not carry",
+                    name.escape_debug()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a worker started with `allowed` may make this backend's
+    /// calls: every endpoint it sends to and every key variable it reads
+    /// must be one the worker was given on its own command line. A job
+    /// comes from the store, and whoever can write a row must not be able
+    /// to point a worker's keys at a host of their choosing. The error
+    /// names the endpoint or the variable.
+    pub fn check_allowed(&self, allowed: &Allowed) -> Result<(), String> {
+        let (BackendSpec::Openai(h) | BackendSpec::Anthropic(h)) = &self.spec else {
+            return Ok(());
+        };
+        let endpoints = h
+            .endpoint_list()
+            .map_err(|e| format!("the job's backend: {e}"))?;
+        // On the worker's own endpoint the job's endpoints are never sent
+        // to, and the key is the table's own.
+        let pairs: Vec<(Option<&str>, Option<&str>)> = match &allowed.own {
+            Some(_) => vec![(None, h.api_key_env.as_deref())],
+            None => endpoints
+                .iter()
+                .map(|e| (Some(e.base_url.as_str()), e.api_key_env.as_deref()))
+                .collect(),
+        };
+        for (url, key) in pairs {
+            if let Some(url) = url
+                && !allowed.endpoints.iter().any(|a| same_url(a, url))
+            {
+                return Err(format!(
+                    "its backend sends to endpoint `{}`, which this worker was not started with \
+                     (give it `--allow-endpoint {}`, or `--endpoint` for its own server)",
+                    url.escape_debug(),
+                    url.escape_debug()
+                ));
+            }
+            if let Some(var) = key
+                && !allowed.key_envs.iter().any(|k| k == var)
+            {
+                return Err(format!(
+                    "its backend reads the key variable `{}`, which this worker was not started \
+                     with (give it `--allow-key-env {}` to send that key)",
+                    var.escape_debug(),
+                    var.escape_debug()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The identity this backend would have on a worker in `dir` (with the
+    /// worker's own `endpoint`), found without writing anything: a script
+    /// from the text the job carries, a cassette from its first line, the
+    /// embedded model from its file's hash, an HTTP backend from its
+    /// endpoint. Check the files and the endpoints first: an HTTP backend
+    /// is asked what it serves.
+    pub fn identity_here(
+        &self,
+        dir: &Path,
+        endpoint: Option<&str>,
+    ) -> Result<String, BackendError> {
+        let carried = |name: &str| {
+            self.files.get(name).ok_or_else(|| {
+                BackendError::Setup(format!(
+                    "the job does not carry file `{}`",
+                    name.escape_debug()
+                ))
+            })
+        };
+        match self.spec_on(endpoint) {
+            BackendSpec::Scripted {
+                script,
+                faults,
+                delay_ms,
+            } => {
+                Ok(
+                    fanfold_sim::ScriptedBackend::new(carried(&script)?.clone(), faults, delay_ms)?
+                        .info()
+                        .model_id,
+                )
+            }
+            BackendSpec::Replay { cassette } => {
+                let first = carried(&cassette)?
+                    .lines()
+                    .find(|l| !l.trim().is_empty())
+                    .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok());
+                Ok(match first.as_ref().and_then(|v| v["model_id"].as_str()) {
+                    Some(id) => id.to_owned(),
+                    None => format!("replay:{}", dir.join(&cassette).display()),
+                })
+            }
+            spec @ BackendSpec::Llama { .. } => {
+                Ok(crate::backends::identity(&spec, dir, Execution::Online)?.model_id)
+            }
+            BackendSpec::Openai(mut h) => {
+                // The bundled prices: a price table changes no identity.
+                h.prices = None;
+                let spec = BackendSpec::Openai(h);
+                Ok(crate::backends::build(&spec, dir, Execution::Online)?
+                    .info()
+                    .model_id)
+            }
+            BackendSpec::Anthropic(mut h) => {
+                h.prices = None;
+                let spec = BackendSpec::Anthropic(h);
+                Ok(crate::backends::build(&spec, dir, Execution::Online)?
+                    .info()
+                    .model_id)
+            }
+        }
     }
 
     /// Whether a worker's `endpoint` replaces this backend's.
@@ -159,6 +303,42 @@ impl PortableBackend {
     }
 }
 
+/// What a worker was started with: the only endpoints and key variables
+/// the jobs it takes may use.
+#[derive(Clone, Debug, Default)]
+pub struct Allowed {
+    /// `--allow-endpoint`: endpoints a job may name, as specs spell them.
+    pub endpoints: Vec<String>,
+    /// `--allow-key-env`: environment variables a job may read a key from.
+    pub key_envs: Vec<String>,
+    /// `--endpoint`: the worker's own server, in place of any job's.
+    pub own: Option<String>,
+}
+
+/// Whether two endpoint URLs are the same, a trailing `/` aside.
+fn same_url(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/') == b.trim_end_matches('/')
+}
+
+/// Whether `name` is a plain file name: not empty, not `.` or `..`, with
+/// no separator and no NUL, so `dir.join(name)` stays in `dir`.
+fn plain_name(name: &str) -> Result<(), String> {
+    let plain = !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\\', '\0'])
+        && !Path::new(name).is_absolute();
+    if plain {
+        Ok(())
+    } else {
+        Err(format!(
+            "the job names file `{}`, which is not a plain file name (empty, `.` or `..`, \
+             or holding a separator): refused, nothing written",
+            name.escape_debug()
+        ))
+    }
+}
+
 /// The served weights an identity's tail past the alias names
 /// (`@id#fingerprint`, before any suffix the backend adds), for messages.
 fn served_of(tail: &str) -> Option<&str> {
@@ -213,6 +393,102 @@ mod tests {
             spec,
             files: BTreeMap::new(),
         }
+    }
+
+    fn scripted(name: &str) -> PortableBackend {
+        PortableBackend {
+            spec: BackendSpec::Scripted {
+                script: name.into(),
+                faults: Vec::new(),
+                delay_ms: 0,
+            },
+            files: BTreeMap::from([(name.to_owned(), "{}".to_owned())]),
+        }
+    }
+
+    /// A file name from the store that would leave the worker's folder is
+    /// refused before anything is written, naming it.
+    #[test]
+    fn only_plain_file_names_are_written() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let inner = dir.path().join("a").join("b");
+        std::fs::create_dir_all(&inner).unwrap_or_else(|e| panic!("mkdir: {e}"));
+        let outside = dir.path().join("outside.jq").display().to_string();
+        for name in [
+            "../../outside.jq",
+            outside.as_str(),
+            "",
+            ".",
+            "..",
+            "a\\b",
+            "x\0y",
+        ] {
+            let p = scripted(name);
+            let why = p.check_files().expect_err(name);
+            assert!(why.contains("not a plain file name"), "{why}");
+            let built = p.build(&inner, None, None);
+            assert!(built.is_err(), "{name:?} built");
+            assert!(
+                std::fs::read_dir(dir.path())
+                    .map(|d| d.count())
+                    .unwrap_or(0)
+                    == 1
+                    && std::fs::read_dir(&inner).map(|d| d.count()).unwrap_or(1) == 0,
+                "{name:?}: something was written"
+            );
+        }
+        // A spec naming a file the job does not carry.
+        let mut p = scripted("script.jq");
+        p.files.clear();
+        assert!(p.check_files().is_err());
+        assert_eq!(scripted("script.jq").check_files(), Ok(()));
+    }
+
+    /// An HTTP job sends only to endpoints, and reads only key variables,
+    /// the worker was started with.
+    #[test]
+    fn endpoints_and_keys_must_be_the_workers_own() {
+        let job = |key: Option<&str>| {
+            let mut spec = serde_json::json!({
+                "type": "openai", "model": "m", "base_url": "http://evil.example/v1"
+            });
+            if let Some(k) = key {
+                spec["api_key_env"] = serde_json::Value::from(k);
+            }
+            PortableBackend {
+                spec: serde_json::from_value(spec).unwrap_or_else(|e| panic!("spec: {e}")),
+                files: BTreeMap::new(),
+            }
+        };
+        let nothing = Allowed::default();
+        let why = job(None)
+            .check_allowed(&nothing)
+            .expect_err("foreign endpoint");
+        assert!(why.contains("`http://evil.example/v1`"), "{why}");
+        let endpoint = Allowed {
+            endpoints: vec!["http://evil.example/v1/".into()],
+            ..Allowed::default()
+        };
+        assert_eq!(job(None).check_allowed(&endpoint), Ok(()));
+        let why = job(Some("OPENAI_API_KEY"))
+            .check_allowed(&endpoint)
+            .expect_err("foreign key");
+        assert!(why.contains("`OPENAI_API_KEY`"), "{why}");
+        let both = Allowed {
+            key_envs: vec!["OPENAI_API_KEY".into()],
+            ..endpoint
+        };
+        assert_eq!(job(Some("OPENAI_API_KEY")).check_allowed(&both), Ok(()));
+        // On the worker's own endpoint the job's is never sent to; its key
+        // variable must still be one the worker was given.
+        let own = Allowed {
+            own: Some("http://127.0.0.1:8000/v1".into()),
+            ..Allowed::default()
+        };
+        assert_eq!(job(None).check_allowed(&own), Ok(()));
+        assert!(job(Some("OPENAI_API_KEY")).check_allowed(&own).is_err());
+        // Nothing to allow for a backend that sends nowhere.
+        assert_eq!(scripted("s.jq").check_allowed(&nothing), Ok(()));
     }
 
     /// On a worker's own endpoint the host differs by design: what decides

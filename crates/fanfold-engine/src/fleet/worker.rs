@@ -13,7 +13,7 @@ use fanfold_model::{
 };
 use fanfold_store::{FleetJob, JobState, Store, StoreError};
 
-use super::{JobOptions, PortableBackend, TaskRequest, TaskResult};
+use super::{Allowed, JobOptions, PortableBackend, TaskRequest, TaskResult};
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
@@ -29,6 +29,12 @@ pub struct WorkerOptions {
     /// (one model server per host). The facts stay keyed by the declared
     /// backend, so it must serve the same model.
     pub endpoint: Option<String>,
+    /// Endpoints a job may send to (`--allow-endpoint`), besides
+    /// `endpoint`; a job naming another is refused.
+    pub allow_endpoints: Vec<String>,
+    /// Environment variables a job may read its key from
+    /// (`--allow-key-env`); a job naming another is refused.
+    pub allow_key_envs: Vec<String>,
     /// Stop after this long with no job to take.
     pub idle_exit: Option<Duration>,
     /// Stop when this process is gone (a worker started by a coordinator).
@@ -80,6 +86,9 @@ struct Shared<'a> {
     /// The store failed while a job was served (a server that stayed away
     /// past its reconnect wait): the job ends, and the worker with it.
     store_failed: Mutex<Option<StoreError>>,
+    /// When the leases on the tasks held were last renewed.
+    renewed: Mutex<Instant>,
+    lease: Duration,
 }
 
 /// Serves jobs until `stop` is set, the parent process is gone, or no job
@@ -93,7 +102,7 @@ pub fn serve(opts: &WorkerOptions, stop: &AtomicBool) -> Result<WorkerReport, Wo
         std::process::id(),
         fanfold_store::now_ms()
     );
-    store.register_worker(&worker_id, opts.slots)?;
+    store.register_worker(&worker_id, opts.slots, opts.parent_pid)?;
     tracing::info!(worker = %worker_id, store = %store.location(), "worker started");
     let shared = Shared {
         outer: stop,
@@ -104,6 +113,8 @@ pub fn serve(opts: &WorkerOptions, stop: &AtomicBool) -> Result<WorkerReport, Wo
         calls: AtomicU64::new(0),
         late: AtomicU64::new(0),
         store_failed: Mutex::new(None),
+        renewed: Mutex::new(Instant::now()),
+        lease: Duration::from_millis(opts.lease_ms),
     };
     let (stop_beat, beat) = std::sync::mpsc::channel::<()>();
     let served = std::thread::scope(|scope| {
@@ -154,13 +165,20 @@ fn heartbeat(
         }
         let job = shared.job.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let calls = shared.calls.load(Ordering::Relaxed);
-        match store.worker_heartbeat(
+        // Taken before the renewal is asked for: the leases hold at least
+        // a lease from this instant.
+        let asked = Instant::now();
+        let beat = store.worker_heartbeat(
             &shared.worker_id,
             job.as_deref(),
             calls,
             opts.lease_ms,
             opts.lease_ms,
-        ) {
+        );
+        if beat.is_ok() {
+            *shared.renewed.lock().unwrap_or_else(|e| e.into_inner()) = asked;
+        }
+        match beat {
             Ok(JobState::Gone) => shared.gone.store(true, Ordering::Relaxed),
             Ok(JobState::Open) => {}
             Err(e) => tracing::warn!(error = %e, "worker heartbeat not recorded"),
@@ -180,6 +198,9 @@ fn serve_jobs(
     // Backends by description: a model is loaded once per worker.
     let mut built: HashMap<String, Result<Box<dyn ModelBackend>, String>> = HashMap::new();
     let mut refused: HashSet<String> = HashSet::new();
+    // Identities by description, found before anything is written: an
+    // endpoint is asked what it serves, or a model file hashed, once.
+    let mut identities: HashMap<String, Result<String, String>> = HashMap::new();
     let mut idle_since = Instant::now();
     let mut served = 0;
     let run_filter = opts.run_id.clone().unwrap_or_default();
@@ -195,6 +216,17 @@ fn serve_jobs(
             std::thread::sleep(IDLE_POLL);
             continue;
         };
+        // Before anything is written or built: the job's files, the
+        // endpoints and keys it would use, and the model it is keyed by.
+        if let Err(why) = admit(&job, &files, opts, &mut identities) {
+            tracing::error!(
+                job = %job.job_id, wanted = %job.model_id,
+                "job refused, left for other workers: {why}"
+            );
+            refuse(store, &job, &shared.worker_id, &why);
+            refused.insert(job.job_id.clone());
+            continue;
+        }
         let backend = built.entry(job.backend.clone()).or_insert_with(|| {
             build(&job, &files, opts, Arc::clone(&rates)).map_err(|e| e.to_string())
         });
@@ -202,15 +234,22 @@ fn serve_jobs(
             Ok(b) => b.as_ref(),
             Err(e) => {
                 tracing::error!(job = %job.job_id, error = %e, "job refused: its backend cannot be built here");
+                refuse(
+                    store,
+                    &job,
+                    &shared.worker_id,
+                    &format!("its backend cannot be built here: {e}"),
+                );
                 refused.insert(job.job_id.clone());
                 continue;
             }
         };
-        if let Err(why) = same_model(&job, backend, opts) {
+        if let Err(why) = same_model(&job, &backend.info().model_id, opts) {
             tracing::error!(
                 job = %job.job_id, wanted = %job.model_id,
                 "job refused, left for other workers: {why}"
             );
+            refuse(store, &job, &shared.worker_id, &why);
             refused.insert(job.job_id.clone());
             continue;
         }
@@ -218,6 +257,7 @@ fn serve_jobs(
         shared.gone.store(false, Ordering::Relaxed);
         let worker_job = WorkerJob::new(store, shared, &job, opts.slots);
         let ran = backend.run(&worker_job);
+        worker_job.end();
         *shared.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
         served += 1;
         let failed = shared
@@ -232,29 +272,64 @@ fn serve_jobs(
             tracing::error!(job = %job.job_id, error = %e, "job given back: the backend stopped");
             refused.insert(job.job_id.clone());
         }
-        // Anything still held (a backend that returned early) goes back.
-        store.release_fleet_tasks(&shared.worker_id)?;
         idle_since = Instant::now();
     }
     Ok(served)
 }
 
-/// Whether `backend`, as this worker built it, makes the facts `job` is
-/// keyed by. On the declared endpoint its identity must be the job's. On
-/// the worker's own `--endpoint` the host differs by design, so that
+/// Records a refusal for the job's coordinator to read; a refusal not
+/// recorded is still logged.
+fn refuse(store: &Store, job: &FleetJob, worker: &str, why: &str) {
+    if let Err(e) = store.refuse_fleet_job(&job.job_id, worker, why) {
+        tracing::warn!(job = %job.job_id, error = %e, "a refusal not recorded");
+    }
+}
+
+/// Whether this worker takes `job`, decided before anything is written:
+/// the files it carries have plain names, its endpoints and key
+/// variables are ones this worker was started with, and the backend it
+/// describes, here, is the model its facts are keyed by.
+fn admit(
+    job: &FleetJob,
+    files: &tempfile::TempDir,
+    opts: &WorkerOptions,
+    identities: &mut HashMap<String, Result<String, String>>,
+) -> Result<(), String> {
+    let portable: PortableBackend = serde_json::from_str(&job.backend)
+        .map_err(|e| format!("the job's backend does not read: {e}"))?;
+    portable.check_files()?;
+    let allowed = Allowed {
+        endpoints: opts.allow_endpoints.clone(),
+        key_envs: opts.allow_key_envs.clone(),
+        own: opts.endpoint.clone(),
+    };
+    portable.check_allowed(&allowed)?;
+    let here = identities.entry(job.backend.clone()).or_insert_with(|| {
+        portable
+            .identity_here(&backend_dir(files, job), opts.endpoint.as_deref())
+            .map_err(|e| format!("its backend cannot be named here: {e}"))
+    });
+    same_model(job, here.as_deref().map_err(Clone::clone)?, opts)
+}
+
+/// The folder a job's backend files go in, one per description.
+fn backend_dir(files: &tempfile::TempDir, job: &FleetJob) -> PathBuf {
+    files
+        .path()
+        .join(blake3::hash(job.backend.as_bytes()).to_hex().as_str())
+}
+
+/// Whether a backend whose identity here is `here` makes the facts `job`
+/// is keyed by. On the declared endpoint its identity must be the job's.
+/// On the worker's own `--endpoint` the host differs by design, so that
 /// endpoint is asked what it serves ([`PortableBackend::serves_as`]): a
 /// job keyed by named weights is refused where they are not named alike.
-fn same_model(
-    job: &FleetJob,
-    backend: &dyn ModelBackend,
-    opts: &WorkerOptions,
-) -> Result<(), String> {
-    let here = backend.info().model_id;
+fn same_model(job: &FleetJob, here: &str, opts: &WorkerOptions) -> Result<(), String> {
     let portable = serde_json::from_str::<PortableBackend>(&job.backend)
         .map_err(|e| format!("the job's backend does not read: {e}"))?;
     match &opts.endpoint {
         Some(url) if portable.takes_endpoint() => portable
-            .serves_as(&job.model_id, &here)
+            .serves_as(&job.model_id, here)
             .map_err(|why| format!("endpoint {url}: {why}")),
         _ if here == job.model_id => Ok(()),
         _ => Err(format!(
@@ -311,9 +386,7 @@ fn build(
     let portable: PortableBackend = serde_json::from_str(&job.backend)
         .map_err(|e| BackendError::Setup(format!("the job's backend does not read: {e}")))?;
     // Each backend's files in a folder of their own.
-    let dir = files
-        .path()
-        .join(blake3::hash(job.backend.as_bytes()).to_hex().as_str());
+    let dir = backend_dir(files, job);
     std::fs::create_dir_all(&dir)
         .map_err(|e| BackendError::Setup(format!("creating {}: {e}", dir.display())))?;
     portable.build(&dir, opts.endpoint.as_deref(), Some(rates))
@@ -332,6 +405,11 @@ struct WorkerJob<'a> {
 
 struct Local {
     claimed: VecDeque<(u64, TaskRequest)>,
+    /// When the tasks in `claimed` were claimed.
+    claimed_at: Instant,
+    /// Tasks handed to the backend and not yet answered: their calls may
+    /// have been sent.
+    sent: HashSet<u64>,
     in_flight: usize,
     /// When the queue may be read again, after a read that found it empty.
     next_read: Option<Instant>,
@@ -353,6 +431,8 @@ impl<'a> WorkerJob<'a> {
             slots: slots.max(1),
             state: Mutex::new(Local {
                 claimed: VecDeque::new(),
+                claimed_at: Instant::now(),
+                sent: HashSet::new(),
                 in_flight: 0,
                 next_read: None,
                 backoff: TASK_POLL_MIN,
@@ -364,6 +444,54 @@ impl<'a> WorkerJob<'a> {
     fn stopping(&self) -> bool {
         self.shared.gone.load(Ordering::Relaxed) || self.shared.stopping()
     }
+
+    /// Whether the tasks claimed at `claimed_at` are surely still this
+    /// worker's: claimed or renewed within three quarters of a lease. A
+    /// worker paused past its lease finds them stale when it resumes,
+    /// and sends none of them: the coordinator may have asked for them
+    /// again by then.
+    fn fresh(&self, claimed_at: Instant) -> bool {
+        let renewed = *self
+            .shared
+            .renewed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        renewed.max(claimed_at).elapsed() < self.shared.lease * 3 / 4
+    }
+
+    /// Ends the worker's part in the job once its backend returned: a
+    /// call handed out and never answered (a backend that returned early)
+    /// is answered with an error, since it may have been sent, and the
+    /// tasks claimed and never handed out go back unsent.
+    fn end(&self) {
+        let (sent, unsent) = {
+            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let sent: Vec<u64> = s.sent.drain().collect();
+            let unsent: Vec<u64> = s.claimed.drain(..).map(|(seq, _)| seq).collect();
+            (sent, unsent)
+        };
+        for seq in sent {
+            self.write(seq, &Err(lost_in_flight()));
+        }
+        self.give_back(&unsent);
+    }
+
+    fn give_back(&self, seqs: &[u64]) {
+        if let Err(e) =
+            self.store
+                .give_back_fleet_tasks(&self.job.job_id, &self.shared.worker_id, seqs)
+        {
+            tracing::warn!(error = %e, "tasks not given back; their leases will lapse");
+        }
+    }
+}
+
+/// The answer to a call this worker handed out and lost (it stopped, or
+/// the call was cancelled after it may have been sent): an error, so the
+/// coordinator asks again under a new reservation rather than a worker
+/// sending it again unpaid.
+fn lost_in_flight() -> CallError {
+    CallError::Backend("the worker stopped with this call in flight; it is asked again".into())
 }
 
 impl Job for WorkerJob<'_> {
@@ -414,6 +542,9 @@ impl Job for WorkerJob<'_> {
                         s.next_read = None;
                         s.backoff = TASK_POLL_MIN;
                     }
+                    if !tasks.is_empty() {
+                        s.claimed_at = now;
+                    }
                     for t in tasks {
                         match serde_json::from_str::<TaskRequest>(&t.request) {
                             Ok(r) => s.claimed.push_back((t.seq, r)),
@@ -448,6 +579,17 @@ impl Job for WorkerJob<'_> {
                 }
             }
         }
+        if !s.claimed.is_empty() && !self.fresh(s.claimed_at) {
+            // Paused (or starved) past the lease: none of these is sent.
+            let stale: Vec<u64> = s.claimed.drain(..).map(|(seq, _)| seq).collect();
+            tracing::warn!(
+                tasks = stale.len(),
+                "claimed tasks left unsent: their lease may have lapsed"
+            );
+            drop(s);
+            self.give_back(&stale);
+            return Next::Later(TASK_POLL_MIN);
+        }
         let Some((seq, task)) = s.claimed.pop_front() else {
             if s.in_flight > 0 {
                 let now = Instant::now();
@@ -465,6 +607,7 @@ impl Job for WorkerJob<'_> {
         };
         s.empty_since = None;
         s.in_flight += 1;
+        s.sent.insert(seq);
         Next::Request(Request {
             index: seq as usize,
             unit_id: task.unit_id,
@@ -477,20 +620,28 @@ impl Job for WorkerJob<'_> {
     }
 
     fn complete(&self, request: Request, result: Result<Completion, CallError>) {
+        let seq = request.index as u64;
         {
             let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
             s.in_flight = s.in_flight.saturating_sub(1);
+            s.sent.remove(&seq);
         }
         if matches!(result, Err(CallError::Cancelled)) {
-            // Not asked: the task goes back to the queue (or went with its
-            // job) when this worker's leases are given back.
+            // Cancelled once handed out, perhaps after it was sent: the
+            // coordinator asks again, and pays again, or its job is gone
+            // and this changes nothing.
+            self.write(seq, &Err(lost_in_flight()));
             return;
         }
-        self.write(request.index as u64, &result);
+        self.write(seq, &result);
     }
 
+    /// Also while the leases were last renewed three quarters of a lease
+    /// ago or more (a worker paused, or cut off from the store): the
+    /// coordinator may have asked for its calls again, so none is retried
+    /// or sent from here until a renewal comes.
     fn is_cancelled(&self) -> bool {
-        self.stopping()
+        self.stopping() || !self.fresh(Instant::now() - self.shared.lease)
     }
 
     fn output_schema(&self) -> Option<&serde_json::Value> {
