@@ -610,10 +610,10 @@ fn check_every_unit_has_its_fact(
 }
 
 /// Each fact against the spec it ran with, from the folder alone: its
-/// stage is one of the spec's, a stage that calls a model names one of
-/// the run's backends, a map stage's facts carry its rubric and version,
-/// and every fact of a stage was made with the same rubric, version and
-/// model (a sealed fact spliced in from another run differs).
+/// stage is one of the spec's; a map stage's facts (but a cascade's) name
+/// one of the run's backends and carry the stage's rubric, version and
+/// sampling, and were all made with the same rubric, version and model (a
+/// sealed fact spliced in from another run differs).
 fn check_fact_origins(
     plan: &Plan,
     cert: &Certificate,
@@ -644,12 +644,20 @@ fn check_fact_origins(
     let mut by_stage: HashMap<&str, HashMap<Origin, usize>> = HashMap::new();
     let mut reported: HashSet<usize> = HashSet::new();
     for (line, f) in facts {
-        let Some(stage) = plan.stage(&f.stage) else {
+        if plan.stage(&f.stage).is_none() {
             out.push(format!(
                 "{}: the spec it ran with has no such stage",
                 fact_at(line, f)
             ));
             reported.insert(*line);
+            continue;
+        }
+        // A map stage's facts all come from its model; other kinds (and
+        // a cascade's derived facts) record who decided in their own ways.
+        let Some(map) = plan
+            .map_stage(&f.stage)
+            .filter(|m| m.spec.cascade.is_none())
+        else {
             continue;
         };
         *by_stage
@@ -658,9 +666,7 @@ fn check_fact_origins(
             .entry(origin(f))
             .or_default() += 1;
         let m = &f.model;
-        if stage.shape().backend().is_some()
-            && !backends.contains(&(m.backend.as_str(), m.model_id.as_str(), m.simulated))
-        {
+        if !backends.contains(&(m.backend.as_str(), m.model_id.as_str(), m.simulated)) {
             out.push(format!(
                 "{}: made by model `{}` of a `{}` backend, which this run did not use",
                 fact_at(line, f),
@@ -670,37 +676,35 @@ fn check_fact_origins(
             reported.insert(*line);
             continue;
         }
-        if let Some(map) = plan.map_stage(&f.stage) {
-            if f.rubric_hash != map.rubric_hash {
-                out.push(format!(
-                    "{}: made with another rubric (it hashes {}, this run's {})",
-                    fact_at(line, f),
-                    f.rubric_hash.short(16),
-                    map.rubric_hash.short(16)
-                ));
-            } else if f.stage_version != map.spec.version {
-                out.push(format!(
-                    "{}: made by version {} of the stage, this run's is {}",
-                    fact_at(line, f),
-                    f.stage_version,
-                    map.spec.version
-                ));
-            } else if m.temperature != map.spec.temperature
-                || m.max_output_tokens != map.spec.max_output_tokens
-                || m.seed != map.spec.seed
-            {
-                out.push(format!(
-                    "{}: made with other sampling (temperature {}, max_output_tokens {}, seed {}) than the stage's",
-                    fact_at(line, f),
-                    m.temperature,
-                    m.max_output_tokens,
-                    m.seed
-                ));
-            } else {
-                continue;
-            }
-            reported.insert(*line);
+        if f.rubric_hash != map.rubric_hash {
+            out.push(format!(
+                "{}: made with another rubric (it hashes {}, this run's {})",
+                fact_at(line, f),
+                f.rubric_hash.short(16),
+                map.rubric_hash.short(16)
+            ));
+        } else if f.stage_version != map.spec.version {
+            out.push(format!(
+                "{}: made by version {} of the stage, this run's is {}",
+                fact_at(line, f),
+                f.stage_version,
+                map.spec.version
+            ));
+        } else if m.temperature != map.spec.temperature
+            || m.max_output_tokens != map.spec.max_output_tokens
+            || m.seed != map.spec.seed
+        {
+            out.push(format!(
+                "{}: made with other sampling (temperature {}, max_output_tokens {}, seed {}) than the stage's",
+                fact_at(line, f),
+                m.temperature,
+                m.max_output_tokens,
+                m.seed
+            ));
+        } else {
+            continue;
         }
+        reported.insert(*line);
     }
     // A fact of a stage whose others were all made otherwise.
     for (line, f) in facts {
