@@ -543,3 +543,23 @@ answer = "reports"
         .arg(d.join("box.mbox")));
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
 }
+
+#[test]
+fn verify_passes_on_a_run_whose_select_records_who_decided() {
+    let dir = triage_copy(|spec| spec);
+    let o = run(bin()
+        .current_dir(dir.path())
+        .args(["run", "select.toml", "--backend", "scripted"])
+        .args(["--store", "store.sqlite", "--out", "out"]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let facts = std::fs::read_to_string(dir.path().join("out/facts.jsonl")).unwrap();
+    assert!(
+        facts
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .any(|f| f["model"]["backend"] == "select"),
+        "the select decided some unit itself"
+    );
+    let o = run(bin().arg("verify").arg(dir.path().join("out")));
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+}
