@@ -217,6 +217,25 @@ pub struct Outcome {
     /// Every label the sample could use was known: the plan was chosen on
     /// the exact population, not on a bound.
     pub exact: bool,
+    /// What the labels proved of plans along the way, safest first: the
+    /// share of units each lets the proxy decide and the level of the
+    /// target's metric proven for it (each at δ on its own).
+    #[serde(default)]
+    pub frontier: Vec<FrontierPoint>,
+    /// About how many more labels the plan after the chosen one would
+    /// need for the target, from the rate its test gained evidence at;
+    /// `None` when its draws so far point away from the target.
+    #[serde(default)]
+    pub more_labels: Option<usize>,
+}
+
+/// One plan of the frontier.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FrontierPoint {
+    /// The share of the units the plan lets the proxy decide.
+    pub saving: f64,
+    /// The level of the target's metric the labels prove for it.
+    pub proven: f64,
 }
 
 impl Outcome {
@@ -294,7 +313,12 @@ pub fn run(
     };
     let plan = candidates.get(chosen).unwrap_or(&Candidate::All);
     let proof = sampler.proof(plan, &draws);
-    Ok(sampler.finish(plan, proof))
+    let mut outcome = sampler.finish(plan, proof);
+    outcome.frontier = sampler.frontier(&candidates, chosen, &draws);
+    outcome.more_labels = candidates
+        .get(chosen + 1)
+        .and_then(|next| sampler.more_labels(next, &draws));
+    Ok(outcome)
 }
 
 /// The units a cascade with this configuration may ask the oracle about,
@@ -739,6 +763,55 @@ impl Sampler<'_> {
         }
     }
 
+    /// The level each of about ten plans is proven at, spread over the
+    /// candidates from the chosen one to the most aggressive.
+    fn frontier(
+        &self,
+        candidates: &[Candidate],
+        chosen: usize,
+        draws: &[usize],
+    ) -> Vec<FrontierPoint> {
+        let n = self.scores.len().max(1) as f64;
+        let last = candidates.len().saturating_sub(1);
+        let step = (last.saturating_sub(chosen) / 10).max(1);
+        let mut out = Vec::new();
+        let mut k = chosen.max(1);
+        while k <= last {
+            let Some(c) = candidates.get(k) else { break };
+            let proof = self.proof(c, draws);
+            let decided = self
+                .scores
+                .iter()
+                .filter(|&&s| c.proxy(s).is_some())
+                .count();
+            out.push(FrontierPoint {
+                saving: decided as f64 / n,
+                proven: proof.lower_bound,
+            });
+            k += step;
+        }
+        out
+    }
+
+    /// About how many labels beyond those spent would prove the target
+    /// for `c`: the draws its test needs at the rate its capital grew so
+    /// far, at the labels a draw has cost.
+    fn more_labels(&self, c: &Candidate, draws: &[usize]) -> Option<usize> {
+        let t = PlanTest::new(self.config.target, c, self.scores, &self.weights);
+        if t.hi <= 0.0 || draws.is_empty() {
+            return None;
+        }
+        let grown = log_capital(&self.xs(&t, draws), 0.0, t.hi, true);
+        let rate = grown / draws.len() as f64;
+        if rate <= 0.0 {
+            return None;
+        }
+        let need = (1.0 / self.config.target.delta).ln() / rate;
+        let per_draw = self.labels.len() as f64 / draws.len() as f64;
+        let more = (need - draws.len() as f64).max(0.0) * per_draw;
+        Some(more.ceil() as usize)
+    }
+
     fn finish(&self, c: &Candidate, proof: Proof) -> Outcome {
         let mut decisions = Vec::with_capacity(self.scores.len());
         let (mut proxy_decided, mut oracle_units) = (0, 0);
@@ -772,6 +845,8 @@ impl Sampler<'_> {
             oracle_units,
             oracle_needed: oracle_keys.len(),
             exact: proof.exact,
+            frontier: Vec::new(),
+            more_labels: None,
         }
     }
 }
@@ -1213,6 +1288,31 @@ fn rejects(xs: &[f64], m: f64, hi: f64, delta: f64, below: bool) -> bool {
         n += 1.0;
     }
     false
+}
+
+/// The log of the capital `rejects` builds over all of `xs`, without
+/// stopping at a goal.
+fn log_capital(xs: &[f64], m: f64, hi: f64, below: bool) -> f64 {
+    let reach = if below { hi - m } else { m };
+    if reach <= 0.0 {
+        return 0.0;
+    }
+    let cap = MAX_BET / reach;
+    let prior = (hi / 16.0).powi(2);
+    let (mut sum, mut sq, mut n) = (0.0f64, 0.0f64, 0.0f64);
+    let mut log_capital = 0.0;
+    for &x in xs {
+        let mean = (sum + m) / (n + 1.0);
+        let var = (prior + sq) / (n + 1.0);
+        let gap = if below { m - mean } else { mean - m };
+        let lambda = (gap / (var + gap * gap)).clamp(0.0, cap);
+        let gain = if below { m - x } else { x - m };
+        log_capital += (1.0 + lambda * gain).ln();
+        sq += (x - mean) * (x - mean);
+        sum += x;
+        n += 1.0;
+    }
+    log_capital
 }
 
 /// The upper confidence bound at `delta` on the mean of draws in

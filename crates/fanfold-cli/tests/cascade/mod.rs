@@ -36,3 +36,38 @@ fn a_labels_file_answers_every_unit_left_to_the_oracle() {
     let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
     assert!(!md.starts_with("# INCOMPLETE"), "{md}");
 }
+
+/// A budget too small for the target: no label past it is asked for, and
+/// answer.md and the certificate show what the labels did prove.
+#[test]
+fn a_budget_too_small_shows_the_frontier_it_proved_and_asks_no_more() {
+    let f = cascade_fixture(
+        r#"{ proxy = "lex", target = "recall", at_least = 0.99, delta = 0.05, label_budget = 40, labels = "labels.jsonl" }"#,
+    );
+    let lines: String = (0..1000)
+        .map(|i| {
+            format!(
+                "{{\"id\": {i}, \"decision\": \"{}\"}}\n",
+                if i < 150 { "yes" } else { "no" }
+            )
+        })
+        .collect();
+    std::fs::write(f.path("labels.jsonl"), lines).expect("labels");
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let cert = f.certificate();
+    let report = &cert["stats"]["cascades"]["judge"];
+    assert!(report["labels"].as_u64().expect("labels") <= 40, "{report}");
+    let frontier = report["frontier"].as_array().expect("a frontier");
+    assert!(!frontier.is_empty(), "{report}");
+    for p in frontier {
+        let proven = p["proven"].as_f64().expect("proven");
+        assert!((0.0..=1.0).contains(&proven), "{report}");
+    }
+    let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");
+    assert!(md.contains("What the labels proved"), "{md}");
+    assert!(
+        md.contains("| units the proxy decides | recall proven at least |"),
+        "{md}"
+    );
+}

@@ -132,6 +132,14 @@ pub struct CascadeReport {
     /// The guarantee holds: every unit the proxy did not decide was
     /// decided by the oracle.
     pub met: bool,
+    /// What the labels proved of plans from the chosen one on: the share
+    /// of units each lets the proxy decide and the level proven for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frontier: Vec<cascade::FrontierPoint>,
+    /// About how many more labels the next plan would need for the
+    /// target; `None` when the labels point away from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub more_labels: Option<usize>,
 }
 
 impl CascadeReport {
@@ -753,6 +761,8 @@ impl CascadeRun {
             wanted,
             met: unlabelled == 0,
             trained: trained.map(|(report, _)| report),
+            frontier: result.frontier.clone(),
+            more_labels: result.more_labels,
         };
         ctx.stats.reports.put(REPORT, &name, &report);
         Ok(outcome)
@@ -1070,8 +1080,32 @@ pub(crate) fn answer_section(stats: &RunStats, stage: &str) -> Option<String> {
     } else {
         format!("{:.3}, proven at least {:.3}", r.estimate, r.lower_bound)
     };
+    let metric = r.target.split_whitespace().next().unwrap_or("quality");
+    let mut frontier = String::new();
+    if !r.frontier.is_empty() {
+        frontier.push_str(&format!(
+            "\nWhat the labels proved, from the chosen plan to bolder ones (each level at the target's δ on its own):\n\n| units the proxy decides | {metric} proven at least |\n|---:|---:|\n"
+        ));
+        for p in &r.frontier {
+            frontier.push_str(&format!(
+                "| {:.1} % | {:.3} |\n",
+                100.0 * p.saving,
+                p.proven
+            ));
+        }
+        frontier.push_str(&match r.more_labels {
+            Some(n) => format!(
+                "\nThe next bolder plan would need about {n} more labels to prove {}; no label past the declared budget was asked for.\n",
+                r.target
+            ),
+            None => format!(
+                "\nThe labels point away from a bolder plan meeting {}: more labels would likely not prove one; the oracle decides the rest.\n",
+                r.target
+            ),
+        });
+    }
     Some(format!(
-        "## Quality of `{stage}`: {}\n\n- Target: {}; the guarantee {}.\n- Plan: {plan}.\n- Estimate: {bound}.\n- Proxy: `{}`; oracle: {}.\n- Labels spent: {}; units the proxy decided: {} of {}; left to the oracle: {}.\n- Oracle calls: {} against {} without the cascade ({} saved).\n",
+        "## Quality of `{stage}`: {}\n\n- Target: {}; the guarantee {}.\n- Plan: {plan}.\n- Estimate: {bound}.\n- Proxy: `{}`; oracle: {}.\n- Labels spent: {}; units the proxy decided: {} of {}; left to the oracle: {}.\n- Oracle calls: {} against {} without the cascade ({} saved).\n{frontier}",
         r.target,
         r.target,
         if r.met { "holds" } else { "is UNMET" },
