@@ -339,6 +339,9 @@ Synthetic populations shaped like two real sets (A: a third positive, a proxy of
     let _ = writeln!(body);
 }
 
+/// A configuration's name and how it departs from the shipped one.
+type Variant = (&'static str, fn(&mut Config));
+
 /// What each of the cascade's sampling choices is worth: the shipped
 /// configuration against the same with one choice undone, on the
 /// A-shaped population of 1,500 units and 300 labels.
@@ -356,7 +359,7 @@ The A-shaped population of {n} units with {budget} labels, seeds 0 to {}: the sh
         body,
         "| target | configuration | proven saving, median | proven saving, 10th percentile | met |\n|---|---|---:|---:|---|"
     );
-    let variants: [(&str, fn(&mut Config)); 3] = [
+    let variants: [Variant; 3] = [
         ("as shipped", |_| {}),
         ("uniform draws (no lean toward high scores)", |c| {
             c.uniform_share = 1.0
