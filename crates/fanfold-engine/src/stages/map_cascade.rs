@@ -1095,7 +1095,7 @@ pub(crate) fn answer_section(stats: &RunStats, stage: &str) -> Option<String> {
         }
         frontier.push_str(&match r.more_labels {
             Some(n) => format!(
-                "\nThe next bolder plan would need about {n} more labels to prove {}; no label past the declared budget was asked for.\n",
+                "\nThe next bolder plan would need about {n} more labels to prove {}; the proof asked for no label past the declared budget.\n",
                 r.target
             ),
             None => format!(
