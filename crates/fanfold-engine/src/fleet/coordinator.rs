@@ -130,6 +130,8 @@ impl FleetBackend {
                             "a worker stopped renewing its lease with this call; asking again"
                         );
                         job.complete(r, Err(lost_worker()));
+                        // It may come back as a retry.
+                        pulled_all = false;
                     }
                 }
                 if let Some(why) = self.nobody_left(job_id, &mut all_refused)? {
@@ -210,6 +212,8 @@ impl FleetBackend {
                     )))
                 });
                 job.complete(request, result);
+                // A failed call may come back as a retry.
+                pulled_all = false;
             }
         }
     }
