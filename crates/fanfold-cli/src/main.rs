@@ -333,6 +333,11 @@ struct RunArgs {
     /// and send nothing; the rest of the run is as usual.
     #[arg(long)]
     dry_run: bool,
+    /// Effect stages send a new version (a changed template or
+    /// arguments) to units whose read-back shows an earlier one; without
+    /// it those units are held, named and counted.
+    #[arg(long)]
+    allow_new_version: bool,
     /// Hand the model calls to worker processes sharing the store
     /// (`fanfold worker`): start N of them here, or 0 to wait for workers
     /// started elsewhere. `--slots` then bounds the calls out across all
@@ -498,6 +503,13 @@ enum FixtureCommand {
         /// answer is lost on the way back (0: never).
         #[arg(long, default_value_t = 0)]
         lose_every: u64,
+        /// Write every N-th effect only after --slow-commit-ms, whether or
+        /// not the client still waits, as a target that finishes a write
+        /// after the client's timeout (0: never).
+        #[arg(long, default_value_t = 0)]
+        slow_commit_every: u64,
+        #[arg(long, default_value_t = 7_000)]
+        slow_commit_ms: u64,
     },
     /// Synthetic JSONL event records.
     Jsonl {
@@ -821,6 +833,8 @@ fn real_main() -> Result<ExitCode> {
             every_hang,
             hang_ms,
             lose_every,
+            slow_commit_every,
+            slow_commit_ms,
         }) => {
             let data = tracker_data(&dir)?;
             let (issues, comments) = (data.issues.len(), data.comment_count());
@@ -833,9 +847,13 @@ fn real_main() -> Result<ExitCode> {
                 lose_every,
                 hang_once_at: 0,
             };
-            let app = fanfold_testkit::tracker::app(
+            let app = fanfold_testkit::tracker::app_with(
                 std::sync::Arc::new(data),
                 faults,
+                fanfold_testkit::tracker::SlowCommit {
+                    every: slow_commit_every,
+                    ms: slow_commit_ms,
+                },
                 std::sync::Arc::default(),
             );
             let server = fanfold_testkit::Server::start_at(
@@ -914,6 +932,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     opts.store_max_bytes = args.store_max_bytes;
     opts.lease_ms = Some(args.lease_secs * 1_000);
     opts.dry_run = args.dry_run;
+    opts.allow_new_version = args.allow_new_version;
     opts.fleet = args.workers.is_some();
     let out = args
         .out
