@@ -487,7 +487,9 @@ fn tls_is_spoken_when_asked_and_the_server_is_verified() {
     let verified = format!("{url}?sslmode=verify-full&sslrootcert={}", ca.display());
     let store = open(Path::new(&verified));
     assert!(store.encrypted().expect("asked"), "TLS with its CA");
-    store.register_worker("w", 1, None).expect("a write over TLS");
+    store
+        .register_worker("w", 1, None)
+        .expect("a write over TLS");
 
     let plain = open(Path::new(&url));
     assert!(!plain.encrypted().expect("asked"), "plain without sslmode");
