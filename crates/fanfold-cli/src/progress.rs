@@ -94,6 +94,28 @@ impl Clock {
         self.measured(now).map(|(r, _)| r)
     }
 
+    /// Units decided a second over the whole stage: what a finished stage
+    /// reports, since a stage that decides its units in one burst at the
+    /// end (an embed stage storing its vectors) has a last-units rate of
+    /// thousands a second.
+    fn overall_rate(&self, now: Instant) -> Option<f64> {
+        let secs = now.duration_since(self.started).as_secs_f64();
+        (self.decided > 0 && secs > 0.0).then(|| self.decided as f64 / secs)
+    }
+
+    /// `judge: done, 58 units decided in 3 min (0.32 units/s); 61 model calls`.
+    fn finished_line(&self, calls: u64, now: Instant) -> String {
+        let rate = self
+            .overall_rate(now)
+            .map_or(String::new(), |r| format!(" ({})", per_second(r)));
+        format!(
+            "{}: done, {} units decided in {}{rate}; {calls} model calls",
+            self.name,
+            self.decided,
+            duration(now.duration_since(self.started))
+        )
+    }
+
     fn time_left(&self, now: Instant) -> Option<Duration> {
         let rate = self.rate(now)?;
         Some(Duration::from_secs_f64(self.left() as f64 / rate))
@@ -321,16 +343,7 @@ impl Progress for Bars {
         if let Some(clock) = state.stage.take()
             && clock.spoke
         {
-            let took = clock.started.elapsed();
-            let rate = clock
-                .rate(Instant::now())
-                .map_or(String::new(), |r| format!(" ({})", per_second(r)));
-            say(&format!(
-                "{}: done, {} units decided in {}{rate}; {calls} model calls",
-                clock.name,
-                clock.decided,
-                duration(took)
-            ));
+            say(&clock.finished_line(calls, Instant::now()));
         }
     }
 }
@@ -349,5 +362,32 @@ mod tests {
         );
         assert_eq!(per_second(0.26), "0.26 units/s");
         assert_eq!(per_second(0.05), "3.0 units/min");
+    }
+
+    #[test]
+    fn a_finished_stage_reports_its_whole_rate_not_its_last_burst() {
+        let started = Instant::now();
+        let end = started + Duration::from_secs(10);
+        // Two units early, then the last 64 (the whole window) decided
+        // within a millisecond at the end.
+        let recent = (0..RATE_WINDOW as u64)
+            .map(|i| end - Duration::from_micros(1_000 - i))
+            .collect();
+        let clock = Clock {
+            name: "auth_similarity".into(),
+            units: 66,
+            cached: 0,
+            decided: 66,
+            started,
+            recent,
+            last_line: started,
+            step: 0,
+            measured: false,
+            spoke: true,
+        };
+        assert_eq!(
+            clock.finished_line(0, end),
+            "auth_similarity: done, 66 units decided in 10 s (6.60 units/s); 0 model calls"
+        );
     }
 }
