@@ -240,6 +240,9 @@ fn rebuild(spec: fanfold_core::spec::Spec, spec_path: &Path) -> Result<Plan, Str
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
+    // The variables a received spec declares are the sender's to name,
+    // never the reader's to give: the programs re-checking it see none.
+    fanfold_ops::jq::deny_env();
     Plan::from_spec(spec, spec_path, &spec_dir)
         .map_err(|e| format!("the spec it ran with cannot be rebuilt: {e}"))
 }
@@ -287,6 +290,15 @@ pub fn source_to_reread(
     if !named.exists() {
         return Err(format!(
             "the source the spec names, {}, is not here: give --input FILE",
+            named.display()
+        ));
+    }
+    // A FIFO or a device would never end its read: only a regular file or
+    // a folder is opened on a certificate's word.
+    let kind = std::fs::metadata(&named).map(|m| m.file_type());
+    if !kind.as_ref().is_ok_and(|k| k.is_file() || k.is_dir()) {
+        return Err(format!(
+            "the source the spec names, {}, is not a regular file or folder, and is not read on a certificate's word: give --input FILE",
             named.display()
         ));
     }

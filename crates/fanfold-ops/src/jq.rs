@@ -205,8 +205,25 @@ static ENV_READ: RwLock<Vec<String>> = RwLock::new(Vec::new());
 /// limits: it belongs to the run's spec, and a program compiled after
 /// this call sees these names only.
 pub fn allow_env(names: &[String]) {
+    if ENV_DENIED.load(std::sync::atomic::Ordering::SeqCst) {
+        return;
+    }
     if let Ok(mut read) = ENV_READ.write() {
         *read = names.to_vec();
+    }
+}
+
+/// Set by [`deny_env`]: no spec may declare variables any more.
+static ENV_DENIED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on, in this process, jq programs see no environment, whatever
+/// a spec declares: for re-checking a spec someone else wrote (a received
+/// certificate), whose `[env] read` would otherwise name this host's
+/// variables.
+pub fn deny_env() {
+    ENV_DENIED.store(true, std::sync::atomic::Ordering::SeqCst);
+    if let Ok(mut read) = ENV_READ.write() {
+        read.clear();
     }
 }
 

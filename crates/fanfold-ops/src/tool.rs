@@ -527,6 +527,19 @@ fn refuse_code_from_values(argv: &[String], templates: &[Template]) -> Result<()
     let mut interpreter: Option<(&str, &str)> = None;
     for (arg, t) in argv.iter().zip(templates) {
         if t.has_holes() {
+            // Code attached to its flag (`-cimport os; {x}`,
+            // `--eval={x}`): the flag is the text before the first hole.
+            let flag = arg.split('{').next().unwrap_or_default();
+            if let Some((name, shown)) = interpreter
+                && flag.starts_with('-')
+                && runs_code_flag(name, flag)
+            {
+                return Err(format!(
+                    "`{shown} {arg}` runs its argument as a program, and a hole would let a \
+                     record write that program; put the code in a script file the spec names, \
+                     and pass values as its own arguments"
+                ));
+            }
             continue;
         }
         if let Some((name, _)) = interpreter
@@ -563,6 +576,8 @@ fn interpreter_name(program: &str) -> Option<&'static str> {
         "ash",
         "fish",
         "busybox",
+        // `env -S 'sh -c ...'` splits its argument into a command line.
+        "env",
         "python",
         "pypy",
         "perl",
@@ -603,6 +618,7 @@ fn runs_code_flag(name: &str, flag: &str) -> bool {
         }
         // `busybox sh -c`: the applet's flag is the shell's.
         "busybox" => short(&['c']),
+        "env" => short(&['S']) || long(&["--split-string"]),
         "python" | "pypy" => short(&['c']),
         "perl" | "ruby" | "lua" | "luajit" | "julia" | "osascript" | "Rscript" => {
             short(&['e', 'E'])
@@ -858,6 +874,15 @@ mod tests {
             &["perl", "-ne", "print if /{number}/"],
             &["node", "--eval", "{number}"],
             &["ruby", "-e", "p {number}"],
+            // Code attached to its flag, and a command line `env` splits.
+            &["python3", "-cimport os; os.system(\"{number}\")"],
+            &["perl", "-esystem(q({number}))"],
+            &[
+                "node",
+                "--eval=require(\"child_process\").execSync(\"{number}\")",
+            ],
+            &["env", "-S", "sh -c \"echo {number}\""],
+            &["env", "-Ssh -c \"echo {number}\""],
         ] {
             let err = refused(argv).unwrap_or_else(|| panic!("{argv:?} is refused"));
             assert!(err.contains("runs its argument as a program"), "{err}");
@@ -868,5 +893,10 @@ mod tests {
         assert_eq!(refused(&["sh", "scripts/lookup.sh", "{number}"]), None);
         assert_eq!(refused(&["python3", "-u", "lookup.py", "{number}"]), None);
         assert_eq!(refused(&["gh", "issue", "view", "-c", "{number}"]), None);
+        assert_eq!(refused(&["perl", "lookup.pl", "-n{number}"]), None);
+        assert_eq!(
+            refused(&["env", "LANG=C", "gh", "issue", "view", "{number}"]),
+            None
+        );
     }
 }

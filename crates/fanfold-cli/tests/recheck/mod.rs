@@ -563,3 +563,75 @@ fn verify_passes_on_a_run_whose_select_records_who_decided() {
     let o = run(bin().arg("verify").arg(dir.path().join("out")));
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
 }
+
+/// A received spec's `[env] read` names variables of the sender's choice:
+/// re-checking it on another host gives its programs none of them.
+#[test]
+fn verify_gives_a_received_specs_programs_none_of_the_readers_environment() {
+    let var = "FANFOLD_TEST_RECHECK_SECRET";
+    let dir = triage_copy(|spec| {
+        spec.replacen(
+            "when = '.state != \"OPEN\"'",
+            &format!(
+                "when = 'if (env.{var} // null) != null then error(\"LEAK:\" + env.{var}) else .state != \"OPEN\" end'"
+            ),
+            1,
+        ) + &format!("\n[env]\nread = [\"{var}\"]\n")
+    });
+    let o = run(bin()
+        .current_dir(dir.path())
+        .env_remove(var)
+        .args(["run", "spec.toml", "--backend", "scripted", "--json"])
+        .args(["--store", "store.sqlite", "--out", "out"]));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = dir.path().join("out");
+    for args in [&["verify"][..], &["report", "run"]] {
+        let o = run(bin()
+            .current_dir(dir.path())
+            .env(var, "reader-secret-4711")
+            .args(args)
+            .arg(&out));
+        let mut text = stdout(&o) + &stderr(&o);
+        for page in ["report.md", "report.html"] {
+            text += &std::fs::read_to_string(out.join(page)).unwrap_or_default();
+        }
+        assert!(!text.contains("reader-secret-4711"), "{args:?}: {text}");
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {text}");
+    }
+}
+
+/// The file a certificate's spec names is read again only when it is a
+/// regular file (or a folder): a FIFO in its place is named, not waited on.
+#[test]
+fn verify_names_a_fifo_where_the_source_was_and_never_waits_on_it() {
+    let dir = triage_copy(|spec| spec);
+    let o = scripted_run(dir.path(), "out", &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let source = dir.path().join("issues.json");
+    std::fs::remove_file(&source).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&source)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let mut child = bin()
+        .current_dir(dir.path())
+        .arg("verify")
+        .arg(dir.path().join("out"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().expect("kill");
+            panic!("verify waited on the FIFO");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().expect("output");
+    let text = stdout(&o) + &stderr(&o);
+    assert_eq!(o.status.code(), Some(4), "{text}");
+    assert!(text.contains("not a regular file or folder"), "{text}");
+}
