@@ -382,6 +382,11 @@ struct WorkerArgs {
     /// variable is read.
     #[arg(long = "allow-key-env", value_name = "VAR")]
     allow_key_env: Vec<String>,
+    /// A GGUF model file a job may name (repeatable). A job naming any
+    /// other file is refused before it is opened; the default model needs
+    /// no flag.
+    #[arg(long = "allow-model", value_name = "FILE")]
+    allow_model: Vec<PathBuf>,
     /// Stop after this many seconds with no call to make.
     #[arg(long, value_name = "SECS")]
     idle_exit_secs: Option<u64>,
@@ -1036,6 +1041,11 @@ impl LocalWorkers {
         let mut allowed = Vec::new();
         for backend in spec.backends.values() {
             use fanfold_core::spec::BackendSpec;
+            if let BackendSpec::Llama { model: Some(m), .. } = backend {
+                let dir = args.spec.parent().unwrap_or(std::path::Path::new(""));
+                allowed.push("--allow-model".to_owned());
+                allowed.push(dir.join(m).display().to_string());
+            }
             if let BackendSpec::Openai(h) | BackendSpec::Anthropic(h) = backend {
                 for e in h.endpoint_list().unwrap_or_default() {
                     allowed.push("--allow-endpoint".to_owned());
@@ -1104,6 +1114,7 @@ fn worker(args: &WorkerArgs) -> Result<()> {
         endpoint: args.endpoint.clone(),
         allow_endpoints: args.allow_endpoint.clone(),
         allow_key_envs: args.allow_key_env.clone(),
+        allow_models: args.allow_model.clone(),
         idle_exit: args.idle_exit_secs.map(std::time::Duration::from_secs),
         parent_pid: args.parent_pid,
     };

@@ -145,6 +145,25 @@ impl PortableBackend {
     /// to point a worker's keys at a host of their choosing. The error
     /// names the endpoint or the variable.
     pub fn check_allowed(&self, allowed: &Allowed) -> Result<(), String> {
+        if let BackendSpec::Llama { model: Some(m), .. } = &self.spec {
+            // A model file is read and hashed on this host: only one the
+            // worker was given, or a store row could name any file here.
+            let same =
+                |a: &std::path::PathBuf| match (std::fs::canonicalize(a), std::fs::canonicalize(m))
+                {
+                    (Ok(a), Ok(m)) => a == m,
+                    _ => false,
+                };
+            if !allowed.models.iter().any(same) {
+                return Err(format!(
+                    "its backend reads the model file `{}`, which this worker was not started \
+                     with (give it `--allow-model {}`)",
+                    m.escape_debug(),
+                    m.escape_debug()
+                ));
+            }
+            return Ok(());
+        }
         let (BackendSpec::Openai(h) | BackendSpec::Anthropic(h)) = &self.spec else {
             return Ok(());
         };
@@ -313,6 +332,9 @@ pub struct Allowed {
     pub key_envs: Vec<String>,
     /// `--endpoint`: the worker's own server, in place of any job's.
     pub own: Option<String>,
+    /// `--allow-model`: model files a job may name (the default model,
+    /// named by none, is always allowed).
+    pub models: Vec<std::path::PathBuf>,
 }
 
 /// Whether two endpoint URLs are the same, a trailing `/` aside.
@@ -489,6 +511,37 @@ mod tests {
         assert!(job(Some("OPENAI_API_KEY")).check_allowed(&own).is_err());
         // Nothing to allow for a backend that sends nowhere.
         assert_eq!(scripted("s.jq").check_allowed(&nothing), Ok(()));
+    }
+
+    /// A model file is hashed and read where the worker runs: a job may
+    /// name only one the worker was started with, or the default model.
+    #[test]
+    fn a_model_file_must_be_one_the_worker_was_given() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let weights = dir.path().join("m.gguf");
+        std::fs::write(&weights, b"GGUF").unwrap_or_else(|e| panic!("write: {e}"));
+        let llama = |model: Option<&str>| PortableBackend {
+            spec: serde_json::from_value(serde_json::json!({"type": "llama", "model": model}))
+                .unwrap_or_else(|e| panic!("spec: {e}")),
+            files: BTreeMap::new(),
+        };
+        let nothing = Allowed::default();
+        assert_eq!(llama(None).check_allowed(&nothing), Ok(()));
+        for path in ["/etc/passwd", "/dev/zero", &weights.display().to_string()] {
+            let why = llama(Some(path))
+                .check_allowed(&nothing)
+                .expect_err("a file the worker was not given");
+            assert!(why.contains("--allow-model"), "{why}");
+        }
+        let given = Allowed {
+            models: vec![dir.path().join(".").join("m.gguf")],
+            ..Allowed::default()
+        };
+        assert_eq!(
+            llama(Some(&weights.display().to_string())).check_allowed(&given),
+            Ok(())
+        );
+        assert!(llama(Some("/etc/passwd")).check_allowed(&given).is_err());
     }
 
     /// On a worker's own endpoint the host differs by design: what decides

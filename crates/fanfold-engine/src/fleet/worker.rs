@@ -35,6 +35,9 @@ pub struct WorkerOptions {
     /// Environment variables a job may read its key from
     /// (`--allow-key-env`); a job naming another is refused.
     pub allow_key_envs: Vec<String>,
+    /// Model files a job may name (`--allow-model`); a job naming another
+    /// is refused before the file is opened.
+    pub allow_models: Vec<std::path::PathBuf>,
     /// Stop after this long with no job to take.
     pub idle_exit: Option<Duration>,
     /// Stop when this process is gone (a worker started by a coordinator).
@@ -302,6 +305,7 @@ fn admit(
         endpoints: opts.allow_endpoints.clone(),
         key_envs: opts.allow_key_envs.clone(),
         own: opts.endpoint.clone(),
+        models: opts.allow_models.clone(),
     };
     portable.check_allowed(&allowed)?;
     let here = identities.entry(job.backend.clone()).or_insert_with(|| {
