@@ -85,9 +85,7 @@ impl Clock {
                 return Some(((self.recent.len() - 1) as f64 / secs, self.recent.len()));
             }
         }
-        let secs = now.duration_since(self.started).as_secs_f64();
-        (self.decided > 0 && secs > 0.0)
-            .then(|| (self.decided as f64 / secs, self.decided as usize))
+        self.overall_rate(now).map(|r| (r, self.decided as usize))
     }
 
     fn rate(&self, now: Instant) -> Option<f64> {

@@ -126,15 +126,19 @@ type = "set"
     }
 
     fn run(&self, extra: &[&str]) -> Output {
-        run(bin()
-            .arg("run")
+        run(self.run_command().arg("--json").args(extra))
+    }
+
+    /// `fanfold run` of this fixture's spec, store and output folder.
+    fn run_command(&self) -> Command {
+        let mut cmd = bin();
+        cmd.arg("run")
             .arg(self.path("spec.toml"))
             .arg("--store")
             .arg(self.path("store.sqlite"))
             .arg("--out")
-            .arg(self.path("out"))
-            .arg("--json")
-            .args(extra))
+            .arg(self.path("out"));
+        cmd
     }
 
     fn certificate(&self) -> Value {

@@ -439,13 +439,7 @@ fn each_retry_of_a_hanging_endpoint_is_logged() {
     );
     f.input(&serde_json::to_vec(&slow_rows(1, 0)).expect("rows"));
     let o = run_within(
-        bin()
-            .arg("run")
-            .arg(f.path("spec.toml"))
-            .arg("--store")
-            .arg(f.path("store.sqlite"))
-            .arg("--out")
-            .arg(f.path("out"))
+        f.run_command()
             .args(["--backend", "hang", "--slots", "1"])
             .env("FANFOLD_LOG", "warn"),
         std::time::Duration::from_secs(50),

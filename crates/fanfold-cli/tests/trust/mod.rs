@@ -168,17 +168,7 @@ fn folder_fixture() -> Fixture {
 fn a_folder_reads_only_its_own_regular_files() {
     let f = folder_fixture();
     let started = Instant::now();
-    let o = run_within(
-        bin()
-            .arg("run")
-            .arg(f.path("spec.toml"))
-            .arg("--store")
-            .arg(f.path("store.sqlite"))
-            .arg("--out")
-            .arg(f.path("out"))
-            .arg("--json"),
-        Duration::from_secs(60),
-    );
+    let o = run_within(f.run_command().arg("--json"), Duration::from_secs(60));
     let err = stderr(&o);
     assert!(o.status.code().is_some(), "{err}");
     let facts = std::fs::read_to_string(f.path("out/facts.jsonl")).unwrap();
@@ -199,15 +189,7 @@ fn a_folder_reads_only_its_own_regular_files() {
     // device are still named; pagemap is read to the document limit at most.
     std::fs::remove_file(f.path("docs/pagemap")).unwrap();
     let o = run_within(
-        bin()
-            .arg("run")
-            .arg(f.path("spec.toml"))
-            .arg("--store")
-            .arg(f.path("store.sqlite"))
-            .arg("--out")
-            .arg(f.path("out"))
-            .arg("--json")
-            .arg("--follow-links"),
+        f.run_command().arg("--json").arg("--follow-links"),
         Duration::from_secs(60),
     );
     let err = stderr(&o);
@@ -326,17 +308,7 @@ fn a_tool_never_waits_on_a_grandchild_or_a_fifo() {
     .unwrap();
     f.input(br#"[{"id": 0, "q": "quick"}, {"id": 1, "q": "hang"}]"#);
     let started = Instant::now();
-    let o = run_within(
-        bin()
-            .arg("run")
-            .arg(f.path("spec.toml"))
-            .arg("--store")
-            .arg(f.path("store.sqlite"))
-            .arg("--out")
-            .arg(f.path("out"))
-            .arg("--json"),
-        Duration::from_secs(40),
-    );
+    let o = run_within(f.run_command().arg("--json"), Duration::from_secs(40));
     let took = started.elapsed();
     assert!(o.status.code().is_some(), "{}", stderr(&o));
     let (d, fact) = decision_of(&f, "0");
@@ -356,17 +328,7 @@ fn a_tool_never_waits_on_a_grandchild_or_a_fifo() {
         .unwrap();
     assert!(made.success());
     f.input(br#"[{"id": 0, "q": "a.md"}, {"id": 1, "q": "pipe.md"}]"#);
-    let o = run_within(
-        bin()
-            .arg("run")
-            .arg(f.path("spec.toml"))
-            .arg("--store")
-            .arg(f.path("store.sqlite"))
-            .arg("--out")
-            .arg(f.path("out"))
-            .arg("--json"),
-        Duration::from_secs(30),
-    );
+    let o = run_within(f.run_command().arg("--json"), Duration::from_secs(30));
     assert!(o.status.code().is_some(), "{}", stderr(&o));
     assert_eq!(decision_of(&f, "0").0, "ok");
     let (d, fact) = decision_of(&f, "1");
