@@ -22,12 +22,21 @@
 //!   finds subtracts 1 − γ. Accuracy ≥ γ: a wrong decision of the proxy
 //!   adds 1, every unit subtracts 1 − γ. One sum is bounded, not a ratio
 //!   of two bounds, so no share of δ is spent on a denominator.
-//! - Every label is drawn with replacement from one proposal over the
-//!   units that mixes uniform mass with mass leaning toward high scores
-//!   (where the positives are when they are rare). A draw of unit `i`
-//!   gives `x = v_i / (N q_i)`, whose mean is `Σ v_i / N` whatever the
-//!   proxy's calibration (importance sampling); the uniform share bounds
-//!   every `x`. A label the oracle could not give counts as the worst.
+//! - Every label is drawn with replacement from a proposal over the units
+//!   that mixes uniform mass with mass leaning where the plans' sums
+//!   move. A draw of unit `i` gives `x = v_i / (N q_i)`, whose mean is
+//!   `Σ v_i / N` whatever the proxy's calibration (importance sampling);
+//!   the uniform share bounds every `x`. A label the oracle could not
+//!   give counts as the worst.
+//! - For recall the first round leans toward high scores. When its
+//!   labels put the positives below [`RARE_POSITIVES`] of the units, the
+//!   later rounds lean toward low scores instead: a bet may stake at
+//!   most what the largest draw can take, a dropped positive's
+//!   `γ / (N q_i)`, and leaning high makes low-scored units rare draws
+//!   of large weight, which caps every bet while the few positives the
+//!   answer keeps barely move the capital. The switch depends only on
+//!   labels already drawn, and each draw is tested with the bound of
+//!   the proposal it came from, so the test stays a supermartingale.
 //! - Each plan is tested by a capital process that bets against
 //!   `Σ v_i ≥ 0` (Waudby-Smith and Ramdas, "Estimating means of bounded
 //!   random variables by betting", JRSS-B 2023), with growth-rate bets
@@ -122,6 +131,9 @@ pub struct Config {
     /// positive. Accuracy plans decide by it; recall and precision plans
     /// choose their own threshold.
     pub cut: f64,
+    /// A recall cascade whose first round finds positives rarer than
+    /// [`RARE_POSITIVES`] leans its later rounds toward low scores.
+    pub lean_low_when_rare: bool,
 }
 
 impl Config {
@@ -133,6 +145,7 @@ impl Config {
             candidates: CANDIDATES,
             uniform_share: UNIFORM_SHARE,
             cut: 0.5,
+            lean_low_when_rare: true,
         }
     }
 
@@ -227,6 +240,14 @@ pub struct Outcome {
     /// `None` when its draws so far point away from the target.
     #[serde(default)]
     pub more_labels: Option<usize>,
+    /// The first round's labels put the positives below
+    /// [`RARE_POSITIVES`], so the later rounds leaned toward low scores.
+    #[serde(default)]
+    pub rare_positives: bool,
+    /// The units the oracle was asked about, in the order asked (the
+    /// first of each key).
+    #[serde(default)]
+    pub asked: Vec<usize>,
 }
 
 /// One plan of the frontier.
@@ -272,27 +293,26 @@ pub fn run(
         scores,
         keys,
         labels: HashMap::new(),
-        weights: proposal
-            .probabilities
-            .iter()
-            .map(|&q| 1.0 / (scores.len() as f64 * q))
-            .collect(),
+        epochs: vec![proposal.weights()],
         draws: 0,
+        rare_positives: false,
+        asked: Vec::new(),
     };
     if scores.is_empty() {
         return Ok(sampler.finish(&Candidate::All, Proof::exact(1.0)));
     }
-    let tests: Vec<PlanTest> = candidates
+    let mut tests: Vec<PlanTest> = candidates
         .iter()
-        .map(|c| PlanTest::new(config.target, c, scores, &sampler.weights))
+        .map(|c| PlanTest::new(config.target, c, scores, &sampler.epochs))
         .collect();
     let distinct_keys = keys.iter().collect::<std::collections::HashSet<_>>().len();
     let mut arrivals = proposal.arrivals(config.seed, keys);
     // Labels in rounds, each as large as the draws so far; the
     // plans are tested after each round. Every test is valid at every
     // sample size, so looking after each round is free.
-    let mut draws: Vec<usize> = Vec::new();
-    let mut look: usize = 32;
+    let mut draws: Vec<Draw> = Vec::new();
+    let first = first_round(config.label_budget);
+    let mut look = first;
     let chosen = loop {
         let batch = look.saturating_sub(draws.len()).max(1);
         let before = draws.len();
@@ -306,6 +326,18 @@ pub fn run(
         );
         look = look.saturating_mul(2);
         let finished = !more || draws.len() == before;
+        if more && before < first && draws.len() >= first {
+            let known = |i: usize| sampler.known(i);
+            if let Some(rare) = later_proposal(config, scores, &sampler.epochs, &draws, known) {
+                let weights = rare.weights();
+                for t in &mut tests {
+                    t.add_epoch(scores, &weights);
+                }
+                sampler.epochs.push(weights);
+                sampler.rare_positives = true;
+                arrivals.retarget(rare.probabilities);
+            }
+        }
         let (proven, stop) = sampler.walk(&candidates, &tests, &draws, distinct_keys);
         if finished || stop {
             break proven;
@@ -322,28 +354,49 @@ pub fn run(
 }
 
 /// The units a cascade with this configuration may ask the oracle about,
-/// first of each key, in the order it would ask. Its draws do not depend
-/// on the labels, so an oracle best asked in bulk (a model's slots) can
-/// label all of these first; the cascade asks for a prefix of them, at
-/// most `label_budget` keys.
-pub fn label_draws(config: &Config, scores: &[f64], keys: &[u64]) -> Vec<usize> {
+/// first of each key, in the order it would ask, given the labels known
+/// so far (`known(i)`: `None` while unit `i` is unlabelled, `Some(None)`
+/// where the oracle could not say). The first round's draws do not
+/// depend on any label; the later rounds' depend on the first round's
+/// labels only. So the list stops after the first round while one of
+/// its labels is unknown: an oracle best asked in bulk (a model's
+/// slots, a person) labels these, and asking again gives the rest. The
+/// cascade asks for a prefix of the list, at most `label_budget` keys.
+pub fn label_draws(
+    config: &Config,
+    scores: &[f64],
+    keys: &[u64],
+    known: &dyn Fn(usize) -> Option<Option<bool>>,
+) -> Vec<usize> {
     if scores.is_empty() || scores.len() != keys.len() {
         return Vec::new();
     }
     let proposal = Proposal::new(config, scores);
+    let epochs = vec![proposal.weights()];
     let mut arrivals = proposal.arrivals(config.seed, keys);
     let distinct = keys.iter().collect::<std::collections::HashSet<_>>().len();
     let want = config.label_budget.min(distinct);
     let most = max_draws(config.label_budget);
+    let first = first_round(config.label_budget);
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
+    let mut draws = Vec::new();
     for _ in 0..most {
         if seen.len() >= want {
             break;
         }
+        if draws.len() == first {
+            if out.iter().any(|&i| known(i).is_none()) {
+                break;
+            }
+            if let Some(rare) = later_proposal(config, scores, &epochs, &draws, known) {
+                arrivals.retarget(rare.probabilities);
+            }
+        }
         let Some(unit) = arrivals.next() else {
             break;
         };
+        draws.push(Draw { unit, epoch: 0 });
         if let Some(&key) = keys.get(unit)
             && seen.insert(key)
         {
@@ -351,6 +404,42 @@ pub fn label_draws(config: &Config, scores: &[f64], keys: &[u64]) -> Vec<usize> 
         }
     }
     out
+}
+
+/// One draw: the unit, and the proposal it was drawn from.
+#[derive(Clone, Copy, Debug)]
+struct Draw {
+    unit: usize,
+    epoch: usize,
+}
+
+/// The proposal of the rounds after the first, when it changes: a recall
+/// cascade whose first round's labels estimate the positives below
+/// [`RARE_POSITIVES`] leans toward low scores from then on.
+fn later_proposal(
+    config: &Config,
+    scores: &[f64],
+    epochs: &[Vec<f64>],
+    first: &[Draw],
+    known: impl Fn(usize) -> Option<Option<bool>>,
+) -> Option<Proposal> {
+    if config.target.metric != Metric::Recall || !config.lean_low_when_rare || first.is_empty() {
+        return None;
+    }
+    // Importance-weighted: unbiased for the share of positives.
+    let positives: f64 = first
+        .iter()
+        .filter(|d| known(d.unit).flatten() == Some(true))
+        .map(|d| {
+            epochs
+                .get(d.epoch)
+                .and_then(|w| w.get(d.unit))
+                .copied()
+                .unwrap_or(1.0)
+        })
+        .sum();
+    let share = positives / first.len() as f64;
+    (share < RARE_POSITIVES).then(|| Proposal::rare(config, scores))
 }
 
 /// The most draws a cascade makes: draws of units already labelled cost
@@ -395,6 +484,8 @@ struct Arrivals {
     rates: Vec<f64>,
     salts: Vec<u64>,
     seed: u64,
+    /// The time of the last draw taken.
+    now: f64,
 }
 
 impl Arrivals {
@@ -422,6 +513,39 @@ impl Arrivals {
     fn peek(&self) -> Option<usize> {
         self.next.peek().map(|std::cmp::Reverse((_, i, _))| *i)
     }
+
+    /// Continues every unit's process at new rates from the last draw.
+    /// Given the draws so far, the time left to a unit's next arrival is
+    /// exponential at its old rate (memorylessness), so scaling it by
+    /// old rate / new rate makes it exponential at the new one: the next
+    /// draw is unit `i` with probability its new rate, and the process
+    /// stays a function of the seed, the keys and the rates.
+    fn retarget(&mut self, rates: Vec<f64>) {
+        let now = self.now;
+        let pending = std::mem::take(&mut self.next).into_vec();
+        let mut has = vec![false; rates.len()];
+        let mut next = Vec::with_capacity(rates.len());
+        for std::cmp::Reverse((bits, i, k)) in pending {
+            let (Some(&old), Some(&new)) = (self.rates.get(i), rates.get(i)) else {
+                continue;
+            };
+            if let Some(h) = has.get_mut(i) {
+                *h = true;
+            }
+            if new <= 0.0 || old <= 0.0 {
+                continue;
+            }
+            let t = now + (f64::from_bits(bits) - now).max(0.0) * old / new;
+            next.push(std::cmp::Reverse((t.to_bits(), i, k)));
+        }
+        self.rates = rates;
+        for (i, _) in has.iter().enumerate().filter(|(_, h)| !**h) {
+            if let Some(a) = self.arrival(i, 0, now) {
+                next.push(std::cmp::Reverse(a));
+            }
+        }
+        self.next = next.into();
+    }
 }
 
 impl Iterator for Arrivals {
@@ -429,7 +553,8 @@ impl Iterator for Arrivals {
 
     fn next(&mut self) -> Option<usize> {
         let std::cmp::Reverse((bits, i, k)) = self.next.pop()?;
-        if let Some(a) = self.arrival(i, k + 1, f64::from_bits(bits)) {
+        self.now = f64::from_bits(bits);
+        if let Some(a) = self.arrival(i, k + 1, self.now) {
             self.next.push(std::cmp::Reverse(a));
         }
         Some(i)
@@ -459,19 +584,47 @@ impl Proposal {
                 }
             };
         }
-        let total: f64 = g.iter().sum();
-        let a = config.uniform_share;
-        let mut probabilities = Vec::with_capacity(n);
-        for gi in &g {
-            let lean = if total > 0.0 {
-                gi / total
-            } else {
-                1.0 / n as f64
-            };
-            let q = a / n as f64 + (1.0 - a) * lean;
-            probabilities.push(q);
+        Proposal::mixed(config.uniform_share, &g)
+    }
+
+    /// A recall proposal for rare positives: uniform mass mixed with mass
+    /// leaning toward low scores, where the plans drop units, so that a
+    /// dropped unit's weight stays small and the bets large.
+    fn rare(config: &Config, scores: &[f64]) -> Proposal {
+        let n = scores.len();
+        let mut order: Vec<(f64, usize)> = scores.iter().copied().zip(0..).collect();
+        order.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut g = vec![0.0; n];
+        for (rank, &(_, i)) in order.iter().enumerate() {
+            if let Some(slot) = g.get_mut(i) {
+                *slot = 1.0 - (rank as f64 + 0.5) / n as f64;
+            }
         }
+        Proposal::mixed(config.uniform_share, &g)
+    }
+
+    /// `a / N` of uniform mass plus `1 − a` of `g`'s, normalised.
+    fn mixed(a: f64, g: &[f64]) -> Proposal {
+        let n = g.len();
+        let total: f64 = g.iter().sum();
+        let probabilities = g
+            .iter()
+            .map(|gi| {
+                let lean = if total > 0.0 {
+                    gi / total
+                } else {
+                    1.0 / n as f64
+                };
+                a / n as f64 + (1.0 - a) * lean
+            })
+            .collect();
         Proposal { probabilities }
+    }
+
+    /// `1 / (N q_i)`: a draw of unit `i` counts its term this many times.
+    fn weights(&self) -> Vec<f64> {
+        let n = self.probabilities.len() as f64;
+        self.probabilities.iter().map(|&q| 1.0 / (n * q)).collect()
     }
 
     /// The draws, seeded: a unit's arrivals are salted by its key (and
@@ -491,6 +644,7 @@ impl Proposal {
             rates: self.probabilities.clone(),
             salts,
             seed: seed ^ 0x6361_7363_6164_6521,
+            now: 0.0,
         };
         let first: Vec<_> = (0..a.rates.len())
             .filter_map(|i| a.arrival(i, 0, 0.0))
@@ -507,26 +661,56 @@ const RECALL_LEAN: f64 = 1.0;
 /// The same for precision, whose plans keep only the top.
 const PRECISION_LEAN: f64 = 6.0;
 
-/// One plan's test: its decisions, and the largest value a draw can take,
-/// which bounds the bets.
+/// Below this share of positives, estimated from the first round's
+/// labels, a recall cascade's later rounds lean toward low scores (see
+/// the module's notes).
+pub const RARE_POSITIVES: f64 = 0.15;
+
+/// The draws of the first round: the labels that choose the later
+/// rounds' proposal, and the first look at the plans.
+fn first_round(budget: usize) -> usize {
+    (budget / 8).max(32)
+}
+
+/// One plan's test: its decisions, and the largest value a draw can take
+/// under each proposal, which bounds the bets on the draws it made.
 struct PlanTest {
     candidate: Candidate,
     target: Target,
-    /// The most a draw adds to the sum's estimate, `max v_i / (N q_i)`.
-    hi: f64,
+    /// The most a draw adds to the sum's estimate, `max v_i / (N q_i)`,
+    /// one per proposal (epoch).
+    hi: Vec<f64>,
 }
 
 impl PlanTest {
-    fn new(target: Target, candidate: &Candidate, scores: &[f64], weights: &[f64]) -> PlanTest {
-        let mut hi = f64::NEG_INFINITY;
-        for (&s, &w) in scores.iter().zip(weights) {
-            hi = hi.max(value(target, candidate, s, None) * w);
-        }
-        PlanTest {
+    fn new(target: Target, candidate: &Candidate, scores: &[f64], epochs: &[Vec<f64>]) -> PlanTest {
+        let mut t = PlanTest {
             candidate: candidate.clone(),
             target,
-            hi,
+            hi: Vec::with_capacity(epochs.len()),
+        };
+        for weights in epochs {
+            t.add_epoch(scores, weights);
         }
+        t
+    }
+
+    fn add_epoch(&mut self, scores: &[f64], weights: &[f64]) {
+        let mut hi = f64::NEG_INFINITY;
+        for (&s, &w) in scores.iter().zip(weights) {
+            hi = hi.max(value(self.target, &self.candidate, s, None) * w);
+        }
+        self.hi.push(hi);
+    }
+
+    /// No unit can add to the sum: the target holds whatever the labels
+    /// (the sign of a bound does not depend on the weights).
+    fn holds_outright(&self) -> bool {
+        self.hi.first().is_none_or(|&h| h <= 0.0)
+    }
+
+    fn hi_of(&self, epoch: usize) -> f64 {
+        self.hi.get(epoch).copied().unwrap_or(f64::INFINITY)
     }
 }
 
@@ -571,10 +755,15 @@ struct Sampler<'a> {
     keys: &'a [u64],
     /// Asked labels by key; `None`: asked, not given.
     labels: HashMap<u64, Option<bool>>,
-    /// `1 / (N q_i)`: a draw of unit `i` counts its term this many times.
-    weights: Vec<f64>,
+    /// Per proposal, `1 / (N q_i)`: a draw of unit `i` counts its term
+    /// this many times.
+    epochs: Vec<Vec<f64>>,
     /// Draws so far.
     draws: usize,
+    /// The later rounds leaned toward low scores.
+    rare_positives: bool,
+    /// Units asked about, in order.
+    asked: Vec<usize>,
 }
 
 impl Sampler<'_> {
@@ -582,8 +771,12 @@ impl Sampler<'_> {
         self.scores.get(i).copied().unwrap_or(f64::NEG_INFINITY)
     }
 
-    fn weight(&self, i: usize) -> f64 {
-        self.weights.get(i).copied().unwrap_or(1.0)
+    fn weight(&self, d: Draw) -> f64 {
+        self.epochs
+            .get(d.epoch)
+            .and_then(|w| w.get(d.unit))
+            .copied()
+            .unwrap_or(1.0)
     }
 
     fn known(&self, i: usize) -> Option<Option<bool>> {
@@ -599,8 +792,9 @@ impl Sampler<'_> {
         budget: usize,
         distinct_keys: usize,
         count: usize,
-        draws: &mut Vec<usize>,
+        draws: &mut Vec<Draw>,
     ) -> bool {
+        let epoch = self.epochs.len().saturating_sub(1);
         let max_draws = max_draws(budget);
         for _ in 0..count {
             if self.labels.len() >= distinct_keys || draws.len() >= max_draws {
@@ -614,13 +808,14 @@ impl Sampler<'_> {
                     return false;
                 }
                 let y = oracle(unit);
+                self.asked.push(unit);
                 if let Some(&key) = self.keys.get(unit) {
                     self.labels.insert(key, y);
                 }
             }
             arrivals.next();
             self.draws += 1;
-            draws.push(unit);
+            draws.push(Draw { unit, epoch });
         }
         true
     }
@@ -632,7 +827,7 @@ impl Sampler<'_> {
         &self,
         candidates: &[Candidate],
         tests: &[PlanTest],
-        draws: &[usize],
+        draws: &[Draw],
         distinct_keys: usize,
     ) -> (usize, bool) {
         // The safest plan needs no proof: the oracle is the truth.
@@ -652,33 +847,33 @@ impl Sampler<'_> {
         (proven, true)
     }
 
-    /// The draws' values under one plan's test: `v_i / (N q_i)`.
-    fn xs(&self, t: &PlanTest, draws: &[usize]) -> Vec<f64> {
+    /// The draws' values under one plan's test, `v_i / (N q_i)`, each
+    /// with the most its proposal let it be.
+    fn xs(&self, t: &PlanTest, draws: &[Draw]) -> Vec<(f64, f64)> {
         draws
             .iter()
-            .map(|&i| {
-                value(
+            .map(|&d| {
+                let v = value(
                     t.target,
                     &t.candidate,
-                    self.score(i),
-                    self.known(i).flatten(),
-                ) * self.weight(i)
+                    self.score(d.unit),
+                    self.known(d.unit).flatten(),
+                );
+                (v * self.weight(d), t.hi_of(d.epoch))
             })
             .collect()
     }
 
     /// One plan's test on the draws so far, at δ: valid at every sample
     /// size.
-    fn test(&self, t: &PlanTest, draws: &[usize], outright: bool) -> bool {
-        if t.hi <= 0.0 {
-            // No unit can add to the sum: the target holds whatever the
-            // labels.
+    fn test(&self, t: &PlanTest, draws: &[Draw], outright: bool) -> bool {
+        if t.holds_outright() {
             return true;
         }
         if outright && self.worst_sum(t.target, &t.candidate).0 <= 0.0 {
             return true;
         }
-        rejects(&self.xs(t, draws), 0.0, t.hi, t.target.delta, true)
+        rejects(&self.xs(t, draws), 0.0, t.target.delta, true)
     }
 
     /// `Σ v_i` with each unlabelled unit at its worst, and whether every
@@ -702,7 +897,7 @@ impl Sampler<'_> {
     /// What the draws prove of the chosen plan: the metric's point
     /// estimate and its lower bound at δ (or, proven outright, the
     /// largest level its worst case reaches).
-    fn proof(&self, c: &Candidate, draws: &[usize]) -> Proof {
+    fn proof(&self, c: &Candidate, draws: &[Draw]) -> Proof {
         let t = self.config.target;
         if *c == Candidate::All {
             return Proof::exact(1.0);
@@ -718,8 +913,8 @@ impl Sampler<'_> {
             };
         }
         let lower_bound = largest(|g| {
-            let test = PlanTest::new(at(g), c, self.scores, &self.weights);
-            test.hi <= 0.0 || rejects(&self.xs(&test, draws), 0.0, test.hi, t.delta, true)
+            let test = PlanTest::new(at(g), c, self.scores, &self.epochs);
+            test.holds_outright() || rejects(&self.xs(&test, draws), 0.0, t.delta, true)
         });
         Proof {
             estimate: self.estimate(c, draws),
@@ -729,16 +924,16 @@ impl Sampler<'_> {
     }
 
     /// The metric's importance-weighted point estimate for a plan.
-    fn estimate(&self, c: &Candidate, draws: &[usize]) -> f64 {
+    fn estimate(&self, c: &Candidate, draws: &[Draw]) -> f64 {
         // Weighted counts: kept positives, dropped positives, proxy's
         // positives right and wrong, positives left to the oracle, proxy
         // errors.
         let (mut tp_kept, mut fn_drop, mut tp_prx, mut fp_prx, mut p_orc, mut err) =
             (0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-        for &i in draws {
-            let w = self.weight(i);
-            let y = self.known(i).flatten();
-            let p = c.proxy(self.score(i));
+        for &d in draws {
+            let w = self.weight(d);
+            let y = self.known(d.unit).flatten();
+            let p = c.proxy(self.score(d.unit));
             match (p, y) {
                 (Some(false), Some(true)) => fn_drop += w,
                 (_, Some(true)) => tp_kept += w,
@@ -769,7 +964,7 @@ impl Sampler<'_> {
         &self,
         candidates: &[Candidate],
         chosen: usize,
-        draws: &[usize],
+        draws: &[Draw],
     ) -> Vec<FrontierPoint> {
         let n = self.scores.len().max(1) as f64;
         let last = candidates.len().saturating_sub(1);
@@ -796,12 +991,12 @@ impl Sampler<'_> {
     /// About how many labels beyond those spent would prove the target
     /// for `c`: the draws its test needs at the rate its capital grew so
     /// far, at the labels a draw has cost.
-    fn more_labels(&self, c: &Candidate, draws: &[usize]) -> Option<usize> {
-        let t = PlanTest::new(self.config.target, c, self.scores, &self.weights);
-        if t.hi <= 0.0 || draws.is_empty() {
+    fn more_labels(&self, c: &Candidate, draws: &[Draw]) -> Option<usize> {
+        let t = PlanTest::new(self.config.target, c, self.scores, &self.epochs);
+        if t.holds_outright() || draws.is_empty() {
             return None;
         }
-        let grown = log_capital(&self.xs(&t, draws), 0.0, t.hi, true);
+        let grown = log_capital(&self.xs(&t, draws), 0.0, true);
         let rate = grown / draws.len() as f64;
         if rate <= 0.0 {
             return None;
@@ -847,6 +1042,8 @@ impl Sampler<'_> {
             exact: proof.exact,
             frontier: Vec::new(),
             more_labels: None,
+            rare_positives: self.rare_positives,
+            asked: self.asked.clone(),
         }
     }
 }
@@ -1253,66 +1450,88 @@ fn candidates(config: &Config, scores: &[f64]) -> Vec<Candidate> {
 /// positive.
 const MAX_BET: f64 = 0.9;
 
-/// Whether draws `xs` in `[0, hi]` prove at level `delta` that their mean
-/// is below `m` (`below`) or above it: the capital `Π (1 + λ_j (m − x_j))`
-/// (or `x_j − m`) passes `1 / delta`. Each bet `λ_j` is the growth-rate
+/// Whether draws `xs`, each `(x, hi)` with `x ≤ hi` known before the draw,
+/// prove at level `delta` that their mean is below `m` (`below`) or, for
+/// draws at least 0, above it: the capital `Π (1 + λ_j (m − x_j))` (or
+/// `x_j − m`) passes `1 / delta`. Each bet `λ_j` is the growth-rate
 /// optimal `d / (σ² + d²)` of the draws before it (`d` the gap between
 /// their mean and `m`, shrunk toward no bet while they are few), at most
-/// `MAX_BET` of what keeps the capital positive: under the null it is a
-/// nonnegative supermartingale, so by Ville's inequality this happens
-/// with probability at most `delta` at any sample size.
-fn rejects(xs: &[f64], m: f64, hi: f64, delta: f64, below: bool) -> bool {
+/// `MAX_BET` of what keeps the capital positive on that draw: under the
+/// null it is a nonnegative supermartingale, so by Ville's inequality
+/// this happens with probability at most `delta` at any sample size.
+fn rejects(xs: &[(f64, f64)], m: f64, delta: f64, below: bool) -> bool {
     let goal = (1.0 / delta).ln();
-    // What one draw can take from the capital per unit of bet.
-    let reach = if below { hi - m } else { m };
-    if reach <= 0.0 {
-        // Every draw is on the far side of m.
-        return !xs.is_empty();
-    }
-    let cap = MAX_BET / reach;
-    let prior = (hi / 16.0).powi(2);
-    let (mut sum, mut sq, mut n) = (0.0f64, 0.0f64, 0.0f64);
-    let mut log_capital = 0.0;
-    for &x in xs {
-        let mean = (sum + m) / (n + 1.0);
-        let var = (prior + sq) / (n + 1.0);
-        let gap = if below { m - mean } else { mean - m };
-        let lambda = (gap / (var + gap * gap)).clamp(0.0, cap);
-        let gain = if below { m - x } else { x - m };
-        log_capital += (1.0 + lambda * gain).ln();
-        if log_capital >= goal {
-            return true;
+    let mut capital = Capital::new(m, below);
+    for &(x, hi) in xs {
+        match capital.bet(x, hi) {
+            Some(log) if log >= goal => return true,
+            Some(_) => {}
+            // Every draw is on the far side of m.
+            None => return true,
         }
-        sq += (x - mean) * (x - mean);
-        sum += x;
-        n += 1.0;
     }
     false
 }
 
 /// The log of the capital `rejects` builds over all of `xs`, without
 /// stopping at a goal.
-fn log_capital(xs: &[f64], m: f64, hi: f64, below: bool) -> f64 {
-    let reach = if below { hi - m } else { m };
-    if reach <= 0.0 {
-        return 0.0;
+fn log_capital(xs: &[(f64, f64)], m: f64, below: bool) -> f64 {
+    let mut capital = Capital::new(m, below);
+    let mut log = 0.0;
+    for &(x, hi) in xs {
+        match capital.bet(x, hi) {
+            Some(l) => log = l,
+            None => return 0.0,
+        }
     }
-    let cap = MAX_BET / reach;
-    let prior = (hi / 16.0).powi(2);
-    let (mut sum, mut sq, mut n) = (0.0f64, 0.0f64, 0.0f64);
-    let mut log_capital = 0.0;
-    for &x in xs {
-        let mean = (sum + m) / (n + 1.0);
-        let var = (prior + sq) / (n + 1.0);
-        let gap = if below { m - mean } else { mean - m };
+    log
+}
+
+/// A capital process betting against `mean ≥ m` (`below`) or `mean ≤ m`.
+struct Capital {
+    m: f64,
+    below: bool,
+    sum: f64,
+    sq: f64,
+    n: f64,
+    log: f64,
+}
+
+impl Capital {
+    fn new(m: f64, below: bool) -> Capital {
+        Capital {
+            m,
+            below,
+            sum: 0.0,
+            sq: 0.0,
+            n: 0.0,
+            log: 0.0,
+        }
+    }
+
+    /// Bets on draw `x`, which is at most `hi`, and returns the log
+    /// capital after it; `None` when no draw can move against the bet
+    /// (`hi ≤ m` when betting below, `m ≤ 0` above).
+    fn bet(&mut self, x: f64, hi: f64) -> Option<f64> {
+        let m = self.m;
+        // What one draw can take from the capital per unit of bet.
+        let reach = if self.below { hi - m } else { m };
+        if reach <= 0.0 {
+            return None;
+        }
+        let cap = MAX_BET / reach;
+        let prior = (hi / 16.0).powi(2);
+        let mean = (self.sum + m) / (self.n + 1.0);
+        let var = (prior + self.sq) / (self.n + 1.0);
+        let gap = if self.below { m - mean } else { mean - m };
         let lambda = (gap / (var + gap * gap)).clamp(0.0, cap);
-        let gain = if below { m - x } else { x - m };
-        log_capital += (1.0 + lambda * gain).ln();
-        sq += (x - mean) * (x - mean);
-        sum += x;
-        n += 1.0;
+        let gain = if self.below { m - x } else { x - m };
+        self.log += (1.0 + lambda * gain).ln();
+        self.sq += (x - mean) * (x - mean);
+        self.sum += x;
+        self.n += 1.0;
+        Some(self.log)
     }
-    log_capital
 }
 
 /// The upper confidence bound at `delta` on the mean of draws in
@@ -1324,7 +1543,7 @@ fn upper(xs: &[f64], hi: f64, delta: f64) -> f64 {
     let (mut lo, mut up) = (0.0, hi);
     for _ in 0..24 {
         let mid = 0.5 * (lo + up);
-        if rejects(xs, mid, hi, delta, true) {
+        if rejects(&with_bound(xs, hi), mid, delta, true) {
             up = mid;
         } else {
             lo = mid;
@@ -1342,7 +1561,7 @@ fn lower(xs: &[f64], hi: f64, delta: f64) -> f64 {
     let (mut lo, mut up) = (0.0, hi);
     for _ in 0..24 {
         let mid = 0.5 * (lo + up);
-        if rejects(xs, mid, hi, delta, false) {
+        if rejects(&with_bound(xs, hi), mid, delta, false) {
             lo = mid;
         } else {
             up = mid;
@@ -1366,6 +1585,10 @@ pub fn lower_bound(xs: &[f64], delta: f64) -> f64 {
         return 0.0;
     }
     lower(xs, 1.0, delta)
+}
+
+fn with_bound(xs: &[f64], hi: f64) -> Vec<(f64, f64)> {
+    xs.iter().map(|&x| (x, hi)).collect()
 }
 
 /// SplitMix64: a small seeded generator, so a cascade's sample depends on
@@ -1413,6 +1636,18 @@ mod tests {
         budget: usize,
         trials: u64,
     ) -> (f64, f64, f64, f64) {
+        study_with(metric, n, prevalence, auc, budget, trials, |_| {})
+    }
+
+    fn study_with(
+        metric: Metric,
+        n: usize,
+        prevalence: f64,
+        auc: f64,
+        budget: usize,
+        trials: u64,
+        change: impl Fn(&mut Config),
+    ) -> (f64, f64, f64, f64) {
         let target = Target {
             metric,
             at_least: 0.9,
@@ -1423,7 +1658,8 @@ mod tests {
             let (scores, truth) =
                 synthetic_population(seed, n, prevalence, separation_for_auc(auc));
             let keys: Vec<u64> = (0..n as u64).collect();
-            let config = Config::new(target, budget, seed);
+            let mut config = Config::new(target, budget, seed);
+            change(&mut config);
             let o = run(&config, &scores, &keys, &mut |i| truth.get(i).copied()).expect("runs");
             hind.push(hindsight(target, &scores, &truth));
             saved.push(o.proxy_decided as f64 / n as f64);
@@ -1533,6 +1769,71 @@ mod tests {
     }
 
     #[test]
+    fn rare_positives_turn_the_later_draws_toward_low_scores_and_prove_more() {
+        // 3 % positive, a proxy of AUC 0.87, 1,000 labels: leaning toward
+        // high scores makes every dropped unit a rare draw of large
+        // weight, which caps the bets; the first round sees the
+        // positives are rare and the later rounds lean low.
+        let (n, prevalence, auc, budget, trials) = (20_000, 0.03, 0.87, 1000, 16);
+        let (scores, truth) = synthetic_population(1, n, prevalence, separation_for_auc(auc));
+        let keys: Vec<u64> = (0..n as u64).collect();
+        let target = Target {
+            metric: Metric::Recall,
+            at_least: 0.9,
+            delta: 0.1,
+        };
+        let o = run(&Config::new(target, budget, 1), &scores, &keys, &mut |i| {
+            truth.get(i).copied()
+        })
+        .expect("runs");
+        assert!(o.rare_positives, "3 % positives are rare");
+        let (hindsight, leaning, _, valid) =
+            study(Metric::Recall, n, prevalence, auc, budget, trials);
+        let (_, without, _, _) =
+            study_with(Metric::Recall, n, prevalence, auc, budget, trials, |c| {
+                c.lean_low_when_rare = false
+            });
+        assert!(valid >= 0.9, "met in {valid} of trials");
+        assert!(
+            leaning >= 0.3 * hindsight && leaning > without + 0.05,
+            "median proven saving {leaning} leaning low, {without} without, hindsight {hindsight}"
+        );
+        // Common positives keep the lean toward high scores.
+        let (scores, truth) = synthetic_population(1, 1500, 1.0 / 3.0, separation_for_auc(0.8));
+        let keys: Vec<u64> = (0..1500).collect();
+        let o = run(&Config::new(target, 300, 1), &scores, &keys, &mut |i| {
+            truth.get(i).copied()
+        })
+        .expect("runs");
+        assert!(!o.rare_positives);
+    }
+
+    #[test]
+    fn a_person_labels_the_first_round_before_the_rest_is_drawn() {
+        // The later rounds' draws depend on the first round's labels:
+        // until those are known, only the first round is listed; once
+        // known, the list is what the cascade asks, in order.
+        let (scores, truth) = synthetic_population(3, 5000, 0.03, separation_for_auc(0.87));
+        let keys: Vec<u64> = (0..5000).collect();
+        let target = Target {
+            metric: Metric::Recall,
+            at_least: 0.9,
+            delta: 0.1,
+        };
+        let config = Config::new(target, 400, 3);
+        let first = label_draws(&config, &scores, &keys, &|_| None);
+        assert!(!first.is_empty() && first.len() <= first_round(400));
+        let given: std::collections::HashSet<usize> = first.iter().copied().collect();
+        let known = |i: usize| given.contains(&i).then(|| Some(truth[i]));
+        let all = label_draws(&config, &scores, &keys, &known);
+        assert_eq!(all.get(..first.len()), Some(&first[..]));
+        assert!(all.len() > first.len() && all.len() <= 400);
+        let outcome = run(&config, &scores, &keys, &mut |i| Some(truth[i])).expect("runs");
+        assert!(outcome.rare_positives);
+        assert_eq!(outcome.asked.get(..), all.get(..outcome.asked.len()));
+    }
+
+    #[test]
     fn the_oracle_is_asked_only_about_units_drawn_in_advance() {
         let (scores, truth) = synthetic_population(9, 2000, 0.2, 2.5);
         let keys: Vec<u64> = (0..scores.len() as u64).map(|k| k % 700).collect();
@@ -1542,8 +1843,10 @@ mod tests {
             delta: 0.1,
         };
         let config = Config::new(target, 300, 9);
-        let drawn: std::collections::HashSet<usize> =
-            label_draws(&config, &scores, &keys).into_iter().collect();
+        let known = |i: usize| Some(Some(truth[i]));
+        let drawn: std::collections::HashSet<usize> = label_draws(&config, &scores, &keys, &known)
+            .into_iter()
+            .collect();
         assert!(drawn.len() <= 300);
         let mut asked = Vec::new();
         let outcome = run(&config, &scores, &keys, &mut |i| {
@@ -1563,7 +1866,8 @@ mod tests {
 
     #[test]
     fn an_edit_to_one_unit_moves_only_that_units_draws() {
-        let (scores, _) = synthetic_population(4, 2000, 0.2, 2.5);
+        let (scores, truth) = synthetic_population(4, 2000, 0.2, 2.5);
+        let known = |i: usize| Some(Some(truth[i]));
         let keys: Vec<u64> = (0..scores.len() as u64).map(|k| k * 7919).collect();
         let target = Target {
             metric: Metric::Recall,
@@ -1571,7 +1875,7 @@ mod tests {
             delta: 0.1,
         };
         let config = Config::new(target, 300, 4);
-        let before: std::collections::HashSet<u64> = label_draws(&config, &scores, &keys)
+        let before: std::collections::HashSet<u64> = label_draws(&config, &scores, &keys, &known)
             .into_iter()
             .map(|i| keys[i])
             .collect();
@@ -1579,7 +1883,7 @@ mod tests {
         let (mut scores2, mut keys2) = (scores.clone(), keys.clone());
         scores2[5] = 1.0 - scores[5];
         keys2[5] = 42;
-        let after: std::collections::HashSet<u64> = label_draws(&config, &scores2, &keys2)
+        let after: std::collections::HashSet<u64> = label_draws(&config, &scores2, &keys2, &known)
             .into_iter()
             .map(|i| keys2[i])
             .collect();

@@ -82,18 +82,16 @@ pub fn fit_on(
 }
 
 /// What a cascade with a trained proxy spent, given its `training`
-/// positions and the `outcome` of the cascade run under `config` on the
-/// trained `scores`: the distinct labels of the training and the
-/// threshold draws, and the distinct views asked of the oracle (those
-/// labels and the units left to it).
+/// positions and the `outcome` of the cascade run on the trained scores:
+/// the distinct labels of the training and the threshold draws, and the
+/// distinct views asked of the oracle (those labels and the units left
+/// to it).
 pub fn spent(
-    config: &crate::cascade::Config,
-    scores: &[f64],
     keys: &[u64],
     training: &[usize],
     outcome: &crate::cascade::Outcome,
 ) -> (usize, usize) {
-    let draws = crate::cascade::label_draws(config, scores, keys);
+    let draws = &outcome.asked;
     let left: Vec<usize> = outcome
         .decisions
         .iter()
@@ -101,7 +99,7 @@ pub fn spent(
         .filter(|(_, d)| matches!(d, crate::cascade::Decision::Oracle))
         .map(|(p, _)| p)
         .collect();
-    distinct_asked(keys, training, &draws, &left)
+    distinct_asked(keys, training, draws, &left)
 }
 
 /// The distinct labels of `training` and `draws`, and the distinct views

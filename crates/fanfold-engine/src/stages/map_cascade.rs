@@ -528,7 +528,10 @@ impl CascadeRun {
             )
         };
         if person {
-            let draws = cascade::label_draws(&config, &scores, &keys);
+            // The first round's labels choose the later rounds' draws: a
+            // person gives labels in up to two rounds.
+            let known = |p: usize| stored.get(p).copied().flatten();
+            let draws = cascade::label_draws(&config, &scores, &keys, &known);
             let missing: Vec<usize> = draws
                 .iter()
                 .copied()
@@ -540,16 +543,31 @@ impl CascadeRun {
                 return waiting(ctx, &missing, draws.len() - missing.len());
             }
         }
-        let asked: Vec<usize> = match &self.labels {
-            Some(_) => Vec::new(),
-            None if person => Vec::new(),
-            None => cascade::label_draws(&config, &scores, &keys)
-                .into_iter()
-                .filter_map(|p| units.get(p).copied())
-                .collect(),
-        };
-        if !asked.is_empty() {
-            merge(&mut outcome, judge(ctx, asked)?);
+        if self.labels.is_none() && !person {
+            // The backend as oracle: the units the cascade may ask about
+            // are judged first, in bulk, round by round (the later
+            // rounds' draws depend on the first round's labels).
+            let mut judged: std::collections::HashSet<usize> = std::collections::HashSet::new();
+            loop {
+                let known = |p: usize| {
+                    judged
+                        .contains(&p)
+                        .then(|| self.label(ctx, &name, &units, &stored, p))
+                };
+                let fresh: Vec<usize> = cascade::label_draws(&config, &scores, &keys, &known)
+                    .into_iter()
+                    .filter(|p| !judged.contains(p))
+                    .collect();
+                if fresh.is_empty() {
+                    break;
+                }
+                judged.extend(fresh.iter().copied());
+                let asked = fresh
+                    .iter()
+                    .filter_map(|&p| units.get(p).copied())
+                    .collect();
+                merge(&mut outcome, judge(ctx, asked)?);
+            }
         }
         let mut oracle = |p: usize| self.label(ctx, &name, &units, &stored, p);
         let result =
@@ -737,7 +755,7 @@ impl CascadeRun {
             None if self.labels.is_none() => Some(&[][..]),
             None => None,
         }
-        .map(|training| fanfold_ops::proxy::spent(&config, &scores, &keys, training, &result));
+        .map(|training| fanfold_ops::proxy::spent(&keys, training, &result));
         let distinct = keys.iter().collect::<std::collections::HashSet<_>>().len();
         let report = CascadeReport {
             target: self.target_text(),
