@@ -439,6 +439,10 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
         &caption,
     ));
 
+    let (cascades_md, cascades_html) = cascade_sections(c);
+    md.push_str(&cascades_md);
+    h.push_str(&cascades_html);
+
     // Every cited unit's section, with what each stage said.
     let mut by_unit: BTreeMap<&str, Vec<&FactRecord>> = BTreeMap::new();
     for f in &out.facts {
@@ -498,6 +502,221 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
         h.push_str("</section>\n");
     }
     (md, page(&title, &h))
+}
+
+/// Each cascade's frontier, as Markdown and HTML: what the labels proved
+/// of each plan (the share of units it lets the proxy decide and the level
+/// of the target's metric proven for it), as a table and as a plot of the
+/// proven level against that share with the target drawn across.
+fn cascade_sections(c: &Certificate) -> (String, String) {
+    use fanfold_engine::stages::map_cascade::{CascadeReport, REPORT};
+    let (mut md, mut h) = (String::new(), String::new());
+    for (stage, r) in c.stats.reports.all::<CascadeReport>(REPORT) {
+        let metric = r.target.split_whitespace().next().unwrap_or("quality");
+        let _ = writeln!(
+            md,
+            "\n## Cascade `{}`: what the labels proved\n",
+            md_text(&stage)
+        );
+        let _ = writeln!(
+            h,
+            "<h2>Cascade <code>{}</code>: what the labels proved</h2>",
+            esc(&stage)
+        );
+        let mut said = vec![format!("Target: {}.", r.target)];
+        if let Some(a) = &r.accepted {
+            said.push(if a.used {
+                format!(
+                    "The declared target {metric} ≥ {} was LOWERED by the user to {metric} ≥ {} ({}): {}.",
+                    a.declared_at_least,
+                    a.accepted_at_least,
+                    a.by,
+                    a.cost(r.delta)
+                )
+            } else {
+                format!(
+                    "The accepted level {} ({}) lets the proxy decide no more units: the declared target stands.",
+                    a.accepted_at_least, a.by
+                )
+            });
+        }
+        said.push(format!(
+            "{} labels of a budget of {}; the proxy decided {} of {} units.",
+            r.labels, r.label_budget, r.proxy_decided, r.units
+        ));
+        if r.wanted_past_budget > 0 {
+            said.push(format!(
+                "A person is asked for {} labels PAST the budget: the units the plan leaves to the oracle.",
+                r.wanted_past_budget
+            ));
+        }
+        for line in &said {
+            let _ = writeln!(md, "{}\n", md_text(line));
+            let _ = writeln!(h, "<p class=\"cascade-note\">{}</p>", esc(line));
+        }
+        if r.frontier.is_empty() {
+            let t = "No frontier: the labels were not enough to test a plan bolder than the oracle deciding every unit.";
+            let _ = writeln!(md, "{t}\n");
+            let _ = writeln!(h, "<p>{t}</p>");
+            continue;
+        }
+        let head = format!("{metric} proven at least");
+        let _ = writeln!(
+            md,
+            "| units the proxy decides | {head} | meets {} |\n|---:|---:|---|",
+            r.at_least
+        );
+        let _ = writeln!(
+            h,
+            "<table class=\"frontier\" data-stage=\"{}\"><tr><th>units the proxy decides</th><th>{}</th><th>meets {}</th></tr>",
+            esc(&stage),
+            esc(&head),
+            r.at_least
+        );
+        for p in &r.frontier {
+            let meets = if p.proven >= r.at_least { "yes" } else { "no" };
+            let share = format!("{:.1} %", 100.0 * p.saving);
+            let proven = format!("{:.3}", p.proven);
+            let _ = writeln!(md, "| {share} | {proven} | {meets} |");
+            let _ = writeln!(
+                h,
+                "<tr class=\"frontier-row\"><td class=\"n\">{share}</td><td class=\"n\">{proven}</td><td>{meets}</td></tr>"
+            );
+        }
+        h.push_str("</table>\n");
+        h.push_str(&frontier_plot(&stage, &r, metric));
+        let _ = writeln!(
+            md,
+            "\nEach level is proven at δ = {} by its own plan's test.",
+            r.delta
+        );
+    }
+    (md, h)
+}
+
+/// The frontier as a plot: the level proven against the share of units
+/// the proxy decides, one point a plan, the target's level as a line (and
+/// the declared one as a dashed line when the user lowered it).
+fn frontier_plot(
+    stage: &str,
+    r: &fanfold_engine::stages::map_cascade::CascadeReport,
+    metric: &str,
+) -> String {
+    let (w, h) = (520.0, 320.0);
+    let (left, right, top, bottom) = (60.0, 20.0, 20.0, 50.0);
+    let declared = r
+        .accepted
+        .as_ref()
+        .filter(|a| a.used)
+        .map(|a| a.declared_at_least);
+    // The levels span a narrow band near the target: the axis starts at
+    // the tenth below the lowest level shown.
+    let lowest = r
+        .frontier
+        .iter()
+        .map(|p| p.proven)
+        .chain([r.at_least])
+        .chain(declared)
+        .fold(1.0f64, f64::min);
+    let floor = ((lowest * 10.0).floor() / 10.0 - 0.1).clamp(0.0, 0.9);
+    let x = |v: f64| left + (w - left - right) * v.clamp(0.0, 1.0);
+    let y =
+        |v: f64| top + (h - top - bottom) * (1.0 - ((v - floor) / (1.0 - floor)).clamp(0.0, 1.0));
+    let mut s = format!(
+        "<figure><svg id=\"frontier-{}\" class=\"plot frontier-plot\" role=\"img\" aria-label=\"{} proven against the share of units the proxy decides\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" xmlns=\"http://www.w3.org/2000/svg\">",
+        anchor(stage),
+        esc(metric)
+    );
+    let _ = write!(
+        s,
+        "<line x1=\"{left}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"#57606a\"/><line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{:.1}\" stroke=\"#57606a\"/>",
+        h - bottom,
+        w - right,
+        h - bottom,
+        h - bottom
+    );
+    for k in 0..=4 {
+        let v = floor + (1.0 - floor) * f64::from(k) / 4.0;
+        let _ = write!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{v:.2}</text>",
+            left - 6.0,
+            y(v) + 4.0
+        );
+        let share = f64::from(k) / 4.0;
+        let _ = write!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{:.0} %</text>",
+            x(share),
+            h - bottom + 16.0,
+            100.0 * share
+        );
+    }
+    let _ = write!(
+        s,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">units the proxy decides</text><text transform=\"translate(14 {:.1}) rotate(-90)\" text-anchor=\"middle\">{} proven at least</text>",
+        (left + w - right) / 2.0,
+        h - 8.0,
+        (top + h - bottom) / 2.0,
+        esc(metric)
+    );
+    let mut line = |level: f64, class: &str, label: String, dash: &str| {
+        let _ = write!(
+            s,
+            "<line class=\"{class}\" x1=\"{left}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"#cf222e\" stroke-width=\"1.5\"{dash}/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#cf222e\">{}</text>",
+            y(level),
+            w - right,
+            y(level),
+            w - right,
+            y(level) - 4.0,
+            esc(&label)
+        );
+    };
+    match declared {
+        Some(d) => {
+            line(
+                d,
+                "declared-target",
+                format!("declared {d}"),
+                " stroke-dasharray=\"5 3\"",
+            );
+            line(r.at_least, "target", format!("accepted {}", r.at_least), "");
+        }
+        None => line(r.at_least, "target", format!("target {}", r.at_least), ""),
+    }
+    let path: Vec<String> = r
+        .frontier
+        .iter()
+        .map(|p| format!("{:.1},{:.1}", x(p.saving), y(p.proven)))
+        .collect();
+    if path.len() > 1 {
+        let _ = write!(
+            s,
+            "<polyline points=\"{}\" fill=\"none\" stroke=\"#0969da\" stroke-width=\"1.5\"/>",
+            path.join(" ")
+        );
+    }
+    for p in &r.frontier {
+        let _ = write!(
+            s,
+            "<circle class=\"frontier-point\" cx=\"{:.1}\" cy=\"{:.1}\" r=\"5\" fill=\"#0969da\"><title>the proxy decides {:.1} %: {} proven at least {:.3}</title></circle>",
+            x(p.saving),
+            y(p.proven),
+            100.0 * p.saving,
+            esc(metric),
+            p.proven
+        );
+    }
+    s.push_str("</svg>");
+    let _ = write!(
+        s,
+        "<figcaption>{}</figcaption></figure>",
+        esc(&format!(
+            "Stage {stage}: each point a plan, the share of units it lets the proxy decide against the level of {metric} its labels prove (each at δ = {} on its own); the red line is the target's level.",
+            r.delta
+        ))
+    );
+    s
 }
 
 /// An aggregate's rows as an HTML table; a cell naming a unit the page

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use crossterm::{cursor, execute, terminal};
-use fanfold_engine::stages::map_cascade::{WANTED_FILE, WantedLabel};
+use fanfold_engine::stages::map_cascade::{AskedFor, WANTED_FILE, WantedLabel};
 use fanfold_store::{Label, Store};
 
 #[derive(clap::Args)]
@@ -52,12 +52,18 @@ pub fn label(args: &LabelArgs) -> Result<()> {
         println!("every label the run asked for is given; run the spec again to use them");
         return Ok(());
     }
+    // Labels past a cascade's budget are said, with why, before any is
+    // asked, and a person at the terminal agrees to them first.
+    let past = past_budget(&open);
+    if let Some(note) = &past {
+        println!("{note}");
+    }
     if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
         bail!(
             "fanfold label asks a person at a terminal; without one, give the labels with --import FILE"
         );
     }
-    let summary = ask(&store, &open, &labeller)?;
+    let summary = ask(&store, &open, &labeller, past.as_deref())?;
     println!(
         "{} labelled, {} skipped, {} still wanted; run the spec again to use them",
         summary.labelled,
@@ -94,6 +100,9 @@ fn read_wanted(path: &Path) -> Result<Vec<WantedLabel>> {
 /// warning, unless no id of the file matches at all, which means the
 /// file names units some other way and is refused.
 fn import(store: &Store, wanted: &[WantedLabel], file: &Path, labeller: &str) -> Result<()> {
+    if let Some(note) = past_budget(wanted) {
+        println!("{note}");
+    }
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let asked: std::collections::HashSet<&str> = wanted.iter().map(|w| w.id.as_str()).collect();
@@ -289,8 +298,48 @@ impl Drop for RawScreen {
     }
 }
 
-fn ask(store: &Store, open: &[WantedLabel], labeller: &str) -> Result<Summary> {
+/// What `wanted` asks past each cascade's label budget, and why; `None`
+/// when every label is within it.
+fn past_budget(wanted: &[WantedLabel]) -> Option<String> {
+    // stage -> (within the budget, past it, the budget)
+    let mut by_stage: std::collections::BTreeMap<&str, (usize, usize, usize)> =
+        std::collections::BTreeMap::new();
+    for w in wanted {
+        let e = by_stage.entry(w.stage.as_str()).or_default();
+        match w.asked_for {
+            AskedFor::Thresholds => e.0 += 1,
+            AskedFor::Oracle => e.1 += 1,
+        }
+        e.2 = w.label_budget;
+    }
+    let said: Vec<String> = by_stage
+        .iter()
+        .filter(|(_, (_, past, _))| *past > 0)
+        .map(|(stage, (within, past, budget))| {
+            format!(
+                "stage {stage}: {past} of these {} labels are PAST its label budget of {budget}. The budget was spent proving where the proxy may decide; these are the units the proven plan leaves to the oracle, because the labels did not prove the proxy sure of them. A lower level the run's frontier proves (answer.md), accepted with accept_at_least or --accept, leaves fewer.",
+                within + past
+            )
+        })
+        .collect();
+    (!said.is_empty()).then(|| said.join("\n"))
+}
+
+fn ask(
+    store: &Store,
+    open: &[WantedLabel],
+    labeller: &str,
+    past_budget: Option<&str>,
+) -> Result<Summary> {
     let _screen = RawScreen::enter()?;
+    if let Some(note) = past_budget
+        && !agreed(note)?
+    {
+        return Ok(Summary {
+            labelled: 0,
+            skipped: 0,
+        });
+    }
     let mut at = 0;
     let mut history: Vec<usize> = Vec::new();
     let mut skipped = std::collections::BTreeSet::new();
@@ -363,6 +412,36 @@ fn cleared() -> Result<std::io::Stdout> {
         terminal::Clear(terminal::ClearType::All)
     )?;
     Ok(out)
+}
+
+/// The labels past the budget, said before the first of them is asked:
+/// true once the person starts, false if they quit.
+fn agreed(note: &str) -> Result<bool> {
+    let mut out = cleared()?;
+    let mut lines = vec!["fanfold label · before you start".to_owned(), String::new()];
+    lines.extend(words(note, COLS));
+    lines.truncate(ROWS - 2);
+    lines.push(String::new());
+    lines.push("[enter] start labelling  [q] quit".to_owned());
+    write!(out, "{}", lines.join("\r\n"))?;
+    out.flush()?;
+    loop {
+        let Event::Key(KeyEvent {
+            code,
+            modifiers,
+            kind: KeyEventKind::Press,
+            ..
+        }) = event::read()?
+        else {
+            continue;
+        };
+        match code {
+            KeyCode::Enter => return Ok(true),
+            KeyCode::Char('q') | KeyCode::Esc => return Ok(false),
+            KeyCode::Char('c') if modifiers.contains(KeyModifiers::CONTROL) => return Ok(false),
+            _ => {}
+        }
+    }
 }
 
 /// The screen after the last unit.

@@ -212,6 +212,17 @@ pub(crate) struct InputArgs {
     /// where they depart from the spec).
     #[arg(long = "plan", value_name = "FILE")]
     plan_file: Option<PathBuf>,
+    /// Accept a lower level of a cascade's target than the spec declares,
+    /// when the label budget does not prove the declared one for as bold a
+    /// plan: `--accept 0.83`, or `--accept STAGE=0.83` when the spec has
+    /// several cascades (as the spec's `accept_at_least`). It is proven on
+    /// the same labels at the same delta, asking no new label or model
+    /// call; the answer, certificate and report say the target was lowered,
+    /// from what to what. Its probability covers a level set before the
+    /// labels were drawn, not one read off their frontier (answer.md says
+    /// what that costs).
+    #[arg(long, value_name = "[STAGE=]LEVEL")]
+    accept: Vec<fanfold_engine::plan::AcceptChoice>,
     /// How long one jq evaluation (a prefilter rule, a `project`, a
     /// `bound`) may run on one unit. jq cannot be interrupted, so a program
     /// that runs past this ends the process with an error naming the
@@ -259,6 +270,7 @@ impl InputArgs {
             model,
             cascades: planned.cascade,
             strategy: planned.strategy,
+            accept: self.accept.clone(),
         };
         let plan = Plan::load_with(spec, &overrides)?;
         let limit = plan

@@ -858,6 +858,19 @@ pub struct CascadeSpec {
     pub measure_only: bool,
 }
 
+    /// A lower level of the target's metric the user accepts when the
+    /// labels within `label_budget` do not prove `at_least` for as bold a
+    /// plan (the frontier answer.md shows says what they do prove). The
+    /// cascade then proves this level instead, on the same labels, at the
+    /// same `delta`, asking no new label, and the answer says the target
+    /// was lowered from `at_least` to it. Below `at_least`. `fanfold run
+    /// --accept` sets it from the command line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accept_at_least: Option<f64>,
+    /// Set by `--accept`, never by a spec: the accepted level came from the
+    /// command line, which the answer says.
+    #[serde(skip)]
+    pub accept_from_command_line: bool,
 /// The `proxy` of a cascade that trains its own classifier.
 pub const TRAINED_PROXY: &str = "trained";
 

@@ -46,6 +46,79 @@ pub struct Overrides {
     pub cascades: Vec<CascadeChoice>,
     /// The whole-run strategy a plan file chose in place of a cascade.
     pub strategy: Option<StrategyChoice>,
+    /// Lower levels the user accepts for cascades' targets (`--accept`),
+    /// in place of the spec's `accept_at_least`.
+    pub accept: Vec<AcceptChoice>,
+}
+
+/// `--accept [STAGE=]LEVEL`: the level a cascade's target may be lowered
+/// to. Without a stage, the spec's one cascade.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AcceptChoice {
+    pub stage: Option<String>,
+    pub at_least: f64,
+}
+
+impl std::str::FromStr for AcceptChoice {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<AcceptChoice, String> {
+        let (stage, level) = match text.rsplit_once('=') {
+            Some((stage, level)) => (Some(stage.trim().to_owned()), level),
+            None => (None, text),
+        };
+        let at_least: f64 = level.trim().parse().map_err(|_| {
+            format!("`{text}`: the level is not a number (e.g. 0.83 or judge=0.83)")
+        })?;
+        if !(at_least > 0.0 && at_least < 1.0) {
+            return Err(format!("`{text}`: the level must be between 0 and 1"));
+        }
+        Ok(AcceptChoice { stage, at_least })
+    }
+}
+
+/// Sets the accepted level of the cascade `c` names: a stage's, or the
+/// spec's only one.
+pub fn apply_accept(spec: &mut Spec, c: &AcceptChoice) -> Result<(), String> {
+    let mut cascades: Vec<(&str, &mut fanfold_core::spec::CascadeSpec)> = spec
+        .stages
+        .iter_mut()
+        .filter_map(|s| match s {
+            fanfold_core::spec::StageSpec::Map(m) => Some((m.name.as_str(), m.cascade.as_mut()?)),
+            _ => None,
+        })
+        .collect();
+    let names: Vec<String> = cascades.iter().map(|(n, _)| format!("`{n}`")).collect();
+    let found = match &c.stage {
+        Some(stage) => cascades.iter_mut().find(|(n, _)| n == stage),
+        None if cascades.len() == 1 => cascades.first_mut(),
+        None if cascades.is_empty() => None,
+        None => {
+            return Err(format!(
+                "--accept {}: the spec has cascades in stages {}; name one: --accept STAGE={}",
+                c.at_least,
+                names.join(", "),
+                c.at_least
+            ));
+        }
+    };
+    let Some((_, cascade)) = found else {
+        return Err(match &c.stage {
+            Some(stage) => format!(
+                "--accept {stage}={}: `{stage}` is not a map stage with a cascade in this spec{}",
+                c.at_least,
+                if names.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (cascades: {})", names.join(", "))
+                }
+            ),
+            None => format!("--accept {}: the spec declares no cascade", c.at_least),
+        });
+    };
+    cascade.accept_at_least = Some(c.at_least);
+    cascade.accept_from_command_line = true;
+    Ok(())
 }
 
 /// What `fanfold plan` chose for one stage's cascade: the proxy that met
@@ -779,6 +852,9 @@ fn apply(spec: &mut Spec, o: &Overrides) -> Result<(), String> {
     }
     if let Some(c) = &o.strategy {
         apply_strategy(spec, c)?;
+    }
+    for c in &o.accept {
+        apply_accept(spec, c)?;
     }
     Ok(())
 }

@@ -9,6 +9,7 @@
 //! bytes and values and persists what they return.
 
 pub mod cascade;
+pub mod cascade_accept;
 pub mod contract;
 pub mod fold;
 pub mod jq;

@@ -1,4 +1,6 @@
-//! Cascades whose oracle is a labels file.
+//! Cascades: a labels file as the oracle, a lower level the user
+//! accepts, a person asked past the budget only when told, and the
+//! frontier in the run report.
 
 use super::*;
 
@@ -68,6 +70,339 @@ fn a_budget_too_small_shows_the_frontier_it_proved_and_asks_no_more() {
     assert!(md.contains("What the labels proved"), "{md}");
     assert!(
         md.contains("| units the proxy decides | recall proven at least |"),
+        "{md}"
+    );
+}
+
+/// The cascade's report of the fixture's run.
+fn cascade_report(f: &Fixture) -> Value {
+    f.certificate()["stats"]["cascades"]["judge"].clone()
+}
+
+fn answer_md(f: &Fixture) -> String {
+    std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md")
+}
+
+/// The labels file of the fixture's truth: the first 150 records flagged.
+fn truth_labels(f: &Fixture, ids: impl Iterator<Item = String>) -> std::path::PathBuf {
+    let lines: String = ids
+        .map(|id| {
+            let flagged = id.parse::<u64>().is_ok_and(|i| i < 150);
+            format!(
+                "{}\n",
+                serde_json::json!({"id": id, "decision": if flagged { "yes" } else { "no" }})
+            )
+        })
+        .collect();
+    let path = f.path("truth.jsonl");
+    std::fs::write(&path, lines).expect("labels");
+    path
+}
+
+/// A target the budget cannot prove for a bold plan: accepting a lower
+/// level on the command line proves it on the same labels (no model call,
+/// no new label), the proxy decides more, and the answer, the
+/// certificate and explain say the target was lowered, from what to what,
+/// and what choosing it costs.
+#[test]
+fn accepting_a_lower_level_proves_it_on_the_same_labels_and_says_so() {
+    let f = cascade_fixture(
+        r#"{ proxy = "lex", target = "recall", at_least = 0.99, delta = 0.1, label_budget = 150 }"#,
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let declared = cascade_report(&f);
+    let first_calls = f.certificate()["stats"]["model_calls"]
+        .as_u64()
+        .expect("calls");
+    assert!(first_calls > 0);
+    let md = answer_md(&f);
+    assert!(md.contains("--accept judge=LEVEL"), "{md}");
+
+    let o = f.run(&["--accept", "0.7"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let cert = f.certificate();
+    assert_eq!(
+        cert["stats"]["model_calls"], 0,
+        "accepting asks the model nothing new"
+    );
+    let report = &cert["stats"]["cascades"]["judge"];
+    let accepted = &report["accepted"];
+    assert_eq!(accepted["used"], true, "{report}");
+    assert_eq!(accepted["declared_at_least"], 0.99, "{report}");
+    assert_eq!(accepted["accepted_at_least"], 0.7, "{report}");
+    assert_eq!(accepted["by"], "--accept on the command line", "{report}");
+    assert_eq!(accepted["not_asked"], 0, "{report}");
+    assert_eq!(
+        report["labels"], declared["labels"],
+        "{report} vs {declared}"
+    );
+    assert_eq!(report["at_least"], 0.7, "{report}");
+    let before = declared["proxy_decided"].as_u64().expect("decided");
+    let after = report["proxy_decided"].as_u64().expect("decided");
+    assert!(after > before, "the proxy decided {after} against {before}");
+    assert_eq!(
+        accepted["declared_proxy_decided"].as_u64(),
+        Some(before),
+        "{report}"
+    );
+    // The answer still reaches the accepted level against the truth.
+    let found = f
+        .answer_ids()
+        .iter()
+        .filter_map(|id| id.parse::<u64>().ok())
+        .filter(|&i| i < 150)
+        .count();
+    assert!(found as f64 >= 0.7 * 150.0, "{found} of 150 flagged found");
+    let answer: Value =
+        serde_json::from_str(&std::fs::read_to_string(f.path("out/answer.json")).expect("answer"))
+            .expect("json");
+    let quality = answer["quality"][0].as_str().expect("a quality line");
+    assert!(
+        quality.contains("recall ≥ 0.7 with probability ≥ 0.9 holds")
+            && quality.contains("the declared target recall ≥ 0.99 was LOWERED by the user to 0.7"),
+        "{quality}"
+    );
+    let md = answer_md(&f);
+    assert!(
+        md.contains("**Target LOWERED by the user**: the declared target recall ≥ 0.99 was lowered to recall ≥ 0.7 (--accept on the command line)"),
+        "{md}"
+    );
+    assert!(md.contains("not one confidence sequence"), "{md}");
+    assert!(md.contains("no label was added"), "{md}");
+
+    // explain and --help say it too.
+    let o = run(bin().arg("explain").arg(f.path("spec.toml")).args([
+        "--no-input",
+        "--accept",
+        "judge=0.7",
+    ]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("the user accepts 0.7 (--accept on the command line)"),
+        "{}",
+        stdout(&o)
+    );
+    let o = run(bin().args(["run", "--help"]));
+    assert!(
+        stdout(&o).contains("--accept <[STAGE=]LEVEL>"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+/// The spec's `accept_at_least` does the same, and says it came from the
+/// spec; a level not below the target, or a stage without a cascade, is
+/// refused before anything runs.
+#[test]
+fn accept_at_least_in_the_spec_lowers_the_target_and_bad_levels_are_refused() {
+    let f = cascade_fixture(
+        r#"{ proxy = "lex", target = "recall", at_least = 0.99, delta = 0.1, label_budget = 150, accept_at_least = 0.7 }"#,
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let report = cascade_report(&f);
+    assert_eq!(report["accepted"]["used"], true, "{report}");
+    assert_eq!(
+        report["accepted"]["by"], "accept_at_least in the spec",
+        "{report}"
+    );
+    assert!(
+        answer_md(&f).contains("was lowered to recall ≥ 0.7 (accept_at_least in the spec)"),
+        "{}",
+        answer_md(&f)
+    );
+
+    let o = f.run(&["--accept", "0.995"]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        stderr(&o).contains("accept_at_least must be above 0 and below at_least (0.99), got 0.995"),
+        "{}",
+        stderr(&o)
+    );
+    let o = f.run(&["--accept", "lex=0.8"]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        stderr(&o)
+            .contains("`lex` is not a map stage with a cascade in this spec (cascades: `judge`)"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// A person as the oracle: the run asks first for the draws that set the
+/// thresholds, within the budget; once they are given, the units the plan
+/// leaves to the oracle are past the budget, and the run's output,
+/// answer.md and `fanfold label` say how many and why before the first is
+/// asked.
+#[test]
+fn a_person_is_never_asked_past_the_budget_unannounced() {
+    let budget = 40;
+    let f = cascade_fixture(&format!(
+        r#"{{ proxy = "lex", target = "recall", at_least = 0.99, delta = 0.1, label_budget = {budget}, oracle = "person" }}"#
+    ));
+    let store = f.path("store.sqlite");
+    let import = |file: &std::path::Path| {
+        let o = run(bin()
+            .arg("label")
+            .arg(f.path("out"))
+            .arg("--store")
+            .arg(&store)
+            .arg("--import")
+            .arg(file));
+        assert!(o.status.success(), "{}", stderr(&o));
+        o
+    };
+    // Until the thresholds are set, every label asked is within the
+    // budget, and said to be.
+    let mut rounds = 0;
+    let past = loop {
+        let o = f.run(&[]);
+        assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+        let wanted = f.jsonl("out/labels-wanted.jsonl");
+        let report = cascade_report(&f);
+        assert!(!wanted.is_empty());
+        if wanted.iter().all(|w| w["asked_for"] == "thresholds") {
+            assert!(
+                wanted.len() <= budget,
+                "{} threshold labels against a budget of {budget}",
+                wanted.len()
+            );
+            assert_eq!(report["wanted_past_budget"], 0, "{report}");
+            assert!(
+                answer_md(&f).contains(&format!("within the label budget of {budget}")),
+                "{}",
+                answer_md(&f)
+            );
+            let o = import(&truth_labels(
+                &f,
+                wanted
+                    .iter()
+                    .map(|w| w["id"].as_str().expect("id").to_owned()),
+            ));
+            assert!(!stdout(&o).contains("PAST"), "{}", stdout(&o));
+            rounds += 1;
+            assert!(rounds < 4, "still setting thresholds after {rounds} rounds");
+            continue;
+        }
+        // Past the budget: every line says so, and the run said how many
+        // and why before anyone is asked.
+        assert!(
+            wanted.iter().all(|w| w["asked_for"] == "oracle"),
+            "{wanted:?}"
+        );
+        let n = wanted.len();
+        assert_eq!(
+            report["wanted_past_budget"].as_u64(),
+            Some(n as u64),
+            "{report}"
+        );
+        let said = format!("{n} of these labels are PAST the label budget of {budget}");
+        assert!(stderr(&o).contains(&said), "{}", stderr(&o));
+        let md = answer_md(&f);
+        assert!(md.contains(&said), "{md}");
+        assert!(
+            md.contains("the labels did not prove the proxy sure of them"),
+            "{md}"
+        );
+        break n;
+    };
+    // The labeller says it before the first label past the budget, and
+    // asks nothing until the person agrees.
+    let label = format!(
+        "'{}' label '{}' --store '{}' --labeller ann; echo LABEL-EXITED; sleep 60",
+        env!("CARGO_BIN_EXE_fanfold"),
+        f.path("out").display(),
+        store.display()
+    );
+    let t = Tmux::start(&label);
+    let screen = t.wait_for("[enter] start labelling");
+    assert!(screen.contains("before you start"), "{screen}");
+    assert!(
+        screen.contains(&format!("{past} of these {past} labels are PAST its")),
+        "{screen}"
+    );
+    assert!(!screen.contains(&format!("1 of {past}")), "{screen}");
+    t.keys("Enter");
+    let screen = t.wait_for(&format!("1 of {past}"));
+    assert!(screen.contains("Question: Say yes"), "{screen}");
+    t.keys("q");
+    t.wait_for("LABEL-EXITED");
+    drop(t);
+    // Quitting at the announcement asks nothing.
+    let t = Tmux::start(&label);
+    t.wait_for("[enter] start labelling");
+    t.keys("q");
+    let screen = t.wait_for("LABEL-EXITED");
+    assert!(screen.contains("0 labelled"), "{screen}");
+    drop(t);
+    assert_eq!(
+        sqlite3(
+            &store,
+            "SELECT COUNT(*) FROM labels WHERE labeller = 'person:ann';"
+        )
+        .trim(),
+        "0"
+    );
+}
+
+/// The run report shows each cascade's frontier as a table and a plot a
+/// browser draws: a row and a point per plan, the target as a line, and
+/// the lowered target said.
+#[test]
+fn the_run_report_shows_the_frontier_as_a_table_and_a_plot() {
+    let browser = chromium();
+    let f = cascade_fixture(
+        r#"{ proxy = "lex", target = "recall", at_least = 0.99, delta = 0.1, label_budget = 150, accept_at_least = 0.7 }"#,
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let report = cascade_report(&f);
+    let frontier = report["frontier"].as_array().expect("a frontier").clone();
+    assert!(frontier.len() > 1, "{report}");
+    let o = run(bin().arg("report").arg("run").arg(f.path("out")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (dom, png) = render(&browser, &f.path("out/report.html"));
+    assert!(png.len() > 10_000, "a screenshot of {} bytes", png.len());
+    assert!(
+        dom.contains("Cascade <code>judge</code>: what the labels proved"),
+        "{dom}"
+    );
+    let table = dom
+        .split("<table class=\"frontier\"")
+        .nth(1)
+        .and_then(|t| t.split("</table>").next())
+        .expect("the frontier table");
+    let rows: Vec<&str> = table.split("<tr class=\"frontier-row\">").skip(1).collect();
+    assert_eq!(rows.len(), frontier.len(), "{table}");
+    for (row, p) in rows.iter().zip(&frontier) {
+        let share = format!("{:.1} %", 100.0 * p["saving"].as_f64().expect("saving"));
+        let proven = format!("{:.3}", p["proven"].as_f64().expect("proven"));
+        assert!(
+            row.contains(&share) && row.contains(&proven),
+            "{row} for {p}"
+        );
+    }
+    let plot = dom
+        .split("<svg id=\"frontier-unit-judge\"")
+        .nth(1)
+        .and_then(|t| t.split("</svg>").next())
+        .expect("the frontier plot");
+    assert_eq!(
+        plot.matches("<circle class=\"frontier-point\"").count(),
+        frontier.len(),
+        "{plot}"
+    );
+    assert!(plot.contains("class=\"target\""), "{plot}");
+    assert!(plot.contains("accepted 0.7"), "{plot}");
+    assert!(plot.contains("class=\"declared-target\""), "{plot}");
+    assert!(
+        dom.contains("The declared target recall ≥ 0.99 was LOWERED by the user to recall ≥ 0.7"),
+        "{dom}"
+    );
+    let md = std::fs::read_to_string(f.path("out/report.md")).expect("report.md");
+    assert!(
+        md.contains("| units the proxy decides | recall proven at least | meets 0.7 |"),
         "{md}"
     );
 }

@@ -28,6 +28,7 @@ use fanfold_core::{
     ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash, Status, UnitId,
 };
 use fanfold_ops::cascade::{self, Config, Decision, Metric, Plan, Target};
+use fanfold_ops::cascade_accept;
 use fanfold_ops::map::MapStage;
 use fanfold_ops::proxy::TrainedReport;
 use fanfold_ops::view::INPUT_BUCKET;
@@ -89,6 +90,64 @@ pub struct WantedLabel {
     pub decisions: Vec<String>,
     /// What the stage shows of the unit.
     pub view: serde_json::Value,
+    /// Why a person is asked: to set the thresholds (within the label
+    /// budget), or because the plan leaves the unit to the oracle (past
+    /// it).
+    #[serde(default)]
+    pub asked_for: AskedFor,
+    /// The stage's declared label budget.
+    #[serde(default)]
+    pub label_budget: usize,
+}
+
+/// Why a person is asked for a label.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AskedFor {
+    /// A draw that sets the thresholds (or trains the proxy): counted in
+    /// the label budget.
+    #[default]
+    Thresholds,
+    /// A unit the proven plan leaves to the oracle, since the proxy is not
+    /// proven sure of it: past the label budget.
+    Oracle,
+}
+
+/// What the user's accepted level did to a cascade's target.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AcceptedLevel {
+    /// The declared target's level and the level the user accepted.
+    pub declared_at_least: f64,
+    pub accepted_at_least: f64,
+    /// Where the accepted level was set: `accept_at_least` in the spec,
+    /// or `--accept` on the command line.
+    pub by: String,
+    /// The accepted level's plan lets the proxy decide more units than
+    /// the declared target's, so the answer uses it and the target is
+    /// lowered; otherwise the declared target stands.
+    pub used: bool,
+    /// What the labels proved at the declared level: its plan, the units
+    /// it lets the proxy decide, and the level proven for it.
+    pub declared_plan: Plan,
+    pub declared_proxy_decided: usize,
+    pub declared_lower_bound: f64,
+    /// What they prove at the accepted level.
+    pub accepted_plan: Plan,
+    pub accepted_proxy_decided: usize,
+    /// Labels the proof at the accepted level reached for that the
+    /// declared proof had not asked: never asked, counted as the worst.
+    pub not_asked: usize,
+}
+
+impl AcceptedLevel {
+    /// What choosing the level costs, as the answer says it.
+    pub fn cost(&self, delta: f64) -> String {
+        format!(
+            "the accepted level is proven by the same test as the declared one, on the same labels, at the same δ = {delta}; no label was added and no model was asked again. The levels of the frontier are not one confidence sequence: each is proven by its own plan's test, each at δ on its own. So the probability {} covers {} as a level set before the labels were drawn (an accept_at_least written into the spec before its first run); a level read off the frontier of these same labels is chosen by them, and the chance the answer falls below it is not bounded by δ. To keep that probability for a level chosen after seeing the frontier, prove it on labels drawn after the choice (another seed)",
+            1.0 - delta,
+            self.accepted_at_least
+        )
+    }
 }
 
 /// The store key of a label: the stage's question and what the unit shows.
@@ -104,6 +163,10 @@ pub fn label_key(stage: &MapStage, view_key: &ContentHash) -> ContentHash {
 pub struct CascadeReport {
     /// `recall ≥ 0.9 with probability ≥ 0.9`, as the answer states it.
     pub target: String,
+    /// The level of the target in force: the declared one, or the level
+    /// the user accepted in its place.
+    #[serde(default)]
+    pub at_least: f64,
     pub proxy: String,
     pub oracle: String,
     pub plan: Option<Plan>,
@@ -140,6 +203,20 @@ pub struct CascadeReport {
     /// target; `None` when the labels point away from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub more_labels: Option<usize>,
+    /// The declared label budget.
+    #[serde(default)]
+    pub label_budget: usize,
+    /// Of `wanted`, the labels a person is asked for past the budget: the
+    /// units the plan leaves to the oracle.
+    #[serde(default)]
+    pub wanted_past_budget: usize,
+    /// The δ of the target.
+    #[serde(default)]
+    pub delta: f64,
+    /// A lower level the user accepted (`accept_at_least`, `--accept`),
+    /// and what it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted: Option<AcceptedLevel>,
 }
 
 impl CascadeReport {
@@ -163,10 +240,37 @@ impl CascadeReport {
             ),
         };
         let verdict = if self.met { "holds" } else { "is UNMET" };
+        let lowered = match &self.accepted {
+            Some(a) if a.used => format!(
+                "; the declared target {} ≥ {} was LOWERED by the user to {} ({}), which the probability covers only as a level set before the labels were drawn",
+                self.metric(),
+                a.declared_at_least,
+                a.accepted_at_least,
+                a.by
+            ),
+            Some(a) => format!(
+                "; the accepted level {} ({}) lets the proxy decide no more units, so the declared target stands",
+                a.accepted_at_least, a.by
+            ),
+            None => String::new(),
+        };
+        let past = if self.wanted_past_budget > 0 {
+            format!(
+                "; a person is asked for {} labels past the label budget of {}: the units the plan leaves to the oracle, which the labels did not prove the proxy sure of",
+                self.wanted_past_budget, self.label_budget
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "stage {stage}: {} {verdict}; {how}; {} labels and {} oracle calls against {} without the cascade",
+            "stage {stage}: {} {verdict}{lowered}; {how}; {} labels and {} oracle calls against {} without the cascade{past}",
             self.target, self.labels, self.oracle_calls, self.calls_without
         )
+    }
+
+    /// The target's metric, as its text names it.
+    fn metric(&self) -> &str {
+        self.target.split_whitespace().next().unwrap_or("quality")
     }
 }
 
@@ -305,6 +409,17 @@ impl CascadeRun {
         if c.label_budget == 0 {
             return Err(invalid(ctx, "label_budget must be at least 1".into()));
         }
+        if let Some(level) = c.accept_at_least
+            && !(level > 0.0 && level < c.at_least)
+        {
+            return Err(invalid(
+                ctx,
+                format!(
+                    "accept_at_least must be above 0 and below at_least ({}), got {level}",
+                    c.at_least
+                ),
+            ));
+        }
         let labels = match &c.labels {
             None => None,
             Some(file) => {
@@ -338,13 +453,27 @@ impl CascadeRun {
     }
 
     fn target_text(&self) -> String {
+        self.target_text_at(self.spec.at_least)
+    }
+
+    /// The target's text at level `at_least`.
+    fn target_text_at(&self, at_least: f64) -> String {
         let t = self.target();
         format!(
             "{} ≥ {} with probability ≥ {}",
             t.metric.name(),
-            t.at_least,
+            at_least,
             1.0 - t.delta
         )
+    }
+
+    /// Where the accepted level was set.
+    fn accepted_by(&self) -> &'static str {
+        if self.spec.accept_from_command_line {
+            "--accept on the command line"
+        } else {
+            "accept_at_least in the spec"
+        }
     }
 
     pub(crate) fn explain(&self, stage: &MapStageSpec) -> String {
@@ -367,8 +496,16 @@ impl CascadeRun {
             ),
             None => format!("`{}`'s `{}`", self.spec.proxy, self.spec.score),
         };
+        let accepted = match self.spec.accept_at_least {
+            Some(level) => format!(
+                "; if the labels prove {} for a plan less bold than they prove {level} for, the user accepts {level} ({}): the same test at that level on the same labels, and the answer says the target was lowered",
+                self.spec.at_least,
+                self.accepted_by()
+            ),
+            None => String::new(),
+        };
         format!(
-            "cascade: {}; the proxy is {proxy}, the oracle {oracle}, at most {} labels",
+            "cascade: {}; the proxy is {proxy}, the oracle {oracle}, at most {} labels{accepted}",
             self.target_text(),
             self.spec.label_budget
         )
@@ -442,7 +579,14 @@ impl CascadeRun {
         // A person who has yet to give labels the run needs first: each
         // unit waits, and the report says for how many.
         let waiting = |ctx: &mut StageContext<'_>, missing: &[usize], labels: usize| {
-            let wanted = self.want(stage, ctx, &units, &view_keys, missing, view)?;
+            let wanted = self.want(
+                stage,
+                ctx,
+                (&units, &view_keys),
+                missing,
+                view,
+                AskedFor::Thresholds,
+            )?;
             for &i in &units {
                 undecided(
                     i,
@@ -463,6 +607,9 @@ impl CascadeRun {
                 calls_without: keys.iter().collect::<std::collections::HashSet<_>>().len(),
                 unlabelled: units.len(),
                 wanted,
+                label_budget: c.label_budget,
+                delta: c.delta,
+                at_least: c.at_least,
                 met: false,
                 ..CascadeReport::default()
             };
@@ -570,12 +717,50 @@ impl CascadeRun {
             }
         }
         let mut oracle = |p: usize| self.label(ctx, &name, &units, &stored, p);
-        let result =
-            cascade::run(&config, &scores, &keys, &mut oracle).map_err(|e| RunError::Cascade {
-                stage: name.clone(),
-                unit: "-".into(),
-                detail: e.to_string(),
-            })?;
+        let failed = |detail: String| RunError::Cascade {
+            stage: name.clone(),
+            unit: "-".into(),
+            detail,
+        };
+        // A level the user accepts is proven on the labels the declared
+        // target's proof was given; the answer uses it only where it lets
+        // the proxy decide more. The frontier shown is the declared
+        // proof's: what the labels proved from its plan on, which is what
+        // a level is accepted from.
+        let (result, accepted, frontier) = match c.accept_at_least {
+            None => {
+                let result = cascade::run(&config, &scores, &keys, &mut oracle)
+                    .map_err(|e| failed(e.to_string()))?;
+                let frontier = result.frontier.clone();
+                (result, None, frontier)
+            }
+            Some(level) => {
+                let a = cascade_accept::accept(&config, level, &scores, &keys, &mut oracle)
+                    .map_err(|e| failed(e.to_string()))?;
+                let accepted = AcceptedLevel {
+                    declared_at_least: c.at_least,
+                    accepted_at_least: level,
+                    by: self.accepted_by().into(),
+                    used: a.used,
+                    declared_plan: a.declared.plan.clone(),
+                    declared_proxy_decided: a.declared.proxy_decided,
+                    declared_lower_bound: a.declared.lower_bound,
+                    accepted_plan: a.accepted.plan.clone(),
+                    accepted_proxy_decided: a.accepted.proxy_decided,
+                    not_asked: a.not_asked,
+                };
+                let frontier = a.declared.frontier.clone();
+                let used = if a.used { a.accepted } else { a.declared };
+                (used, Some(accepted), frontier)
+            }
+        };
+        // The target the answer holds to: the declared one, or the level
+        // the user accepted in its place.
+        let at_least = match &accepted {
+            Some(a) if a.used => a.accepted_at_least,
+            _ => c.at_least,
+        };
+        let in_force = self.target_text_at(at_least);
         let threshold = match &result.plan {
             Plan::Threshold { threshold } => format!("score ≥ {threshold:.4}"),
             Plan::Band { low, high } => {
@@ -648,9 +833,8 @@ impl CascadeRun {
                         positive,
                         "proxy",
                         format!(
-                            "decided by the proxy `{}` (score {score:.4}; {threshold}) under {}",
+                            "decided by the proxy `{}` (score {score:.4}; {threshold}) under {in_force}",
                             c.proxy,
-                            self.target_text()
                         ),
                     ),
                     Origin::Derived,
@@ -691,7 +875,24 @@ impl CascadeRun {
             }
         }
         let mut wanted = 0;
+        let mut wanted_past_budget = 0;
         match &c.labels {
+            // Measuring asks the oracle nothing past the labels: a person
+            // is never asked for the units a candidate's plan leaves.
+            None if c.measure_only => {
+                for &i in &left {
+                    undecided(
+                        i,
+                        "measured",
+                        if person {
+                            "label:person".into()
+                        } else {
+                            format!("backend:{}", stage.spec.backend)
+                        },
+                        "left to the oracle; not judged, since `fanfold plan` measures what a proxy proves".into(),
+                    );
+                }
+            }
             None if person => {
                 // What the proof leaves to the oracle and a person has not
                 // labelled yet: asked for now, undecided until then.
@@ -699,7 +900,15 @@ impl CascadeRun {
                     units.iter().enumerate().map(|(p, &i)| (i, p)).collect();
                 let positions: Vec<usize> =
                     left.iter().filter_map(|i| at.get(i).copied()).collect();
-                wanted = self.want(stage, ctx, &units, &view_keys, &positions, view)?;
+                wanted = self.want(
+                    stage,
+                    ctx,
+                    (&units, &view_keys),
+                    &positions,
+                    view,
+                    AskedFor::Oracle,
+                )?;
+                wanted_past_budget = wanted;
                 for &i in &left {
                     unlabelled += 1;
                     undecided(
@@ -709,16 +918,6 @@ impl CascadeRun {
                         format!(
                             "left to the oracle by the cascade, and no person has labelled it yet ({WANTED_FILE}; `fanfold label OUT_DIR`)"
                         ),
-                    );
-                }
-            }
-            None if c.measure_only => {
-                for &i in &left {
-                    undecided(
-                        i,
-                        "measured",
-                        format!("backend:{}", stage.spec.backend),
-                        "left to the oracle; not judged, since `fanfold plan` measures what a proxy proves".into(),
                     );
                 }
             }
@@ -758,7 +957,7 @@ impl CascadeRun {
         .map(|training| fanfold_ops::proxy::spent(&keys, training, &result));
         let distinct = keys.iter().collect::<std::collections::HashSet<_>>().len();
         let report = CascadeReport {
-            target: self.target_text(),
+            target: in_force,
             proxy: c.proxy.clone(),
             oracle: match &c.labels {
                 Some(f) => format!("labels file `{f}`"),
@@ -779,8 +978,13 @@ impl CascadeRun {
             wanted,
             met: unlabelled == 0,
             trained: trained.map(|(report, _)| report),
-            frontier: result.frontier.clone(),
+            frontier,
             more_labels: result.more_labels,
+            label_budget: c.label_budget,
+            wanted_past_budget,
+            delta: c.delta,
+            at_least,
+            accepted,
         };
         ctx.stats.reports.put(REPORT, &name, &report);
         Ok(outcome)
@@ -788,16 +992,17 @@ impl CascadeRun {
 }
 
 impl CascadeRun {
-    /// Lists the units at `positions` for a person to label, once per
-    /// label key, in order; returns how many were listed.
+    /// Lists the units at `positions` (of `units`, whose views have
+    /// `view_keys`) for a person to label, once per label key, in order;
+    /// returns how many were listed.
     fn want(
         &self,
         stage: &MapStage,
         ctx: &StageContext<'_>,
-        units: &[usize],
-        view_keys: &[ContentHash],
+        (units, view_keys): (&[usize], &[ContentHash]),
         positions: &[usize],
         view: &dyn Fn(usize) -> Result<serde_json::Value, RunError>,
+        asked_for: AskedFor,
     ) -> Result<usize, RunError> {
         let decisions: Vec<String> = stage
             .spec
@@ -824,6 +1029,8 @@ impl CascadeRun {
                 question: stage.rubric.clone(),
                 decisions: decisions.clone(),
                 view: view(i)?,
+                asked_for,
+                label_budget: self.spec.label_budget,
             });
         }
         let n = lines.len();
@@ -1062,8 +1269,11 @@ pub(crate) fn quality(stats: &RunStats, stage: &str) -> Option<String> {
 pub(crate) fn shortfalls(stats: &RunStats, stage: &str) -> Vec<String> {
     match stats.reports.get::<CascadeReport>(REPORT, stage) {
         Some(r) if !r.met && r.wanted > 0 => vec![format!(
-            "stage `{stage}`'s quality target ({}) waits for a person: {} units are undecided until the {} labels in {WANTED_FILE} are given (fanfold label, then run again)",
-            r.target, r.unlabelled, r.wanted
+            "stage `{stage}`'s quality target ({}) waits for a person: {} units are undecided until the {} labels in {WANTED_FILE} are given (fanfold label, then run again){}",
+            r.target,
+            r.unlabelled,
+            r.wanted,
+            past_budget(&r)
         )],
         Some(r) if !r.met => vec![format!(
             "stage `{stage}`'s quality target ({}) is unmet: {} units the cascade needed the oracle for have no label (none given, or the oracle could not decide them)",
@@ -1071,6 +1281,24 @@ pub(crate) fn shortfalls(stats: &RunStats, stage: &str) -> Vec<String> {
         )],
         _ => Vec::new(),
     }
+}
+
+/// What a person is asked past the label budget, and why, as a clause;
+/// empty when nothing is.
+fn past_budget(r: &CascadeReport) -> String {
+    if r.wanted_past_budget == 0 {
+        return String::new();
+    }
+    format!(
+        "; {} of these labels are PAST the label budget of {}: the proof spent the budget, and the plan it proved leaves these units to the oracle because the labels did not prove the proxy sure of them{}",
+        r.wanted_past_budget,
+        r.label_budget,
+        if r.accepted.as_ref().is_some_and(|a| a.used) {
+            ""
+        } else {
+            " (a lower level the frontier proves, accepted with accept_at_least or --accept, leaves fewer)"
+        }
+    )
 }
 
 /// The stage's cascade as a section of answer.md.
@@ -1102,7 +1330,7 @@ pub(crate) fn answer_section(stats: &RunStats, stage: &str) -> Option<String> {
     let mut frontier = String::new();
     if !r.frontier.is_empty() {
         frontier.push_str(&format!(
-            "\nWhat the labels proved, from the chosen plan to bolder ones (each level at the target's δ on its own):\n\n| units the proxy decides | {metric} proven at least |\n|---:|---:|\n"
+            "\nWhat the labels proved, from the plan chosen at the declared target to bolder ones (each level at the target's δ on its own):\n\n| units the proxy decides | {metric} proven at least |\n|---:|---:|\n"
         ));
         for p in &r.frontier {
             frontier.push_str(&format!(
@@ -1111,9 +1339,14 @@ pub(crate) fn answer_section(stats: &RunStats, stage: &str) -> Option<String> {
                 p.proven
             ));
         }
+        if r.accepted.is_none() && !r.frontier.iter().all(|p| p.saving <= 0.0) {
+            frontier.push_str(&format!(
+                "\nTo let the proxy decide the units a lower level is proven for, accept that level: `accept_at_least = LEVEL` in the cascade, or `fanfold run SPEC --accept {stage}=LEVEL`; it is proven on these labels, asking no new one. The probability covers a level set before the labels were drawn, not one read off this table: see the answer's statement when you do.\n"
+            ));
+        }
         frontier.push_str(&match r.more_labels {
             Some(n) => format!(
-                "\nThe next bolder plan would need about {n} more labels to prove {}; the proof asked for no label past the declared budget.\n",
+                "\nThe next bolder plan would need about {n} more labels to prove {}; the proof itself asked for no label past the declared budget.\n",
                 r.target
             ),
             None => format!(
@@ -1122,8 +1355,53 @@ pub(crate) fn answer_section(stats: &RunStats, stage: &str) -> Option<String> {
             ),
         });
     }
+    let plan_name = |p: &Plan, decided: usize| match p {
+        Plan::OracleDecidesAll => "the oracle deciding every unit".to_owned(),
+        _ => format!("a plan letting the proxy decide {decided} units"),
+    };
+    let accepted = match &r.accepted {
+        Some(a) if a.used => format!(
+            "- **Target LOWERED by the user**: the declared target {metric} ≥ {} was lowered to {metric} ≥ {} ({}). Within the label budget the labels proved {} at the declared level and {} at the accepted one.\n- What the choice costs: {}.\n",
+            a.declared_at_least,
+            a.accepted_at_least,
+            a.by,
+            match a.declared_plan {
+                Plan::OracleDecidesAll => plan_name(&a.declared_plan, 0),
+                _ => format!(
+                    "{} (proven {:.3})",
+                    plan_name(&a.declared_plan, a.declared_proxy_decided),
+                    a.declared_lower_bound
+                ),
+            },
+            plan_name(&a.accepted_plan, a.accepted_proxy_decided),
+            a.cost(r.delta),
+        ),
+        Some(a) => format!(
+            "- Accepted level {metric} ≥ {} ({}): at it the labels prove {}, no more than at the declared target, so the declared target stands.\n",
+            a.accepted_at_least,
+            a.by,
+            plan_name(&a.accepted_plan, a.accepted_proxy_decided),
+        ),
+        None => String::new(),
+    };
+    let person = if r.wanted > 0 {
+        format!(
+            "- A person is asked for {} labels in {WANTED_FILE} (`fanfold label OUT_DIR`){}.\n",
+            r.wanted,
+            if r.wanted_past_budget > 0 {
+                past_budget(&r)
+            } else {
+                format!(
+                    ", within the label budget of {}: the labels that set the thresholds",
+                    r.label_budget
+                )
+            }
+        )
+    } else {
+        String::new()
+    };
     Some(format!(
-        "## Quality of `{stage}`: {}\n\n- Target: {}; the guarantee {}.\n- Plan: {plan}.\n- Estimate: {bound}.\n- Proxy: `{}`; oracle: {}.\n- Labels spent: {}; units the proxy decided: {} of {}; left to the oracle: {}.\n- Oracle calls: {} against {} without the cascade ({} saved).\n{frontier}",
+        "## Quality of `{stage}`: {}\n\n- Target: {}; the guarantee {}.\n{accepted}- Plan: {plan}.\n- Estimate: {bound}.\n- Proxy: `{}`; oracle: {}.\n- Labels spent: {}; units the proxy decided: {} of {}; left to the oracle: {}.\n{person}- Oracle calls: {} against {} without the cascade ({} saved).\n{frontier}",
         r.target,
         r.target,
         if r.met { "holds" } else { "is UNMET" },
