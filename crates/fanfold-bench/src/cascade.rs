@@ -542,21 +542,21 @@ fn synthetic_trained(body: &mut String, trials: u64) {
 
 /// The example's units the prefilter keeps, their truth and the proxies'
 /// scores.
-struct Population {
+pub(crate) struct Population {
     ids: Vec<String>,
     /// One label per distinct view: the judge's view of the line, hashed.
-    keys: Vec<u64>,
-    truth: Vec<bool>,
+    pub(crate) keys: Vec<u64>,
+    pub(crate) truth: Vec<bool>,
     proxies: Vec<(&'static str, Vec<f64>)>,
     /// Each line's embedding, for the trained proxy.
-    vectors: Vec<Vec<f32>>,
+    pub(crate) vectors: Vec<Vec<f32>>,
     /// Distinct views the judge would see: one micro-context call each
     /// (content-addressed facts are shared), before retries.
     micro_calls: usize,
     note: Option<String>,
 }
 
-fn population(example: &Path) -> Result<Population> {
+pub(crate) fn population(example: &Path) -> Result<Population> {
     let spec_path = example.join("spec.toml");
     let text = std::fs::read_to_string(&spec_path)
         .with_context(|| format!("reading {}", spec_path.display()))?;
@@ -708,5 +708,6 @@ fn example(body: &mut String, example: &Path, seeds: u64) -> Result<()> {
         let _ = writeln!(body, "\nThe example's own caveat: {note}");
     }
     let _ = writeln!(body);
+    crate::classifier::section(body, seeds, example, &pop.vectors, &pop.keys, &pop.truth)?;
     Ok(())
 }

@@ -8,6 +8,7 @@
 //! reports them with `anyhow` context like the binary does.
 
 mod cascade;
+mod classifier;
 mod cluster;
 mod deterministic;
 mod embed;
@@ -97,6 +98,23 @@ pub enum BenchCommand {
     /// known truth, over seeded trials) and what it saves on an example
     /// with human labels as the oracle.
     Cascade(CascadeCliArgs),
+    /// The trained proxy fitted on labels chosen where it is unsure and
+    /// deciding under an accuracy target through the cascade, against a
+    /// plain logistic regression on as many random labels: F1 on the
+    /// units never labelled, over seeded trials. Printed, not written:
+    /// `fanfold bench cascade` writes the same table into its section.
+    Classifier(ClassifierCliArgs),
+}
+
+#[derive(Args)]
+pub struct ClassifierCliArgs {
+    /// An example folder with a `ladder.toml` naming its oracle and embed
+    /// stage.
+    #[arg(long, default_value = "examples/bgl-alerts")]
+    example: PathBuf,
+    /// Seeded trials per population, method and proof budget.
+    #[arg(long, default_value_t = 50)]
+    trials: u64,
 }
 
 #[derive(Args)]
@@ -320,6 +338,13 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                 report: a.report,
                 trials: a.trials,
                 seeds: a.seeds,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Classifier(a) => {
+            classifier::main(&classifier::ClassifierArgs {
+                example: a.example,
+                trials: a.trials,
             })?;
             Ok(ExitCode::SUCCESS)
         }

@@ -7,6 +7,18 @@
 //! The classifier is `linfa-logistic`: maintained, pure Rust (no BLAS to
 //! install), L2-regularised, fitted by L-BFGS; a cascade's few hundred
 //! labels over 384 dimensions fit in milliseconds.
+//!
+//! The fit's labels may be chosen actively ([`next_round`],
+//! [`active_draws`]): a seeded first round at random, then rounds of the
+//! units a model fitted on the labels so far is least sure of (nearest its
+//! decision boundary), refitted after each. The choice depends only on the
+//! seed, the keys, the vectors and the labels given, so a rerun asks for
+//! the same labels. A cascade's proof draws its own labels from its own
+//! proposal (`cascade::run`): a unit labelled for the fit enters the proof
+//! only when the proof draws it, so the scores never depend on the proof's
+//! draws and the guarantee is untouched. Choosing by the vectors, not by
+//! the labels, also keeps the logistic regression's estimate of a unit's
+//! chance of being positive consistent, so its cut ([`CUT`]) can decide.
 
 use linfa::prelude::*;
 use linfa_logistic::LogisticRegression;
@@ -156,6 +168,14 @@ pub fn synthetic_vectors(
 /// The positions to label first for training: one per distinct key, the
 /// `n` keys of smallest seeded rank, in rank order.
 pub fn training_draws(keys: &[u64], n: usize, seed: u64) -> Vec<usize> {
+    let mut ranked = seeded_order(keys, seed);
+    ranked.truncate(n);
+    ranked
+}
+
+/// The first position of every distinct key, in the seeded order of the
+/// keys: the order random training labels are asked in.
+fn seeded_order(keys: &[u64], seed: u64) -> Vec<usize> {
     let mut first: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
     for (p, &k) in keys.iter().enumerate() {
         first.entry(k).or_insert(p);
@@ -165,7 +185,175 @@ pub fn training_draws(keys: &[u64], n: usize, seed: u64) -> Vec<usize> {
         .map(|(k, p)| (mix(k ^ mix(seed ^ 0x7472_6169_6e65_6421)), p))
         .collect();
     ranked.sort_unstable();
-    ranked.into_iter().take(n).map(|(_, p)| p).collect()
+    ranked.into_iter().map(|(_, p)| p).collect()
+}
+
+/// The trained proxy's own decision boundary: its scores are chances of a
+/// positive, so a unit scored at or above a half is more likely positive
+/// than not. An accuracy plan decides by it (`cascade::Config::cut`).
+pub const CUT: f64 = 0.5;
+
+/// Rounds after the first of an active fit: each is a batch the oracle
+/// answers before the model is refitted, so few and large suit a backend
+/// judging in slots and a person labelling between runs.
+const ACTIVE_ROUNDS: usize = 3;
+
+/// How an active fit spreads its labels over rounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rounds {
+    /// Labels of the fit in all: distinct keys.
+    pub labels: usize,
+    /// Labels of the first round, seeded at random: no model exists yet.
+    pub first: usize,
+    /// Labels of each later round.
+    pub each: usize,
+    /// Of each later round's labels, how many go on in seeded order
+    /// rather than nearest the boundary: a model of few labels can be
+    /// sure and wrong about a region none of them lies in, and only
+    /// labels drawn at random find it.
+    pub explore: usize,
+}
+
+impl Rounds {
+    /// `labels` spread as two fifths at random (enough that both classes
+    /// are seen and a first model is fitted, most of the time), then the
+    /// rest in three rounds nearest the boundary.
+    pub fn of(labels: usize) -> Rounds {
+        let first = (labels * 2).div_ceil(5).min(labels);
+        let rest = labels - first;
+        Rounds {
+            labels,
+            first,
+            each: rest.div_ceil(ACTIVE_ROUNDS).max(1),
+            explore: 0,
+        }
+    }
+}
+
+/// The next round of positions to label for an active fit, given the
+/// positions `chosen` by every earlier round (in order) and `label`, their
+/// labels (`None`: the oracle could not give one; it is left out of the
+/// fit but was asked). The first round is the seeded random one
+/// ([`training_draws`]); each later round is the `rounds.explore` next
+/// keys in seeded order, then the keys not yet chosen whose unit a model
+/// fitted on the labels so far scores nearest [`CUT`], ties in seeded
+/// order, `rounds.each` in all. While the labels hold one class
+/// no model can be fitted, and the round goes on in seeded order. Empty
+/// once `rounds.labels` keys are chosen or every key is.
+///
+/// A caller whose oracle answers in batches (a backend's slots, a person
+/// between runs) labels each round before asking for the next; the fit
+/// itself is then [`fit_on`] over every round's positions.
+pub fn next_round(
+    vectors: &[Vec<f32>],
+    keys: &[u64],
+    rounds: Rounds,
+    seed: u64,
+    chosen: &[usize],
+    mut label: impl FnMut(usize) -> Option<bool>,
+) -> Result<Vec<usize>, ProxyError> {
+    check(vectors, Some(keys), chosen.iter().copied())?;
+    let chosen_keys: std::collections::HashSet<u64> = chosen
+        .iter()
+        .filter_map(|&p| keys.get(p).copied())
+        .collect();
+    let left = rounds.labels.saturating_sub(chosen_keys.len());
+    if left == 0 {
+        return Ok(Vec::new());
+    }
+    let fresh = seeded_order(keys, seed)
+        .into_iter()
+        .filter(|&p| keys.get(p).is_some_and(|k| !chosen_keys.contains(k)));
+    if chosen.is_empty() {
+        return Ok(fresh.take(rounds.first.min(left)).collect());
+    }
+    let want = rounds.each.min(left);
+    let labelled: Vec<(usize, bool)> = chosen
+        .iter()
+        .filter_map(|&p| Some((p, label(p)?)))
+        .collect();
+    let Some(scores) = fit_all(vectors, &labelled)? else {
+        return Ok(fresh.take(want).collect());
+    };
+    let mut fresh = fresh.peekable();
+    let mut round: Vec<usize> = fresh.by_ref().take(rounds.explore.min(want)).collect();
+    round.extend(nearest_cut(&scores, fresh, want - round.len()));
+    Ok(round)
+}
+
+/// The `n` of `positions` (in seeded order) whose score is nearest
+/// [`CUT`]; a stable sort keeps the seeded order among ties.
+fn nearest_cut(scores: &[f64], positions: impl Iterator<Item = usize>, n: usize) -> Vec<usize> {
+    let distance = |p: usize| scores.get(p).map_or(f64::INFINITY, |s| (s - CUT).abs());
+    let mut by_distance: Vec<(f64, usize)> = positions.map(|p| (distance(p), p)).collect();
+    by_distance.sort_by(|a, b| a.0.total_cmp(&b.0));
+    by_distance.into_iter().take(n).map(|(_, p)| p).collect()
+}
+
+/// Every round of an active fit, for an oracle that answers at once (a
+/// labels file, a bench's truth): the positions chosen, in the order they
+/// were asked. `label` is asked once a position.
+pub fn active_draws(
+    vectors: &[Vec<f32>],
+    keys: &[u64],
+    rounds: Rounds,
+    seed: u64,
+    mut label: impl FnMut(usize) -> Option<bool>,
+) -> Result<Vec<usize>, ProxyError> {
+    let mut known: std::collections::HashMap<usize, Option<bool>> =
+        std::collections::HashMap::new();
+    let mut chosen = Vec::new();
+    loop {
+        let round = next_round(vectors, keys, rounds, seed, &chosen, |p| {
+            *known.entry(p).or_insert_with(|| label(p))
+        })?;
+        if round.is_empty() {
+            return Ok(chosen);
+        }
+        chosen.extend(round);
+    }
+}
+
+/// One model fitted on every label in `labelled`, scoring every unit: what
+/// an active round chooses by, and a plain classifier's scores. Not
+/// cross-fitted: a labelled unit's own score is its training fit. `None`
+/// while the labels hold one class (or none), or the fit fails.
+pub fn fit_all(
+    vectors: &[Vec<f32>],
+    labelled: &[(usize, bool)],
+) -> Result<Option<Vec<f64>>, ProxyError> {
+    let dims = check(vectors, None, labelled.iter().map(|&(p, _)| p))?;
+    let positives = labelled.iter().filter(|(_, y)| *y).count();
+    if positives == 0 || positives == labelled.len() {
+        return Ok(None);
+    }
+    let Some(model) = fit(vectors, labelled, dims) else {
+        return Ok(None);
+    };
+    Ok(Some(model.predict(&matrix(
+        vectors,
+        0..vectors.len(),
+        dims,
+    ))))
+}
+
+/// The vectors' common dimension, refusing vectors of two and a position
+/// past the vectors (or past `keys`, where given).
+fn check(
+    vectors: &[Vec<f32>],
+    keys: Option<&[u64]>,
+    positions: impl Iterator<Item = usize>,
+) -> Result<usize, ProxyError> {
+    let dims = vectors.first().map_or(0, Vec::len);
+    if let Some(v) = vectors.iter().find(|v| v.len() != dims) {
+        return Err(ProxyError::Dimensions(dims, v.len()));
+    }
+    for p in positions {
+        if p >= vectors.len() || keys.is_some_and(|k| p >= k.len()) {
+            return Err(ProxyError::Missing(p));
+        }
+    }
+    Ok(dims)
 }
 
 /// Every unit's cross-fitted probability of being positive. `vectors[p]`
@@ -176,15 +364,7 @@ pub fn cross_fit(
     keys: &[u64],
     labelled: &[(usize, bool)],
 ) -> Result<(Vec<f64>, TrainedReport), ProxyError> {
-    let dims = vectors.first().map_or(0, Vec::len);
-    if let Some(v) = vectors.iter().find(|v| v.len() != dims) {
-        return Err(ProxyError::Dimensions(dims, v.len()));
-    }
-    for &(p, _) in labelled {
-        if p >= vectors.len() || p >= keys.len() {
-            return Err(ProxyError::Missing(p));
-        }
-    }
+    let dims = check(vectors, Some(keys), labelled.iter().map(|&(p, _)| p))?;
     let fold = |p: usize| keys.get(p).map_or(0, |&k| fold_of(k));
     let mut scores = vec![0.5; vectors.len()];
     let mut report = TrainedReport {
@@ -360,6 +540,160 @@ mod tests {
             (0..60).any(|q| fold_of(keys[q]) != mine && before[q] != after[q]),
             "the other folds were fitted on the flipped label"
         );
+    }
+
+    /// How far a synthetic unit lies from the classes' true boundary:
+    /// their means differ along the diagonal, so it is the distance of
+    /// the coordinates' sum from where the two classes' densities cross.
+    fn off_boundary(v: &[f32]) -> f64 {
+        v.iter().map(|&x| f64::from(x)).sum::<f64>().abs()
+    }
+
+    #[test]
+    fn active_rounds_are_deterministic_and_choose_units_nearest_the_cut() {
+        let (vectors, truth) = synthetic_vectors(11, 800, 0.5, 4, 2.0);
+        let keys: Vec<u64> = (0..vectors.len() as u64).map(mix).collect();
+        let rounds = Rounds::of(50);
+        assert_eq!(
+            rounds,
+            Rounds {
+                labels: 50,
+                first: 20,
+                each: 10,
+                explore: 0
+            }
+        );
+        let truth_of = |p: usize| truth.get(p).copied();
+        let chosen = active_draws(&vectors, &keys, rounds, 5, truth_of).expect("active fit");
+        assert_eq!(
+            chosen,
+            active_draws(&vectors, &keys, rounds, 5, truth_of).expect("active fit"),
+            "a rerun asks for the same labels"
+        );
+        assert_ne!(
+            chosen,
+            active_draws(&vectors, &keys, rounds, 6, truth_of).expect("active fit"),
+            "another seed draws another first round"
+        );
+        let distinct: std::collections::HashSet<u64> = chosen.iter().map(|&p| keys[p]).collect();
+        assert_eq!((chosen.len(), distinct.len()), (50, 50));
+        assert_eq!(
+            chosen[..20],
+            training_draws(&keys, 20, 5)[..],
+            "seeded first"
+        );
+        // Each later round takes the units not yet chosen that the model
+        // of the labels before it scores nearest the cut.
+        for start in [20, 30, 40] {
+            let before: Vec<(usize, bool)> =
+                chosen[..start].iter().map(|&p| (p, truth[p])).collect();
+            let scores = fit_all(&vectors, &before)
+                .expect("fit")
+                .expect("both classes");
+            let distance = |p: usize| (scores[p] - CUT).abs();
+            let round = &chosen[start..start + 10];
+            let farthest = round.iter().map(|&p| distance(p)).fold(0.0, f64::max);
+            let nearest_left = (0..vectors.len())
+                .filter(|p| !chosen[..start + 10].contains(p))
+                .map(distance)
+                .fold(f64::INFINITY, f64::min);
+            assert!(
+                farthest <= nearest_left,
+                "round at {start}: {farthest} against {nearest_left}"
+            );
+        }
+        // And those units lie nearer the true boundary than random ones:
+        // the coordinates' sum is a normal of mean ±2 and deviation 2, so
+        // units drawn at random lie about 2.2 from it on average.
+        let mean = |ps: &[usize]| {
+            ps.iter().map(|&p| off_boundary(&vectors[p])).sum::<f64>() / ps.len() as f64
+        };
+        let (random, active) = (mean(&chosen[..20]), mean(&chosen[20..]));
+        assert!(
+            active < random * 2.0 / 3.0,
+            "active {active}, random {random}"
+        );
+    }
+
+    #[test]
+    fn labels_of_one_class_go_on_at_random_and_the_rounds_stop_at_the_budget() {
+        let (vectors, _, keys) = population(60);
+        let rounds = Rounds::of(20);
+        let first = next_round(&vectors, &keys, rounds, 3, &[], |_| Some(false)).expect("round");
+        assert_eq!(first, training_draws(&keys, rounds.first, 3));
+        let second =
+            next_round(&vectors, &keys, rounds, 3, &first, |_| Some(false)).expect("round");
+        assert_eq!(
+            second[..],
+            training_draws(&keys, rounds.first + rounds.each, 3)[rounds.first..],
+            "no model from one class: the seeded order goes on"
+        );
+        let all = active_draws(&vectors, &keys, rounds, 3, |_| Some(false)).expect("rounds");
+        assert_eq!(all.len(), 20);
+        assert!(
+            next_round(&vectors, &keys, rounds, 3, &all, |_| Some(false))
+                .expect("round")
+                .is_empty()
+        );
+        assert!(matches!(
+            next_round(&vectors, &keys, rounds, 3, &[60], |_| None),
+            Err(ProxyError::Missing(60))
+        ));
+    }
+
+    #[test]
+    fn an_exploring_round_goes_on_in_seeded_order_before_the_boundary() {
+        let (vectors, truth, keys) = population(90);
+        let rounds = Rounds {
+            explore: 3,
+            ..Rounds::of(30)
+        };
+        let truth_of = |p: usize| truth.get(p).copied();
+        let first = next_round(&vectors, &keys, rounds, 4, &[], truth_of).expect("round");
+        let second = next_round(&vectors, &keys, rounds, 4, &first, truth_of).expect("round");
+        assert_eq!(second.len(), rounds.each);
+        assert_eq!(
+            second[..3],
+            training_draws(&keys, rounds.first + 3, 4)[rounds.first..],
+            "the exploring labels come first, in seeded order"
+        );
+        let pure = next_round(&vectors, &keys, Rounds::of(30), 4, &first, truth_of).expect("round");
+        assert_ne!(second, pure, "exploring changes the round");
+    }
+
+    #[test]
+    fn an_actively_fitted_proxy_keeps_the_accuracy_guarantee() {
+        use crate::cascade::{self, Config, Metric, Target};
+        let target = Target {
+            metric: Metric::Accuracy,
+            at_least: 0.9,
+            delta: 0.1,
+        };
+        let trials = 40;
+        let (mut met, mut decided) = (0, 0);
+        for seed in 0..trials {
+            let (vectors, truth) = synthetic_vectors(seed, 1000, 0.2, 16, 2.5);
+            let keys: Vec<u64> = (0..vectors.len() as u64).collect();
+            let truth_of = |p: usize| truth.get(p).copied();
+            let training =
+                active_draws(&vectors, &keys, Rounds::of(50), seed, truth_of).expect("rounds");
+            let (scores, _) = fit_on(&vectors, &keys, &training, truth_of).expect("fit");
+            let config = Config {
+                cut: CUT,
+                ..Config::new(target, 150, seed)
+            };
+            let outcome = cascade::run(&config, &scores, &keys, &mut |p| truth.get(p).copied())
+                .expect("cascade");
+            if outcome.realized(&truth) >= target.at_least {
+                met += 1;
+            }
+            decided += outcome.proxy_decided;
+        }
+        assert!(
+            met as f64 >= (1.0 - target.delta) * trials as f64,
+            "met in {met} of {trials}"
+        );
+        assert!(decided > 0, "the classifier decided no unit in any trial");
     }
 
     #[test]
