@@ -5493,6 +5493,13 @@ fn a_plan_measures_whole_run_strategies_and_chooses_one() {
     let precision: f64 = cell(&alone, 7).parse().unwrap();
     assert!(precision < 0.2, "keeping everything is imprecise: {table}");
     assert!(table.contains("Not measured: chunk-10"), "{table}");
+    // A proven strategy asks no oracle call, so no proxy can be cheaper:
+    // the proxy's run is not made.
+    assert!(
+        table.contains("Not measured: proxy `lex`: a proven candidate costs 0 oracle calls"),
+        "{table}"
+    );
+    assert!(!f.path("plans/1-lex").exists(), "{table}");
     let written = std::fs::read_to_string(&plan).expect("plan file");
     assert!(written.contains("strategy = \"micro\""), "{written}");
 
@@ -5525,6 +5532,123 @@ fn a_plan_measures_whole_run_strategies_and_chooses_one() {
     let mut found: Vec<u64> = f.answer_ids().iter().map(|i| i.parse().unwrap()).collect();
     found.sort_unstable();
     assert_eq!(found, (0..150).collect::<Vec<u64>>());
+}
+
+/// `fanfold plan` runs a whole-run strategy on the sample's first units
+/// before the rest, and stops it once even the rest decided right could
+/// not prove the target: a judge that misses most of what the labels call
+/// positive is asked about the first eighth of the sample, not all of it.
+/// A scoring rung alone, which calls no model, runs on the whole sample;
+/// and the rungs without the cascade leave out the scored stage only the
+/// cascade reached, rather than refuse it.
+#[test]
+fn a_plan_stops_a_strategy_that_cannot_meet_the_target_on_the_first_units() {
+    let f = cascade_fixture(
+        r#"{ proxy = "lex", target = "recall", at_least = 0.9, delta = 0.2, label_budget = 300, labels = "labels.jsonl" }"#,
+    );
+    // A scored map stage only the cascade reaches: a proxy the plan may
+    // choose, which the strategies, with no cascade, leave out.
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    let cheap = r#"[[stages]]
+name = "cheap"
+type = "map"
+version = 1
+rubric = "rubric.md"
+output_schema = "choice.schema.json"
+backend = "cheap"
+decode = "choice"
+decision = { pointer = "/decision", positive = ["yes"], negative = ["no"] }
+
+[backends.cheap]
+type = "scripted"
+script = "cheap.jq"
+
+[backends.default]"#;
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replacen("[backends.default]", cheap, 1),
+    )
+    .expect("spec");
+    std::fs::write(
+        f.path("choice.schema.json"),
+        r#"{"type": "object", "required": ["decision"], "additionalProperties": false, "properties": {"decision": {"enum": ["yes", "no"]}}}"#,
+    )
+    .expect("schema");
+    std::fs::write(
+        f.path("cheap.jq"),
+        r#"{decision: "no", _scores: {yes: 0.2, no: 0.8}}"#,
+    )
+    .expect("script");
+    // The labels call 850 records positive; the judge says yes to 150.
+    let labels: String = (0..1000)
+        .map(|i| {
+            let yes = i < 150 || i >= 300;
+            format!(
+                "{{\"id\": {i}, \"decision\": \"{}\"}}\n",
+                if yes { "yes" } else { "no" }
+            )
+        })
+        .collect();
+    std::fs::write(f.path("labels.jsonl"), labels).expect("labels");
+    let o = run(bin()
+        .arg("plan")
+        .arg(f.path("spec.toml"))
+        .arg("--store")
+        .arg(f.path("store.sqlite"))
+        .arg("--out")
+        .arg(f.path("plans"))
+        .arg("--write")
+        .arg(f.path("plan.toml"))
+        .env("FANFOLD_LOG", "error"));
+    let table = stdout(&o);
+    assert!(
+        matches!(o.status.code(), Some(0) | Some(3)),
+        "{table}{}",
+        stderr(&o)
+    );
+    // The union bound still covers every candidate: two proxies and three
+    // strategies.
+    assert!(
+        table.contains("5 candidates, each tested at delta 0.0400"),
+        "{table}"
+    );
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("| {name}")))
+            .unwrap_or_else(|| panic!("no row {name}: {table}"))
+            .to_owned()
+    };
+    let cell = |line: &str, n: usize| line.split('|').nth(n).unwrap().trim().to_owned();
+    for name in ["micro", "the spec's rungs, no cascade"] {
+        let r = row(name);
+        assert_eq!(cell(&r, 2), "no", "{table}");
+        // 38 of the 300 sampled records: the first eighth.
+        let judged: u64 = cell(&r, 9).parse().unwrap();
+        assert_eq!(judged, 38, "judged only the first units: {table}");
+    }
+    assert!(
+        table.contains("Not a candidate: stopped after the sample's first 38 units (38 of them decided as on the whole sample)"),
+        "{table}"
+    );
+    // The judge was asked about 38 records in all: the rungs' run reused
+    // micro's facts, and the proxies' labels come from the file.
+    let asked: u64 = std::fs::read_dir(f.path("plans/strategies"))
+        .expect("strategy runs")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("certificate.json").is_file())
+        .map(|e| {
+            let c: Value = serde_json::from_str(
+                &std::fs::read_to_string(e.path().join("certificate.json")).expect("certificate"),
+            )
+            .expect("json");
+            c["stats"]["model_calls"].as_u64().unwrap_or(0)
+        })
+        .sum();
+    assert_eq!(asked, 38, "{table}");
+    // The BM25 rung alone calls no model: it ran on the whole sample.
+    let alone = row("`lex` alone");
+    assert_eq!(cell(&alone, 5), "300", "{table}");
 }
 
 /// Sums, means, ratios, grouped rows and pairs are folded from per-unit

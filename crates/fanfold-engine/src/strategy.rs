@@ -89,6 +89,7 @@ pub fn apply(
             m.cascade = None;
         }
     }
+    drop_proxy_only_stages(&mut spec, &roles.judge);
     let judge = spec
         .stages
         .iter()
@@ -246,6 +247,52 @@ pub fn apply(
         }
     }
     Ok((spec, plan))
+}
+
+/// Drops the map stages other than `judge` that only a cascade reached
+/// (a scored stage declared as a proxy `fanfold plan` may choose): with
+/// the cascades gone no unit reaches them, and a plan refuses a stage no
+/// unit reaches. A stage the first one, a prefilter rule or another stage
+/// names is kept.
+fn drop_proxy_only_stages(spec: &mut Spec, judge: &str) {
+    fn names(value: &serde_json::Value, name: &str) -> bool {
+        match value {
+            serde_json::Value::String(s) => s == name,
+            serde_json::Value::Array(a) => a.iter().any(|v| names(v, name)),
+            serde_json::Value::Object(o) => o.values().any(|v| names(v, name)),
+            _ => false,
+        }
+    }
+    let first = spec.stages.first().map(|s| s.name().to_owned());
+    let routed = |name: &str| {
+        spec.prefilter
+            .iter()
+            .any(|r| r.stage.as_deref() == Some(name))
+    };
+    let named_by_another = |name: &str| {
+        spec.stages.iter().filter(|s| s.name() != name).any(|s| {
+            serde_json::to_value(s)
+                .map(|v| names(&v, name))
+                .unwrap_or(true)
+        })
+    };
+    let unreached: Vec<String> = spec
+        .stages
+        .iter()
+        .filter_map(|s| match s {
+            StageSpec::Map(m)
+                if m.name != judge
+                    && first.as_deref() != Some(m.name.as_str())
+                    && !routed(&m.name)
+                    && !named_by_another(&m.name) =>
+            {
+                Some(m.name.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    spec.stages
+        .retain(|s| !unreached.iter().any(|n| n == s.name()));
 }
 
 /// Keeps only the scoring rung `rung` (passing nothing on), whose

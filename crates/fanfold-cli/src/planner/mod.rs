@@ -88,12 +88,16 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from(".fanfold/plans").join(&base.spec.name));
-    let mut measured = Vec::new();
-    for (n, choice) in choices.into_iter().enumerate() {
-        measured.push(measure_proxy(&args, &base, &stage, &out, n, choice)?);
-    }
+    // The strategies are measured first: with a person as the oracle, a
+    // proven one asks no oracle call, which no proxy's proof can match. A
+    // candidate is measured only while it could still be chosen: once one
+    // is proven, a candidate that must cost more is not run (it stays in
+    // the union bound, so the delta is the same as with every one run).
+    let mut cheapest: Option<(f64, f64)> = None;
+    let mut pruned: Vec<String> = Vec::new();
     let mut runs = Vec::new();
     let mut sampled = None;
+    let mut skipped = skipped;
     if !whole_runs.is_empty() {
         let set = strategies::Setting {
             base: &base,
@@ -108,10 +112,61 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
         eprintln!("labelling a sample of {} units ...", declared.label_budget);
         let sample = strategies::sample(&set)?;
         for choice in whole_runs {
+            let least = strategy_cost(
+                strategies::least_model_calls(&choice, sample.ids.len()),
+                oracle_is_backend,
+            );
+            if let Some(best) = cheapest.filter(|b| costlier(least, *b)) {
+                skipped.push(format!(
+                    "{}: a proven candidate costs {}, less than it could",
+                    strategies::describe(&choice),
+                    cost_text(best, oracle_is_backend)
+                ));
+                continue;
+            }
+            // One context holds the population for `long`; records that
+            // already fill more than a window in a chunk strategy's run on
+            // the sample cannot fit it, so it is no candidate.
+            if choice.strategy == "long"
+                && let Some(full) = runs
+                    .iter()
+                    .find(|r: &&strategies::Measured| r.overflows_window)
+            {
+                skipped.push(format!(
+                    "long: the sampled records {} ran on needed more than one window of {} tokens, so the population's cannot fit the one context it holds",
+                    full.name(),
+                    fanfold_engine::strategy::WINDOW_TOKENS
+                ));
+                continue;
+            }
             eprintln!("measuring strategy {} ...", choice.strategy);
-            runs.push(strategies::measure(&set, &sample, choice, split)?);
+            let r = strategies::measure(&set, &sample, choice, split)?;
+            if r.meets {
+                keep_cheapest(
+                    &mut cheapest,
+                    strategy_cost(r.model_calls(), oracle_is_backend),
+                );
+            }
+            runs.push(r);
         }
         sampled = Some(sample);
+    }
+    let mut measured = Vec::new();
+    for (n, choice) in choices.into_iter().enumerate() {
+        // A proof needs labels, and every label is an oracle call.
+        if let Some(best) = cheapest.filter(|b| costlier((1.0, 0.0), *b)) {
+            pruned.push(format!(
+                "{}: a proven candidate costs {}, and a proxy's proof asks the oracle at least once",
+                describe(&choice),
+                cost_text(best, oracle_is_backend)
+            ));
+            continue;
+        }
+        let m = measure_proxy(&args, &base, &stage, &out, n, choice)?;
+        if m.report.met && m.report.proxy_decided > 0 {
+            keep_cheapest(&mut cheapest, (m.report.oracle_calls as f64, 0.0));
+        }
+        measured.push(m);
     }
     // Cheapest first by the oracle's calls (a person's label costs more
     // than any model call), then by model calls; with the stage's backend
@@ -156,6 +211,9 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
         _ => None,
     };
     print!("{}", table(&stage, &declared, &measured, proxy_chosen, k));
+    if !pruned.is_empty() {
+        println!("\nNot measured: {}.", pruned.join("; "));
+    }
     if let Some(sample) = &sampled {
         let strategy_chosen = match chosen {
             Some(Choice::Strategy(i)) => Some(i),
@@ -216,6 +274,38 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A candidate's cost as the plan orders them: the oracle's calls, then
+/// the model's; with the stage's backend as the oracle, both are model
+/// calls and are added.
+fn strategy_cost(model_calls: f64, oracle_is_backend: bool) -> (f64, f64) {
+    if oracle_is_backend {
+        (model_calls, 0.0)
+    } else {
+        (0.0, model_calls)
+    }
+}
+
+/// Whether cost `a` is more than cost `b`: a candidate that must cost
+/// more than a proven one can never be the cheapest (equal costs keep
+/// the order of the table, so they are measured).
+fn costlier(a: (f64, f64), b: (f64, f64)) -> bool {
+    a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)) == std::cmp::Ordering::Greater
+}
+
+fn keep_cheapest(cheapest: &mut Option<(f64, f64)>, cost: (f64, f64)) {
+    if cheapest.is_none_or(|c| costlier(c, cost)) {
+        *cheapest = Some(cost);
+    }
+}
+
+fn cost_text(cost: (f64, f64), oracle_is_backend: bool) -> String {
+    if oracle_is_backend {
+        format!("{:.0} model calls", cost.0)
+    } else {
+        format!("{:.0} oracle calls and {:.0} model calls", cost.0, cost.1)
+    }
+}
+
 /// A candidate, by its index among the proxies or the strategies.
 #[derive(Clone, Copy)]
 enum Choice {
@@ -251,10 +341,17 @@ fn measure_proxy(
     opts.max_unit_bytes = args.input.max_unit_bytes;
     opts.out_dir = Some(out.join(format!("{}-{}", n + 1, label(&choice))));
     eprintln!("measuring {} ...", describe(&choice));
+    let what = describe(&choice);
+    let _span = tracing::info_span!("proxy candidate", candidate = %what).entered();
     let started = Instant::now();
     let report = fanfold_engine::run(&plan, &opts, &NoProgress)
         .with_context(|| format!("the run with {}", describe(&choice)))?;
     let wall_secs = started.elapsed().as_secs_f64();
+    tracing::info!(
+        wall_secs,
+        model_calls = report.certificate.stats.model_calls,
+        "proxy candidate measured"
+    );
     let cascade = report
         .certificate
         .stats
@@ -384,6 +481,10 @@ fn table(
         declared.delta / k as f64,
         declared.delta
     );
+    if measured.is_empty() {
+        let _ = writeln!(out, "No proxy was measured.");
+        return out;
+    }
     let without = measured.first().map_or(0, |m| m.report.calls_without);
     let _ = writeln!(
         out,

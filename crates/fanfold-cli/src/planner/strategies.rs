@@ -86,6 +86,27 @@ pub(super) fn candidates(
     (out, skipped)
 }
 
+/// The fewest model calls `choice` could be measured at, before it runs:
+/// a scoring rung alone calls no model, and the spec's rungs may pass no
+/// unit on; every other strategy judges each sampled unit in some
+/// context, at least one call, scaled up to the population.
+pub(super) fn least_model_calls(choice: &StrategyChoice, sampled: usize) -> f64 {
+    match choice.strategy.as_str() {
+        _ if sampled == 0 => 0.0,
+        "embed" | "adaptive" => 0.0,
+        _ => 1.0,
+    }
+}
+
+/// A strategy as the table names it.
+pub(super) fn describe(choice: &StrategyChoice) -> String {
+    match &choice.rung {
+        Some(r) => format!("`{r}` alone"),
+        None if choice.strategy == "adaptive" => "the spec's rungs, no cascade".to_owned(),
+        None => choice.strategy.clone(),
+    }
+}
+
 /// Whether the cascade's oracle is the stage's own backend.
 pub(super) fn oracle_is_backend(declared: &CascadeSpec) -> bool {
     declared.labels.is_none() && declared.oracle == CascadeOracle::Backend
@@ -107,6 +128,9 @@ pub(super) struct Measured {
     pub wall_secs: f64,
     /// The population over the sample run's units.
     pub scale: f64,
+    /// A chunk strategy needed a second context for no more units than
+    /// its size: the records it ran on fill more than one window.
+    pub overflows_window: bool,
 }
 
 impl Measured {
@@ -123,11 +147,7 @@ impl Measured {
     }
 
     pub fn name(&self) -> String {
-        match &self.choice.rung {
-            Some(r) => format!("`{r}` alone"),
-            None if self.choice.strategy == "adaptive" => "the spec's rungs, no cascade".to_owned(),
-            None => self.choice.strategy.clone(),
-        }
+        describe(&self.choice)
     }
 }
 
@@ -354,7 +374,7 @@ fn label(set: &Setting<'_>, sample: &mut Sample) -> Result<()> {
         }
         return Ok(());
     }
-    let (report, _) = run_on_sample(set, sample, "micro", None, "oracle")?;
+    let (report, _) = run_on_sample(set, sample, &sample.file, "micro", None, "oracle")?;
     sample.oracle_calls = report.certificate.stats.model_calls;
     let decided = decisions(&report, set.stage);
     for id in &sample.ids {
@@ -382,11 +402,12 @@ fn decisions<'r>(report: &'r RunReport, stage: &str) -> HashMap<&'r str, bool> {
         .collect()
 }
 
-/// Runs `strategy` on the sample's records alone: the report and the wall
-/// time.
+/// Runs `strategy` on the records of `file` (the sample, or its first
+/// units) alone: the report and the wall time.
 fn run_on_sample(
     set: &Setting<'_>,
     sample: &Sample,
+    file: &Path,
     strategy: &str,
     rung: Option<&str>,
     dir: &str,
@@ -398,17 +419,125 @@ fn run_on_sample(
     spec.input.command = None;
     let plan = Plan::from_spec(spec, &set.base.spec_path, &set.base.spec_dir)?;
     let mut opts = RunOptions::new(set.store.clone());
-    opts.source = Some(Source::File(sample.file.clone()));
+    opts.source = Some(Source::File(file.to_path_buf()));
     opts.slots = set.slots;
     opts.max_unit_bytes = set.max_unit_bytes;
     opts.out_dir = Some(set.out.join(dir));
+    let _span =
+        tracing::info_span!("strategy run", strategy, rung, units = %file.display()).entered();
     let started = Instant::now();
     let report = fanfold_engine::run(&plan, &opts, &NoProgress)
         .with_context(|| format!("the run of strategy {strategy} on the sample"))?;
-    Ok((report, started.elapsed().as_secs_f64()))
+    let wall = started.elapsed().as_secs_f64();
+    tracing::info!(
+        wall_secs = wall,
+        model_calls = report.certificate.stats.model_calls,
+        "strategy run finished"
+    );
+    Ok((report, wall))
 }
 
-/// Runs and scores one strategy on the sample, its bounds at `delta`.
+/// How many of the sample's first units a strategy is run on, in turn,
+/// until its verdict is known: a strategy that cannot prove the target on
+/// them, even were every other sampled unit decided right, cannot prove it
+/// on the whole sample, so it is not run on the rest. A prefix of the
+/// seeded order is itself a uniform sample, and a unit judged alone is
+/// judged the same whatever follows it, so its facts serve the next
+/// prefix. A context of many units is the whole run's only once the stage
+/// closed it by its own rule: a prefix one unit past `k` closes the first
+/// context of `chunk-k`, and one whose records fill more than a window
+/// closes it by the window. The scoring rungs alone call no model and
+/// `long` is one context: both are run on the whole sample at once.
+fn prefixes(choice: &StrategyChoice, n: usize) -> Vec<usize> {
+    let strategy = choice.strategy.as_str();
+    let mut sizes = match strategy.strip_prefix("chunk-").map(str::parse::<usize>) {
+        Some(Ok(k)) => vec![k + 1, 4 * k + 1, n.div_ceil(2)],
+        Some(Err(_)) => Vec::new(),
+        None if matches!(strategy, "micro" | "adaptive") => {
+            vec![n.div_ceil(8), n.div_ceil(4), n.div_ceil(2)]
+        }
+        None => Vec::new(),
+    };
+    sizes.retain(|&m| m >= 1 && m < n);
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes.push(n);
+    sizes
+}
+
+/// The sampled ids a run on the first `m` of them decided as the whole
+/// sample's run would: every one for a strategy of one context a unit;
+/// for contexts of many units, all but those of the prefix's last
+/// context, unless that context is full (`k` units: the stage's own rule
+/// closed it) or the prefix is the whole sample.
+fn settled<'s>(
+    report: &RunReport,
+    judge: &str,
+    choice: &StrategyChoice,
+    ids: &'s [String],
+    whole: bool,
+) -> Vec<&'s str> {
+    let size = choice
+        .strategy
+        .strip_prefix("chunk-")
+        .and_then(|k| k.parse::<usize>().ok());
+    let all = ids.iter().map(String::as_str);
+    let Some(k) = size.filter(|_| !whole) else {
+        return all.collect();
+    };
+    let context: HashMap<&str, &str> = report
+        .facts
+        .iter()
+        .filter(|f| f.stage == judge)
+        .filter_map(|f| {
+            Some((
+                f.source_ids.first()?.as_str(),
+                f.facts.get("context")?.as_str()?,
+            ))
+        })
+        .collect();
+    let last = ids
+        .iter()
+        .rev()
+        .find_map(|id| context.get(id.as_str()).copied());
+    let open = last.filter(|c| context.values().filter(|v| *v == c).count() < k);
+    all.filter(|id| open.is_none() || context.get(id) != open.as_ref())
+        .collect()
+}
+
+/// A strategy's counts over the units it decided, and over the whole
+/// sample were every other sampled unit decided as its label says.
+fn counts_of(sample: &Sample, answer: &BTreeSet<&str>, decided: &[&str]) -> (Counts, Counts) {
+    let decided: BTreeSet<&str> = decided.iter().copied().collect();
+    let mut measured = Counts::default();
+    let mut best = Counts::default();
+    for id in &sample.ids {
+        let label = sample.labels.get(id).copied().flatten();
+        if !decided.contains(id.as_str()) {
+            match label {
+                None => best.unlabelled += 1,
+                Some(true) => best.tp += 1,
+                Some(false) => best.tn += 1,
+            }
+            continue;
+        }
+        let kept = answer.contains(id.as_str());
+        for c in [&mut measured, &mut best] {
+            match (label, kept) {
+                (None, _) => c.unlabelled += 1,
+                (Some(true), true) => c.tp += 1,
+                (Some(true), false) => c.fn_ += 1,
+                (Some(false), true) => c.fp += 1,
+                (Some(false), false) => c.tn += 1,
+            }
+        }
+    }
+    (measured, best)
+}
+
+/// Runs and scores one strategy on the sample, its bounds at `delta`:
+/// on the sample's first units, then on more, until its verdict is known
+/// ([`prefixes`]).
 pub(super) fn measure(
     set: &Setting<'_>,
     sample: &Sample,
@@ -424,35 +553,80 @@ pub(super) fn measure(
             .map(|r| format!("-{r}"))
             .unwrap_or_default()
     );
-    let (report, wall_secs) =
-        run_on_sample(set, sample, &choice.strategy, choice.rung.as_deref(), &dir)?;
+    let n = sample.ids.len();
+    let records = std::fs::read_to_string(&sample.file)
+        .with_context(|| format!("reading {}", sample.file.display()))?;
+    let mut wall_secs = 0.0;
+    let mut run = None;
+    for m in prefixes(&choice, n) {
+        let whole = m >= n;
+        let file = if whole {
+            sample.file.clone()
+        } else {
+            let file = set.out.join(format!("sample-first-{m}.jsonl"));
+            let text: String = records.lines().take(m).map(|l| format!("{l}\n")).collect();
+            std::fs::write(&file, text).with_context(|| format!("writing {}", file.display()))?;
+            file
+        };
+        let (report, wall) = run_on_sample(
+            set,
+            sample,
+            &file,
+            &choice.strategy,
+            choice.rung.as_deref(),
+            &dir,
+        )?;
+        wall_secs += wall;
+        let ids = sample.ids.get(..m).unwrap_or(&sample.ids);
+        let answer: BTreeSet<&str> = report
+            .answer
+            .items
+            .iter()
+            .map(|i| i.unit_id.0.as_str())
+            .collect();
+        let decided = settled(&report, set.stage, &choice, ids, whole);
+        let (measured, best) = counts_of(sample, &answer, &decided);
+        let best_bounds = bounds(&best, sample.population, delta);
+        let hopeless = !proves(&best_bounds, set.declared.target, set.declared.at_least);
+        let decided_n = decided.len();
+        drop(answer);
+        drop(decided);
+        if whole || hopeless {
+            let stopped = (!whole).then_some((m, decided_n, best_bounds));
+            run = Some((report, measured, stopped, m));
+            break;
+        }
+    }
+    let (report, counts, stopped, covered) =
+        run.ok_or_else(|| anyhow!("strategy {} ran on no unit", choice.strategy))?;
     let roles =
         Roles::of(&set.base.spec, set.stage, choice.rung.as_deref()).map_err(|e| anyhow!(e))?;
     let (_, what) = strategy::apply(&set.base.spec, &roles, &choice.strategy, None, None)
         .map_err(|e| anyhow!(e))?;
-    let answer: BTreeSet<&str> = report
-        .answer
-        .items
+    let size = choice
+        .strategy
+        .strip_prefix("chunk-")
+        .and_then(|k| k.parse::<usize>().ok());
+    let contexts: BTreeSet<&str> = report
+        .facts
         .iter()
-        .map(|i| i.unit_id.0.as_str())
+        .filter(|f| f.stage == set.stage)
+        .filter_map(|f| f.facts.get("context")?.as_str())
         .collect();
-    let mut counts = Counts::default();
-    for id in &sample.ids {
-        let kept = answer.contains(id.as_str());
-        match (sample.labels.get(id).copied().flatten(), kept) {
-            (None, _) => counts.unlabelled += 1,
-            (Some(true), true) => counts.tp += 1,
-            (Some(true), false) => counts.fn_ += 1,
-            (Some(false), true) => counts.fp += 1,
-            (Some(false), false) => counts.tn += 1,
-        }
-    }
+    let overflows_window = size.is_some_and(|k| covered <= k) && contexts.len() >= 2;
     let c = &report.certificate;
-    let bounds = bounds(&counts, sample.population, delta);
+    // Stopped early, the bounds shown are the most the whole sample could
+    // prove: every unit not yet decided counted as decided right.
+    let bounds = match stopped {
+        Some((_, _, best)) => best,
+        None => bounds(&counts, sample.population, delta),
+    };
     // One context a unit costs one call a distinct view; contexts of
-    // many units, one a share of the units.
-    let scale = match (choice.strategy.as_str(), sample.views) {
-        ("micro" | "adaptive", Some((all, drawn))) => all as f64 / drawn.max(1) as f64,
+    // many units, one a share of the units. Stopped early, the run's cost
+    // is scaled by the units it covered.
+    let scale = match (choice.strategy.as_str(), sample.views, stopped) {
+        (_, _, Some((m, _, _))) => sample.population as f64 / m.max(1) as f64,
+        ("micro" | "adaptive", Some((all, drawn)), None) => all as f64 / drawn.max(1) as f64,
         _ => sample.population as f64 / sample.ids.len().max(1) as f64,
     };
     // What the strategy costs from an empty store: every fact keeps the
@@ -476,13 +650,20 @@ pub(super) fn measure(
         what,
         counts,
         estimate: counts.of(set.declared.target),
-        meets: proves(&bounds, set.declared.target, set.declared.at_least),
+        meets: stopped.is_none() && proves(&bounds, set.declared.target, set.declared.at_least),
         bounds,
-        note: None,
+        note: stopped.map(|(m, decided, _)| {
+            format!(
+                "stopped after the sample's first {m} units ({decided} of them decided as on the whole sample): even with every other sampled unit decided right, its bounds stay below {} ≥ {}",
+                metric_name(set.declared.target),
+                set.declared.at_least
+            )
+        }),
         sample_calls: cost.calls,
         sample_tokens,
         wall_secs,
         scale,
+        overflows_window,
     };
     if m.choice.strategy == "long" {
         let payload = cost.prompt_tokens as f64 * scale;
