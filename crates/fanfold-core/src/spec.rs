@@ -851,13 +851,6 @@ pub struct CascadeSpec {
     /// The proxy's own decision boundary, for an accuracy target: a score
     /// at or above it is positive. Defaults to the middle of the scores.
     pub cut: Option<f64>,
-    /// Set by `fanfold plan`, never by a spec: prove, but leave what the
-    /// proof leaves to the backend oracle unjudged, since measuring a
-    /// candidate needs only its labels.
-    #[serde(skip)]
-    pub measure_only: bool,
-}
-
     /// A lower level of the target's metric the user accepts when the
     /// labels within `label_budget` do not prove `at_least` for as bold a
     /// plan (the frontier answer.md shows says what they do prove). The
@@ -871,6 +864,13 @@ pub struct CascadeSpec {
     /// command line, which the answer says.
     #[serde(skip)]
     pub accept_from_command_line: bool,
+    /// Set by `fanfold plan`, never by a spec: prove, but leave what the
+    /// proof leaves to the backend oracle unjudged, since measuring a
+    /// candidate needs only its labels.
+    #[serde(skip)]
+    pub measure_only: bool,
+}
+
 /// The `proxy` of a cascade that trains its own classifier.
 pub const TRAINED_PROXY: &str = "trained";
 
