@@ -378,7 +378,8 @@ pub fn label_draws(
     let want = config.label_budget.min(distinct);
     let most = max_draws(config.label_budget);
     let first = first_round(config.label_budget);
-    let mut seen = std::collections::HashSet::new();
+    // Each key drawn, and the first unit drawn with it.
+    let mut seen: HashMap<u64, usize> = HashMap::new();
     let mut out = Vec::new();
     let mut draws = Vec::new();
     for _ in 0..most {
@@ -389,7 +390,14 @@ pub fn label_draws(
             if out.iter().any(|&i| known(i).is_none()) {
                 break;
             }
-            if let Some(rare) = later_proposal(config, scores, &epochs, &draws, known) {
+            // A unit's label is its key's, asked of the first unit drawn
+            // with that key, as the cascade asks it.
+            let by_key = |i: usize| {
+                keys.get(i)
+                    .and_then(|k| seen.get(k))
+                    .and_then(|&p| known(p))
+            };
+            if let Some(rare) = later_proposal(config, scores, &epochs, &draws, by_key) {
                 arrivals.retarget(rare.probabilities);
             }
         }
@@ -398,8 +406,9 @@ pub fn label_draws(
         };
         draws.push(Draw { unit, epoch: 0 });
         if let Some(&key) = keys.get(unit)
-            && seen.insert(key)
+            && !seen.contains_key(&key)
         {
+            seen.insert(key, unit);
             out.push(unit);
         }
     }
@@ -1813,8 +1822,10 @@ mod tests {
         // The later rounds' draws depend on the first round's labels:
         // until those are known, only the first round is listed; once
         // known, the list is what the cascade asks, in order.
+        // Units share keys, as units with the same view do: a key's label
+        // is the first of its units asked.
         let (scores, truth) = synthetic_population(3, 5000, 0.03, separation_for_auc(0.87));
-        let keys: Vec<u64> = (0..5000).collect();
+        let keys: Vec<u64> = (0..5000).map(|k| k % 3000).collect();
         let target = Target {
             metric: Metric::Recall,
             at_least: 0.9,
