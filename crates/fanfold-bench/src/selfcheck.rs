@@ -28,6 +28,27 @@ const BACKEND: &str = "scripted";
 const TARGET_PRECISION: f64 = 0.95;
 const TARGET_RECALL: f64 = 0.70;
 
+/// The example's form in which the model decides every unit it reads:
+/// the accounting checks measure a deciding worker. `spec.toml` decides
+/// membership by a cascade over labels instead, checked by
+/// `cascade_guarantee` and `main_job_proven`.
+const JUDGED_SPEC: &str = "judged.toml";
+
+/// The cascade check's synthetic populations: this many units, this share
+/// positive, a proxy of this area under the ROC curve, and this many
+/// seeded trials of the example's own target (recall ≥ 0.9 at δ = 0.1)
+/// and label budget.
+const CASCADE_UNITS: usize = 2_000;
+const CASCADE_PREVALENCE: f64 = 0.1;
+const CASCADE_AUC: f64 = 0.9;
+const CASCADE_TRIALS: u64 = 5;
+const CASCADE_LABELS: usize = 400;
+/// The least share of units the proxy must be proven to decide in every
+/// trial. Measured over seeds 1..=5 of this population (a proxy of AUC
+/// 0.9, 400 labels): between 24.8 % and 49.1 %; the floor leaves room
+/// below the least, so only a cascade that proves markedly less fails it.
+const CASCADE_SAVING_FLOOR: f64 = 0.20;
+
 #[derive(Serialize)]
 struct Check {
     name: &'static str,
@@ -61,7 +82,7 @@ struct Ctx {
 
 impl Ctx {
     fn plan(&self) -> Result<Plan> {
-        Ok(scripted_plan(&self.example.join("spec.toml"))?)
+        Ok(scripted_plan(&self.example.join(JUDGED_SPEC))?)
     }
 
     fn store(&self, name: &str) -> PathBuf {
@@ -359,7 +380,7 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
         "\nBe strict about the release: a P1 without a blocker statement is not a blocker.\n",
     );
     std::fs::write(&rubric, text)?;
-    let mut plan_b = scripted_plan(&copy.join("spec.toml"))?;
+    let mut plan_b = scripted_plan(&copy.join(JUDGED_SPEC))?;
     set_backend(&mut plan_b, Vec::new(), 0);
     let rubric_run = ctx.run(&plan_b, &store_a, None, None)?;
     let s4 = &rubric_run.certificate.stats;
@@ -650,6 +671,8 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
         ),
     });
 
+    checks.push(cascade_guarantee()?);
+    checks.push(main_job_proven(&mut ctx, &oracle)?);
     checks.push(select_allowlist(&mut ctx, &example, &issues)?);
     checks.push(coarse_rungs(&ctx, &example, &truth)?);
     checks.push(cluster_invalidation(&mut ctx, &example, &issues)?);
@@ -703,7 +726,7 @@ pub fn main(example: Option<PathBuf>, json: bool) -> Result<ExitCode> {
 /// window cannot hold `not_run`, with the answer incomplete, never
 /// negative.
 fn coarse_rungs(ctx: &Ctx, example: &Path, blockers: &BTreeSet<String>) -> Result<Check> {
-    let spec_path = example.join("spec.toml");
+    let spec_path = example.join(JUDGED_SPEC);
     let text = std::fs::read_to_string(&spec_path)
         .with_context(|| format!("reading {}", spec_path.display()))?;
     let base = fanfold_core::spec::Spec::from_toml(&text)
@@ -1011,7 +1034,7 @@ fn canary_drill(
             lines.push('\n');
         }
         std::fs::write(dir.join("canaries.jsonl"), lines)?;
-        let spec_path = dir.join("spec.toml");
+        let spec_path = dir.join(JUDGED_SPEC);
         let spec = std::fs::read_to_string(&spec_path)?.replacen(
             "rubric = \"rubric.md\"\n",
             &format!(
@@ -1046,7 +1069,7 @@ fn select_allowlist(ctx: &mut Ctx, example: &Path, issues: &[Value]) -> Result<C
             std::fs::copy(entry.path(), dir.join(entry.file_name()))?;
         }
     }
-    let spec_path = dir.join("spec.toml");
+    let spec_path = dir.join(JUDGED_SPEC);
     let spec = std::fs::read_to_string(&spec_path)?;
     let select = r#"[[stages]]
 name = "route"
@@ -1165,6 +1188,107 @@ backend = "router"
             planted.len(),
             hijacked,
             catalog.join(", ")
+        ),
+    })
+}
+
+/// The cascade's guarantee and saving on synthetic populations whose
+/// truth is known: each trial runs `cascade::run` with the truth as its
+/// labels, and must meet the target on the whole answer and prove the
+/// proxy decides at least [`CASCADE_SAVING_FLOOR`] of the units.
+fn cascade_guarantee() -> Result<Check> {
+    use fanfold_ops::cascade::{self, Config, Metric, Target};
+    let target = Target {
+        metric: Metric::Recall,
+        at_least: 0.9,
+        delta: 0.1,
+    };
+    let separation = cascade::separation_for_auc(CASCADE_AUC);
+    let mut ok = true;
+    let mut trials = Vec::new();
+    for seed in 1..=CASCADE_TRIALS {
+        let (scores, truth) =
+            cascade::synthetic_population(seed, CASCADE_UNITS, CASCADE_PREVALENCE, separation);
+        let keys: Vec<u64> = (0..scores.len() as u64).collect();
+        let config = Config::new(target, CASCADE_LABELS, seed);
+        let mut labels = |i: usize| truth.get(i).copied();
+        let outcome = cascade::run(&config, &scores, &keys, &mut labels)?;
+        let realized = outcome.realized(&truth);
+        let saving = outcome.proxy_decided as f64 / scores.len() as f64;
+        ok &= realized >= target.at_least && saving >= CASCADE_SAVING_FLOOR;
+        trials.push(format!(
+            "seed {seed}: recall {realized:.3}, proven ≥ {:.3}, proxy decided {:.1} %, {} labels",
+            outcome.lower_bound,
+            100.0 * saving,
+            outcome.oracle_calls()
+        ));
+    }
+    Ok(Check {
+        name: "cascade_guarantee",
+        ok,
+        simulated: false,
+        figure: format!(
+            "{CASCADE_TRIALS} synthetic populations of {CASCADE_UNITS} units ({:.0} % positive, proxy AUC {CASCADE_AUC}), recall ≥ 0.9 with probability ≥ 0.9, {CASCADE_LABELS} labels from the truth: {}; floor on the proven saving {:.0} %, set below the measured least",
+            100.0 * CASCADE_PREVALENCE,
+            trials.join("; "),
+            100.0 * CASCADE_SAVING_FLOOR
+        ),
+    })
+}
+
+/// The main job's spec on the scripted backend: its cascade decides
+/// membership from the fixture's truth labels, so the answer meets its
+/// recall target against the fixture's oracle, and answer.md opens with
+/// the proven quality and the saving.
+fn main_job_proven(ctx: &mut Ctx, oracle: &fanfold_fixtures::issues::Oracle) -> Result<Check> {
+    use fanfold_engine::stages::map_cascade::{CascadeReport, REPORT};
+    let plan = scripted_plan(&ctx.example.join("spec.toml"))?;
+    let store = ctx.store("main-job");
+    let run = ctx.run(&plan, &store, None, None)?;
+    let reports = run.certificate.stats.reports.all::<CascadeReport>(REPORT);
+    let truth: BTreeSet<String> = oracle.blocker_ids.iter().map(u64::to_string).collect();
+    let found = run
+        .answer
+        .items
+        .iter()
+        .filter(|i| truth.contains(&i.unit_id.0))
+        .count();
+    let recall = if truth.is_empty() {
+        1.0
+    } else {
+        found as f64 / truth.len() as f64
+    };
+    let md = fanfold_engine::output::markdown(&run);
+    let opening: Vec<&str> = md
+        .lines()
+        .skip(1)
+        .filter(|l| !l.is_empty())
+        .take(3)
+        .collect();
+    let opens_proven = opening
+        .first()
+        .is_some_and(|l| l.starts_with("> **Proven quality:**"))
+        && opening.iter().any(|l| l.starts_with("> **Saving:**"));
+    let met = !reports.is_empty() && reports.values().all(|r| r.met);
+    Ok(Check {
+        name: "main_job_proven",
+        ok: met && opens_proven && recall >= 0.9,
+        simulated: false,
+        figure: format!(
+            "spec.toml: {}; recall against the fixture's oracle {recall:.3} ({found} of {}); answer.md opens with the proven quality: {opens_proven}",
+            reports
+                .iter()
+                .map(|(stage, r)| format!(
+                    "`{stage}` {} {}, proxy decided {} of {} units, {} labels",
+                    r.target,
+                    if r.met { "holds" } else { "is UNMET" },
+                    r.proxy_decided,
+                    r.units,
+                    r.oracle_calls
+                ))
+                .collect::<Vec<_>>()
+                .join("; "),
+            truth.len()
         ),
     })
 }

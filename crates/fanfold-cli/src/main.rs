@@ -1018,6 +1018,16 @@ fn run(args: RunArgs) -> Result<ExitCode> {
             "\nwrote {}/answer.json, answer.md, facts.jsonl, certificate.json{selections}",
             out.display()
         );
+        // What was proven of the answer, and what that saved, last: where
+        // the terminal leaves the reader.
+        let proven = fanfold_engine::output::proven_quality(&report);
+        if proven.is_empty() {
+            println!("quality: unmeasured (no stage declares a quality target)");
+        }
+        for p in &proven {
+            let head = if p.met { "proven quality" } else { "quality" };
+            println!("{head}: {}\nsaving: {}", p.quality, p.saving);
+        }
     }
     let code = report.exit_code();
     if !report.certificate.verify.passed {

@@ -227,6 +227,79 @@ fn explain_snapshot() {
     insta::assert_snapshot!("explain_issue_triage", stdout(&o));
 }
 
+/// The main job's answer opens with what was proven of it: the cascade's
+/// recall target, met from the fixture's truth labels standing in for a
+/// person, and what the proxy saved, in the certificate's own figures; the
+/// run says both again last on the terminal.
+#[test]
+fn main_job_answer_opens_with_its_proven_quality() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = run(bin()
+        .current_dir(repo())
+        .args([
+            "run",
+            "examples/issue-triage/spec.toml",
+            "--backend",
+            "scripted",
+            "--slots",
+            "2",
+        ])
+        .arg("--store")
+        .arg(dir.path().join("s.sqlite"))
+        .arg("--out")
+        .arg(dir.path().join("out")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let certificate: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("out/certificate.json")).expect("certificate"),
+    )
+    .expect("json");
+    let r = &certificate["stats"]["cascades"]["release_blocker"];
+    assert_eq!(r["met"], true, "{r}");
+    let number = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
+    let (decided, units, asked) = (
+        number("proxy_decided"),
+        number("units"),
+        number("oracle_calls"),
+    );
+    assert!(units > 0 && asked <= units, "{r}");
+    let md = std::fs::read_to_string(dir.path().join("out/answer.md")).expect("md");
+    let opening: Vec<&str> = md
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(4)
+        .collect();
+    assert!(opening[0].starts_with("# Which open issues"), "{md}");
+    assert!(
+        opening[1].starts_with(
+            "> **Proven quality:** stage release\\_blocker: recall ≥ 0.9 with probability ≥ 0.9 holds;"
+        ),
+        "{md}"
+    );
+    let saving = format!(
+        "> **Saving:** the proxy \\`auth\\_similarity\\` decided {decided} of {units} units ({:.1} %); {asked} labels asked",
+        100.0 * decided as f64 / units as f64
+    );
+    assert!(opening[3].starts_with(&saving), "{saving}\n{md}");
+    assert!(
+        opening[3]
+            .ends_with("the labels in \\`labels.fixture-truth.jsonl\\` stand in for a person's"),
+        "{md}"
+    );
+    // Last on the terminal, where the run leaves the reader.
+    let out = stdout(&o);
+    let last: Vec<&str> = out.lines().rev().take(2).collect();
+    assert!(
+        last[1].starts_with("proven quality: stage release_blocker: recall ≥ 0.9"),
+        "{out}"
+    );
+    assert!(
+        last[0].starts_with(&format!(
+            "saving: the proxy `auth_similarity` decided {decided} of {units} units"
+        )),
+        "{out}"
+    );
+}
+
 #[test]
 fn run_writes_cited_outputs_labelled_simulated() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -264,6 +337,7 @@ fn run_writes_cited_outputs_labelled_simulated() {
             "source",
             "route",
             "embed:auth_similarity",
+            "map:release_blocker",
             "map:auth_blocker",
             "audit:second_look",
             "fold",
@@ -274,7 +348,7 @@ fn run_writes_cited_outputs_labelled_simulated() {
     // The audit sampled every rung it names, and its verdicts stay out of
     // the facts below.
     let audit = &lines[1]["data"]["stats"]["audits"]["second_look"]["rungs"];
-    for rung in ["prefilter", "auth_similarity", "auth_blocker"] {
+    for rung in ["prefilter", "auth_similarity", "release_blocker"] {
         assert!(
             audit[rung]["sampled"].as_u64().is_some_and(|n| n > 0),
             "{audit}"
@@ -285,19 +359,24 @@ fn run_writes_cited_outputs_labelled_simulated() {
     assert!(md.contains("[SIMULATED]"));
     assert!(md.contains("https://github.com/acme-corp/widget/issues/"));
     let facts = std::fs::read_to_string(dir.path().join("out/facts.jsonl")).expect("facts");
-    // One final fact per kept unit: the embed stage's for those it
-    // dropped, the scripted judge's for the rest.
+    // One deciding fact per kept unit: the embed stage's for those it
+    // dropped, the cascade's for the rest; and the scripted judge's for
+    // each positive the cascade passed on for its cause.
     let kept = lines[1]["data"]["routed_by_stage"]["auth_similarity"]
         .as_u64()
         .expect("kept");
-    assert_eq!(facts.lines().count() as u64, kept);
-    let mut judged = 0;
+    let (mut judged, mut decided, mut positives) = (0, 0, 0);
     for line in facts.lines() {
         let f: Value = serde_json::from_str(line).expect("fact");
         assert_eq!(f["schema"], "fanfold.fact/v1");
         if f["stage"] == "auth_blocker" {
             judged += 1;
             assert_eq!(f["model"]["simulated"], true);
+        } else if f["stage"] == "release_blocker" {
+            decided += 1;
+            positives += u64::from(f["status"] == "positive");
+            assert_eq!(f["model"]["backend"], "cascade");
+            assert_eq!(f["model"]["simulated"], false);
         } else {
             assert_eq!(f["stage"], "auth_similarity");
             assert_eq!(f["status"], "negative");
@@ -305,6 +384,13 @@ fn run_writes_cited_outputs_labelled_simulated() {
         }
         assert!(!f["reducer_path"].as_array().expect("path").is_empty());
     }
+    assert_eq!(
+        Some(decided),
+        lines[1]["data"]["routed_by_stage"]["release_blocker"].as_u64()
+    );
+    let dropped = facts.lines().count() as u64 - judged - decided;
+    assert_eq!(dropped + decided, kept);
+    assert_eq!(judged, positives);
     assert_eq!(
         Some(judged),
         lines[1]["data"]["routed_by_stage"]["auth_blocker"].as_u64()
@@ -1178,25 +1264,37 @@ fn main_job_runs_on_the_embedded_model() {
     assert_eq!(c["simulated"], false);
     assert_eq!(c["statuses"]["cancelled"], 0);
     assert_eq!(c["statuses"]["not_run"], 0);
-    let s = &c["statuses"];
-    let decided = s["positive"].as_u64().unwrap_or(0)
-        + s["negative"].as_u64().unwrap_or(0)
-        + s["abstain"].as_u64().unwrap_or(0);
+    let ended = |stage: &str| -> u64 {
+        let s = &c["statuses_by_stage"][stage];
+        ["positive", "negative", "abstain", "error"]
+            .iter()
+            .map(|k| s[k].as_u64().unwrap_or(0))
+            .sum()
+    };
     // Every unit the prefilter keeps ends decided or errored, whether the
-    // embed stage dropped it or the model judged it.
+    // embed stage dropped it or the cascade decided it; the model reads
+    // each positive the cascade passes on.
     let kept = c["routed_by_stage"]["auth_similarity"]
         .as_u64()
         .unwrap_or(0);
     assert!(kept >= 1, "the prefilter keeps some of them");
-    assert_eq!(decided + s["error"].as_u64().unwrap_or(0), kept);
+    assert_eq!(ended("auth_similarity") + ended("release_blocker"), kept);
     let embed = &c["stats"]["embed"]["auth_similarity"];
     assert_eq!(
         embed["dropped"].as_u64().unwrap_or(0) + embed["passed"].as_u64().unwrap_or(0),
         kept
     );
     assert_eq!(
-        c["routed_by_stage"]["auth_blocker"].as_u64().unwrap_or(0),
+        c["routed_by_stage"]["release_blocker"]
+            .as_u64()
+            .unwrap_or(0),
         embed["passed"].as_u64().unwrap_or(0)
+    );
+    assert_eq!(
+        c["routed_by_stage"]["auth_blocker"].as_u64().unwrap_or(0),
+        c["statuses_by_stage"]["release_blocker"]["positive"]
+            .as_u64()
+            .unwrap_or(0)
     );
     assert!(c["stats"]["cost"]["prompt_tokens"].as_u64().unwrap_or(0) > 0);
     assert!(
@@ -1229,7 +1327,9 @@ fn model_flag_needs_an_existing_file() {
 fn explain_counts_cached_facts_through_the_stage_projection() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = dir.path().join("s.sqlite");
-    let spec = "examples/issue-triage/spec.toml";
+    // The judged form, in which the model stage reads every unit the
+    // embed stage passes.
+    let spec = "examples/issue-triage/judged.toml";
     let o = run(bin()
         .current_dir(repo())
         .args(["run", spec, "--backend", "scripted", "--json", "--store"])
@@ -1265,11 +1365,13 @@ fn a_new_embed_threshold_reuses_every_vector() {
         let entry = entry.expect("entry");
         std::fs::copy(entry.path(), example.join(entry.file_name())).expect("copy");
     }
+    // The judged form, in which the model stage reads every unit the
+    // embed stage passes.
     let store = dir.path().join("s.sqlite");
     let certificate = |tag: &str| -> Value {
         let o = run(bin()
             .args(["run"])
-            .arg(example.join("spec.toml"))
+            .arg(example.join("judged.toml"))
             .args(["--backend", "scripted", "--json", "--store"])
             .arg(&store)
             .arg("--out")
@@ -1286,7 +1388,7 @@ fn a_new_embed_threshold_reuses_every_vector() {
     assert!(e1["vectors_computed"].as_u64().unwrap_or(0) > 0);
     assert!(e1["dropped"].as_u64().unwrap_or(0) > 0, "{e1}");
 
-    let spec_path = example.join("spec.toml");
+    let spec_path = example.join("judged.toml");
     let spec = std::fs::read_to_string(&spec_path).expect("spec");
     assert!(spec.contains("threshold = -0.03"));
     std::fs::write(
@@ -1490,7 +1592,7 @@ fn explain_never_loads_or_fetches_a_model() {
         .args(["explain", "examples/issue-triage/spec.toml", "--store"])
         .arg(dir.path().join("s.sqlite")));
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stdout(&o).contains("stage auth_blocker:"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("stage release_blocker:"), "{}", stdout(&o));
     assert!(
         !dir.path().join("models").exists(),
         "explain touched the model cache"
@@ -3524,7 +3626,7 @@ fn a_run_report_renders_in_a_browser_with_every_citation_resolving() {
     let out = tempfile::tempdir().expect("out");
     let o = run(bin()
         .arg("run")
-        .arg(repo().join("examples/issue-triage/spec.toml"))
+        .arg(repo().join("examples/issue-triage/judged.toml"))
         .args(["--backend", "scripted", "--json"])
         .arg("--store")
         .arg(out.path().join("store.sqlite"))

@@ -803,6 +803,13 @@ pub struct MapStageSpec {
     /// score decides the units it is proven sure of, the oracle the rest.
     #[serde(default)]
     pub cascade: Option<CascadeSpec>,
+    /// Sends the units this stage decides positive on to this stage,
+    /// declared after it, which reads them too (a map stage that extracts
+    /// more of each, such as a cause). This stage's fact still says
+    /// whether the unit belongs; the later stage's fact adds to it, and a
+    /// reducer names the stage whose facts it reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub then: Option<String>,
 }
 
 /// A cascade in front of a map stage's model. A cheap proxy (an earlier

@@ -122,6 +122,65 @@ fn pretty<T: serde::Serialize>(v: &T) -> String {
 /// target.
 pub const UNMEASURED: &str = "No stage declares a quality target, so nothing measured how many of these decisions are right: \"complete\" means every unit the contract needs was decided, not that the decisions are correct. Declare a `cascade` target on the judge to have it proven.";
 
+/// What one stage's declared quality target came to: the level proven (or
+/// why not) and what the cascade saved. The first lines of answer.md and
+/// the last a run prints on the terminal.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProvenQuality {
+    /// The target holds: every unit the proxy did not decide was decided
+    /// by the oracle.
+    pub met: bool,
+    /// The stage's statement: the target, whether it holds, the level.
+    pub quality: String,
+    /// The share of units the proxy decided and the labels asked.
+    pub saving: String,
+}
+
+/// Each cascade's proven quality and saving, by stage name.
+pub fn proven_quality(report: &RunReport) -> Vec<ProvenQuality> {
+    use crate::stages::map_cascade::{CascadeReport, REPORT};
+    let reports = report
+        .certificate
+        .stats
+        .reports
+        .all::<CascadeReport>(REPORT);
+    reports
+        .iter()
+        .map(|(stage, r)| {
+            let share = if r.units == 0 {
+                0.0
+            } else {
+                100.0 * r.proxy_decided as f64 / r.units as f64
+            };
+            // A labels file is read in place of asking someone: said
+            // where the figure is, so nobody takes it for a model's.
+            let asked = if r.oracle.starts_with("backend ") {
+                "oracle calls"
+            } else {
+                "labels asked"
+            };
+            let oracle = match r.oracle.strip_prefix("labels file ") {
+                Some(file) => format!("the labels in {file} stand in for a person's"),
+                None => format!("the oracle is {}", r.oracle),
+            };
+            ProvenQuality {
+                met: r.met,
+                quality: r.statement(stage),
+                saving: format!(
+                    "the proxy `{}` decided {} of {} units ({share:.1} %); {} {asked} ({} to set the thresholds, {} for units left to the oracle) against {} without the cascade; {oracle}",
+                    r.proxy,
+                    r.proxy_decided,
+                    r.units,
+                    r.oracle_calls,
+                    r.labels,
+                    r.oracle_calls.saturating_sub(r.labels),
+                    r.calls_without
+                ),
+            }
+        })
+        .collect()
+}
+
 /// An aggregate's rows as a Markdown table (nothing when it has none),
 /// each line after `indent` (two spaces sit it under a list item).
 pub fn aggregate_table(out: &mut String, g: &crate::report::Aggregate, indent: &str) {
@@ -161,6 +220,18 @@ pub fn markdown(report: &RunReport) -> String {
             a.incomplete.join("; ")
         );
     }
+    // What was proven of the answer comes first, with what it saved; a
+    // target that is unmet says so in the same place.
+    let proven = proven_quality(report);
+    for p in &proven {
+        let head = if p.met { "Proven quality" } else { "Quality" };
+        let _ = writeln!(
+            out,
+            "> **{head}:** {}\n>\n> **Saving:** {}\n",
+            md_text(&p.quality),
+            md_text(&p.saving)
+        );
+    }
     if a.simulated {
         let _ = writeln!(
             out,
@@ -178,7 +249,11 @@ pub fn markdown(report: &RunReport) -> String {
     if a.quality.is_empty() {
         let _ = writeln!(out, "> **Quality: unmeasured.** {UNMEASURED}\n");
     }
-    for line in &a.quality {
+    for line in a
+        .quality
+        .iter()
+        .filter(|l| !proven.iter().any(|p| &p.quality == *l))
+    {
         let _ = writeln!(out, "> **Quality:** {}\n", md_text(line));
     }
     if let Some(reached) = a.reached {

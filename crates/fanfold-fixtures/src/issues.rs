@@ -123,7 +123,34 @@ pub fn write_issue_triage(dir: &Path, seed: u64, count: usize) -> std::io::Resul
     let generated = generate(seed, count);
     write_pretty(&dir.join("issues.json"), &generated.issues)?;
     write_pretty(&dir.join("comments.json"), &generated.comments)?;
-    write_pretty(&dir.join("oracle.json"), &generated.oracle)
+    write_pretty(&dir.join("oracle.json"), &generated.oracle)?;
+    let mut labels = std::fs::File::create(dir.join(TRUTH_LABELS))?;
+    labels.write_all(truth_labels(&generated.oracle).as_bytes())?;
+    labels.sync_all()
+}
+
+/// The labels file [`write_issue_triage`] writes beside the issues: the
+/// fixture's own truth, which a cascade reads as its oracle in place of a
+/// person labelling the issues it asks about.
+pub const TRUTH_LABELS: &str = "labels.fixture-truth.jsonl";
+
+/// The fixture's truth as a cascade's labels file: one
+/// `{"id": "<number>", "decision": "blocker" | "not_blocker"}` a line, for
+/// every issue in number order; `blocker` exactly for
+/// [`Oracle::blocker_ids`].
+pub fn truth_labels(oracle: &Oracle) -> String {
+    let blockers: BTreeSet<u64> = oracle.blocker_ids.iter().copied().collect();
+    let mut out = String::new();
+    for number in 1..=oracle.count as u64 {
+        let decision = if blockers.contains(&number) {
+            "blocker"
+        } else {
+            "not_blocker"
+        };
+        out.push_str(&json!({"id": number.to_string(), "decision": decision}).to_string());
+        out.push('\n');
+    }
+    out
 }
 
 pub(crate) fn write_pretty<T: Serialize + ?Sized>(path: &Path, value: &T) -> std::io::Result<()> {

@@ -129,6 +129,7 @@ impl ChunkStage {
             breaker: None,
             widen: None,
             cascade: None,
+            then: None,
         };
         let turn = MapStage::new(turn_spec, rubric, output_schema(spec.size))?;
         let mut h = StableHasher::new(Bucket::ChunkDef);

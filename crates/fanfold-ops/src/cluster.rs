@@ -179,6 +179,7 @@ impl ClusterStage {
             breaker: None,
             widen: None,
             cascade: None,
+            then: None,
         };
         let turn = MapStage::new(turn_spec, rubric, output_schema(spec.max_themes, None))?;
         let mut h = StableHasher::new(Bucket::ClusterDef);

@@ -551,6 +551,7 @@ mod tests {
             breaker: None,
             widen: None,
             cascade: None,
+            then: None,
         };
         let schema = json!({
             "type": "object",

@@ -198,10 +198,12 @@ impl Scope<'_> {
         let escalated = &mut staged.escalated;
         if let Some(then) = shape.then {
             // An escalated unit this stage passes on is answered where it
-            // goes (a tool's observed units, by the stage after it).
+            // goes (a tool's observed units, by the stage after it), unless
+            // its fact here answers (a map's positives go on to add to it).
             for &i in &outcome.passed {
                 if let Some(to) = escalated.get_mut(&i)
                     && to == stage.name()
+                    && !ledger.has(i, stage.name())
                 {
                     *to = then.to_owned();
                 }

@@ -183,8 +183,6 @@ impl MapRunner {
         Ok(runner)
     }
 
-
-
     /// A map stage from its rubric and schema as given, for stages that
     /// build their model turn themselves (a select's scorer); both go into
     /// the spec hash.
@@ -268,7 +266,6 @@ impl MapRunner {
     }
 }
 
-
 /// The decoding parameters a fact of `stage` is keyed by.
 pub fn model_params(info: &BackendInfo, stage: &MapStage) -> ModelParams {
     ModelParams {
@@ -296,7 +293,11 @@ impl Scorer for MapRunner {
         &self.stage.spec.decision.positive
     }
 
-    fn score(&self, ctx: &mut StageContext<'_>, units: Vec<usize>) -> Result<StageOutcome, RunError> {
+    fn score(
+        &self,
+        ctx: &mut StageContext<'_>,
+        units: Vec<usize>,
+    ) -> Result<StageOutcome, RunError> {
         let views = UnitViews {
             projector: self.projector()?,
             table: ctx.table,
@@ -330,6 +331,7 @@ impl Stage for MapRunner {
                 .iter()
                 .map(|w| w.stage.as_str())
                 .collect(),
+            then: self.stage.spec.then.as_deref(),
             ..Shape::units(Outputs::Stored)
         }
     }
@@ -393,6 +395,12 @@ impl Stage for MapRunner {
         if let Some(c) = &self.cascade {
             let _ = writeln!(out, "    {}", c.explain(sp));
         }
+        if let Some(then) = &sp.then {
+            let _ = writeln!(
+                out,
+                "    positives go on to `{then}` too; their facts here still decide them"
+            );
+        }
     }
 
     fn count_cached(
@@ -415,7 +423,8 @@ impl Stage for MapRunner {
             projector: self.projector()?,
             table: ctx.table,
         };
-        match &self.cascade {
+        let passing = self.stage.spec.then.is_some().then(|| units.clone());
+        let mut outcome = match &self.cascade {
             Some(c) => c.run(
                 &self.stage,
                 ctx,
@@ -423,9 +432,19 @@ impl Stage for MapRunner {
                 &|i| views.view(i),
                 &|i| views.cites(i),
                 &mut |ctx, units| self.run_views(ctx, units, &views),
-            ),
-            None => self.run_views(ctx, units, &views),
+            )?,
+            None => self.run_views(ctx, units, &views)?,
+        };
+        // Its positives go on to `then`, however they were decided (the
+        // model, a cascade's proxy or its oracle); their facts here stay.
+        if let Some(units) = passing {
+            outcome.passed.extend(
+                units
+                    .into_iter()
+                    .filter(|&i| ctx.ledger.status(i, self.name()) == Some(Status::Positive)),
+            );
         }
+        Ok(outcome)
     }
 
     fn report_key(&self) -> Option<&'static str> {
@@ -876,7 +895,11 @@ impl crate::queue::Claims for KeyClaims<'_> {
         let Some(key) = self.keys.get(&index) else {
             return Turn::Mine;
         };
-        let waited = self.waited.lock().map(|w| w.contains(&index)).unwrap_or(false);
+        let waited = self
+            .waited
+            .lock()
+            .map(|w| w.contains(&index))
+            .unwrap_or(false);
         if waited && let Ok(Some(fact)) = self.store.get_fact(key) {
             (self.adopt)(index, fact);
             return Turn::Done;

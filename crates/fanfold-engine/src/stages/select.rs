@@ -99,6 +99,7 @@ impl SelectRunner {
                     breaker: None,
                     widen: None,
                     cascade: None,
+                    then: None,
                 };
                 let schema = catalog.output_schema();
                 let text = serde_json::to_string_pretty(&schema).unwrap_or_default();

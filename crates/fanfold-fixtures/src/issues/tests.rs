@@ -353,3 +353,24 @@ fn regenerate_example() -> std::io::Result<()> {
         None => Ok(()),
     }
 }
+
+/// The labels file committed beside the example is the fixture's own
+/// truth, exactly as `write_issue_triage` writes it: `blocker` for every
+/// true blocker and nothing else.
+#[test]
+fn committed_truth_labels_are_the_fixtures_truth() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/issue-triage");
+    let committed =
+        std::fs::read_to_string(example.join(TRUTH_LABELS)).expect("the committed labels file");
+    let oracle = generate(SEED, COUNT).oracle;
+    assert_eq!(committed, truth_labels(&oracle));
+    let blockers: BTreeSet<String> = committed
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["decision"] == "blocker")
+        .filter_map(|v| v["id"].as_str().map(str::to_owned))
+        .collect();
+    let truth: BTreeSet<String> = oracle.blocker_ids.iter().map(u64::to_string).collect();
+    assert_eq!(blockers, truth);
+    assert_eq!(committed.lines().count(), COUNT);
+}
