@@ -5684,7 +5684,7 @@ script = "cheap.jq"
     // The labels call 850 records positive; the judge says yes to 150.
     let labels: String = (0..1000)
         .map(|i| {
-            let yes = i < 150 || i >= 300;
+            let yes = !(150..300).contains(&i);
             format!(
                 "{{\"id\": {i}, \"decision\": \"{}\"}}\n",
                 if yes { "yes" } else { "no" }
