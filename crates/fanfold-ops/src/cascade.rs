@@ -112,6 +112,8 @@ pub enum CascadeError {
     Score { unit: usize },
     #[error("{scores} scores but {keys} label keys")]
     Lengths { scores: usize, keys: usize },
+    #[error("the oracle left a label unanswered")]
+    Unanswered,
 }
 
 /// How a cascade samples and which plans it may choose from.
@@ -276,6 +278,47 @@ pub fn run(
     keys: &[u64],
     oracle: &mut dyn FnMut(usize) -> Option<bool>,
 ) -> Result<Outcome, CascadeError> {
+    match drive(config, scores, keys, &mut |i| Some(oracle(i)))? {
+        Driven::Done(outcome) => Ok(outcome),
+        // Every label was answered.
+        Driven::Pending(_) => Err(CascadeError::Unanswered),
+    }
+}
+
+/// The labels a cascade needs next, given those known (`known(i)`:
+/// `None` while unit `i`'s label is not known, `Some(None)` where the
+/// oracle could not say): the units of the first round whose labels are
+/// not known, first of each key; empty once the cascade can finish on the
+/// labels known. An oracle asked in bulk (a model's slots) answers these
+/// and asks again, so it labels exactly what the cascade asks, round by
+/// round.
+pub fn next_labels(
+    config: &Config,
+    scores: &[f64],
+    keys: &[u64],
+    known: &dyn Fn(usize) -> Option<Option<bool>>,
+) -> Result<Vec<usize>, CascadeError> {
+    Ok(match drive(config, scores, keys, &mut |i| known(i))? {
+        Driven::Done(_) => Vec::new(),
+        Driven::Pending(units) => units,
+    })
+}
+
+/// How far a cascade got on the labels it could have.
+enum Driven {
+    Done(Outcome),
+    /// The round stopped on these units' labels.
+    Pending(Vec<usize>),
+}
+
+/// Runs a cascade, asking `ask` for each label: `None` leaves the label
+/// pending, and the cascade stops at the end of that round.
+fn drive(
+    config: &Config,
+    scores: &[f64],
+    keys: &[u64],
+    ask: &mut dyn FnMut(usize) -> Option<Option<bool>>,
+) -> Result<Driven, CascadeError> {
     config.check()?;
     if scores.len() != keys.len() {
         return Err(CascadeError::Lengths {
@@ -297,9 +340,13 @@ pub fn run(
         draws: 0,
         rare_positives: false,
         asked: Vec::new(),
+        pending: Vec::new(),
+        pending_keys: std::collections::HashSet::new(),
     };
     if scores.is_empty() {
-        return Ok(sampler.finish(&Candidate::All, Proof::exact(1.0)));
+        return Ok(Driven::Done(
+            sampler.finish(&Candidate::All, Proof::exact(1.0)),
+        ));
     }
     let mut tests: Vec<PlanTest> = candidates
         .iter()
@@ -318,12 +365,15 @@ pub fn run(
         let before = draws.len();
         let more = sampler.sample_into(
             &mut arrivals,
-            oracle,
+            ask,
             config.label_budget,
             distinct_keys,
             batch,
             &mut draws,
         );
+        if !sampler.pending.is_empty() {
+            return Ok(Driven::Pending(std::mem::take(&mut sampler.pending)));
+        }
         look = look.saturating_mul(2);
         let finished = !more || draws.len() == before;
         if more && before < first && draws.len() >= first {
@@ -350,7 +400,7 @@ pub fn run(
     outcome.more_labels = candidates
         .get(chosen + 1)
         .and_then(|next| sampler.more_labels(next, &draws));
-    Ok(outcome)
+    Ok(Driven::Done(outcome))
 }
 
 /// The units a cascade with this configuration may ask the oracle about,
@@ -773,6 +823,9 @@ struct Sampler<'a> {
     rare_positives: bool,
     /// Units asked about, in order.
     asked: Vec<usize>,
+    /// Units whose labels this round is waiting for, and their keys.
+    pending: Vec<usize>,
+    pending_keys: std::collections::HashSet<u64>,
 }
 
 impl Sampler<'_> {
@@ -797,7 +850,7 @@ impl Sampler<'_> {
     fn sample_into(
         &mut self,
         arrivals: &mut Arrivals,
-        oracle: &mut dyn FnMut(usize) -> Option<bool>,
+        ask: &mut dyn FnMut(usize) -> Option<Option<bool>>,
         budget: usize,
         distinct_keys: usize,
         count: usize,
@@ -806,20 +859,32 @@ impl Sampler<'_> {
         let epoch = self.epochs.len().saturating_sub(1);
         let max_draws = max_draws(budget);
         for _ in 0..count {
-            if self.labels.len() >= distinct_keys || draws.len() >= max_draws {
+            let asked = self.labels.len() + self.pending.len();
+            if asked >= distinct_keys || draws.len() >= max_draws {
                 return false;
             }
             let Some(unit) = arrivals.peek() else {
                 return false;
             };
-            if self.known(unit).is_none() {
-                if self.labels.len() >= budget {
+            let key = self.keys.get(unit).copied();
+            let waiting = key.is_some_and(|k| self.pending_keys.contains(&k));
+            if self.known(unit).is_none() && !waiting {
+                if asked >= budget {
                     return false;
                 }
-                let y = oracle(unit);
-                self.asked.push(unit);
-                if let Some(&key) = self.keys.get(unit) {
-                    self.labels.insert(key, y);
+                match ask(unit) {
+                    Some(y) => {
+                        self.asked.push(unit);
+                        if let Some(key) = key {
+                            self.labels.insert(key, y);
+                        }
+                    }
+                    None => {
+                        self.pending.push(unit);
+                        if let Some(key) = key {
+                            self.pending_keys.insert(key);
+                        }
+                    }
                 }
             }
             arrivals.next();
@@ -1842,6 +1907,43 @@ mod tests {
         let outcome = run(&config, &scores, &keys, &mut |i| Some(truth[i])).expect("runs");
         assert!(outcome.rare_positives);
         assert_eq!(outcome.asked.get(..), all.get(..outcome.asked.len()));
+    }
+
+    #[test]
+    fn an_oracle_asked_round_by_round_labels_exactly_what_the_cascade_asks() {
+        // Units share keys; the oracle answers each round's labels in
+        // bulk, and what it labelled is what the proof asked, no more.
+        let (scores, truth) = synthetic_population(5, 3000, 0.1, separation_for_auc(0.97));
+        let keys: Vec<u64> = (0..3000).map(|k| k % 2500).collect();
+        let target = Target {
+            metric: Metric::Recall,
+            at_least: 0.8,
+            delta: 0.1,
+        };
+        let config = Config::new(target, 600, 5);
+        let mut judged = std::collections::HashSet::new();
+        let mut rounds = 0;
+        loop {
+            let known = |i: usize| judged.contains(&i).then(|| Some(truth[i]));
+            let next = next_labels(&config, &scores, &keys, &known).expect("runs");
+            if next.is_empty() {
+                break;
+            }
+            assert!(next.iter().all(|i| !judged.contains(i)));
+            judged.extend(next);
+            rounds += 1;
+            assert!(rounds < 20);
+        }
+        let outcome = run(&config, &scores, &keys, &mut |i| Some(truth[i])).expect("runs");
+        let asked: std::collections::HashSet<usize> = outcome.asked.iter().copied().collect();
+        assert_eq!(
+            asked,
+            judged,
+            "labelled {} of {} asked",
+            judged.len(),
+            asked.len()
+        );
+        assert!(rounds > 1, "{rounds} rounds");
     }
 
     #[test]

@@ -39,10 +39,32 @@ pub fn answer(
         .iter()
         .filter_map(|(i, f)| f.source_ids.first().map(|id| (id, *i)))
         .collect();
-    let fact_of: HashMap<&UnitId, &FactRecord> = plain
+    // A unit's facts: one that quotes evidence leads (a stage that decided
+    // it by a label or a proxy quotes none, a stage its positives went on
+    // to does), and the others add the fields it lacks.
+    let mut facts_of: HashMap<&UnitId, Vec<&FactRecord>> = HashMap::new();
+    for f in &plain {
+        if let Some(id) = f.source_ids.first() {
+            facts_of.entry(id).or_default().push(*f);
+        }
+    }
+    for list in facts_of.values_mut() {
+        list.reverse();
+        list.sort_by_key(|f| f.evidence.is_empty());
+    }
+    let fact_of: HashMap<&UnitId, &FactRecord> = facts_of
         .iter()
-        .filter_map(|f| f.source_ids.first().map(|id| (id, *f)))
+        .filter_map(|(id, list)| Some((*id, *list.first()?)))
         .collect();
+    let fields_of = |id: &UnitId| {
+        let mut fields = std::collections::BTreeMap::new();
+        for f in facts_of.get(id).into_iter().flatten() {
+            for (k, v) in extracted(f) {
+                fields.entry(k).or_insert(v);
+            }
+        }
+        fields
+    };
     let theme_of: HashMap<&UnitId, &str> = themes
         .iter()
         .flat_map(|t| t.ids.iter().map(move |id| (id, t.key.as_str())))
@@ -65,7 +87,7 @@ pub fn answer(
                     .get(id)
                     .map(|f| f.evidence.clone())
                     .unwrap_or_default(),
-                fields: fact_of.get(id).map(|f| extracted(f)).unwrap_or_default(),
+                fields: fields_of(id),
                 shown: value
                     .as_ref()
                     .map(|v| {

@@ -691,9 +691,10 @@ impl CascadeRun {
             }
         }
         if self.labels.is_none() && !person {
-            // The backend as oracle: the units the cascade may ask about
-            // are judged first, in bulk, round by round (the later
-            // rounds' draws depend on the first round's labels).
+            // The backend as oracle: the units each round of the cascade
+            // asks about are judged first, in bulk through the slots, and
+            // the cascade asked again, until it can finish: the model
+            // labels exactly what the proof asks.
             let mut judged: std::collections::HashSet<usize> = std::collections::HashSet::new();
             loop {
                 let known = |p: usize| {
@@ -701,7 +702,12 @@ impl CascadeRun {
                         .contains(&p)
                         .then(|| self.label(ctx, &name, &units, &stored, p))
                 };
-                let fresh: Vec<usize> = cascade::label_draws(&config, &scores, &keys, &known)
+                let fresh: Vec<usize> = cascade::next_labels(&config, &scores, &keys, &known)
+                    .map_err(|e| RunError::Cascade {
+                        stage: name.clone(),
+                        unit: "-".into(),
+                        detail: e.to_string(),
+                    })?
                     .into_iter()
                     .filter(|p| !judged.contains(p))
                     .collect();
