@@ -352,7 +352,15 @@ pub fn score(
 }
 
 pub fn main(args: &LadderArgs) -> Result<()> {
-    let spec_path = args.example.join("spec.toml");
+    // The rungs compare ways a model decides membership: an example whose
+    // main spec decides it by labels keeps the spec where the model does
+    // as `judged.toml`.
+    let judged = args.example.join("judged.toml");
+    let spec_path = if judged.is_file() {
+        judged
+    } else {
+        args.example.join("spec.toml")
+    };
     let text = std::fs::read_to_string(&spec_path)
         .with_context(|| format!("reading {}", spec_path.display()))?;
     let mut base = Spec::from_toml(&text).map_err(|e| anyhow!("{}: {e}", spec_path.display()))?;

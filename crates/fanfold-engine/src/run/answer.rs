@@ -39,9 +39,11 @@ pub fn answer(
         .iter()
         .filter_map(|(i, f)| f.source_ids.first().map(|id| (id, *i)))
         .collect();
-    // A unit's facts: one that quotes evidence leads (a stage that decided
-    // it by a label or a proxy quotes none, a stage its positives went on
-    // to does), and the others add the fields it lacks.
+    // A unit's facts: of those that call it positive, one that quotes
+    // evidence leads (a stage that decided it by a label or a proxy quotes
+    // none, a stage its positives went on to does), and the others add the
+    // fields it lacks. A fact that does not call it positive (a later
+    // stage that disagrees) lends it neither quote nor field.
     let mut facts_of: HashMap<&UnitId, Vec<&FactRecord>> = HashMap::new();
     for f in &plain {
         if let Some(id) = f.source_ids.first() {
@@ -49,6 +51,9 @@ pub fn answer(
         }
     }
     for list in facts_of.values_mut() {
+        if list.iter().any(|f| f.status == Status::Positive) {
+            list.retain(|f| f.status == Status::Positive);
+        }
         list.reverse();
         list.sort_by_key(|f| f.evidence.is_empty());
     }
