@@ -411,15 +411,21 @@ mod tests {
         let misses: Vec<bool> = (0..300).map(|i| i % 20 == 0).collect();
         let (mut held, trials) = (0, 400);
         for seed in 0..trials {
-            let units: Vec<(bool, ContentHash)> =
-                misses.iter().enumerate().map(|(i, &m)| (m, h(i as u32))).collect();
+            let units: Vec<(bool, ContentHash)> = misses
+                .iter()
+                .enumerate()
+                .map(|(i, &m)| (m, h(i as u32)))
+                .collect();
             let drawn = sample(seed, &units, 30);
             let d = drawn.iter().filter(|&&m| m).count() as u64;
             if misses_at_most(300, 30, d, 0.1) >= 15 {
                 held += 1;
             }
         }
-        assert!(held as f64 >= 0.9 * trials as f64, "held in {held} of {trials}");
+        assert!(
+            held as f64 >= 0.9 * trials as f64,
+            "held in {held} of {trials}"
+        );
     }
 
     #[test]

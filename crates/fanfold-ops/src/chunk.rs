@@ -187,9 +187,8 @@ impl ChunkStage {
             TokenCount::Tokenizer(_) => TEMPLATE_TOKENS,
             TokenCount::Estimate => 0,
         };
-        (self.spec.window_tokens - u64::from(self.spec.max_output_tokens)).saturating_sub(
-            count.tokens(self.turn.prefix()) + count.tokens(CLOSING) + template,
-        )
+        (self.spec.window_tokens - u64::from(self.spec.max_output_tokens))
+            .saturating_sub(count.tokens(self.turn.prefix()) + count.tokens(CLOSING) + template)
     }
 
     /// Packs units, in order, into contexts of at most `size` units and
@@ -386,7 +385,10 @@ mod tests {
             fit(&TokenCount::Estimate, estimated),
             fit(&by_tokenizer, counted),
         );
-        assert!(many > few * 3 / 2, "{few} members by estimate, {many} by tokenizer");
+        assert!(
+            many > few * 3 / 2,
+            "{few} members by estimate, {many} by tokenizer"
+        );
         let prefix = four(s.turn.prefix()) + four(CLOSING);
         assert_eq!(counted, 10_000 - 10 - prefix - TEMPLATE_TOKENS);
     }

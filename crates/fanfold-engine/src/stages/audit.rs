@@ -34,12 +34,12 @@ use serde::{Deserialize, Serialize};
 use super::map::MapRunner;
 use crate::error::PlanError;
 use crate::error::RunError;
-use crate::kit::{RungUnits, UnitTable};
 use crate::kit::ledger::FactLedger;
 use crate::kit::{
     BuildContext, CachedCount, Calls, NegativeReads, Outputs, Reads, RunStats, Shape, Stage,
     StageContext, StageOutcome,
 };
+use crate::kit::{RungUnits, UnitTable};
 
 pub struct AuditRunner {
     pub spec: AuditStageSpec,
@@ -726,7 +726,8 @@ fn audit_section(name: &str, audit: &AuditReport, sim: &str) -> String {
             "\n**Recall against the judge: at least {:.1} %**{} ({} found; at most {} missed by the audited rungs{}).",
             r.at_least * 100.0,
             match (audit.min_recall, r.proven) {
-                (Some(want), Some(true)) => format!(", which shows the {:.1} % asked for", want * 100.0),
+                (Some(want), Some(true)) =>
+                    format!(", which shows the {:.1} % asked for", want * 100.0),
                 (Some(want), _) => format!(", **short of the {:.1} % asked for**", want * 100.0),
                 (None, _) => String::new(),
             },
@@ -734,7 +735,9 @@ fn audit_section(name: &str, audit: &AuditReport, sim: &str) -> String {
             r.missed_at_most,
             match r.unaudited {
                 0 => String::new(),
-                n => format!("; {n} thrown away by rungs the audit does not sample or left undecided, all counted as missed"),
+                n => format!(
+                    "; {n} thrown away by rungs the audit does not sample or left undecided, all counted as missed"
+                ),
             }
         );
     }

@@ -15,9 +15,9 @@ use fanfold_store::Store;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::error::project_err;
 use crate::error::PlanError;
 use crate::error::RunError;
+use crate::error::project_err;
 use crate::kit::UnitTable;
 use crate::kit::ledger::Origin;
 use crate::kit::{BuildContext, CachedCount, Outputs, Shape, Stage, StageContext, StageOutcome};
@@ -150,7 +150,10 @@ impl Stage for Bm25Runner {
             simulated: false,
         };
         if let Some(published) = ctx.shared.get::<crate::kit::UnitScores>() {
-            published.put(stage.name(), units.iter().copied().zip(scores.iter().copied()));
+            published.put(
+                stage.name(),
+                units.iter().copied().zip(scores.iter().copied()),
+            );
         }
         let mut passed = Vec::new();
         for (&i, &score) in units.iter().zip(&scores) {

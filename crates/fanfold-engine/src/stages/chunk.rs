@@ -17,10 +17,10 @@ use fanfold_store::Store;
 use serde_json::{Value, json};
 
 use super::map::model_params;
-use crate::error::project_err;
 use crate::batches::StoreLedger;
 use crate::error::PlanError;
 use crate::error::RunError;
+use crate::error::project_err;
 use crate::kit::UnitTable;
 use crate::kit::ledger::Origin;
 use crate::kit::{
@@ -102,10 +102,9 @@ impl ChunkRunner {
         }
         let path = match self.model_file.as_ref()? {
             ModelFile::Path(p) => Some(p.clone()).filter(|p| p.is_file()),
-            ModelFile::Default => crate::models::cached(
-                &crate::models::SMOLLM2_135M,
-                &crate::models::cache_dir(),
-            ),
+            ModelFile::Default => {
+                crate::models::cached(&crate::models::SMOLLM2_135M, &crate::models::cache_dir())
+            }
         }?;
         match fanfold_llama::Vocabulary::open(&path) {
             Ok(v) => {
@@ -237,7 +236,10 @@ impl Stage for ChunkRunner {
             crate::kit::sees(sp.project.as_deref(), &sp.fields)
         );
         let (room, how) = self.with_count(|count| {
-            (self.stage.member_tokens_per_context(count), count.describe())
+            (
+                self.stage.member_tokens_per_context(count),
+                count.describe(),
+            )
         });
         let _ = writeln!(
             out,
@@ -266,9 +268,7 @@ impl Stage for ChunkRunner {
             Err(count) => return Ok(count),
         };
         let model = model_params(&info, &self.stage.turn);
-        let layout = self.with_count(|count| {
-            self.layout(table, units, &model, count)
-        })?;
+        let layout = self.with_count(|count| self.layout(table, units, &model, count))?;
         let mut count = CachedCount {
             calls: Some(0),
             ..CachedCount::default()
@@ -309,7 +309,10 @@ impl Stage for ChunkRunner {
         let table = ctx.table;
         let (layout, room) = self.with_count(|count| {
             let layout = self.layout(table, &units, &model, count)?;
-            Ok::<_, RunError>((layout, (stage.member_tokens_per_context(count), count.describe())))
+            Ok::<_, RunError>((
+                layout,
+                (stage.member_tokens_per_context(count), count.describe()),
+            ))
         })?;
         let projector = self.projector()?;
         let ledger = ctx.ledger;
@@ -356,7 +359,9 @@ impl Stage for ChunkRunner {
             .map(|k| {
                 (
                     k,
-                    format!("too_large: larger than one context's {room} tokens of records ({how})"),
+                    format!(
+                        "too_large: larger than one context's {room} tokens of records ({how})"
+                    ),
                 )
             })
             .chain(layout.packing.outside.iter().map(|k| {

@@ -19,9 +19,9 @@ use fanfold_ops::view::{INPUT_BUCKET, Projector};
 use fanfold_store::Store;
 use serde::{Deserialize, Serialize};
 
-use crate::error::project_err;
 use crate::error::PlanError;
 use crate::error::RunError;
+use crate::error::project_err;
 use crate::kit::UnitTable;
 use crate::kit::ledger::Origin;
 use crate::kit::{BuildContext, CachedCount, Outputs, Shape, Stage, StageContext, StageOutcome};

@@ -34,9 +34,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::map::MapRunner;
-use crate::error::project_err;
 use crate::error::PlanError;
 use crate::error::RunError;
+use crate::error::project_err;
 use crate::kit::RunStats;
 use crate::kit::UnitTable;
 use crate::kit::ledger::{FactLedger, Origin};
