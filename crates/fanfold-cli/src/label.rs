@@ -314,8 +314,16 @@ fn past_budget(wanted: &[WantedLabel]) -> Option<String> {
     }
     let said: Vec<String> = by_stage
         .iter()
-        .filter(|(_, (_, past, _))| *past > 0)
+        .filter(|(_, (within, past, budget))| *past > 0 || (*budget > 0 && within > budget))
         .map(|(stage, (within, past, budget))| {
+            if *past == 0 {
+                // Only `fanfold plan` lists more draws than the budget:
+                // the union of its candidates'.
+                return format!(
+                    "stage {stage}: {} of these {within} labels are PAST its label budget of {budget}. `fanfold plan` measures several candidate proxies; each draws the labels that set its thresholds by its own scores, within the budget, and the plan asks for their union.",
+                    within - budget
+                );
+            }
             format!(
                 "stage {stage}: {past} of these {} labels are PAST its label budget of {budget}. The budget was spent proving where the proxy may decide; these are the units the proven plan leaves to the oracle, because the labels did not prove the proxy sure of them. A lower level the run's frontier proves (answer.md), accepted with accept_at_least or --accept, leaves fewer.",
                 within + past
@@ -580,6 +588,35 @@ mod tests {
             id("18446744073709551615").expect("u64"),
             ("18446744073709551615".to_owned(), None)
         );
+    }
+
+    /// A list of more threshold draws than the budget (a plan's union of
+    /// its candidates' draws) is said before anything is asked; one
+    /// within the budget is not.
+    #[test]
+    fn draws_past_the_budget_are_said_before_asking() {
+        let line = |n: u8| -> WantedLabel {
+            serde_json::from_value(serde_json::json!({
+                "stage": "judge",
+                "id": n.to_string(),
+                "key": fanfold_core::ContentHash([n; 32]),
+                "question": "Say yes when a disk broke.",
+                "decisions": ["yes", "no"],
+                "view": {"title": n},
+                "asked_for": "thresholds",
+                "label_budget": 3,
+            }))
+            .expect("a wanted label")
+        };
+        let within: Vec<WantedLabel> = (0..3).map(line).collect();
+        assert_eq!(past_budget(&within), None);
+        let union: Vec<WantedLabel> = (0..5).map(line).collect();
+        let note = past_budget(&union).expect("said");
+        assert!(
+            note.contains("stage judge: 2 of these 5 labels are PAST its label budget of 3"),
+            "{note}"
+        );
+        assert!(note.contains("`fanfold plan`"), "{note}");
     }
 
     #[test]

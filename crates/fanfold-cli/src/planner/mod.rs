@@ -23,7 +23,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use fanfold_core::spec::{CascadeSpec, Spec, StageSpec, TRAINED_PROXY};
 use fanfold_engine::plan::{CascadeChoice, PlanFile, apply_choice};
-use fanfold_engine::stages::map_cascade::{CascadeReport, REPORT};
+use fanfold_engine::stages::map_cascade::{CascadeReport, REPORT, WANTED_FILE, WantedLabel};
 use fanfold_engine::{NoProgress, Plan, RunOptions};
 
 use crate::InputArgs;
@@ -62,6 +62,8 @@ struct Measured {
     wall_secs: f64,
     /// Model calls this candidate's run paid for (the others' are cached).
     new_calls: u64,
+    /// Where its run was written.
+    out_dir: PathBuf,
 }
 
 pub fn plan(args: PlanArgs) -> Result<ExitCode> {
@@ -113,7 +115,7 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
         let sample = strategies::sample(&set)?;
         for choice in whole_runs {
             let least = strategy_cost(
-                strategies::least_model_calls(&choice, sample.ids.len()),
+                strategies::least_model_calls(&choice, &sample),
                 oracle_is_backend,
             );
             if let Some(best) = cheapest.filter(|b| costlier(least, *b)) {
@@ -121,6 +123,16 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
                     "{}: a proven candidate costs {}, less than it could",
                     strategies::describe(&choice),
                     cost_text(best, oracle_is_backend)
+                ));
+                continue;
+            }
+            if let Some(silent) = strategies::after_silent_chunk(&choice, &runs) {
+                skipped.push(format!(
+                    "{}: {} listed no id of the {} sampled units it decided, {} of them positive, and a larger context asks the same model the same question",
+                    strategies::describe(&choice),
+                    silent.name(),
+                    silent.counts.tp + silent.counts.fp + silent.counts.fn_ + silent.counts.tn,
+                    silent.counts.fn_
                 ));
                 continue;
             }
@@ -214,6 +226,12 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
     if !pruned.is_empty() {
         println!("\nNot measured: {}.", pruned.join("; "));
     }
+    if strategies::oracle_is_person(&declared) {
+        let asked = person_labels(&measured, &out, declared.label_budget)?;
+        if let Some(text) = asked {
+            println!("\n{text}");
+        }
+    }
     if let Some(sample) = &sampled {
         let strategy_chosen = match chosen {
             Some(Choice::Strategy(i)) => Some(i),
@@ -306,6 +324,86 @@ fn cost_text(cost: (f64, f64), oracle_is_backend: bool) -> String {
     }
 }
 
+/// The labels `fanfold plan` has asked a person for, over every round
+/// of planning into one output folder: one store key a line.
+const ASKED_FILE: &str = "labels-asked.txt";
+
+/// With a person as the oracle, each candidate's run lists the labels it
+/// waits for in its own folder: they are gathered into one list in `out`
+/// for `fanfold label`, each label once, and said in words: how many, how
+/// many the plan asked for in all (its earlier rounds' too, kept in
+/// [`ASKED_FILE`]), how many of those lie past the label budget, and why.
+/// `None` when no candidate waits for a label.
+fn person_labels(measured: &[Measured], out: &Path, budget: usize) -> Result<Option<String>> {
+    let asked_file = out.join(ASKED_FILE);
+    let mut asked: Vec<String> = std::fs::read_to_string(&asked_file)
+        .map(|t| t.lines().map(str::to_owned).collect())
+        .unwrap_or_default();
+    let before = asked.len();
+    let mut seen: std::collections::HashSet<String> = asked.iter().cloned().collect();
+    let mut wanted_keys = std::collections::HashSet::new();
+    let mut lines = Vec::new();
+    let mut asking = 0;
+    for m in measured {
+        let file = m.out_dir.join(WANTED_FILE);
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        let mut own = false;
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let wanted: WantedLabel = serde_json::from_str(line)
+                .with_context(|| format!("reading {}", file.display()))?;
+            own = true;
+            if wanted_keys.insert(wanted.key) {
+                lines.push(line.to_owned());
+                let key = wanted.key.to_string();
+                if seen.insert(key.clone()) {
+                    asked.push(key);
+                }
+            }
+        }
+        asking += usize::from(own);
+    }
+    let file = out.join(WANTED_FILE);
+    if lines.is_empty() {
+        // An earlier plan's list must not outlive its need.
+        if file.is_file() {
+            std::fs::remove_file(&file).with_context(|| format!("removing {}", file.display()))?;
+        }
+        return Ok(None);
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut text = lines.join("\n");
+    text.push('\n');
+    std::fs::write(&file, text).with_context(|| format!("writing {}", file.display()))?;
+    let mut text = asked.join("\n");
+    text.push('\n');
+    std::fs::write(&asked_file, text)
+        .with_context(|| format!("writing {}", asked_file.display()))?;
+    let n = lines.len();
+    let total = asked.len();
+    let earlier = if before > 0 {
+        format!(
+            " With the {before} its earlier rounds asked for (one not given yet is asked again), this plan has asked for {total} distinct labels in all."
+        )
+    } else {
+        String::new()
+    };
+    let past = if total > budget {
+        format!(
+            " {} of the {total} are PAST the label budget of {budget}: each candidate draws the labels that set its thresholds by its own proxy's scores, within the budget, and their draws overlap only in part, so measuring {asking} candidates asks for their union. Plan with fewer candidates to ask for fewer, or run the spec as declared, whose draws stay within the budget.",
+            total - budget
+        )
+    } else {
+        format!(" The {total} are within the label budget of {budget}.")
+    };
+    Ok(Some(format!(
+        "A person is asked for {n} labels, listed in {}: the draws that set the thresholds of the {asking} candidates waiting for labels (a label two candidates draw is asked once).{earlier}{past} Give them with `fanfold label {}` (with this plan's --store), then plan again.",
+        file.display(),
+        out.display()
+    )))
+}
+
 /// A candidate, by its index among the proxies or the strategies.
 #[derive(Clone, Copy)]
 enum Choice {
@@ -339,7 +437,8 @@ fn measure_proxy(
     opts.source = args.input.source();
     opts.slots = args.slots as usize;
     opts.max_unit_bytes = args.input.max_unit_bytes;
-    opts.out_dir = Some(out.join(format!("{}-{}", n + 1, label(&choice))));
+    let out_dir = out.join(format!("{}-{}", n + 1, label(&choice)));
+    opts.out_dir = Some(out_dir.clone());
     eprintln!("measuring {} ...", describe(&choice));
     let what = describe(&choice);
     let _span = tracing::info_span!("proxy candidate", candidate = %what).entered();
@@ -363,6 +462,7 @@ fn measure_proxy(
         report: cascade,
         wall_secs,
         new_calls: report.certificate.stats.model_calls,
+        out_dir,
     })
 }
 

@@ -86,16 +86,48 @@ pub(super) fn candidates(
     (out, skipped)
 }
 
-/// The fewest model calls `choice` could be measured at, before it runs:
-/// a scoring rung alone calls no model, and the spec's rungs may pass no
-/// unit on; every other strategy judges each sampled unit in some
-/// context, at least one call, scaled up to the population.
-pub(super) fn least_model_calls(choice: &StrategyChoice, sampled: usize) -> f64 {
-    match choice.strategy.as_str() {
-        _ if sampled == 0 => 0.0,
-        "embed" | "adaptive" => 0.0,
+/// The fewest model calls `choice` could be proven at, known before it
+/// runs, in the units of [`Measured::model_calls`]: a scoring rung alone
+/// calls no model, and the spec's rungs may pass no unit on; one context
+/// a unit makes a call for each distinct view of the population; contexts
+/// of at most `k` units, a call for each `k` of the population's units;
+/// one long context, one call.
+pub(super) fn least_model_calls(choice: &StrategyChoice, sample: &Sample) -> f64 {
+    let strategy = choice.strategy.as_str();
+    if sample.ids.is_empty() || matches!(strategy, "embed" | "adaptive") {
+        return 0.0;
+    }
+    if let Some(k) = chunk_size(strategy) {
+        return sample.population as f64 / k.max(1) as f64;
+    }
+    match strategy {
+        "micro" => sample.views.map_or(sample.population, |(all, _)| all) as f64,
         _ => 1.0,
     }
+}
+
+/// The most units one context of `strategy` holds: `k` for `chunk-k`.
+fn chunk_size(strategy: &str) -> Option<usize> {
+    strategy.strip_prefix("chunk-")?.parse().ok()
+}
+
+/// A measured chunk strategy whose contexts, smaller than `choice`'s,
+/// listed no id at all though the oracle calls some of the units they
+/// held positive. A larger context asks the same model the same
+/// question over more units, so `choice` is not run after it (it stays
+/// in the union bound, so the delta is unchanged): with the embedded
+/// model, a context of 10 units that lists nothing has each time been
+/// followed by contexts of 50 and 200 that list nothing either.
+pub(super) fn after_silent_chunk<'r>(
+    choice: &StrategyChoice,
+    runs: &'r [Measured],
+) -> Option<&'r Measured> {
+    let larger_than = |k: usize| match chunk_size(&choice.strategy) {
+        Some(own) => own > k,
+        None => choice.strategy == "long",
+    };
+    runs.iter()
+        .find(|r| chunk_size(&r.choice.strategy).is_some_and(larger_than) && r.listed_nothing())
 }
 
 /// A strategy as the table names it.
@@ -105,6 +137,11 @@ pub(super) fn describe(choice: &StrategyChoice) -> String {
         None if choice.strategy == "adaptive" => "the spec's rungs, no cascade".to_owned(),
         None => choice.strategy.clone(),
     }
+}
+
+/// Whether the cascade's oracle is a person, asked through `fanfold label`.
+pub(super) fn oracle_is_person(declared: &CascadeSpec) -> bool {
+    declared.labels.is_none() && declared.oracle == CascadeOracle::Person
 }
 
 /// Whether the cascade's oracle is the stage's own backend.
@@ -148,6 +185,12 @@ impl Measured {
 
     pub fn name(&self) -> String {
         describe(&self.choice)
+    }
+
+    /// Kept no unit of those it decided, though the oracle calls some of
+    /// them positive.
+    pub fn listed_nothing(&self) -> bool {
+        self.counts.tp + self.counts.fp == 0 && self.counts.fn_ > 0
     }
 }
 
@@ -446,15 +489,20 @@ fn run_on_sample(
 /// prefix. A context of many units is the whole run's only once the stage
 /// closed it by its own rule: a prefix one unit past `k` closes the first
 /// context of `chunk-k`, and one whose records fill more than a window
-/// closes it by the window. The scoring rungs alone call no model and
-/// `long` is one context: both are run on the whole sample at once.
+/// closes it by the window. One context a unit starts at a sixteenth and
+/// doubles: a longer prefix judges only its new units (the rest are
+/// cached, and a stage with nothing to ask starts no model job), so a
+/// strategy that proves the target pays little for the extra steps, and
+/// one that cannot is stopped after few calls. The scoring rungs alone
+/// call no model and `long` is one context: both are run on the whole
+/// sample at once.
 fn prefixes(choice: &StrategyChoice, n: usize) -> Vec<usize> {
     let strategy = choice.strategy.as_str();
     let mut sizes = match strategy.strip_prefix("chunk-").map(str::parse::<usize>) {
         Some(Ok(k)) => vec![k + 1, 4 * k + 1, n.div_ceil(2)],
         Some(Err(_)) => Vec::new(),
         None if matches!(strategy, "micro" | "adaptive") => {
-            vec![n.div_ceil(8), n.div_ceil(4), n.div_ceil(2)]
+            vec![n.div_ceil(16), n.div_ceil(8), n.div_ceil(4), n.div_ceil(2)]
         }
         None => Vec::new(),
     };

@@ -810,6 +810,10 @@ impl MapRunner {
             adopt: &adopt,
             waited: std::sync::Mutex::new(std::collections::HashSet::new()),
         };
+        // With every unit cached there is nothing to ask: the backend is
+        // not started (the embedded model would still decode the prompt's
+        // shared prefix, seconds a run on a loaded machine).
+        let nothing_to_ask = pending.is_empty();
         let batch_ledger = StoreLedger(ctx.store);
         let mut job = StageJob::new(
             stage,
@@ -827,10 +831,12 @@ impl MapRunner {
         job.set_guard(stage.spec.breaker.clone(), canary_expect);
         let price = |u: &fanfold_model::Usage| backend.cost_usd(u);
         job.set_price(&price);
-        backend.run(&job).map_err(|source| RunError::Backend {
-            name: stage.spec.backend.clone(),
-            source,
-        })?;
+        if !nothing_to_ask {
+            backend.run(&job).map_err(|source| RunError::Backend {
+                name: stage.spec.backend.clone(),
+                source,
+            })?;
+        }
         let canary_failures = job.canary_failures();
         let (results, max_in_flight, stop) = job.finish();
         // Units a backend handed back without finishing never reached the
