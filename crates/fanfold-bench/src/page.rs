@@ -525,20 +525,13 @@ fn cascade_sections(c: &Certificate) -> (String, String) {
         );
         let mut said = vec![format!("Target: {}.", r.target)];
         if let Some(a) = &r.accepted {
-            said.push(if a.used {
-                format!(
-                    "The declared target {metric} ≥ {} was LOWERED by the user to {metric} ≥ {} ({}): {}.",
-                    a.declared_at_least,
-                    a.accepted_at_least,
-                    a.by,
-                    a.cost(r.delta)
-                )
-            } else {
-                format!(
-                    "The accepted level {} ({}) lets the proxy decide no more units: the declared target stands.",
-                    a.accepted_at_least, a.by
-                )
-            });
+            said.push(format!(
+                "The declared target {metric} ≥ {} was LOWERED by the user to {metric} ≥ {} ({}): {}.",
+                a.declared_at_least,
+                a.accepted_at_least,
+                a.by,
+                a.cost(r.delta)
+            ));
         }
         said.push(format!(
             "{} labels of a budget of {}; the proxy decided {} of {} units.",
@@ -604,11 +597,7 @@ fn frontier_plot(
 ) -> String {
     let (w, h) = (520.0, 320.0);
     let (left, right, top, bottom) = (60.0, 20.0, 20.0, 50.0);
-    let declared = r
-        .accepted
-        .as_ref()
-        .filter(|a| a.used)
-        .map(|a| a.declared_at_least);
+    let declared = r.accepted.as_ref().map(|a| a.declared_at_least);
     // The levels span a narrow band near the target: the axis starts at
     // the tenth below the lowest level shown.
     let lowest = r

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use crossterm::{cursor, execute, terminal};
-use fanfold_engine::stages::map_cascade::{AskedFor, WANTED_FILE, WantedLabel};
+use fanfold_engine::stages::map_cascade::{AskedFor, WANTED_FILE, WantedLabel, lower_level_hint};
 use fanfold_store::{Label, Store};
 
 #[derive(clap::Args)]
@@ -324,9 +324,14 @@ fn past_budget(wanted: &[WantedLabel]) -> Option<String> {
                     within - budget
                 );
             }
+            let seed = wanted
+                .iter()
+                .find(|w| w.stage == *stage)
+                .map_or(0, |w| w.seed);
             format!(
-                "stage {stage}: {past} of these {} labels are PAST its label budget of {budget}. The budget was spent proving where the proxy may decide; these are the units the proven plan leaves to the oracle, because the labels did not prove the proxy sure of them. A lower level the run's frontier proves (answer.md), accepted with accept_at_least or --accept, leaves fewer.",
-                within + past
+                "stage {stage}: {past} of these {} labels are PAST its label budget of {budget}. The budget was spent proving where the proxy may decide; these are the units the proven plan leaves to the oracle, because the labels did not prove the proxy sure of them. A lower level leaves fewer: {}",
+                within + past,
+                lower_level_hint(seed)
             )
         })
         .collect();
@@ -360,18 +365,10 @@ fn ask(
             None => draw_done(open.len(), history.len(), skipped.len())?,
         }
         note.clear();
-        let Event::Key(KeyEvent {
-            code,
-            modifiers,
-            kind: KeyEventKind::Press,
-            ..
-        }) = event::read()?
-        else {
-            continue;
+        let Pressed::Key(code) = next_press()? else {
+            break;
         };
         match code {
-            KeyCode::Char('q') | KeyCode::Esc => break,
-            KeyCode::Char('c') if modifiers.contains(KeyModifiers::CONTROL) => break,
             KeyCode::Char('s') if w.is_some() => {
                 skipped.insert(at);
                 at += 1;
@@ -434,6 +431,24 @@ fn agreed(note: &str) -> Result<bool> {
     write!(out, "{}", lines.join("\r\n"))?;
     out.flush()?;
     loop {
+        match next_press()? {
+            Pressed::Key(KeyCode::Enter) => return Ok(true),
+            Pressed::Quit => return Ok(false),
+            Pressed::Key(_) => {}
+        }
+    }
+}
+
+/// A key the person pressed: quitting (q, Esc, Ctrl-C) is the same
+/// answer on every screen.
+enum Pressed {
+    Quit,
+    Key(KeyCode),
+}
+
+/// Waits for the next key press (releases and other events pass).
+fn next_press() -> Result<Pressed> {
+    loop {
         let Event::Key(KeyEvent {
             code,
             modifiers,
@@ -443,12 +458,11 @@ fn agreed(note: &str) -> Result<bool> {
         else {
             continue;
         };
-        match code {
-            KeyCode::Enter => return Ok(true),
-            KeyCode::Char('q') | KeyCode::Esc => return Ok(false),
-            KeyCode::Char('c') if modifiers.contains(KeyModifiers::CONTROL) => return Ok(false),
-            _ => {}
-        }
+        return Ok(match code {
+            KeyCode::Char('q') | KeyCode::Esc => Pressed::Quit,
+            KeyCode::Char('c') if modifiers.contains(KeyModifiers::CONTROL) => Pressed::Quit,
+            code => Pressed::Key(code),
+        });
     }
 }
 

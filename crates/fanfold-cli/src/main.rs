@@ -1025,7 +1025,11 @@ fn run(args: RunArgs) -> Result<ExitCode> {
             println!("quality: unmeasured (no stage declares a quality target)");
         }
         for p in &proven {
-            let head = if p.met { "proven quality" } else { "quality" };
+            let head = if p.proven {
+                "proven quality"
+            } else {
+                "quality"
+            };
             println!("{head}: {}\nsaving: {}", p.quality, p.saving);
         }
     }

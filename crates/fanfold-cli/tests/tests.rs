@@ -5213,6 +5213,23 @@ fn cascade_fixture(cascade: &str) -> Fixture {
     f
 }
 
+/// A labels file `name` of [`cascade_fixture`]'s truth for `ids`: the
+/// first 150 records flagged.
+fn truth_labels(f: &Fixture, name: &str, ids: impl Iterator<Item = String>) -> PathBuf {
+    let lines: String = ids
+        .map(|id| {
+            let flagged = id.parse::<u64>().is_ok_and(|i| i < 150);
+            format!(
+                "{}\n",
+                serde_json::json!({"id": id, "decision": if flagged { "yes" } else { "no" }})
+            )
+        })
+        .collect();
+    let path = f.path(name);
+    std::fs::write(&path, lines).expect("labels");
+    path
+}
+
 /// A cascade whose proxy is trained: a logistic regression over the
 /// embedded model's vectors of each record, fitted on half the label
 /// budget and cross-fitted; the scripted judge is the oracle. 1,000
@@ -6182,15 +6199,7 @@ fn a_labels_oracle_too_small_for_the_target_leaves_it_unmet_and_exits_non_zero()
         r#"{ proxy = "lex", target = "recall", at_least = 0.95, delta = 0.05, label_budget = 40, labels = "labels.jsonl" }"#,
     );
     // A person labelled twenty records.
-    let lines: String = (190..210)
-        .map(|i| {
-            format!(
-                "{{\"id\": {i}, \"decision\": \"{}\"}}\n",
-                if i < 150 { "yes" } else { "no" }
-            )
-        })
-        .collect();
-    std::fs::write(f.path("labels.jsonl"), lines).expect("labels");
+    truth_labels(&f, "labels.jsonl", (190..210).map(|i| i.to_string()));
     let o = f.run(&[]);
     assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
     let md = std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md");

@@ -130,6 +130,9 @@ pub struct ProvenQuality {
     /// The target holds: every unit the proxy did not decide was decided
     /// by the oracle.
     pub met: bool,
+    /// It holds at a level declared before the labels were drawn, so the
+    /// probability covers it: only then is the quality called proven.
+    pub proven: bool,
     /// The stage's statement: the target, whether it holds, the level.
     pub quality: String,
     /// The share of units the proxy decided and the labels asked.
@@ -165,6 +168,7 @@ pub fn proven_quality(report: &RunReport) -> Vec<ProvenQuality> {
             };
             ProvenQuality {
                 met: r.met,
+                proven: r.proven(),
                 quality: r.statement(stage),
                 saving: format!(
                     "the proxy `{}` decided {} of {} units ({share:.1} %); {} {asked} ({} to set the thresholds, {} for units left to the oracle) against {} without the cascade; {oracle}",
@@ -224,7 +228,11 @@ pub fn markdown(report: &RunReport) -> String {
     // target that is unmet says so in the same place.
     let proven = proven_quality(report);
     for p in &proven {
-        let head = if p.met { "Proven quality" } else { "Quality" };
+        let head = if p.proven {
+            "Proven quality"
+        } else {
+            "Quality"
+        };
         let _ = writeln!(
             out,
             "> **{head}:** {}\n>\n> **Saving:** {}\n",

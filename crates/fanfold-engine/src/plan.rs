@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use fanfold_core::spec::{
-    BackendSpec, ContractSpec, Execution, PrefilterAction, ReducerKind, Spec, StageSpec, check,
+    BackendSpec, CascadeOracle, ContractSpec, Execution, PrefilterAction, ReducerKind, Spec,
+    StageSpec, check,
 };
 use fanfold_core::{ContentHash, StableHash};
 use fanfold_ops::prefilter::Prefilter;
@@ -790,6 +791,13 @@ impl Plan {
                 } else {
                     String::new()
                 };
+                if let Some(oracle) = oracle_without_a_model(s, stage) {
+                    let _ = writeln!(
+                        out,
+                        "  stage {stage}: {n} units{later}, {cached} cached, no model calls (a cascade: {oracle})"
+                    );
+                    continue;
+                }
                 let _ = writeln!(
                     out,
                     "  stage {stage}: {n} units{later}, {cached} cached, expected model calls {}{} (more with retries)",
@@ -803,6 +811,35 @@ impl Plan {
             }
         }
         out
+    }
+}
+
+/// What answers a cascade stage in place of its backend, when no model is
+/// called there: the stage's oracle is a labels file or a person, and its
+/// proxy is not a map stage (whose scoring would be model calls). A unit
+/// the oracle has no label for is left undecided, never judged. `None`
+/// for any other stage.
+fn oracle_without_a_model(spec: &Spec, stage: &str) -> Option<String> {
+    let c = spec.stages.iter().find_map(|d| match d {
+        StageSpec::Map(m) if m.name == stage => m.cascade.as_ref(),
+        _ => None,
+    })?;
+    let proxy_is_a_model = c.features.is_none()
+        && spec
+            .stages
+            .iter()
+            .any(|d| matches!(d, StageSpec::Map(m) if m.name == c.proxy));
+    if proxy_is_a_model {
+        return None;
+    }
+    match (&c.labels, c.oracle) {
+        (Some(file), _) => Some(format!(
+            "the labels in `{file}` decide what the proxy leaves; a unit without one is left undecided, not judged"
+        )),
+        (None, CascadeOracle::Person) => Some(
+            "a person's labels decide what the proxy leaves; a unit without one waits for `fanfold label`".into(),
+        ),
+        (None, CascadeOracle::Backend) => None,
     }
 }
 

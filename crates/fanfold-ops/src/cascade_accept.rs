@@ -17,21 +17,28 @@
 //! (`a_level_fixed_in_advance_keeps_delta_and_one_read_off_the_frontier_is_measured`
 //! measures it). To keep 1 − δ for a level chosen after seeing the
 //! frontier, prove it on labels drawn after the choice (another seed).
+//!
+//! Once a level is accepted, the answer is the accepted proof's plan,
+//! whichever of the two is bolder: it then rests on one test at δ.
+//! Answering with the bolder of the declared and the accepted plans would
+//! rest on whichever proof the comparison picked, and either may be the
+//! wrong one, so the chance of falling below the level claimed would be
+//! bounded only by 2δ.
 
 use std::collections::HashMap;
 
 use crate::cascade::{self, CascadeError, Config, Decision, Outcome, Target};
 
-/// The declared proof, the proof at the accepted level, and which one the
-/// answer uses.
+/// The declared proof and the proof at the accepted level, which is the
+/// one the answer uses.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Acceptance {
+    /// What the labels proved at the declared level: shown beside the
+    /// answer (its frontier is what a level is accepted from), never
+    /// answered with.
     pub declared: Outcome,
+    /// The answer: the plan proven at the accepted level.
     pub accepted: Outcome,
-    /// The accepted level's plan lets the proxy decide more units than
-    /// the declared target's: the answer uses it, and states the lowered
-    /// level. Otherwise the declared target stands.
-    pub used: bool,
     /// Labels the proof at the accepted level reached for that the
     /// declared proof had not asked: not asked of the oracle, counted as
     /// the worst label (as a label the oracle could not give is). Zero
@@ -100,11 +107,9 @@ pub fn accept(
         },
     )?;
     let accepted = with_labels_of(accepted, &declared, keys, &given);
-    let used = accepted.proxy_decided > declared.proxy_decided;
     Ok(Acceptance {
         declared,
         accepted,
-        used,
         not_asked,
     })
 }
@@ -182,13 +187,32 @@ mod tests {
         assert_eq!(a.not_asked, 0);
         assert_eq!(a.accepted.labels, a.declared.labels);
         assert!(
-            a.used,
+            a.accepted.proxy_decided > a.declared.proxy_decided,
             "{} vs {}",
-            a.accepted.proxy_decided, a.declared.proxy_decided
+            a.accepted.proxy_decided,
+            a.declared.proxy_decided
         );
-        assert!(a.accepted.proxy_decided > a.declared.proxy_decided);
         assert_eq!(a.accepted.target.at_least, 0.8);
         assert_eq!(a.declared.target.at_least, 0.99);
+    }
+
+    /// Labels for every unit prove the boldest plan at both levels: the
+    /// declared plan is as bold as the accepted one, and the answer is
+    /// still the accepted proof's, at the accepted level.
+    #[test]
+    fn the_answer_is_the_accepted_proof_even_where_the_declared_is_as_bold() {
+        let (scores, truth) = synthetic_population(3, 60, 0.3, separation_for_auc(0.9));
+        let keys: Vec<u64> = (0..scores.len() as u64).collect();
+        let config = Config::new(recall(0.95), 200, 3);
+        let a = accept(&config, 0.8, &scores, &keys, &mut |i| truth.get(i).copied()).expect("runs");
+        assert!(
+            a.declared.proxy_decided >= a.accepted.proxy_decided,
+            "{} vs {}",
+            a.declared.proxy_decided,
+            a.accepted.proxy_decided
+        );
+        assert_eq!(a.accepted.target.at_least, 0.8);
+        assert_eq!(a.declared.target.at_least, 0.95);
     }
 
     #[test]
@@ -220,11 +244,7 @@ mod tests {
             let config = Config::new(recall(0.99), 300, seed);
             let mut oracle = |i: usize| truth.get(i).copied();
             let fixed = accept(&config, 0.85, &scores, &keys, &mut oracle).expect("runs");
-            let chosen = if fixed.used {
-                &fixed.accepted
-            } else {
-                &fixed.declared
-            };
+            let chosen = &fixed.accepted;
             if chosen.realized(&truth) < chosen.target.at_least {
                 fixed_failed += 1;
             }
@@ -243,11 +263,7 @@ mod tests {
             read_trials += 1;
             read_levels.push(level);
             let read = accept(&config, level, &scores, &keys, &mut oracle).expect("runs");
-            let chosen = if read.used {
-                &read.accepted
-            } else {
-                &read.declared
-            };
+            let chosen = &read.accepted;
             if chosen.realized(&truth) < chosen.target.at_least {
                 read_failed += 1;
             }

@@ -12,15 +12,7 @@ fn a_labels_file_answers_every_unit_left_to_the_oracle() {
     let f = cascade_fixture(
         r#"{ proxy = "lex", target = "recall", at_least = 0.95, delta = 0.05, label_budget = 40, labels = "labels.jsonl" }"#,
     );
-    let lines: String = (0..1000)
-        .map(|i| {
-            format!(
-                "{{\"id\": {i}, \"decision\": \"{}\"}}\n",
-                if i < 150 { "yes" } else { "no" }
-            )
-        })
-        .collect();
-    std::fs::write(f.path("labels.jsonl"), lines).expect("labels");
+    truth_labels(&f, "labels.jsonl", (0..1000).map(|i| i.to_string()));
     let o = f.run(&[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let cert = f.certificate();
@@ -46,15 +38,7 @@ fn a_budget_too_small_shows_the_frontier_it_proved_and_asks_no_more() {
     let f = cascade_fixture(
         r#"{ proxy = "lex", target = "recall", at_least = 0.99, delta = 0.05, label_budget = 40, labels = "labels.jsonl" }"#,
     );
-    let lines: String = (0..1000)
-        .map(|i| {
-            format!(
-                "{{\"id\": {i}, \"decision\": \"{}\"}}\n",
-                if i < 150 { "yes" } else { "no" }
-            )
-        })
-        .collect();
-    std::fs::write(f.path("labels.jsonl"), lines).expect("labels");
+    truth_labels(&f, "labels.jsonl", (0..1000).map(|i| i.to_string()));
     let o = f.run(&[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let cert = f.certificate();
@@ -83,27 +67,13 @@ fn answer_md(f: &Fixture) -> String {
     std::fs::read_to_string(f.path("out/answer.md")).expect("answer.md")
 }
 
-/// The labels file of the fixture's truth: the first 150 records flagged.
-fn truth_labels(f: &Fixture, ids: impl Iterator<Item = String>) -> std::path::PathBuf {
-    let lines: String = ids
-        .map(|id| {
-            let flagged = id.parse::<u64>().is_ok_and(|i| i < 150);
-            format!(
-                "{}\n",
-                serde_json::json!({"id": id, "decision": if flagged { "yes" } else { "no" }})
-            )
-        })
-        .collect();
-    let path = f.path("truth.jsonl");
-    std::fs::write(&path, lines).expect("labels");
-    path
-}
-
 /// A target the budget cannot prove for a bold plan: accepting a lower
-/// level on the command line proves it on the same labels (no model call,
-/// no new label), the proxy decides more, and the answer, the
-/// certificate and explain say the target was lowered, from what to what,
-/// and what choosing it costs.
+/// level on the command line answers at it on the same labels (no model
+/// call, no new label) with the plan its proof chose, the proxy decides
+/// more, and the answer, the certificate and explain say the target was
+/// lowered, from what to what, and that a level given after the labels
+/// were seen is not proven; written into the spec with a new seed, as the
+/// answer says, it is.
 #[test]
 fn accepting_a_lower_level_proves_it_on_the_same_labels_and_says_so() {
     let f = cascade_fixture(
@@ -128,7 +98,11 @@ fn accepting_a_lower_level_proves_it_on_the_same_labels_and_says_so() {
     );
     let report = &cert["stats"]["cascades"]["judge"];
     let accepted = &report["accepted"];
-    assert_eq!(accepted["used"], true, "{report}");
+    assert_eq!(accepted["after_labels"], true, "{report}");
+    assert_eq!(
+        report["plan"], accepted["accepted_plan"],
+        "the answer is the accepted proof's plan: {report}"
+    );
     assert_eq!(accepted["declared_at_least"], 0.99, "{report}");
     assert_eq!(accepted["accepted_at_least"], 0.7, "{report}");
     assert_eq!(accepted["by"], "--accept on the command line", "{report}");
@@ -159,17 +133,46 @@ fn accepting_a_lower_level_proves_it_on_the_same_labels_and_says_so() {
             .expect("json");
     let quality = answer["quality"][0].as_str().expect("a quality line");
     assert!(
-        quality.contains("recall ≥ 0.7 with probability ≥ 0.9 holds")
-            && quality.contains("the declared target recall ≥ 0.99 was LOWERED by the user to 0.7"),
+        quality.contains("recall ≥ 0.7 (chosen after the labels were seen) passes its test on the labels that chose it")
+            && quality.contains("the declared target recall ≥ 0.99 was LOWERED by the user to 0.7 (--accept on the command line), a level CHOSEN AFTER THE LABELS WERE SEEN, which the probability does not cover")
+            && !quality.contains("with probability"),
         "{quality}"
     );
+    let clean = "write `accept_at_least = 0.7` into the cascade with a new `seed` (it is 0 now) and run again";
+    assert!(quality.contains(clean), "{quality}");
     let md = answer_md(&f);
     assert!(
-        md.contains("**Target LOWERED by the user**: the declared target recall ≥ 0.99 was lowered to recall ≥ 0.7 (--accept on the command line)"),
+        md.contains("**Target LOWERED by the user**: the declared target recall ≥ 0.99 was lowered to recall ≥ 0.7 (--accept on the command line), a level CHOSEN AFTER THE LABELS WERE SEEN"),
+        "{md}"
+    );
+    assert!(
+        md.contains("> **Quality:** stage judge") && !md.contains("Proven quality"),
         "{md}"
     );
     assert!(md.contains("not one confidence sequence"), "{md}");
     assert!(md.contains("no label was added"), "{md}");
+
+    // As the answer says: the level written into the spec with a new seed
+    // is proven on the labels that seed draws.
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replace(
+            "label_budget = 150 }",
+            "label_budget = 150, accept_at_least = 0.7, seed = 1 }",
+        ),
+    )
+    .expect("spec");
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let report = cascade_report(&f);
+    assert_eq!(report["accepted"]["after_labels"], false, "{report}");
+    assert_eq!(report["seed"], 1, "{report}");
+    let md = answer_md(&f);
+    assert!(
+        md.contains("> **Proven quality:** stage judge: recall ≥ 0.7 with probability ≥ 0.9 holds"),
+        "{md}"
+    );
 
     // explain and --help say it too.
     let o = run(bin().arg("explain").arg(f.path("spec.toml")).args([
@@ -202,7 +205,8 @@ fn accept_at_least_in_the_spec_lowers_the_target_and_bad_levels_are_refused() {
     let o = f.run(&[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let report = cascade_report(&f);
-    assert_eq!(report["accepted"]["used"], true, "{report}");
+    assert_eq!(report["at_least"], 0.7, "{report}");
+    assert_eq!(report["accepted"]["after_labels"], false, "{report}");
     assert_eq!(
         report["accepted"]["by"], "accept_at_least in the spec",
         "{report}"
@@ -231,10 +235,11 @@ fn accept_at_least_in_the_spec_lowers_the_target_and_bad_levels_are_refused() {
 }
 
 /// A person as the oracle: the run asks first for the draws that set the
-/// thresholds, within the budget; once they are given, the units the plan
-/// leaves to the oracle are past the budget, and the run's output,
-/// answer.md and `fanfold label` say how many and why before the first is
-/// asked.
+/// thresholds, within the budget, a round at a time after the first
+/// sitting, so the person gives exactly the labels the proof reads; once
+/// they are given, the units the plan leaves to the oracle are past the
+/// budget, and the run's output, answer.md and `fanfold label` say how
+/// many and why before the first is asked.
 #[test]
 fn a_person_is_never_asked_past_the_budget_unannounced() {
     let budget = 40;
@@ -256,6 +261,7 @@ fn a_person_is_never_asked_past_the_budget_unannounced() {
     // Until the thresholds are set, every label asked is within the
     // budget, and said to be.
     let mut rounds = 0;
+    let mut given = 0;
     let past = loop {
         let o = f.run(&[]);
         assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
@@ -276,11 +282,13 @@ fn a_person_is_never_asked_past_the_budget_unannounced() {
             );
             let o = import(&truth_labels(
                 &f,
+                "truth.jsonl",
                 wanted
                     .iter()
                     .map(|w| w["id"].as_str().expect("id").to_owned()),
             ));
             assert!(!stdout(&o).contains("PAST"), "{}", stdout(&o));
+            given += wanted.len();
             rounds += 1;
             assert!(rounds < 4, "still setting thresholds after {rounds} rounds");
             continue;
@@ -296,6 +304,11 @@ fn a_person_is_never_asked_past_the_budget_unannounced() {
             report["wanted_past_budget"].as_u64(),
             Some(n as u64),
             "{report}"
+        );
+        assert_eq!(
+            report["labels"].as_u64(),
+            Some(given as u64),
+            "the person gave {given} labels over {rounds} sittings: {report}"
         );
         let said = format!("{n} of these labels are PAST the label budget of {budget}");
         assert!(stderr(&o).contains(&said), "{}", stderr(&o));

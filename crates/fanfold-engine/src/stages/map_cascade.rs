@@ -14,8 +14,10 @@
 //! the stage's question and what the unit shows ([`label_key`]). A run
 //! that lacks some lists them in `labels-wanted.jsonl` for `fanfold
 //! label OUT_DIR` and decides nothing it cannot prove: first the draws
-//! that set the thresholds, then, once those are labelled, the units the
-//! proof leaves to the oracle. Each rerun asks only for what is missing.
+//! that set the thresholds (the first round whole, then each round the
+//! proof still asks for on the labels given), then, once the proof ends,
+//! the units it leaves to the oracle. Each rerun asks only for what is
+//! missing.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -98,6 +100,10 @@ pub struct WantedLabel {
     /// The stage's declared label budget.
     #[serde(default)]
     pub label_budget: usize,
+    /// The cascade's seed, which says how a lower level is proven on new
+    /// labels ([`lower_level_hint`]).
+    #[serde(default)]
+    pub seed: u64,
 }
 
 /// Why a person is asked for a label.
@@ -122,10 +128,16 @@ pub struct AcceptedLevel {
     /// Where the accepted level was set: `accept_at_least` in the spec,
     /// or `--accept` on the command line.
     pub by: String,
-    /// The accepted level's plan lets the proxy decide more units than
-    /// the declared target's, so the answer uses it and the target is
-    /// lowered; otherwise the declared target stands.
-    pub used: bool,
+    /// The level came from the command line (`--accept`), which is where
+    /// a level read off a run's frontier is given: it is taken as chosen
+    /// after the labels were seen, and the probability does not cover it.
+    /// A spec's `accept_at_least` is taken as written before the labels.
+    #[serde(default)]
+    pub after_labels: bool,
+    /// The cascade's seed: a new one draws new labels, on which a level
+    /// chosen after seeing these is proven cleanly.
+    #[serde(default)]
+    pub seed: u64,
     /// What the labels proved at the declared level: its plan, the units
     /// it lets the proxy decide, and the level proven for it.
     pub declared_plan: Plan,
@@ -142,12 +154,49 @@ pub struct AcceptedLevel {
 impl AcceptedLevel {
     /// What choosing the level costs, as the answer says it.
     pub fn cost(&self, delta: f64) -> String {
+        let covered = if self.after_labels {
+            format!(
+                "This level was given with --accept after a run had shown the frontier of these labels, so it was chosen by them: the probability {} does not cover it, and the chance the answer falls below it is not bounded by δ. {}",
+                1.0 - delta,
+                self.clean_proof()
+            )
+        } else {
+            format!(
+                "So the probability {} covers {} as a level set before the labels were drawn (an accept_at_least written into the spec before its first run); a level read off the frontier of these same labels is chosen by them, and the chance the answer falls below it is not bounded by δ. {}",
+                1.0 - delta,
+                self.accepted_at_least,
+                self.clean_proof()
+            )
+        };
         format!(
-            "the accepted level is proven by the same test as the declared one, on the same labels, at the same δ = {delta}; no label was added and no model was asked again. The levels of the frontier are not one confidence sequence: each is proven by its own plan's test, each at δ on its own. So the probability {} covers {} as a level set before the labels were drawn (an accept_at_least written into the spec before its first run); a level read off the frontier of these same labels is chosen by them, and the chance the answer falls below it is not bounded by δ. To keep that probability for a level chosen after seeing the frontier, prove it on labels drawn after the choice (another seed)",
-            1.0 - delta,
-            self.accepted_at_least
+            "the answer uses the plan the accepted level's proof chose, whatever the declared proof chose, so it rests on that one test; the accepted level is proven by the same test as the declared one, on the same labels, at the same δ = {delta}; no label was added and no model was asked again. The levels of the frontier are not one confidence sequence: each is proven by its own plan's test, each at δ on its own. {covered}"
         )
     }
+
+    /// How to prove a level chosen after seeing the labels at 1 − δ: fix
+    /// it first, then draw new labels.
+    pub fn clean_proof(&self) -> String {
+        clean_proof(&self.accepted_at_least.to_string(), self.seed)
+    }
+}
+
+/// How a lower level than the declared one is had, for a reader who has
+/// seen this run's labels: answered on them, it is chosen by them; proven
+/// cleanly, it is fixed first and proven on new labels.
+pub fn lower_level_hint(seed: u64) -> String {
+    format!(
+        "one read off the run's frontier (answer.md) and given with --accept is answered on these labels, and the answer says it was chosen after the labels were seen, which the probability does not cover. {}",
+        clean_proof("LEVEL", seed)
+    )
+}
+
+/// How to prove `level` at the target's probability once it was chosen
+/// from a run's labels: fixed in the spec, then proven on labels a new
+/// seed draws.
+pub fn clean_proof(level: &str, seed: u64) -> String {
+    format!(
+        "For a proof at that probability, write `accept_at_least = {level}` into the cascade with a new `seed` (it is {seed} now) and run again: the new seed asks for new labels, drawn after the level was fixed"
+    )
 }
 
 /// The store key of a label: the stage's question and what the unit shows.
@@ -213,6 +262,9 @@ pub struct CascadeReport {
     /// The δ of the target.
     #[serde(default)]
     pub delta: f64,
+    /// The cascade's seed, which draws its labels.
+    #[serde(default)]
+    pub seed: u64,
     /// A lower level the user accepted (`accept_at_least`, `--accept`),
     /// and what it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -239,18 +291,26 @@ impl CascadeReport {
                 self.estimate, self.lower_bound, self.proxy_decided
             ),
         };
-        let verdict = if self.met { "holds" } else { "is UNMET" };
+        let verdict = match (&self.accepted, self.met) {
+            (Some(a), true) if a.after_labels => "passes its test on the labels that chose it",
+            (_, true) => "holds",
+            (_, false) => "is UNMET",
+        };
         let lowered = match &self.accepted {
-            Some(a) if a.used => format!(
+            Some(a) if a.after_labels => format!(
+                "; the declared target {} ≥ {} was LOWERED by the user to {} ({}), a level CHOSEN AFTER THE LABELS WERE SEEN, which the probability does not cover. {}",
+                self.metric(),
+                a.declared_at_least,
+                a.accepted_at_least,
+                a.by,
+                a.clean_proof()
+            ),
+            Some(a) => format!(
                 "; the declared target {} ≥ {} was LOWERED by the user to {} ({}), which the probability covers only as a level set before the labels were drawn",
                 self.metric(),
                 a.declared_at_least,
                 a.accepted_at_least,
                 a.by
-            ),
-            Some(a) => format!(
-                "; the accepted level {} ({}) lets the proxy decide no more units, so the declared target stands",
-                a.accepted_at_least, a.by
             ),
             None => String::new(),
         };
@@ -268,6 +328,13 @@ impl CascadeReport {
         )
     }
 
+    /// The target holds at a level declared before the labels were drawn:
+    /// met, and not a level given on the command line after a run showed
+    /// the labels' frontier. Only such a level is called proven.
+    pub fn proven(&self) -> bool {
+        self.met && !self.accepted.as_ref().is_some_and(|a| a.after_labels)
+    }
+
     /// The target's metric, as its text names it.
     fn metric(&self) -> &str {
         self.target.split_whitespace().next().unwrap_or("quality")
@@ -279,6 +346,7 @@ fn metric(m: QualityMetric) -> Metric {
         QualityMetric::Recall => Metric::Recall,
         QualityMetric::Precision => Metric::Precision,
         QualityMetric::Accuracy => Metric::Accuracy,
+        QualityMetric::RecallAndPrecision => Metric::RecallAndPrecision,
     }
 }
 
@@ -467,6 +535,16 @@ impl CascadeRun {
         )
     }
 
+    /// The text of a level chosen after the labels were seen: no
+    /// probability is claimed for it.
+    fn chosen_level_text(&self, at_least: f64) -> String {
+        format!(
+            "{} ≥ {} (chosen after the labels were seen)",
+            self.target().metric.name(),
+            at_least
+        )
+    }
+
     /// Where the accepted level was set.
     fn accepted_by(&self) -> &'static str {
         if self.spec.accept_from_command_line {
@@ -498,9 +576,14 @@ impl CascadeRun {
         };
         let accepted = match self.spec.accept_at_least {
             Some(level) => format!(
-                "; if the labels prove {} for a plan less bold than they prove {level} for, the user accepts {level} ({}): the same test at that level on the same labels, and the answer says the target was lowered",
+                "; the user accepts {level} ({}): the answer uses the plan the same test proves at that level on the same labels, and says the target was lowered from {}{}",
+                self.accepted_by(),
                 self.spec.at_least,
-                self.accepted_by()
+                if self.spec.accept_from_command_line {
+                    "; a level given on the command line is taken as chosen after the labels were seen, which the probability does not cover"
+                } else {
+                    ""
+                }
             ),
             None => String::new(),
         };
@@ -609,6 +692,7 @@ impl CascadeRun {
                 wanted,
                 label_budget: c.label_budget,
                 delta: c.delta,
+                seed: c.seed,
                 at_least: c.at_least,
                 met: false,
                 ..CascadeReport::default()
@@ -675,11 +759,14 @@ impl CascadeRun {
             )
         };
         if person {
-            // The first round's labels choose the later rounds' draws: a
-            // person gives labels in up to two rounds.
             let known = |p: usize| stored.get(p).copied().flatten();
-            let draws = cascade::label_draws(&config, &scores, &keys, &known);
-            let missing: Vec<usize> = draws
+            let asked =
+                person_sitting(&config, &scores, &keys, &known).map_err(|e| RunError::Cascade {
+                    stage: name.clone(),
+                    unit: "-".into(),
+                    detail: e.to_string(),
+                })?;
+            let missing: Vec<usize> = asked
                 .iter()
                 .copied()
                 .filter(|&p| stored.get(p).is_some_and(Option::is_none))
@@ -687,7 +774,13 @@ impl CascadeRun {
             if !missing.is_empty() {
                 // The thresholds need these first: nothing is decided
                 // until they are given.
-                return waiting(ctx, &missing, draws.len() - missing.len());
+                let given: std::collections::HashSet<u64> = keys
+                    .iter()
+                    .zip(&stored)
+                    .filter(|(_, label)| label.is_some())
+                    .map(|(&key, _)| key)
+                    .collect();
+                return waiting(ctx, &missing, given.len());
             }
         }
         if self.labels.is_none() && !person {
@@ -729,8 +822,8 @@ impl CascadeRun {
             detail,
         };
         // A level the user accepts is proven on the labels the declared
-        // target's proof was given; the answer uses it only where it lets
-        // the proxy decide more. The frontier shown is the declared
+        // target's proof was given, and the answer is its plan, so it
+        // rests on that one test. The frontier shown is the declared
         // proof's: what the labels proved from its plan on, which is what
         // a level is accepted from.
         let (result, accepted, frontier) = match c.accept_at_least {
@@ -747,7 +840,8 @@ impl CascadeRun {
                     declared_at_least: c.at_least,
                     accepted_at_least: level,
                     by: self.accepted_by().into(),
-                    used: a.used,
+                    after_labels: c.accept_from_command_line,
+                    seed: c.seed,
                     declared_plan: a.declared.plan.clone(),
                     declared_proxy_decided: a.declared.proxy_decided,
                     declared_lower_bound: a.declared.lower_bound,
@@ -756,17 +850,22 @@ impl CascadeRun {
                     not_asked: a.not_asked,
                 };
                 let frontier = a.declared.frontier.clone();
-                let used = if a.used { a.accepted } else { a.declared };
-                (used, Some(accepted), frontier)
+                (a.accepted, Some(accepted), frontier)
             }
         };
         // The target the answer holds to: the declared one, or the level
         // the user accepted in its place.
-        let at_least = match &accepted {
-            Some(a) if a.used => a.accepted_at_least,
-            _ => c.at_least,
+        let (at_least, in_force) = match &accepted {
+            Some(a) if a.after_labels => (
+                a.accepted_at_least,
+                self.chosen_level_text(a.accepted_at_least),
+            ),
+            Some(a) => (
+                a.accepted_at_least,
+                self.target_text_at(a.accepted_at_least),
+            ),
+            None => (c.at_least, self.target_text()),
         };
-        let in_force = self.target_text_at(at_least);
         let threshold = match &result.plan {
             Plan::Threshold { threshold } => format!("score ≥ {threshold:.4}"),
             Plan::Band { low, high } => {
@@ -989,6 +1088,7 @@ impl CascadeRun {
             label_budget: c.label_budget,
             wanted_past_budget,
             delta: c.delta,
+            seed: c.seed,
             at_least,
             accepted,
         };
@@ -1037,6 +1137,7 @@ impl CascadeRun {
                 view: view(i)?,
                 asked_for,
                 label_budget: self.spec.label_budget,
+                seed: self.spec.seed,
             });
         }
         let n = lines.len();
@@ -1200,6 +1301,23 @@ fn derived_fact(
     }
 }
 
+/// The labels a person is asked for in one sitting, of those that set the
+/// thresholds (`known(p)`: `None` while unit `p` has no stored label):
+/// what the proof still asks on the labels given, a round at a time
+/// ([`cascade::next_labels`]), so a proof that ends early asks nothing
+/// more. Before any is given that is the first round whole, the list
+/// [`cascade::label_draws`] gives: a batch to sit down to. Listing every
+/// draw the budget allows once the first round is in would ask for
+/// labels the proof never reads.
+fn person_sitting(
+    config: &Config,
+    scores: &[f64],
+    keys: &[u64],
+    known: &dyn Fn(usize) -> Option<Option<bool>>,
+) -> Result<Vec<usize>, cascade::CascadeError> {
+    cascade::next_labels(config, scores, keys, known)
+}
+
 fn merge(into: &mut StageOutcome, from: StageOutcome) {
     for (k, v) in from.escalated {
         into.escalated.entry(k).or_default().extend(v);
@@ -1299,10 +1417,13 @@ fn past_budget(r: &CascadeReport) -> String {
         "; {} of these labels are PAST the label budget of {}: the proof spent the budget, and the plan it proved leaves these units to the oracle because the labels did not prove the proxy sure of them{}",
         r.wanted_past_budget,
         r.label_budget,
-        if r.accepted.as_ref().is_some_and(|a| a.used) {
-            ""
+        if r.accepted.is_some() {
+            String::new()
         } else {
-            " (a lower level the frontier proves, accepted with accept_at_least or --accept, leaves fewer)"
+            format!(
+                " (a lower level leaves fewer: {})",
+                lower_level_hint(r.seed)
+            )
         }
     )
 }
@@ -1347,7 +1468,8 @@ pub(crate) fn answer_section(stats: &RunStats, stage: &str) -> Option<String> {
         }
         if r.accepted.is_none() && !r.frontier.iter().all(|p| p.saving <= 0.0) {
             frontier.push_str(&format!(
-                "\nTo let the proxy decide the units a lower level is proven for, accept that level: `accept_at_least = LEVEL` in the cascade, or `fanfold run SPEC --accept {stage}=LEVEL`; it is proven on these labels, asking no new one. The probability covers a level set before the labels were drawn, not one read off this table: see the answer's statement when you do.\n"
+                "\nTo let the proxy decide the units a lower level is proven for: `fanfold run SPEC --accept {stage}=LEVEL` answers at a level read off this table on these same labels, asking no new one, and the answer then says the level was chosen after the labels were seen, which the probability does not cover. {}.\n",
+                clean_proof("LEVEL", r.seed)
             ));
         }
         frontier.push_str(&match r.more_labels {
@@ -1366,11 +1488,16 @@ pub(crate) fn answer_section(stats: &RunStats, stage: &str) -> Option<String> {
         _ => format!("a plan letting the proxy decide {decided} units"),
     };
     let accepted = match &r.accepted {
-        Some(a) if a.used => format!(
-            "- **Target LOWERED by the user**: the declared target {metric} ≥ {} was lowered to {metric} ≥ {} ({}). Within the label budget the labels proved {} at the declared level and {} at the accepted one.\n- What the choice costs: {}.\n",
+        Some(a) => format!(
+            "- **Target LOWERED by the user**: the declared target {metric} ≥ {} was lowered to {metric} ≥ {} ({}){}. Within the label budget the labels proved {} at the declared level and {} at the accepted one, which the answer uses.\n- What the choice costs: {}.\n",
             a.declared_at_least,
             a.accepted_at_least,
             a.by,
+            if a.after_labels {
+                ", a level CHOSEN AFTER THE LABELS WERE SEEN"
+            } else {
+                ""
+            },
             match a.declared_plan {
                 Plan::OracleDecidesAll => plan_name(&a.declared_plan, 0),
                 _ => format!(
@@ -1381,12 +1508,6 @@ pub(crate) fn answer_section(stats: &RunStats, stage: &str) -> Option<String> {
             },
             plan_name(&a.accepted_plan, a.accepted_proxy_decided),
             a.cost(r.delta),
-        ),
-        Some(a) => format!(
-            "- Accepted level {metric} ≥ {} ({}): at it the labels prove {}, no more than at the declared target, so the declared target stands.\n",
-            a.accepted_at_least,
-            a.by,
-            plan_name(&a.accepted_plan, a.accepted_proxy_decided),
         ),
         None => String::new(),
     };
@@ -1421,4 +1542,90 @@ pub(crate) fn answer_section(stats: &RunStats, stage: &str) -> Option<String> {
         r.calls_without,
         r.calls_without.saturating_sub(r.oracle_calls),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use fanfold_ops::cascade::{separation_for_auc, synthetic_population};
+
+    use super::*;
+
+    /// A person's first sitting is the first round whole, as
+    /// `label_draws` lists it; a later one asks what the proof still
+    /// reads, no more than `next_labels`, and fewer than every draw the
+    /// budget allows. Sitting until nothing is asked, the person has given
+    /// exactly the labels the proof spent.
+    #[test]
+    fn a_later_sitting_asks_only_what_the_proof_still_reads() {
+        let (scores, truth) = synthetic_population(5, 2000, 0.2, separation_for_auc(0.9));
+        let keys: Vec<u64> = (0..scores.len() as u64).collect();
+        let target = Target {
+            metric: Metric::Recall,
+            at_least: 0.8,
+            delta: 0.1,
+        };
+        let config = Config::new(target, 400, 5);
+        let nothing = |_: usize| None;
+        let first = person_sitting(&config, &scores, &keys, &nothing).expect("runs");
+        assert!(!first.is_empty());
+        assert_eq!(
+            first,
+            cascade::label_draws(&config, &scores, &keys, &nothing),
+            "the first sitting is the first round whole"
+        );
+        let mut given: HashSet<usize> = first.iter().copied().collect();
+        let mut sittings = 1;
+        let mut second_sitting = None;
+        loop {
+            let known = |p: usize| given.contains(&p).then(|| truth.get(p).copied());
+            let asked = person_sitting(&config, &scores, &keys, &known).expect("runs");
+            if asked.is_empty() {
+                break;
+            }
+            let next = cascade::next_labels(&config, &scores, &keys, &known).expect("runs");
+            assert!(
+                asked.len() <= next.len(),
+                "{} > {}",
+                asked.len(),
+                next.len()
+            );
+            if sittings == 1 {
+                let every_draw = cascade::label_draws(&config, &scores, &keys, &known)
+                    .into_iter()
+                    .filter(|p| !given.contains(p))
+                    .count();
+                assert!(
+                    asked.len() < every_draw,
+                    "the second sitting asks {} of the {every_draw} draws the budget allows",
+                    asked.len()
+                );
+                second_sitting = Some((asked.len(), every_draw));
+            }
+            given.extend(asked);
+            sittings += 1;
+            assert!(sittings < 20, "still asking after {sittings} sittings");
+        }
+        let outcome = cascade::run(&config, &scores, &keys, &mut |p| {
+            given.contains(&p).then(|| truth.get(p).copied()).flatten()
+        })
+        .expect("every label the proof reads was given");
+        assert!(
+            outcome.proxy_decided > 0,
+            "the labels prove no plan: {:?}",
+            outcome.plan
+        );
+        assert_eq!(
+            outcome.labels,
+            given.len(),
+            "given over {sittings} sittings"
+        );
+        eprintln!(
+            "first sitting {} labels; second {:?} (asked, every draw the budget allows); {} labels over {sittings} sittings, all read by the proof",
+            first.len(),
+            second_sitting,
+            given.len()
+        );
+    }
 }
