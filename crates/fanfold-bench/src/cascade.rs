@@ -14,22 +14,15 @@
 //!   the calls one micro-context per unit makes, and the quality on the
 //!   units the cascade never labelled.
 
-use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime};
 
-use anyhow::{Context, Result, anyhow};
-use fanfold_core::spec::{Bm25StageSpec, Spec};
-use fanfold_embed::{Embedder, EmbedderFiles};
-use fanfold_engine::Plan;
-use fanfold_engine::models::{MINILM_L6_V2, cache_dir, ensure_each};
-use fanfold_ops::bm25::{Bm25Stage, text_of, tokens};
+use anyhow::Result;
 use fanfold_ops::cascade::{self, Config, Decision, Metric, Outcome, Plan as CascadePlan, Target};
 use fanfold_ops::proxy;
-use fanfold_ops::view::Projector;
 
-use crate::ladder::LadderConfig;
+use crate::population::{DIMS, PREVALENCE, SEPARATION, UNITS, population, synthetic_vectors};
 use crate::report::{cpu_model, load_average, utc_date, write_marked_section};
 
 pub struct CascadeArgs {
@@ -41,10 +34,6 @@ pub struct CascadeArgs {
     pub seeds: u64,
 }
 
-/// The synthetic population: big enough that the labels are a sample.
-const UNITS: usize = 2000;
-const PREVALENCE: f64 = 0.2;
-const SEPARATION: f64 = 2.5;
 const SYNTHETIC_BUDGET: usize = 800;
 const DELTA: f64 = 0.1;
 
@@ -450,8 +439,6 @@ const B_WIDE_BUDGET: usize = 1000;
 
 /// The name of the trained proxy's rows.
 const TRAINED: &str = "trained (logistic over the embedding, cross-fitted)";
-/// Dimensions of the synthetic vectors the trained proxy reads.
-const SYNTHETIC_DIMS: usize = 16;
 
 /// What a trained proxy's cascade spent beyond its outcome's own count.
 struct Fit {
@@ -501,7 +488,7 @@ fn trained_run(
 fn synthetic_trained(body: &mut String, trials: u64) {
     let _ = writeln!(
         body,
-        "### A trained proxy on synthetic vectors\n\nThe same populations drawn as {SYNTHETIC_DIMS}-dimensional vectors (unit normals whose class means lie {SEPARATION} apart), no score given: each trial fits the trained proxy (`fanfold_ops::proxy`, a logistic regression cross-fitted over five folds) on {} labels of a seeded sample, and the cascade sets its thresholds with the other {}. \"Labels\" counts the distinct units labelled by both halves.\n",
+        "### A trained proxy on synthetic vectors\n\nThe same populations drawn as {DIMS}-dimensional vectors (unit normals whose class means lie {SEPARATION} apart), no score given: each trial fits the trained proxy (`fanfold_ops::proxy`, a logistic regression cross-fitted over five folds) on {} labels of a seeded sample, and the cascade sets its thresholds with the other {}. \"Labels\" counts the distinct units labelled by both halves.\n",
         proxy::training_budget(SYNTHETIC_BUDGET),
         SYNTHETIC_BUDGET - proxy::training_budget(SYNTHETIC_BUDGET),
     );
@@ -513,8 +500,7 @@ fn synthetic_trained(body: &mut String, trials: u64) {
         let mut tally = Tally::default();
         let mut failed = None;
         for seed in 0..trials {
-            let (vectors, truth) =
-                proxy::synthetic_vectors(seed, UNITS, PREVALENCE, SYNTHETIC_DIMS, SEPARATION);
+            let (vectors, truth) = synthetic_vectors(seed);
             let keys: Vec<u64> = (0..vectors.len() as u64).collect();
             let target = Target {
                 metric,
@@ -538,114 +524,6 @@ fn synthetic_trained(body: &mut String, trials: u64) {
         );
     }
     let _ = writeln!(body);
-}
-
-/// The example's units the prefilter keeps, their truth and the proxies'
-/// scores.
-pub(crate) struct Population {
-    ids: Vec<String>,
-    /// One label per distinct view: the judge's view of the line, hashed.
-    pub(crate) keys: Vec<u64>,
-    pub(crate) truth: Vec<bool>,
-    proxies: Vec<(&'static str, Vec<f64>)>,
-    /// Each line's embedding, for the trained proxy.
-    pub(crate) vectors: Vec<Vec<f32>>,
-    /// Distinct views the judge would see: one micro-context call each
-    /// (content-addressed facts are shared), before retries.
-    micro_calls: usize,
-    note: Option<String>,
-}
-
-pub(crate) fn population(example: &Path) -> Result<Population> {
-    let spec_path = example.join("spec.toml");
-    let text = std::fs::read_to_string(&spec_path)
-        .with_context(|| format!("reading {}", spec_path.display()))?;
-    let spec = Spec::from_toml(&text).map_err(|e| anyhow!("{}: {e}", spec_path.display()))?;
-    let cfg = LadderConfig::read(example)?;
-    let positives: BTreeSet<String> = crate::ladder::read_truth(&cfg, example, &spec, &text)?;
-    let plan = Plan::load(&spec_path)?;
-    let routed = crate::fabric::example_units(&plan)?;
-    let kept = routed
-        .by_stage
-        .get(plan.first_stage())
-        .cloned()
-        .unwrap_or_default();
-    let judge = plan
-        .map_stage(&cfg.judge)
-        .ok_or_else(|| anyhow!("the example has no map stage `{}`", cfg.judge))?;
-    let judge_view = Projector::compile(
-        judge.name(),
-        judge.spec.project.as_deref(),
-        &judge.spec.fields,
-    )?;
-    let embed = plan
-        .embed_stage(&cfg.embed)
-        .ok_or_else(|| anyhow!("the example has no embed stage `{}`", cfg.embed))?;
-    let embed_view = Projector::compile(
-        embed.name(),
-        embed.spec.project.as_deref(),
-        &embed.spec.fields,
-    )?;
-    let bm25 = Bm25Stage::new(Bm25StageSpec {
-        name: "bm25".into(),
-        version: 1,
-        fields: Vec::new(),
-        project: judge.spec.project.clone(),
-        query: cfg.bm25_query.clone(),
-        threshold: 0.0,
-        then: None,
-        k1: 1.2,
-        b: 0.75,
-    })?;
-    let mut ids = Vec::with_capacity(kept.len());
-    let mut truth = Vec::with_capacity(kept.len());
-    let mut docs = Vec::with_capacity(kept.len());
-    let mut texts = Vec::with_capacity(kept.len());
-    let mut views = BTreeSet::new();
-    let mut keys = Vec::with_capacity(kept.len());
-    for &i in &kept {
-        let id = routed.table.id(i)?;
-        let value = routed.table.value(i);
-        let view = judge_view.project(id.as_str(), &value)?;
-        docs.push(tokens(&text_of(&view)));
-        let text = view.to_string();
-        let hash = blake3::hash(text.as_bytes());
-        keys.push(u64::from_le_bytes(
-            *hash.as_bytes().first_chunk::<8>().unwrap_or(&[0; 8]),
-        ));
-        views.insert(text);
-        texts.push(embed.text(&embed_view.project(id.as_str(), &value)?));
-        truth.push(positives.contains(id.as_str()));
-        ids.push(id.0.clone());
-    }
-    let bm25_scores = bm25.scores(&docs);
-    let [weights, tokenizer, config] =
-        ensure_each(&MINILM_L6_V2, &cache_dir(), &|l| eprintln!("{l}"))?;
-    let embedder = Embedder::load(
-        &EmbedderFiles {
-            weights,
-            tokenizer,
-            config,
-        },
-        embed.spec.max_tokens,
-    )?;
-    let anchors: Vec<&str> = embed.anchors.iter().map(|a| a.text.as_str()).collect();
-    let (anchor_vectors, _) = embedder.embed(&anchors)?;
-    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-    let (vectors, _) = embedder.embed(&refs)?;
-    let embed_scores = vectors
-        .iter()
-        .map(|v| embed.score(v, &anchor_vectors).score)
-        .collect();
-    Ok(Population {
-        ids,
-        keys,
-        truth,
-        proxies: vec![("bm25", bm25_scores), ("embed margin", embed_scores)],
-        vectors,
-        micro_calls: views.len(),
-        note: cfg.note,
-    })
 }
 
 const EXAMPLE_BUDGETS: [usize; 3] = [50, 100, 200];

@@ -18,6 +18,7 @@ use anyhow::Result;
 use fanfold_ops::cascade::{self, Config, Decision, Metric, Target};
 use fanfold_ops::proxy::{self, Rounds};
 
+use crate::population::{DIMS, PREVALENCE, UNITS, population, synthetic_vectors};
 use crate::report::machine_line;
 
 pub struct ClassifierArgs {
@@ -38,17 +39,10 @@ const TARGET: Target = Target {
     at_least: 0.9,
     delta: 0.1,
 };
-/// The synthetic population of the cascade bench's trained-proxy section:
-/// units, share positive, distance between the class means, dimensions.
-const UNITS: usize = 2000;
-const PREVALENCE: f64 = 0.2;
-const SEPARATION: f64 = 2.5;
-const DIMS: usize = 16;
-
 /// Runs the section alone on the example and prints it.
 pub fn main(args: &ClassifierArgs) -> Result<()> {
     let started = Instant::now();
-    let pop = crate::cascade::population(&args.example)?;
+    let pop = population(&args.example)?;
     let mut body = String::new();
     let _ = writeln!(
         body,
@@ -74,13 +68,13 @@ pub fn main(args: &ClassifierArgs) -> Result<()> {
 
 /// Units with their embeddings, label keys and truth.
 #[derive(Clone, Copy)]
-struct Population<'a> {
+struct Units<'a> {
     vectors: &'a [Vec<f32>],
     keys: &'a [u64],
     truth: &'a [bool],
 }
 
-impl Population<'_> {
+impl Units<'_> {
     fn label(&self, p: usize) -> Option<bool> {
         self.truth.get(p).copied()
     }
@@ -133,10 +127,9 @@ The trained proxy (`fanfold_ops::proxy`, a logistic regression over the embeddin
     for budget in PROOF_BUDGETS {
         let mut rows = Rows::default();
         for seed in 0..trials {
-            let (vectors, truth) =
-                proxy::synthetic_vectors(seed, UNITS, PREVALENCE, DIMS, SEPARATION);
+            let (vectors, truth) = synthetic_vectors(seed);
             let keys: Vec<u64> = (0..vectors.len() as u64).collect();
-            let pop = Population {
+            let pop = Units {
                 vectors: &vectors,
                 keys: &keys,
                 truth: &truth,
@@ -145,7 +138,7 @@ The trained proxy (`fanfold_ops::proxy`, a logistic regression over the embeddin
         }
         rows.write(body, &synthetic, budget);
     }
-    let pop = Population {
+    let pop = Units {
         vectors,
         keys,
         truth,
@@ -192,13 +185,7 @@ struct Rows {
 }
 
 impl Rows {
-    fn trial(
-        &mut self,
-        pop: Population<'_>,
-        rounds: Rounds,
-        budget: usize,
-        seed: u64,
-    ) -> Result<()> {
+    fn trial(&mut self, pop: Units<'_>, rounds: Rounds, budget: usize, seed: u64) -> Result<()> {
         let active = proxy::active_draws(pop.vectors, pop.keys, rounds, seed, |p| pop.label(p))?;
         let a = through_cascade(pop, &active, budget, seed)?;
         let half = Rounds {
@@ -243,7 +230,7 @@ impl Rows {
 /// The classifier fitted (cross-fitted, as a run fits it) on the labels
 /// of `fit`, deciding under the accuracy target through the cascade,
 /// whose proof draws its own labels.
-fn through_cascade(pop: Population<'_>, fit: &[usize], budget: usize, seed: u64) -> Result<Trial> {
+fn through_cascade(pop: Units<'_>, fit: &[usize], budget: usize, seed: u64) -> Result<Trial> {
     let (scores, _) = proxy::fit_on(pop.vectors, pop.keys, fit, |p| pop.label(p))?;
     let config = Config {
         cut: proxy::CUT,
@@ -290,7 +277,7 @@ fn through_cascade(pop: Population<'_>, fit: &[usize], budget: usize, seed: u64)
 /// A plain logistic regression fitted on `n` random labels (one a key),
 /// deciding every other unit by its cut; with labels of one class, that
 /// class.
-fn plain(pop: Population<'_>, n: usize, seed: u64) -> Result<Trial> {
+fn plain(pop: Units<'_>, n: usize, seed: u64) -> Result<Trial> {
     let training = proxy::training_draws(pop.keys, n, seed);
     let labelled: Vec<(usize, bool)> = training
         .iter()

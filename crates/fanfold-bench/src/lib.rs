@@ -19,6 +19,7 @@ mod incremental;
 pub mod ladder;
 pub mod page;
 mod pairs;
+mod population;
 pub mod provider;
 mod quotes;
 mod relations;
