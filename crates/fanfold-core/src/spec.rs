@@ -899,6 +899,9 @@ pub enum QualityMetric {
     Recall,
     Precision,
     Accuracy,
+    /// Recall and precision both at the level: the proxy may decide its
+    /// sure negatives and its sure positives.
+    RecallAndPrecision,
 }
 
 fn default_score_pointer() -> String {

@@ -217,6 +217,9 @@ impl Counts {
             QualityMetric::Recall => ratio(self.tp, self.tp + self.fn_ + self.unlabelled),
             QualityMetric::Precision => ratio(self.tp, self.tp + self.fp + self.unlabelled),
             QualityMetric::Accuracy => ratio(self.tp + self.tn, self.n()),
+            QualityMetric::RecallAndPrecision => self
+                .of(QualityMetric::Recall)
+                .min(self.of(QualityMetric::Precision)),
         }
     }
 }
@@ -258,7 +261,7 @@ pub(super) fn bounds(counts: &Counts, population: u64, delta: f64) -> Bounds {
 /// targets on both sides, accuracy on its own.
 pub(super) fn proves(b: &Bounds, target: QualityMetric, at_least: f64) -> bool {
     match target {
-        QualityMetric::Recall | QualityMetric::Precision => {
+        QualityMetric::Recall | QualityMetric::Precision | QualityMetric::RecallAndPrecision => {
             b.recall >= at_least && b.precision >= at_least
         }
         QualityMetric::Accuracy => b.accuracy >= at_least,
@@ -796,5 +799,6 @@ pub(super) fn metric_name(m: QualityMetric) -> &'static str {
         QualityMetric::Recall => "recall",
         QualityMetric::Precision => "precision",
         QualityMetric::Accuracy => "accuracy",
+        QualityMetric::RecallAndPrecision => "recall and precision",
     }
 }

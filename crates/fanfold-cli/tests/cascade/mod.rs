@@ -419,3 +419,42 @@ fn the_run_report_shows_the_frontier_as_a_table_and_a_plot() {
         "{md}"
     );
 }
+
+/// A joint target holds the answer's recall and its precision to the
+/// level at once: the proxy keeps the units it is sure of, the labels
+/// file decides the rest, and against the file's truth both metrics
+/// reach the level.
+#[test]
+fn a_joint_target_holds_recall_and_precision_both() {
+    let f = cascade_fixture(
+        r#"{ proxy = "lex", target = "recall_and_precision", at_least = 0.85, delta = 0.1, label_budget = 300, labels = "labels.jsonl" }"#,
+    );
+    truth_labels(&f, "labels.jsonl", (0..1000).map(|i| i.to_string()));
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let report = cascade_report(&f);
+    assert_eq!(report["met"], true, "{report}");
+    let target = report["target"].as_str().expect("target");
+    assert!(target.starts_with("recall and precision ≥ 0.85"), "{report}");
+    assert!(
+        report["proxy_decided"].as_u64().expect("proxy_decided") > 0,
+        "the proxy decided nothing: {report}"
+    );
+    let found: std::collections::BTreeSet<u64> = f
+        .answer_ids()
+        .iter()
+        .filter_map(|id| id.parse().ok())
+        .collect();
+    let right = (0..150u64).filter(|i| found.contains(i)).count() as f64;
+    let recall = right / 150.0;
+    let precision = right / found.len().max(1) as f64;
+    assert!(
+        recall >= 0.85 && precision >= 0.85,
+        "recall {recall}, precision {precision}"
+    );
+    assert!(
+        answer_md(&f).contains("recall and precision"),
+        "{}",
+        answer_md(&f)
+    );
+}
