@@ -240,7 +240,7 @@ fn savings(body: &mut String, trials: u64) {
         body,
         "### Proven saving against hindsight
 
-Synthetic populations shaped like two real sets (A: a third positive, a proxy of AUC 0.80; B: 3 % positive, AUC 0.87), each unit scored by the logistic of a unit normal whose class means lie `√2 Φ⁻¹(AUC)` apart; a new population and sample every trial (seeds 0 to {}), δ = {DELTA}. The saving is the share of units the proxy decides (recall: those it drops below its threshold; precision: those it keeps from its threshold; the oracle decides the rest). Hindsight is the largest share any threshold of the same family could decide with the whole answer meeting the target, knowing every label. \"Met\" counts the trials whose whole answer reaches the target against the truth.
+Synthetic populations shaped like two real sets (A: a third positive, a proxy of AUC 0.80; B: 3 % positive, AUC 0.87), each unit scored by the logistic of a unit normal whose class means lie `√2 Φ⁻¹(AUC)` apart; a new population and sample every trial (seeds 0 to {}), δ = {DELTA}. The saving is the share of units the proxy decides (recall: those it drops below its threshold; precision: those it keeps from its threshold; recall and precision: both, outside a band around the score 0.5, each metric held to the level; the oracle decides the rest). Hindsight is the largest share any threshold of the same family could decide with the whole answer meeting the target, knowing every label. \"Met\" counts the trials whose whole answer reaches the target against the truth.
 ",
         trials.saturating_sub(1)
     );
@@ -249,7 +249,11 @@ Synthetic populations shaped like two real sets (A: a third positive, a proxy of
         "| population | target | units | label budget | positives (mean) | measured AUC (mean) | hindsight saving (median) | proven saving, median | proven saving, 10th percentile | median / hindsight | met |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     );
     let mut b_small: Option<(f64, f64, f64)> = None;
-    for metric in [Metric::Recall, Metric::Precision] {
+    for metric in [
+        Metric::Recall,
+        Metric::Precision,
+        Metric::RecallAndPrecision,
+    ] {
         for (name, n, prevalence, auc, budget) in SHAPES {
             let target = Target {
                 metric,
@@ -335,16 +339,18 @@ type Variant = (&'static str, fn(&mut Config));
 /// configuration against the same with one choice undone, on the
 /// A-shaped population of 1,500 units and 300 labels, and for the lean
 /// toward low scores on the B-shaped population of 100,000 units and
-/// 1,000 labels, where positives are rare.
+/// 1,000 labels, where positives are rare, and for the calibrated later
+/// rounds on the A-shaped population of as many.
 fn choices(body: &mut String, trials: u64) {
     let (n, prevalence, auc, budget) = (1500, 1.0 / 3.0, 0.80, 300);
     let _ = writeln!(
         body,
         "### What each choice is worth
 
-The A-shaped population of {n} units with {budget} labels, seeds 0 to {}: the shipped configuration, then the same with one choice undone. The last rows are the B-shaped population of {B_WIDE} units with {B_WIDE_BUDGET} labels, with and without the later rounds' lean toward low scores when the first round finds positives rarer than {:.0} %.
+The A-shaped population of {n} units with {budget} labels, seeds 0 to {}: the shipped configuration, then the same with one choice undone. Then the A-shaped population of {B_WIDE} units with {B_WIDE_BUDGET} labels, with and without the later rounds' calibrated proposal when the first round finds positives common (at least {} units a label), and the B-shaped population of as many, with and without the later rounds' lean toward low scores when the first round finds positives rarer than {:.0} %.
 ",
         trials.saturating_sub(1),
+        cascade::CALIBRATE_FROM,
         100.0 * cascade::RARE_POSITIVES,
     );
     let _ = writeln!(
@@ -357,6 +363,13 @@ The A-shaped population of {n} units with {budget} labels, seeds 0 to {}: the sh
             c.uniform_share = 1.0
         }),
         ("40 thresholds instead of 200", |c| c.candidates = 40),
+    ];
+    let calibrated: [Variant; 2] = [
+        ("as shipped", |_| {}),
+        (
+            "no calibrated later rounds when positives are common",
+            |c| c.calibrate_when_common = false,
+        ),
     ];
     let rare: [Variant; 2] = [
         ("as shipped", |_| {}),
@@ -382,6 +395,15 @@ The A-shaped population of {n} units with {budget} labels, seeds 0 to {}: the sh
             budget,
             Metric::Precision,
             &variants[..],
+        ),
+        (
+            "A-shaped",
+            B_WIDE,
+            prevalence,
+            auc,
+            B_WIDE_BUDGET,
+            Metric::Recall,
+            &calibrated[..],
         ),
         (
             "B-shaped",
