@@ -512,7 +512,7 @@ fn cascade_sections(c: &Certificate) -> (String, String) {
     use fanfold_engine::stages::map_cascade::{CascadeReport, REPORT};
     let (mut md, mut h) = (String::new(), String::new());
     for (stage, r) in c.stats.reports.all::<CascadeReport>(REPORT) {
-        let metric = r.target.split_whitespace().next().unwrap_or("quality");
+        let metric = r.metric();
         let _ = writeln!(
             md,
             "\n## Cascade `{}`: what the labels proved\n",

@@ -5428,6 +5428,18 @@ fn a_plan_chooses_the_proxy_that_meets_the_target_cheapest() {
         Some(calls(chosen)),
         "the run proves what the plan measured"
     );
+
+    // A plan file is data: one that raises the stage's delta past the
+    // spec's is refused, naming the stage and both values.
+    let tampered = f.path("tampered.toml");
+    std::fs::write(&tampered, written.replace("delta = 0.1", "delta = 0.5")).expect("plan");
+    let o = f.run(&["--plan", tampered.to_str().unwrap()]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("delta to 0.5, but the spec declares 0.2"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// A backend oracle that cannot decide some of the units it is asked

@@ -196,6 +196,15 @@ pub fn apply_choice(spec: &mut Spec, c: &CascadeChoice) -> Result<(), String> {
             c.stage
         ));
     };
+    // A plan spends part of the declared failure probability (split over
+    // its candidates); one that asks for more would weaken the guarantee
+    // the spec declares.
+    if !(c.delta > 0.0 && c.delta <= cascade.delta) {
+        return Err(format!(
+            "the plan sets stage `{}`'s delta to {}, but the spec declares {}: a plan may only test at a smaller delta",
+            c.stage, c.delta, cascade.delta
+        ));
+    }
     cascade.proxy = c.proxy.clone();
     cascade.features = c.features.clone();
     cascade.delta = c.delta;

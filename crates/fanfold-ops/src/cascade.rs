@@ -172,6 +172,10 @@ pub struct Config {
     /// least [`CALIBRATE_FROM`] units a label, draws its later rounds
     /// where the first round's calibration puts the terms that matter.
     pub calibrate_when_common: bool,
+    /// The level the calibrated proposal aims near, when it is not the
+    /// target's: a lower level accepted on a declared proof's labels
+    /// keeps the declared level here, so it draws the same units.
+    pub proposal_at_least: Option<f64>,
 }
 
 impl Config {
@@ -185,6 +189,7 @@ impl Config {
             cut: 0.5,
             lean_low_when_rare: true,
             calibrate_when_common: true,
+            proposal_at_least: None,
         }
     }
 
@@ -755,7 +760,7 @@ impl Proposal {
             return None;
         }
         let p = |i: usize| 1.0 / (1.0 + (-(a + b * z.get(i).copied().unwrap_or(0.0))).exp());
-        let g = config.target.at_least;
+        let g = config.proposal_at_least.unwrap_or(config.target.at_least);
         // The plan aimed at: the lowest units whose estimated positives
         // are 1 − aim of all, with aim a little above γ (proven plans
         // fall short of the hindsight one).
@@ -1163,8 +1168,8 @@ impl Sampler<'_> {
 
     /// `Σ v_i` with each unlabelled unit at its worst, and whether every
     /// unit is labelled.
-    /// For a joint target, the larger of its parts' sums (each is at most
-    /// 0 exactly when the other is too, for its own part).
+    /// For a joint target, the larger of its parts' sums: at most 0
+    /// exactly when both are.
     fn worst_sum(&self, target: Target, c: &Candidate) -> (f64, bool) {
         let parts = target.parts();
         if let [one, two] = parts.as_slice() {

@@ -57,13 +57,16 @@ pub enum AcceptError {
     Cascade(#[from] CascadeError),
 }
 
-/// The declared target's configuration with `at_least` lowered.
+/// The declared target's configuration with `at_least` lowered; its
+/// draws stay the declared proof's (a calibrated proposal keeps aiming
+/// at the declared level), so the lowered proof asks for no new label.
 pub fn lowered(config: &Config, at_least: f64) -> Config {
     Config {
         target: Target {
             at_least,
             ..config.target
         },
+        proposal_at_least: Some(config.proposal_at_least.unwrap_or(config.target.at_least)),
         ..config.clone()
     }
 }
@@ -194,6 +197,29 @@ mod tests {
         );
         assert_eq!(a.accepted.target.at_least, 0.8);
         assert_eq!(a.declared.target.at_least, 0.99);
+    }
+
+    /// Over many units a label the later rounds are calibrated toward the
+    /// target's level; the proof at an accepted level keeps the declared
+    /// proposal, so it draws the declared proof's units and asks none.
+    #[test]
+    fn a_calibrated_proof_accepts_a_lower_level_on_the_same_draws() {
+        let (scores, truth) = synthetic_population(11, 8000, 1.0 / 3.0, separation_for_auc(0.8));
+        let keys: Vec<u64> = (0..scores.len() as u64).collect();
+        let config = Config::new(recall(0.97), 200, 11);
+        assert!(scores.len() >= crate::cascade::CALIBRATE_FROM * config.label_budget);
+        let a = accept(&config, 0.85, &scores, &keys, &mut |i| {
+            truth.get(i).copied()
+        })
+        .expect("runs");
+        assert_eq!(a.not_asked, 0, "the accepted proof drew other units");
+        assert_eq!(a.accepted.labels, a.declared.labels);
+        assert!(
+            a.accepted.proxy_decided >= a.declared.proxy_decided,
+            "{} vs {}",
+            a.accepted.proxy_decided,
+            a.declared.proxy_decided
+        );
     }
 
     /// Labels for every unit prove the boldest plan at both levels: the

@@ -435,7 +435,10 @@ fn a_joint_target_holds_recall_and_precision_both() {
     let report = cascade_report(&f);
     assert_eq!(report["met"], true, "{report}");
     let target = report["target"].as_str().expect("target");
-    assert!(target.starts_with("recall and precision ≥ 0.85"), "{report}");
+    assert!(
+        target.starts_with("recall and precision ≥ 0.85"),
+        "{report}"
+    );
     assert!(
         report["proxy_decided"].as_u64().expect("proxy_decided") > 0,
         "the proxy decided nothing: {report}"

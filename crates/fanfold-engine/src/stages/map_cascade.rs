@@ -286,6 +286,10 @@ impl CascadeReport {
                 "exactly {:.3} on every label, the proxy deciding {} units",
                 self.estimate, self.proxy_decided
             ),
+            (_, false) if self.accepted.as_ref().is_some_and(|a| a.after_labels) => format!(
+                "estimated {:.3}, at least {:.3} on the labels that chose the level, the proxy deciding {} units",
+                self.estimate, self.lower_bound, self.proxy_decided
+            ),
             (_, false) => format!(
                 "estimated {:.3}, at least {:.3} proven, the proxy deciding {} units",
                 self.estimate, self.lower_bound, self.proxy_decided
@@ -336,7 +340,11 @@ impl CascadeReport {
     }
 
     /// The target's metric, as its text names it.
-    fn metric(&self) -> &str {
+    pub fn metric(&self) -> &str {
+        const JOINT: &str = "recall and precision";
+        if self.target.starts_with(JOINT) {
+            return JOINT;
+        }
         self.target.split_whitespace().next().unwrap_or("quality")
     }
 }
@@ -1448,12 +1456,18 @@ pub(crate) fn answer_section(stats: &RunStats, stage: &str) -> Option<String> {
             "the oracle decides every unit (nothing was proven of the proxy)".into()
         }
     };
+    let after_labels = r.accepted.as_ref().is_some_and(|a| a.after_labels);
     let bound = if r.exact {
         format!("{:.3}, exact: every label was known", r.estimate)
+    } else if after_labels {
+        format!(
+            "{:.3}, at least {:.3} on the labels that chose the level",
+            r.estimate, r.lower_bound
+        )
     } else {
         format!("{:.3}, proven at least {:.3}", r.estimate, r.lower_bound)
     };
-    let metric = r.target.split_whitespace().next().unwrap_or("quality");
+    let metric = r.metric();
     let mut frontier = String::new();
     if !r.frontier.is_empty() {
         frontier.push_str(&format!(
@@ -1531,7 +1545,13 @@ pub(crate) fn answer_section(stats: &RunStats, stage: &str) -> Option<String> {
         "## Quality of `{stage}`: {}\n\n- Target: {}; the guarantee {}.\n{accepted}- Plan: {plan}.\n- Estimate: {bound}.\n- Proxy: `{}`; oracle: {}.\n- Labels spent: {}; units the proxy decided: {} of {}; left to the oracle: {}.\n{person}- Oracle calls: {} against {} without the cascade ({} saved).\n{frontier}",
         r.target,
         r.target,
-        if r.met { "holds" } else { "is UNMET" },
+        if r.proven() {
+            "holds"
+        } else if r.met {
+            "is not claimed: the level passes its test on the labels that chose it"
+        } else {
+            "is UNMET"
+        },
         r.proxy,
         r.oracle,
         r.labels,
