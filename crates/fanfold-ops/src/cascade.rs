@@ -1646,19 +1646,34 @@ pub fn hindsight(target: Target, scores: &[f64], truth: &[bool]) -> f64 {
                     *slot = before + f64::from(u8::from(!o.1));
                 }
             }
+            // A threshold sits between two different scores: the `k`
+            // lowest can be told from the rest only where they differ.
+            let splits = |k: usize| {
+                k == 0
+                    || k == n
+                    || order
+                        .get(k - 1)
+                        .zip(order.get(k))
+                        .is_some_and(|(a, b)| a.0 < b.0)
+            };
             let mut missed = 0.0;
             for lo in 0..=n {
                 let kept = positives - missed;
                 if kept < g * positives {
                     break;
                 }
-                let allowed = kept * (1.0 - g) / g;
-                let room = n - lo;
-                let m = top_negatives
-                    .get(..=room)
-                    .map_or(0, |t| t.partition_point(|&neg| neg <= allowed + 1e-9))
-                    .saturating_sub(1);
-                best = best.max(lo + m);
+                if splits(lo) {
+                    let allowed = kept * (1.0 - g) / g;
+                    let room = n - lo;
+                    let mut m = top_negatives
+                        .get(..=room)
+                        .map_or(0, |t| t.partition_point(|&neg| neg <= allowed + 1e-9))
+                        .saturating_sub(1);
+                    while m > 0 && !splits(n - m) {
+                        m -= 1;
+                    }
+                    best = best.max(lo + m);
+                }
                 if order.get(lo).is_some_and(|o| o.1) {
                     missed += 1.0;
                 }
@@ -2110,6 +2125,17 @@ mod tests {
             ..target
         };
         assert!((hindsight(strict, &scores, &truth) - 0.8).abs() < 1e-12);
+        // Tied scores cannot be split: with the 5th and 6th units tied,
+        // dropping 6 (a miss of one, recall 0.8) or 4 is possible, not 5.
+        let mut tied = scores.clone();
+        tied[5] = tied[4];
+        let truth_tied = [
+            false, false, false, false, false, true, true, true, true, true,
+        ];
+        assert!((hindsight(target, &tied, &truth_tied) - 1.0).abs() < 1e-12);
+        // All scores equal: no threshold splits them, nothing is decided.
+        let flat = vec![0.5; 10];
+        assert_eq!(hindsight(target, &flat, &truth), 0.0);
     }
 
     #[test]
