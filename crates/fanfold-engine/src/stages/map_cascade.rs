@@ -756,15 +756,13 @@ impl CascadeRun {
             }
         };
         let cut = c.cut.unwrap_or_else(|| median(&scores));
-        // A trained proxy's own labels count against the budget.
+        // A trained proxy's own labels count against the budget; what is
+        // left may be none, and then the proof asks for none (the oracle
+        // decides every unit).
         let spent = trained.as_ref().map_or(0, |(_, t)| t.len());
         let config = Config {
             cut,
-            ..Config::new(
-                self.target(),
-                c.label_budget.saturating_sub(spent).max(1),
-                c.seed,
-            )
+            ..Config::new(self.target(), c.label_budget.saturating_sub(spent), c.seed)
         };
         if person {
             let known = |p: usize| stored.get(p).copied().flatten();
