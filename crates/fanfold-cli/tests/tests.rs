@@ -5573,15 +5573,7 @@ fn a_plan_measures_whole_run_strategies_and_chooses_one() {
     let f = cascade_fixture(
         r#"{ proxy = "lex", target = "recall", at_least = 0.7, delta = 0.2, label_budget = 300, labels = "labels.jsonl" }"#,
     );
-    let labels: String = (0..1000)
-        .map(|i| {
-            format!(
-                "{{\"id\": {i}, \"decision\": \"{}\"}}\n",
-                if i < 150 { "yes" } else { "no" }
-            )
-        })
-        .collect();
-    std::fs::write(f.path("labels.jsonl"), labels).expect("labels");
+    truth_labels(&f, "labels.jsonl", (0..1000).map(|i| i.to_string()));
     let plan = f.path("plan.toml");
     let o = run(bin()
         .arg("plan")
@@ -6096,16 +6088,11 @@ fn a_person_labels_what_the_cascade_asks_for_and_the_reruns_use_it() {
     let truth = |id: &str| id.parse::<u64>().is_ok_and(|i| i < 150);
     let mut rounds = 0;
     loop {
-        let lines: String = f
-            .jsonl("out/labels-wanted.jsonl")
+        let wanted = f.jsonl("out/labels-wanted.jsonl");
+        let ids = wanted
             .iter()
-            .map(|w| {
-                let id = w["id"].as_str().expect("id");
-                let decision = if truth(id) { "yes" } else { "no" };
-                format!("{}\n", serde_json::json!({"id": id, "decision": decision}))
-            })
-            .collect();
-        std::fs::write(f.path("truth.jsonl"), lines).expect("labels");
+            .map(|w| w["id"].as_str().expect("id").to_owned());
+        truth_labels(&f, "truth.jsonl", ids);
         let o = run(bin()
             .arg("label")
             .arg(f.path("out"))
@@ -6713,15 +6700,7 @@ fn a_plan_scales_one_context_a_unit_by_distinct_views() {
         ),
     )
     .expect("spec");
-    let labels: String = (0..1000)
-        .map(|i| {
-            format!(
-                "{{\"id\": {i}, \"decision\": \"{}\"}}\n",
-                if i < 150 { "yes" } else { "no" }
-            )
-        })
-        .collect();
-    std::fs::write(f.path("labels.jsonl"), labels).expect("labels");
+    truth_labels(&f, "labels.jsonl", (0..1000).map(|i| i.to_string()));
     let o = run(bin()
         .arg("plan")
         .arg(f.path("spec.toml"))

@@ -41,15 +41,7 @@ fn a_plan_runs_no_larger_context_after_a_smaller_one_listed_nothing() {
     let f = cascade_fixture(
         r#"{ proxy = "lex", target = "recall", at_least = 0.7, delta = 0.2, label_budget = 300, labels = "labels.jsonl" }"#,
     );
-    let labels: String = (0..1000)
-        .map(|i| {
-            format!(
-                "{{\"id\": {i}, \"decision\": \"{}\"}}\n",
-                if i < 150 { "yes" } else { "no" }
-            )
-        })
-        .collect();
-    std::fs::write(f.path("labels.jsonl"), labels).expect("labels");
+    truth_labels(&f, "labels.jsonl", (0..1000).map(|i| i.to_string()));
     std::fs::write(
         f.path("chunk.md"),
         "List the ids of the records that report a failure.\n",
@@ -118,19 +110,11 @@ fn a_plan_with_a_person_as_oracle_says_how_many_labels_it_asks_and_why() {
     let store = f.path("store.sqlite");
     // The person gives the data's own labels for what the list asks.
     let give = || {
-        let lines: String = f
-            .jsonl("plans/labels-wanted.jsonl")
+        let wanted = f.jsonl("plans/labels-wanted.jsonl");
+        let ids = wanted
             .iter()
-            .map(|w| {
-                let id = w["id"].as_str().expect("id");
-                let yes = id.parse::<u64>().is_ok_and(|i| i < 150);
-                format!(
-                    "{}\n",
-                    serde_json::json!({"id": id, "decision": if yes { "yes" } else { "no" }})
-                )
-            })
-            .collect();
-        std::fs::write(f.path("given.jsonl"), lines).expect("labels");
+            .map(|w| w["id"].as_str().expect("id").to_owned());
+        truth_labels(&f, "given.jsonl", ids);
         let o = run(bin()
             .arg("label")
             .arg(f.path("plans"))
