@@ -945,31 +945,34 @@ impl PlanTest {
         scores: &[f64],
         epochs: &[Vec<f64>],
     ) -> Vec<PlanTest> {
+        PlanTest::all_at(
+            target,
+            candidate,
+            &SideWeights::all(candidate, scores, epochs),
+        )
+    }
+
+    /// One test per part of the target, at a level, from the extremes of
+    /// each proposal's weights found once for the candidate.
+    fn all_at(target: Target, candidate: &Candidate, sides: &[SideWeights]) -> Vec<PlanTest> {
         target
             .parts()
             .into_iter()
-            .map(|t| PlanTest::new(t, candidate, scores, epochs))
+            .map(|t| PlanTest::at(t, candidate, sides))
             .collect()
     }
 
-    fn new(target: Target, candidate: &Candidate, scores: &[f64], epochs: &[Vec<f64>]) -> PlanTest {
-        let mut t = PlanTest {
+    fn at(target: Target, candidate: &Candidate, sides: &[SideWeights]) -> PlanTest {
+        PlanTest {
             candidate: candidate.clone(),
             target,
-            hi: Vec::with_capacity(epochs.len()),
-        };
-        for weights in epochs {
-            t.add_epoch(scores, weights);
+            hi: sides.iter().map(|s| s.most_term(target)).collect(),
         }
-        t
     }
 
     fn add_epoch(&mut self, scores: &[f64], weights: &[f64]) {
-        let mut hi = f64::NEG_INFINITY;
-        for (&s, &w) in scores.iter().zip(weights) {
-            hi = hi.max(value(self.target, &self.candidate, s, None) * w);
-        }
-        self.hi.push(hi);
+        let sides = SideWeights::of(&self.candidate, scores, weights);
+        self.hi.push(sides.most_term(self.target));
     }
 
     /// No unit can add to the sum: the target holds whatever the labels
@@ -983,12 +986,98 @@ impl PlanTest {
     }
 }
 
+/// The sides of a plan's cut a unit may fall on: what the proxy decides
+/// of it (dropped, kept), or the oracle.
+const SIDES: [Option<bool>; 3] = [Some(false), Some(true), None];
+
+fn side(proxy: Option<bool>) -> usize {
+    match proxy {
+        Some(false) => 0,
+        Some(true) => 1,
+        None => 2,
+    }
+}
+
+/// Under one proposal, the least and the most weight among the units on
+/// each side of a plan's cut. A unit's term depends on its score only
+/// through its side, so the most a draw can add follows from these at
+/// any level of the target, without another pass over the units.
+#[derive(Clone, Copy, Debug)]
+struct SideWeights {
+    least: [f64; 3],
+    most: [f64; 3],
+}
+
+impl SideWeights {
+    fn of(c: &Candidate, scores: &[f64], weights: &[f64]) -> SideWeights {
+        let mut w = SideWeights {
+            least: [f64::INFINITY; 3],
+            most: [f64::NEG_INFINITY; 3],
+        };
+        for (&s, &weight) in scores.iter().zip(weights) {
+            let k = side(c.proxy(s));
+            w.least[k] = w.least[k].min(weight);
+            w.most[k] = w.most[k].max(weight);
+        }
+        w
+    }
+
+    fn all(c: &Candidate, scores: &[f64], epochs: &[Vec<f64>]) -> Vec<SideWeights> {
+        epochs
+            .iter()
+            .map(|weights| SideWeights::of(c, scores, weights))
+            .collect()
+    }
+
+    /// `max_i v_i w_i` over the units, each unlabelled (at its worst).
+    fn most_term(&self, t: Target) -> f64 {
+        let mut hi = f64::NEG_INFINITY;
+        for (k, &proxy) in SIDES.iter().enumerate() {
+            let (least, most) = (self.least[k], self.most[k]);
+            if least > most {
+                continue;
+            }
+            let v = value_of(t, proxy, None);
+            hi = hi.max(if v >= 0.0 { v * most } else { v * least });
+        }
+        hi
+    }
+}
+
+/// Units by the side of a plan's cut (as [`SIDES`]) and by their label:
+/// positive, negative, unknown (not asked, or asked and not given).
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally([[usize; 3]; 3]);
+
+impl Tally {
+    /// `Σ v_i` with each unknown label at its worst. For a joint target,
+    /// the larger of its parts' sums: at most 0 exactly when both are.
+    fn worst_sum(&self, target: Target) -> f64 {
+        if let [one, two] = target.parts().as_slice() {
+            return self.worst_sum(*one).max(self.worst_sum(*two));
+        }
+        let mut sum = 0.0;
+        for (count, &proxy) in self.0.iter().zip(&SIDES) {
+            for (n, y) in count.iter().zip([Some(true), Some(false), None]) {
+                if *n > 0 {
+                    sum += *n as f64 * value_of(target, proxy, y);
+                }
+            }
+        }
+        sum
+    }
+}
+
 /// Unit `i`'s term in the target's sum (`Σ v_i ≤ 0` ⟺ the target holds)
 /// under plan `c`, for label `y`; a label the oracle could not give is
 /// the worst of the two.
 fn value(t: Target, c: &Candidate, score: f64, y: Option<bool>) -> f64 {
+    value_of(t, c.proxy(score), y)
+}
+
+/// A term by the proxy's decision of the unit (`None`: the oracle's).
+fn value_of(t: Target, proxy: Option<bool>, y: Option<bool>) -> f64 {
     let g = t.at_least;
-    let proxy = c.proxy(score);
     let of = |y: bool| match t.metric {
         // A positive the proxy drops is a miss; one the answer keeps (the
         // oracle's or the proxy's) allows (1 − γ) / γ of one.
@@ -1014,7 +1103,7 @@ fn value(t: Target, c: &Candidate, score: f64, y: Option<bool>) -> f64 {
         // of the parts'.
         Metric::RecallAndPrecision => Target::parts(t)
             .into_iter()
-            .map(|part| value(part, c, score, Some(y)))
+            .map(|part| value_of(part, proxy, Some(y)))
             .fold(f64::NEG_INFINITY, f64::max),
     };
     match y {
@@ -1168,28 +1257,27 @@ impl Sampler<'_> {
 
     /// `Σ v_i` with each unlabelled unit at its worst, and whether every
     /// unit is labelled.
-    /// For a joint target, the larger of its parts' sums: at most 0
-    /// exactly when both are.
     fn worst_sum(&self, target: Target, c: &Candidate) -> (f64, bool) {
-        let parts = target.parts();
-        if let [one, two] = parts.as_slice() {
-            let (a, all) = self.worst_sum(*one, c);
-            let (b, _) = self.worst_sum(*two, c);
-            return (a.max(b), all);
-        }
-        let mut sum = 0.0;
-        let mut all = true;
+        let (tally, all) = self.tally(c);
+        (tally.worst_sum(target), all)
+    }
+
+    /// The units on each side of the plan's cut by what is known of their
+    /// label, and whether every unit is labelled.
+    fn tally(&self, c: &Candidate) -> (Tally, bool) {
+        let mut tally = Tally::default();
         for (i, &s) in self.scores.iter().enumerate() {
-            let y = match self.known(i) {
-                Some(y) => y,
-                None => {
-                    all = false;
-                    None
-                }
+            let known = match self.known(i) {
+                Some(Some(true)) => 0,
+                Some(Some(false)) => 1,
+                _ => 2,
             };
-            sum += value(target, c, s, y);
+            if let Some(count) = tally.0.get_mut(side(c.proxy(s))) {
+                count[known] += 1;
+            }
         }
-        (sum, all)
+        let all = tally.0.iter().all(|count| count[2] == 0);
+        (tally, all)
     }
 
     /// What the draws prove of the chosen plan: the metric's point
@@ -1201,21 +1289,20 @@ impl Sampler<'_> {
             return Proof::exact(1.0);
         }
         let at = |g: f64| Target { at_least: g, ..t };
-        let (worst, all) = self.worst_sum(t, c);
-        if worst <= 0.0 {
-            let value = largest(|g| self.worst_sum(at(g), c).0 <= 0.0);
+        let (tally, all) = self.tally(c);
+        if tally.worst_sum(t) <= 0.0 {
+            let value = largest(|g| tally.worst_sum(at(g)) <= 0.0);
             return Proof {
                 estimate: if all { value } else { self.estimate(c, draws) },
                 lower_bound: value,
                 exact: all,
             };
         }
+        let sides = SideWeights::all(c, self.scores, &self.epochs);
         let lower_bound = largest(|g| {
-            PlanTest::all(at(g), c, self.scores, &self.epochs)
-                .iter()
-                .all(|test| {
-                    test.holds_outright() || rejects(&self.xs(test, draws), 0.0, t.delta, true)
-                })
+            PlanTest::all_at(at(g), c, &sides).iter().all(|test| {
+                test.holds_outright() || rejects(&self.xs(test, draws), 0.0, t.delta, true)
+            })
         });
         Proof {
             estimate: self.estimate(c, draws),
