@@ -381,6 +381,15 @@ struct JobOptions {
 }
 
 impl JobOptions {
+    /// A job's options as its row holds them. A row that does not decode
+    /// is refused, never read as the defaults: those would judge with no
+    /// schema and no decision, and the facts would still be keyed as the
+    /// job's.
+    fn read(row: &str) -> Result<JobOptions, String> {
+        serde_json::from_str(row)
+            .map_err(|e| format!("the job's options do not decode ({e}): refused, nothing asked"))
+    }
+
     fn decision(&self) -> Option<DecisionField> {
         self.decision
             .clone()
@@ -426,6 +435,26 @@ mod tests {
             },
             files: BTreeMap::from([(name.to_owned(), "{}".to_owned())]),
         }
+    }
+
+    /// Options a worker cannot read are refused, not taken for the
+    /// defaults; the options a coordinator writes read back whole.
+    #[test]
+    fn options_that_do_not_decode_are_refused() {
+        for row in ["", "{", "{\"choice_only\": \"yes\"}", "[1, 2]"] {
+            let why = JobOptions::read(row).err().unwrap_or_default();
+            assert!(why.contains("options do not decode"), "{row:?}: {why}");
+        }
+        let written = JobOptions {
+            schema: Some(serde_json::json!({"type": "object"})),
+            decision: Some(("label".into(), vec!["yes".into(), "no".into()])),
+            choice_only: true,
+        };
+        let row = serde_json::to_string(&written).unwrap_or_default();
+        let read = JobOptions::read(&row).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(read.schema, written.schema);
+        assert_eq!(read.decision, written.decision);
+        assert!(read.choice_only);
     }
 
     /// A file name from the store that would leave the worker's folder is

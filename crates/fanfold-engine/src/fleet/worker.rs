@@ -221,15 +221,18 @@ fn serve_jobs(
         };
         // Before anything is written or built: the job's files, the
         // endpoints and keys it would use, and the model it is keyed by.
-        if let Err(why) = admit(&job, &files, opts, &mut identities) {
-            tracing::error!(
-                job = %job.job_id, wanted = %job.model_id,
-                "job refused, left for other workers: {why}"
-            );
-            refuse(store, &job, &shared.worker_id, &why);
-            refused.insert(job.job_id.clone());
-            continue;
-        }
+        let options = match admit(&job, &files, opts, &mut identities) {
+            Ok(options) => options,
+            Err(why) => {
+                tracing::error!(
+                    job = %job.job_id, wanted = %job.model_id,
+                    "job refused, left for other workers: {why}"
+                );
+                refuse(store, &job, &shared.worker_id, &why);
+                refused.insert(job.job_id.clone());
+                continue;
+            }
+        };
         let backend = built.entry(job.backend.clone()).or_insert_with(|| {
             build(&job, &files, opts, Arc::clone(&rates)).map_err(|e| e.to_string())
         });
@@ -258,7 +261,7 @@ fn serve_jobs(
         }
         *shared.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(job.job_id.clone());
         shared.gone.store(false, Ordering::Relaxed);
-        let worker_job = WorkerJob::new(store, shared, &job, opts.slots);
+        let worker_job = WorkerJob::new(store, shared, &job, options, opts.slots);
         let ran = backend.run(&worker_job);
         worker_job.end();
         *shared.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -288,8 +291,8 @@ fn refuse(store: &Store, job: &FleetJob, worker: &str, why: &str) {
     }
 }
 
-/// Whether this worker takes `job`, decided before anything is written:
-/// the files it carries have plain names, its endpoints and key
+/// Whether this worker takes `job`, decided before anything is written,
+/// and the job's options if it does: they decode, the files it carries have plain names, its endpoints and key
 /// variables are ones this worker was started with, and the backend it
 /// describes, here, is the model its facts are keyed by.
 fn admit(
@@ -297,7 +300,8 @@ fn admit(
     files: &tempfile::TempDir,
     opts: &WorkerOptions,
     identities: &mut HashMap<String, Result<String, String>>,
-) -> Result<(), String> {
+) -> Result<JobOptions, String> {
+    let options = JobOptions::read(&job.options)?;
     let portable: PortableBackend = serde_json::from_str(&job.backend)
         .map_err(|e| format!("the job's backend does not read: {e}"))?;
     portable.check_files()?;
@@ -313,7 +317,8 @@ fn admit(
             .identity_here(&backend_dir(files, job), opts.endpoint.as_deref())
             .map_err(|e| format!("its backend cannot be named here: {e}"))
     });
-    same_model(job, here.as_deref().map_err(Clone::clone)?, opts)
+    same_model(job, here.as_deref().map_err(Clone::clone)?, opts)?;
+    Ok(options)
 }
 
 /// The folder a job's backend files go in, one per description.
@@ -424,8 +429,13 @@ struct Local {
 }
 
 impl<'a> WorkerJob<'a> {
-    fn new(store: &'a Store, shared: &'a Shared<'a>, job: &'a FleetJob, slots: usize) -> Self {
-        let options: JobOptions = serde_json::from_str(&job.options).unwrap_or_default();
+    fn new(
+        store: &'a Store,
+        shared: &'a Shared<'a>,
+        job: &'a FleetJob,
+        options: JobOptions,
+        slots: usize,
+    ) -> Self {
         WorkerJob {
             store,
             shared,
