@@ -832,6 +832,13 @@ pub struct CascadeSpec {
     /// With `proxy = "trained"`: the embed stage whose vectors the
     /// classifier reads (its fields and model; it need not run first).
     pub features: Option<String>,
+    /// With `proxy = "trained"`: how the labels the classifier is fitted
+    /// on are chosen. `"active"` (the default): a seeded random first
+    /// round, then rounds of the units a model of the labels so far is
+    /// least sure of, each labelled before the next is chosen (a person
+    /// gives one round a run). `"random"`: one seeded random sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fit: Option<ProxyFit>,
     /// JSON pointer to the score in the proxy's facts.
     #[serde(default = "default_score_pointer")]
     pub score: String,
@@ -880,6 +887,28 @@ pub struct CascadeSpec {
 
 /// The `proxy` of a cascade that trains its own classifier.
 pub const TRAINED_PROXY: &str = "trained";
+
+/// How a trained proxy's labels are chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProxyFit {
+    /// A seeded random round, then rounds of the units a model of the
+    /// labels so far scores nearest its cut.
+    #[default]
+    Active,
+    /// One seeded random sample.
+    Random,
+}
+
+impl ProxyFit {
+    /// The fit's name as a spec writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProxyFit::Active => "active",
+            ProxyFit::Random => "random",
+        }
+    }
+}
 
 /// Who answers for a unit the cascade asks about.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -19,7 +19,12 @@
 //! draws and the guarantee is untouched. Choosing by the vectors, not by
 //! the labels, also keeps the logistic regression's estimate of a unit's
 //! chance of being positive consistent, so its cut ([`CUT`]) can decide.
+//!
+//! A run's trained proxy fits actively unless its cascade says `fit =
+//! "random"` (one seeded sample, [`training_draws`]); its report says
+//! which, and how many labels each round asked ([`TrainedReport::rounds`]).
 
+use fanfold_core::spec::ProxyFit;
 use linfa::prelude::*;
 use linfa_logistic::LogisticRegression;
 use ndarray::{Array1, Array2};
@@ -56,6 +61,14 @@ pub struct TrainedReport {
     /// labelled units: how well the proxy orders what it never saw. `None`
     /// when the labels hold one class only.
     pub auc: Option<f64>,
+    /// How the labels were chosen (the cascade's `fit`), where the caller
+    /// says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fit: Option<ProxyFit>,
+    /// Labels asked in each round, in the order asked: one round for a
+    /// random fit; an active fit's first round is its random one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rounds: Vec<usize>,
 }
 
 /// The fold of a unit with label key `key`.
@@ -298,19 +311,36 @@ pub fn active_draws(
     keys: &[u64],
     rounds: Rounds,
     seed: u64,
-    mut label: impl FnMut(usize) -> Option<bool>,
+    label: impl FnMut(usize) -> Option<bool>,
 ) -> Result<Vec<usize>, ProxyError> {
+    Ok(active_rounds(vectors, keys, rounds, seed, label)?
+        .into_iter()
+        .flatten()
+        .collect())
+}
+
+/// [`active_draws`] round by round: each round's positions, in the order
+/// asked, so a caller can say how many labels each round took.
+pub fn active_rounds(
+    vectors: &[Vec<f32>],
+    keys: &[u64],
+    rounds: Rounds,
+    seed: u64,
+    mut label: impl FnMut(usize) -> Option<bool>,
+) -> Result<Vec<Vec<usize>>, ProxyError> {
     let mut known: std::collections::HashMap<usize, Option<bool>> =
         std::collections::HashMap::new();
     let mut chosen = Vec::new();
+    let mut asked = Vec::new();
     loop {
         let round = next_round(vectors, keys, rounds, seed, &chosen, |p| {
             *known.entry(p).or_insert_with(|| label(p))
         })?;
         if round.is_empty() {
-            return Ok(chosen);
+            return Ok(asked);
         }
-        chosen.extend(round);
+        chosen.extend(round.iter().copied());
+        asked.push(round);
     }
 }
 
@@ -613,6 +643,33 @@ mod tests {
             active < random * 2.0 / 3.0,
             "active {active}, random {random}"
         );
+    }
+
+    /// Round by round, the same choice as all at once: the first round
+    /// the seeded one, then rounds of `each`, each chosen on the labels
+    /// before it, and no key twice.
+    #[test]
+    fn active_rounds_are_the_draws_split_where_each_round_was_asked() {
+        let (vectors, truth) = synthetic_vectors(4, 600, 0.3, 4, 2.0);
+        let keys: Vec<u64> = (0..vectors.len() as u64).map(mix).collect();
+        let truth_of = |p: usize| truth.get(p).copied();
+        let rounds = Rounds::of(50);
+        let split = active_rounds(&vectors, &keys, rounds, 9, truth_of).expect("rounds");
+        let sizes: Vec<usize> = split.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [20, 10, 10, 10]);
+        let flat: Vec<usize> = split.iter().flatten().copied().collect();
+        assert_eq!(
+            flat,
+            active_draws(&vectors, &keys, rounds, 9, truth_of).expect("draws")
+        );
+        let mut chosen = Vec::new();
+        for round in &split {
+            let next = next_round(&vectors, &keys, rounds, 9, &chosen, truth_of).expect("round");
+            assert_eq!(&next, round, "a round asked on the labels before it");
+            chosen.extend(next);
+        }
+        let distinct: std::collections::HashSet<u64> = flat.iter().map(|&p| keys[p]).collect();
+        assert_eq!(distinct.len(), 50);
     }
 
     #[test]

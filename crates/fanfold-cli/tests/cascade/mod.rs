@@ -461,3 +461,223 @@ fn a_joint_target_holds_recall_and_precision_both() {
         answer_md(&f)
     );
 }
+
+/// [`cascade_fixture`] with a trained proxy's features in place of the
+/// `lex` stage: an embed stage `sim` over each record's title.
+fn trained_fixture(cascade: &str) -> Fixture {
+    let f = cascade_fixture(cascade);
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    let lex = "name = \"lex\"\ntype = \"bm25\"\nversion = 1\nquery = \"disk failure crash\"\nthreshold = -1\nthen = \"judge\"";
+    assert!(spec.contains(lex), "{spec}");
+    let sim = "name = \"sim\"\ntype = \"embed\"\nversion = 1\nfields = [\"title\"]\npositive = [\"a machine broke\"]\nthreshold = -1.0\nthen = \"judge\"";
+    std::fs::write(f.path("spec.toml"), spec.replace(lex, sim)).expect("spec");
+    f
+}
+
+/// The ids a trained proxy was fitted on, in the order asked.
+fn fitted_on(report: &Value) -> Vec<String> {
+    report["fitted_on"]
+        .as_array()
+        .expect("the fit's units")
+        .iter()
+        .map(|id| id.as_str().expect("an id").to_owned())
+        .collect()
+}
+
+/// A trained proxy fits on labels chosen where it is unsure by default:
+/// with a labels file, every round at once; the first round is the random
+/// fit's own start, the later ones differ from it, and both spend exactly
+/// the training half of the budget. explain names the fit, a rerun asks
+/// nothing new and fits the same scores, and `fit` on a proxy that is not
+/// trained is refused.
+#[test]
+fn a_trained_proxy_fits_on_labels_chosen_where_it_is_unsure() {
+    let cascade = r#"{ proxy = "trained", features = "sim", target = "recall", at_least = 0.9, delta = 0.1, label_budget = 100, labels = "labels.jsonl" }"#;
+    let f = trained_fixture(cascade);
+    truth_labels(&f, "labels.jsonl", (0..1000).map(|i| i.to_string()));
+    let o = run(bin().arg("explain").arg(f.path("spec.toml")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("on the first 50 labels, chosen where it is unsure (fit = \"active\"): 20 at random, then 3 rounds of up to 10"),
+        "{}",
+        stdout(&o)
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let active = cascade_report(&f);
+    assert_eq!(active["trained"]["fit"], "active", "{active}");
+    assert_eq!(
+        active["trained"]["rounds"],
+        serde_json::json!([20, 10, 10, 10]),
+        "{active}"
+    );
+    assert_eq!(active["met"], true, "{active}");
+    let active_ids = fitted_on(&active);
+    let distinct: std::collections::BTreeSet<&String> = active_ids.iter().collect();
+    assert_eq!((active_ids.len(), distinct.len()), (50, 50), "{active}");
+    assert_eq!(active["trained"]["labels"], 50, "{active}");
+    assert!(
+        active["labels"].as_u64().expect("labels") <= 100,
+        "within the budget: {active}"
+    );
+
+    // A rerun on the same labels asks the same and fits the same scores.
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(cascade_report(&f), active);
+
+    let spec = std::fs::read_to_string(f.path("spec.toml")).expect("spec");
+    std::fs::write(
+        f.path("spec.toml"),
+        spec.replace(
+            "label_budget = 100,",
+            "label_budget = 100, fit = \"random\",",
+        ),
+    )
+    .expect("spec");
+    let o = run(bin().arg("explain").arg(f.path("spec.toml")));
+    assert!(
+        stdout(&o).contains("on the first 50 labels, a seeded random sample (fit = \"random\")"),
+        "{}",
+        stdout(&o)
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let random = cascade_report(&f);
+    assert_eq!(random["trained"]["fit"], "random", "{random}");
+    assert_eq!(
+        random["trained"]["rounds"],
+        serde_json::json!([50]),
+        "{random}"
+    );
+    let random_ids = fitted_on(&random);
+    assert_eq!(random_ids.len(), 50, "{random}");
+    assert_eq!(
+        active_ids[..20],
+        random_ids[..20],
+        "the active fit starts with the random fit's seeded draws"
+    );
+    let random_set: std::collections::BTreeSet<&String> = random_ids.iter().collect();
+    let chosen_apart = active_ids[20..]
+        .iter()
+        .filter(|id| !random_set.contains(id))
+        .count();
+    assert!(
+        chosen_apart > 0,
+        "the later rounds chose what the random fit drew: {active_ids:?}"
+    );
+
+    // `fit` chooses a trained proxy's labels, and no other proxy's.
+    let f = cascade_fixture(
+        r#"{ proxy = "lex", target = "recall", at_least = 0.9, label_budget = 40, fit = "active" }"#,
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "fit = \"active\" chooses a trained proxy's labels; the proxy `lex` is not trained"
+        ),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// A person labels an active fit round by round: the first run waits for
+/// the random first round, each run after an import waits for the next
+/// round (units never asked before, chosen on the labels given), then the
+/// proof's draws are asked, and once every label is given the run
+/// decides; a rerun asks for nothing new.
+#[test]
+fn a_person_labels_an_active_fit_round_by_round() {
+    let budget = 100;
+    let f = trained_fixture(&format!(
+        r#"{{ proxy = "trained", features = "sim", target = "recall", at_least = 0.9, delta = 0.1, label_budget = {budget}, oracle = "person" }}"#
+    ));
+    let store = f.path("store.sqlite");
+    let import = |ids: Vec<String>| {
+        let file = truth_labels(&f, "truth.jsonl", ids.into_iter());
+        let o = run(bin()
+            .arg("label")
+            .arg(f.path("out"))
+            .arg("--store")
+            .arg(&store)
+            .arg("--import")
+            .arg(&file));
+        assert!(o.status.success(), "{}", stderr(&o));
+    };
+    let wanted_ids = |f: &Fixture| -> Vec<(String, Value)> {
+        if !f.path("out/labels-wanted.jsonl").exists() {
+            return Vec::new();
+        }
+        f.jsonl("out/labels-wanted.jsonl")
+            .into_iter()
+            .map(|w| {
+                (
+                    w["id"].as_str().expect("id").to_owned(),
+                    w["asked_for"].clone(),
+                )
+            })
+            .collect()
+    };
+    let mut given: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    let mut fit_rounds: Vec<usize> = Vec::new();
+    let mut sittings = 0;
+    let report = loop {
+        let o = f.run(&[]);
+        let report = cascade_report(&f);
+        if !report["plan"].is_null() {
+            break report;
+        }
+        assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+        let wanted = wanted_ids(&f);
+        assert!(!wanted.is_empty(), "{report}");
+        for (id, why) in &wanted {
+            assert_eq!(why, "thresholds", "{report}");
+            assert!(!given.contains(id), "unit {id} was asked again");
+        }
+        let rounds: Vec<usize> = report["trained"]["rounds"]
+            .as_array()
+            .expect("the fit's rounds so far")
+            .iter()
+            .map(|n| n.as_u64().expect("a count") as usize)
+            .collect();
+        if rounds.len() > fit_rounds.len() {
+            // A round of the fit: the report counts it, and the run asks
+            // for every label of it.
+            assert_eq!(rounds[..fit_rounds.len()], fit_rounds[..], "{report}");
+            assert_eq!(rounds.last().copied(), Some(wanted.len()), "{report}");
+            fit_rounds = rounds;
+        }
+        given.extend(wanted.into_iter().map(|(id, _)| id));
+        import(given.iter().cloned().collect());
+        sittings += 1;
+        assert!(sittings < 12, "still asking after {sittings} sittings");
+    };
+    assert_eq!(fit_rounds, [20, 10, 10, 10], "one run a round: {report}");
+    assert_eq!(report["trained"]["fit"], "active", "{report}");
+    let fitted = fitted_on(&report);
+    assert_eq!(fitted.len(), 50, "{report}");
+    assert!(fitted.iter().all(|id| given.contains(id)), "{report}");
+    assert!(
+        sittings > fit_rounds.len(),
+        "the proof's draws were asked after the fit: {sittings} sittings"
+    );
+    // What the plan leaves to the oracle is asked past the budget, said
+    // so; given too, the run decides every unit.
+    let past = wanted_ids(&f);
+    assert!(past.iter().all(|(_, why)| why == "oracle"), "{past:?}");
+    if !past.is_empty() {
+        given.extend(past.into_iter().map(|(id, _)| id));
+        import(given.iter().cloned().collect());
+        let o = f.run(&[]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    let decided = cascade_report(&f);
+    assert_eq!(decided["met"], true, "{decided}");
+    assert_eq!(decided["wanted"], 0, "{decided}");
+    // A rerun asks for no new label and fits the same proxy.
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(wanted_ids(&f).is_empty(), "{:?}", wanted_ids(&f));
+    assert_eq!(cascade_report(&f), decided);
+}

@@ -18,13 +18,20 @@
 //! proof still asks for on the labels given), then, once the proof ends,
 //! the units it leaves to the oracle. Each rerun asks only for what is
 //! missing.
+//!
+//! A trained proxy (`proxy = "trained"`) is fitted on labels chosen where
+//! it is unsure by default (`fit = "active"`, `fanfold_ops::proxy::
+//! next_round`): a labels file answers every round at once, the backend
+//! judges each round before the next is chosen, and a person gives one
+//! round a run (the run waits for it, as for the thresholds' draws). The
+//! proof's draws are its own, made on the fitted scores.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use fanfold_core::spec::{
-    BackendSpec, CascadeOracle, CascadeSpec, Decode, MapStageSpec, QualityMetric, StageSpec,
-    TRAINED_PROXY,
+    BackendSpec, CascadeOracle, CascadeSpec, Decode, MapStageSpec, ProxyFit, QualityMetric,
+    StageSpec, TRAINED_PROXY,
 };
 use fanfold_core::{
     ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash, Status, UnitId,
@@ -32,7 +39,7 @@ use fanfold_core::{
 use fanfold_ops::cascade::{self, Config, Decision, Metric, Plan, Target};
 use fanfold_ops::cascade_accept;
 use fanfold_ops::map::MapStage;
-use fanfold_ops::proxy::TrainedReport;
+use fanfold_ops::proxy::{Rounds, TrainedReport};
 use fanfold_ops::view::INPUT_BUCKET;
 use serde::{Deserialize, Serialize};
 
@@ -238,9 +245,14 @@ pub struct CascadeReport {
     /// Labels a person is asked for in `labels-wanted.jsonl`.
     #[serde(default)]
     pub wanted: usize,
-    /// With a trained proxy: what its fit did.
+    /// With a trained proxy: what its fit did, how its labels were
+    /// chosen and how many each round asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trained: Option<TrainedReport>,
+    /// With a trained proxy: the ids of the units whose labels it was
+    /// fitted on, in the order they were asked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fitted_on: Vec<String>,
     /// The guarantee holds: every unit the proxy did not decide was
     /// decided by the oracle.
     pub met: bool,
@@ -414,6 +426,18 @@ impl CascadeRun {
             }
             (false, None) => None,
         };
+        if features.is_none()
+            && let Some(fit) = c.fit
+        {
+            return Err(invalid(
+                ctx,
+                format!(
+                    "fit = \"{}\" chooses a trained proxy's labels; the proxy `{}` is not trained",
+                    fit.name(),
+                    c.proxy
+                ),
+            ));
+        }
         if features.is_some() && c.label_budget < 2 {
             return Err(invalid(
                 ctx,
@@ -572,9 +596,10 @@ impl CascadeRun {
         };
         let proxy = match &self.spec.features {
             Some(f) => format!(
-                "a logistic regression over `{f}`'s embeddings, cross-fitted over {} folds on the first {} labels",
+                "a logistic regression over `{f}`'s embeddings, cross-fitted over {} folds on the first {} labels, {}",
                 fanfold_ops::proxy::FOLDS,
-                self.training_labels()
+                self.training_labels(),
+                self.fit_text()
             ),
             None if self.scorer.is_some() => format!(
                 "`{}`'s scored probability of a positive decision (run over the stage's units)",
@@ -669,7 +694,10 @@ impl CascadeRun {
         }
         // A person who has yet to give labels the run needs first: each
         // unit waits, and the report says for how many.
-        let waiting = |ctx: &mut StageContext<'_>, missing: &[usize], labels: usize| {
+        let waiting = |ctx: &mut StageContext<'_>,
+                       missing: &[usize],
+                       labels: usize,
+                       trained: Option<TrainedReport>| {
             let wanted = self.want(
                 stage,
                 ctx,
@@ -703,6 +731,7 @@ impl CascadeRun {
                 seed: c.seed,
                 at_least: c.at_least,
                 met: false,
+                trained,
                 ..CascadeReport::default()
             };
             ctx.stats.reports.put(REPORT, &name, &report);
@@ -716,25 +745,6 @@ impl CascadeRun {
             }
             None => (self.proxy_scores(ctx, stage, &units)?, None),
             Some(embed) => {
-                let training =
-                    fanfold_ops::proxy::training_draws(&keys, self.training_labels(), c.seed);
-                if person {
-                    let missing: Vec<usize> = training
-                        .iter()
-                        .copied()
-                        .filter(|&p| stored.get(p).is_some_and(Option::is_none))
-                        .collect();
-                    if !missing.is_empty() {
-                        // The classifier is fitted on these first.
-                        return waiting(ctx, &missing, training.len() - missing.len());
-                    }
-                } else if self.labels.is_none() {
-                    let asked: Vec<usize> = training
-                        .iter()
-                        .filter_map(|&p| units.get(p).copied())
-                        .collect();
-                    merge(&mut outcome, judge(ctx, asked)?);
-                }
                 let vectors = super::embed::unit_vectors(
                     embed,
                     ctx.table,
@@ -743,15 +753,88 @@ impl CascadeRun {
                     Some(super::embed::embedders(ctx, &embed.stage)?),
                 )?;
                 let vectors: Vec<Vec<f32>> = vectors.into_iter().flatten().collect();
-                let (scores, report) =
+                let proxy_failed = |e: fanfold_ops::proxy::ProxyError| RunError::Cascade {
+                    stage: name.clone(),
+                    unit: "-".into(),
+                    detail: format!("the trained proxy: {e}"),
+                };
+                let fit = c.fit.unwrap_or_default();
+                let budget = self.training_labels();
+                let rounds = Rounds::of(budget);
+                // The fit's labels, round by round: a labels file answers
+                // every round at once; the backend judges each round before
+                // the next is chosen; a person gives one round a run, and
+                // the run waits for it.
+                let mut training: Vec<usize> = Vec::new();
+                let mut asked: Vec<usize> = Vec::new();
+                let mut file_rounds = match (fit, &self.labels) {
+                    (ProxyFit::Random, _) => {
+                        vec![fanfold_ops::proxy::training_draws(&keys, budget, c.seed)]
+                    }
+                    (ProxyFit::Active, Some(_)) => {
+                        fanfold_ops::proxy::active_rounds(&vectors, &keys, rounds, c.seed, |p| {
+                            self.label(ctx, &name, &units, &stored, p)
+                        })
+                        .map_err(&proxy_failed)?
+                    }
+                    (ProxyFit::Active, None) => Vec::new(),
+                }
+                .into_iter();
+                loop {
+                    let round = match fit {
+                        ProxyFit::Random => file_rounds.next().unwrap_or_default(),
+                        ProxyFit::Active if self.labels.is_some() => {
+                            file_rounds.next().unwrap_or_default()
+                        }
+                        ProxyFit::Active => fanfold_ops::proxy::next_round(
+                            &vectors,
+                            &keys,
+                            rounds,
+                            c.seed,
+                            &training,
+                            |p| self.label(ctx, &name, &units, &stored, p),
+                        )
+                        .map_err(&proxy_failed)?,
+                    };
+                    if round.is_empty() {
+                        break;
+                    }
+                    if person {
+                        let missing: Vec<usize> = round
+                            .iter()
+                            .copied()
+                            .filter(|&p| stored.get(p).is_some_and(Option::is_none))
+                            .collect();
+                        if !missing.is_empty() {
+                            // The classifier's next round is chosen on
+                            // these: nothing is decided until they are
+                            // given.
+                            asked.push(round.len());
+                            let so_far = TrainedReport {
+                                fit: Some(fit),
+                                rounds: asked,
+                                ..TrainedReport::default()
+                            };
+                            let given = training.len() + round.len() - missing.len();
+                            return waiting(ctx, &missing, given, Some(so_far));
+                        }
+                    } else if self.labels.is_none() {
+                        let judged: Vec<usize> = round
+                            .iter()
+                            .filter_map(|&p| units.get(p).copied())
+                            .collect();
+                        merge(&mut outcome, judge(ctx, judged)?);
+                    }
+                    asked.push(round.len());
+                    training.extend(round);
+                }
+                let (scores, mut report) =
                     fanfold_ops::proxy::fit_on(&vectors, &keys, &training, |p| {
                         self.label(ctx, &name, &units, &stored, p)
                     })
-                    .map_err(|e| RunError::Cascade {
-                        stage: name.clone(),
-                        unit: "-".into(),
-                        detail: format!("the trained proxy: {e}"),
-                    })?;
+                    .map_err(&proxy_failed)?;
+                report.fit = Some(fit);
+                report.rounds = asked;
                 (scores, Some((report, training)))
             }
         };
@@ -786,7 +869,12 @@ impl CascadeRun {
                     .filter(|(_, label)| label.is_some())
                     .map(|(&key, _)| key)
                     .collect();
-                return waiting(ctx, &missing, given.len());
+                return waiting(
+                    ctx,
+                    &missing,
+                    given.len(),
+                    trained.as_ref().map(|(report, _)| report.clone()),
+                );
             }
         }
         if self.labels.is_none() && !person {
@@ -1088,6 +1176,14 @@ impl CascadeRun {
             unlabelled,
             wanted,
             met: unlabelled == 0,
+            fitted_on: match &trained {
+                Some((_, training)) => training
+                    .iter()
+                    .filter_map(|&p| units.get(p))
+                    .map(|&i| Ok(ctx.table.unit(i)?.unit_id.0.clone()))
+                    .collect::<Result<Vec<_>, RunError>>()?,
+                None => Vec::new(),
+            },
             trained: trained.map(|(report, _)| report),
             frontier,
             more_labels: result.more_labels,
@@ -1151,6 +1247,27 @@ impl CascadeRun {
             w.extend(lines);
         }
         Ok(n)
+    }
+
+    /// How a trained proxy's labels are chosen, as explain says it.
+    fn fit_text(&self) -> String {
+        match self.spec.fit.unwrap_or_default() {
+            ProxyFit::Random => "a seeded random sample (fit = \"random\")".to_owned(),
+            ProxyFit::Active => {
+                let r = Rounds::of(self.training_labels());
+                let later = (r.labels - r.first).div_ceil(r.each.max(1));
+                format!(
+                    "chosen where it is unsure (fit = \"active\"): {} at random, then {later} rounds of up to {} the model of the labels so far scores nearest its cut, each labelled before the next is chosen{}",
+                    r.first,
+                    r.each,
+                    if self.asks_a_person() {
+                        " (a person gives one round a run)"
+                    } else {
+                        ""
+                    }
+                )
+            }
+        }
     }
 
     /// Labels a trained proxy is fitted on.
