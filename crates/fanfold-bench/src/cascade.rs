@@ -222,6 +222,40 @@ const SHAPES: [(&str, usize, f64, f64, usize); 4] = [
     ("B-shaped", 100_000, 0.03, 0.87, 1000),
 ];
 
+/// One seeded trial of a population's row.
+struct Trial {
+    hindsight: f64,
+    saved: f64,
+    met: bool,
+    positives: f64,
+    auc: f64,
+}
+
+/// `trial(seed)` for seeds `0..trials`, spread over the machine's cores
+/// (each trial depends on its seed alone), in seed order.
+fn by_seed<T: Send>(trials: u64, trial: impl Fn(u64) -> T + Sync) -> Vec<T> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let mut out: Vec<(u64, T)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|first| {
+                let trial = &trial;
+                scope.spawn(move || {
+                    (first..trials)
+                        .step_by(threads as usize)
+                        .map(|seed| (seed, trial(seed)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    out.sort_by_key(|(seed, _)| *seed);
+    out.into_iter().map(|(_, t)| t).collect()
+}
+
 /// Median and 10th percentile.
 fn quantiles(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(f64::total_cmp);
@@ -260,10 +294,7 @@ Synthetic populations shaped like two real sets (A: a third positive, a proxy of
                 at_least: 0.9,
                 delta: DELTA,
             };
-            let (mut hind, mut saved, mut met, mut pos, mut aucs) =
-                (Vec::new(), Vec::new(), 0u64, 0.0, 0.0);
-            let mut failed = None;
-            for seed in 0..trials {
+            let trials_run = by_seed(trials, |seed| {
                 let (scores, truth) = cascade::synthetic_population(
                     seed,
                     n,
@@ -272,15 +303,26 @@ Synthetic populations shaped like two real sets (A: a third positive, a proxy of
                 );
                 let keys: Vec<u64> = (0..n as u64).collect();
                 let config = Config::new(target, budget, seed);
-                match cascade::run(&config, &scores, &keys, &mut |i| truth.get(i).copied()) {
-                    Ok(o) => {
-                        hind.push(cascade::hindsight(target, &scores, &truth));
-                        saved.push(o.proxy_decided as f64 / n as f64);
-                        if o.realized(&truth) >= target.at_least {
-                            met += 1;
-                        }
-                        pos += truth.iter().filter(|&&y| y).count() as f64;
-                        aucs += cascade::auc(&scores, &truth).unwrap_or(0.5);
+                let o = cascade::run(&config, &scores, &keys, &mut |i| truth.get(i).copied())?;
+                Ok::<_, cascade::CascadeError>(Trial {
+                    hindsight: cascade::hindsight(target, &scores, &truth),
+                    saved: o.proxy_decided as f64 / n as f64,
+                    met: o.realized(&truth) >= target.at_least,
+                    positives: truth.iter().filter(|&&y| y).count() as f64,
+                    auc: cascade::auc(&scores, &truth).unwrap_or(0.5),
+                })
+            });
+            let (mut hind, mut saved, mut met, mut pos, mut aucs) =
+                (Vec::new(), Vec::new(), 0u64, 0.0, 0.0);
+            let mut failed = None;
+            for trial in trials_run {
+                match trial {
+                    Ok(t) => {
+                        hind.push(t.hindsight);
+                        saved.push(t.saved);
+                        met += u64::from(t.met);
+                        pos += t.positives;
+                        aucs += t.auc;
                     }
                     Err(e) => failed = Some(e),
                 }
@@ -423,7 +465,7 @@ The A-shaped population of {n} units with {budget} labels, seeds 0 to {}: the sh
                 delta: DELTA,
             };
             let (mut saved, mut met) = (Vec::new(), 0u64);
-            for seed in 0..trials {
+            let trials_run = by_seed(trials, |seed| {
                 let (scores, truth) = cascade::synthetic_population(
                     seed,
                     n,
@@ -433,13 +475,16 @@ The A-shaped population of {n} units with {budget} labels, seeds 0 to {}: the sh
                 let keys: Vec<u64> = (0..n as u64).collect();
                 let mut config = Config::new(target, budget, seed);
                 change(&mut config);
-                if let Ok(o) = cascade::run(&config, &scores, &keys, &mut |i| truth.get(i).copied())
-                {
-                    saved.push(o.proxy_decided as f64 / n as f64);
-                    if o.realized(&truth) >= target.at_least {
-                        met += 1;
-                    }
-                }
+                let o =
+                    cascade::run(&config, &scores, &keys, &mut |i| truth.get(i).copied()).ok()?;
+                Some((
+                    o.proxy_decided as f64 / n as f64,
+                    o.realized(&truth) >= target.at_least,
+                ))
+            });
+            for (share, reached) in trials_run.into_iter().flatten() {
+                saved.push(share);
+                met += u64::from(reached);
             }
             let (m, p10) = quantiles(saved);
             let _ = writeln!(
