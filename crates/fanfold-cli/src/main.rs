@@ -653,7 +653,10 @@ fn real_main() -> Result<ExitCode> {
         Command::Ask(args) => {
             let dir = match args.dir {
                 Some(d) => d,
-                None => free_folder(&args.question)?,
+                None => fanfold_draft::free_folder(
+                    std::path::Path::new(".fanfold/ask"),
+                    &args.question,
+                )?,
             };
             let store = dir.join("store.sqlite");
             let written = new::write(&dir, &args.question, &args.input, Some(&store))?;
@@ -1201,43 +1204,6 @@ fn explain_new(
     };
     print!("{}", plan.explain(routing.as_ref()));
     Ok(())
-}
-
-/// `.fanfold/ask/NAME`, NAME from the question, numbered past folders
-/// that exist.
-fn free_folder(question: &str) -> Result<PathBuf> {
-    let slug: String = question
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect::<String>()
-        .split('-')
-        .filter(|w| !w.is_empty())
-        .take(6)
-        .collect::<Vec<_>>()
-        .join("-");
-    let slug = if slug.is_empty() {
-        "question".to_owned()
-    } else {
-        slug
-    };
-    let base = PathBuf::from(".fanfold/ask");
-    for n in 1..1000 {
-        let dir = if n == 1 {
-            base.join(&slug)
-        } else {
-            base.join(format!("{slug}-{n}"))
-        };
-        if !dir.join("spec.toml").exists() {
-            return Ok(dir);
-        }
-    }
-    bail!("{}: no free folder for this question", base.display())
 }
 
 /// The store a maintenance command reads: it must exist already.
