@@ -73,8 +73,7 @@ impl StageReports {
 
     /// The report of one stage, read back as its kind's type.
     pub fn get<R: DeserializeOwned>(&self, key: &str, stage: &str) -> Option<R> {
-        let v = self.0.get(key)?.get(stage)?;
-        R::deserialize(v).ok()
+        read(key, stage, self.0.get(key)?.get(stage)?)
     }
 
     /// Every report under `key`, by stage name.
@@ -83,7 +82,7 @@ impl StageReports {
             .get(key)
             .into_iter()
             .flatten()
-            .filter_map(|(name, v)| Some((name.clone(), R::deserialize(v).ok()?)))
+            .filter_map(|(name, v)| Some((name.clone(), read(key, name, v)?)))
             .collect()
     }
 
@@ -97,6 +96,24 @@ impl StageReports {
         let mut r: R = self.get(key, stage).unwrap_or_default();
         f(&mut r);
         self.put(key, stage, &r);
+    }
+}
+
+/// A stored report as its kind's type. One that does not read (written by
+/// another version, or by a kind that changed its type) is said in the
+/// log, naming it, rather than dropped without a word.
+fn read<R: DeserializeOwned>(key: &str, stage: &str, v: &Value) -> Option<R> {
+    match R::deserialize(v) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(
+                kind = key,
+                stage,
+                error = %e,
+                "a stage's report does not read as its kind's type and is left out"
+            );
+            None
+        }
     }
 }
 
