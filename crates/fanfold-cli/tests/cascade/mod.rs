@@ -681,3 +681,42 @@ fn a_person_labels_an_active_fit_round_by_round() {
     assert!(wanted_ids(&f).is_empty(), "{:?}", wanted_ids(&f));
     assert_eq!(cascade_report(&f), decided);
 }
+
+/// With the stage's backend as the oracle, an active fit's rounds are
+/// judged one after another, each before the next is chosen: the model is
+/// asked once per view for the fit's labels, the proof's and the units
+/// left to it, and a rerun asks it nothing and fits the same proxy.
+#[test]
+fn the_backend_judges_an_active_fit_round_by_round() {
+    let f = trained_fixture(
+        r#"{ proxy = "trained", features = "sim", target = "recall", at_least = 0.9, delta = 0.1, label_budget = 400 }"#,
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let cert = f.certificate();
+    let report = &cert["stats"]["cascades"]["judge"];
+    assert_eq!(report["trained"]["fit"], "active", "{report}");
+    assert_eq!(
+        report["trained"]["rounds"],
+        serde_json::json!([80, 40, 40, 40]),
+        "{report}"
+    );
+    assert_eq!(report["trained"]["labels"], 200, "{report}");
+    assert_eq!(fitted_on(report).len(), 200, "{report}");
+    assert!(
+        report["proxy_decided"].as_u64().expect("decided") > 0,
+        "{report}"
+    );
+    assert_eq!(report["met"], true, "{report}");
+    let calls = cert["stats"]["model_calls"].as_u64().expect("calls");
+    assert_eq!(report["oracle_calls"].as_u64(), Some(calls), "{report}");
+    assert!(
+        calls < 1000,
+        "fewer calls than judging every record: {calls}"
+    );
+    let o = f.run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let again = f.certificate();
+    assert_eq!(again["stats"]["model_calls"], 0);
+    assert_eq!(&again["stats"]["cascades"]["judge"], report);
+}

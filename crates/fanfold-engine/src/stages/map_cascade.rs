@@ -767,26 +767,27 @@ impl CascadeRun {
                 // the run waits for it.
                 let mut training: Vec<usize> = Vec::new();
                 let mut asked: Vec<usize> = Vec::new();
-                let mut file_rounds = match (fit, &self.labels) {
-                    (ProxyFit::Random, _) => {
+                // A random sample, and every round of an active fit when a
+                // labels file answers them, are known before any is asked.
+                let up_front = fit == ProxyFit::Random || self.labels.is_some();
+                let mut known_rounds = match fit {
+                    ProxyFit::Random => {
                         vec![fanfold_ops::proxy::training_draws(&keys, budget, c.seed)]
                     }
-                    (ProxyFit::Active, Some(_)) => {
+                    ProxyFit::Active if up_front => {
                         fanfold_ops::proxy::active_rounds(&vectors, &keys, rounds, c.seed, |p| {
                             self.label(ctx, &name, &units, &stored, p)
                         })
                         .map_err(&proxy_failed)?
                     }
-                    (ProxyFit::Active, None) => Vec::new(),
+                    ProxyFit::Active => Vec::new(),
                 }
                 .into_iter();
                 loop {
-                    let round = match fit {
-                        ProxyFit::Random => file_rounds.next().unwrap_or_default(),
-                        ProxyFit::Active if self.labels.is_some() => {
-                            file_rounds.next().unwrap_or_default()
-                        }
-                        ProxyFit::Active => fanfold_ops::proxy::next_round(
+                    let round = if up_front {
+                        known_rounds.next().unwrap_or_default()
+                    } else {
+                        fanfold_ops::proxy::next_round(
                             &vectors,
                             &keys,
                             rounds,
@@ -794,7 +795,7 @@ impl CascadeRun {
                             &training,
                             |p| self.label(ctx, &name, &units, &stored, p),
                         )
-                        .map_err(&proxy_failed)?,
+                        .map_err(&proxy_failed)?
                     };
                     if round.is_empty() {
                         break;
