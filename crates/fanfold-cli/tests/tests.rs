@@ -13,6 +13,7 @@ mod asking;
 mod cascade;
 mod effects;
 mod fleet;
+mod interval;
 mod newuser;
 mod planner;
 mod quotes;

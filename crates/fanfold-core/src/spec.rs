@@ -1684,6 +1684,31 @@ pub enum ContractSpec {
     },
     /// "Are there at least `count` positives?": stops once proven.
     Threshold { count: u64 },
+    /// An estimate: the share of routed units `reducer` counts, known
+    /// within ± `half_width` at `confidence`. The reducer's stage judges
+    /// its units in a seeded random order and stops once an anytime-valid
+    /// confidence sequence for sampling without replacement is that
+    /// narrow; the units left are cancelled. A `count` is one share (and
+    /// the total it stands for); a `count_by` is one share per group its
+    /// key's schema `enum` names, the confidence split over the groups.
+    Interval {
+        /// A `count` or `count_by` reducer that names its `stage`, a map
+        /// stage without a cascade or `widen`.
+        reducer: String,
+        /// The widest the interval may be each side of the share, in
+        /// (0, 0.5].
+        half_width: f64,
+        /// The probability, in (0, 1), that the interval holds the share.
+        #[serde(default = "default_interval_confidence")]
+        confidence: f64,
+        /// Seeds the order units are judged in.
+        #[serde(default)]
+        seed: u64,
+    },
+}
+
+fn default_interval_confidence() -> f64 {
+    0.95
 }
 
 fn default_themes() -> usize {
@@ -1696,6 +1721,7 @@ impl ContractSpec {
             ContractSpec::Exhaustive { .. } => "exhaustive",
             ContractSpec::TopK { .. } => "top_k",
             ContractSpec::Threshold { .. } => "threshold",
+            ContractSpec::Interval { .. } => "interval",
         }
     }
 }

@@ -268,6 +268,12 @@ pub fn markdown(report: &RunReport) -> String {
         let _ = writeln!(out, "Threshold reached: **{reached}**{sim}\n");
     }
     match &a.stated {
+        // An interval contract's answer is its estimate.
+        _ if a.estimate.is_some() => {
+            if let Some(e) = &a.estimate {
+                out.push_str(&crate::interval::markdown(e, &sim));
+            }
+        }
         // A number, rows or pairs: stated first, then the units cited.
         Some(g) => {
             let _ = writeln!(

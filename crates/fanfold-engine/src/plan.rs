@@ -29,6 +29,8 @@ pub struct Plan {
     /// Every file the spec makes fanfold read (rubrics, schemas, scripts,
     /// examples, canaries, cassettes, model files, the input).
     pub files: BTreeSet<String>,
+    /// An interval contract's resolved target (reducer, stage, groups).
+    pub interval: Option<fanfold_ops::interval::IntervalTarget>,
 }
 
 /// Command-line choices that change what the spec means. They are applied
@@ -490,8 +492,9 @@ impl Plan {
                 fanfold_ops::jq::JqProgram::compile(bound)
                     .map_err(|e| invalid(format!("contract.bound: {e}")))?;
             }
-            ContractSpec::Threshold { .. } => {}
+            ContractSpec::Threshold { .. } | ContractSpec::Interval { .. } => {}
         }
+        let interval = crate::interval::target(&spec, &stages).map_err(&invalid)?;
         check_execution(&spec).map_err(invalid)?;
         if let Some(input) = &spec.input.path {
             files.insert(spec_dir.join(input).display().to_string());
@@ -504,6 +507,7 @@ impl Plan {
             spec_hash,
             stages,
             files,
+            interval,
         })
     }
 
@@ -666,6 +670,7 @@ impl Plan {
             ContractSpec::Threshold { count } => {
                 format!("threshold: stop once {count} positives are found")
             }
+            ContractSpec::Interval { .. } => crate::interval::explain(self.interval.as_ref(), s),
         };
         let _ = writeln!(out, "\ncontract  {contract}");
         // Fields of records are known once the input is read (the run and

@@ -470,6 +470,38 @@ impl<'a> StageJob<'a> {
         (state.leftovers, state.max_in_flight, state.stop)
     }
 
+    /// Asks the contract before any unit opens. When it is already
+    /// satisfied (a rerun whose cached facts reach it), every queued unit
+    /// ends cancelled and the backend need not start. True when nothing is
+    /// left to ask.
+    pub fn settled_by_contract(&self) -> bool {
+        let ended = {
+            let mut state = self.lock();
+            if state.queue.is_empty() {
+                return true;
+            }
+            if state.stop.is_some() {
+                return false;
+            }
+            let best_unopened = state.queue.iter().filter_map(|p| p.bound).reduce(f64::max);
+            let Some(detail) = self
+                .controller
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .may_cancel_rest(best_unopened)
+            else {
+                return false;
+            };
+            let ended = self.drain_unopened(&mut state, Status::Cancelled, "contract_satisfied");
+            state.stop = Some(StopReason::ContractSatisfied { detail });
+            ended
+        };
+        for (i, r) in &ended {
+            (self.on_finish)(*i, r);
+        }
+        true
+    }
+
     /// What a call for `suffix` reserves from the budget before it is
     /// sent: its prompt and the most it may generate, and their price.
     fn reservation(&self, suffix: &str) -> Reservation {

@@ -73,6 +73,10 @@ pub struct Answer {
     pub incomplete: Vec<String>,
     /// For a threshold contract: whether the threshold was reached.
     pub reached: Option<bool>,
+    /// For an interval contract: the estimate, with its interval and
+    /// whether it reached the declared half width.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<fanfold_ops::interval::Estimate>,
     /// What is proven of the answer's quality, one line per declared
     /// quality target; empty when none is declared: the quality is then
     /// unmeasured, and answer.md says so at the top.
@@ -141,6 +145,9 @@ pub struct Certificate {
     pub statuses: StatusCounts,
     pub stop: StopReason,
     pub contract: String,
+    /// An interval contract's estimate, as the answer states it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<fanfold_ops::interval::Estimate>,
     pub budget_limits: fanfold_core::spec::BudgetSpec,
     pub stats: RunStats,
     pub fold_root: ContentHash,

@@ -5,9 +5,11 @@
 //! contract never stops early; budgets stop a run as `budget_exhausted`, and
 //! the units they leave are `not_run`, never negative.
 
-use fanfold_core::Status;
 use fanfold_core::spec::ContractSpec;
+use fanfold_core::{FactRecord, Status};
 use serde::{Deserialize, Serialize};
+
+use crate::interval::{Draw, Estimate, Estimator, IntervalTarget};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "reason", rename_all = "snake_case")]
@@ -75,6 +77,9 @@ pub struct Controller {
     /// Units whose score broke their declared bound. One is enough to void
     /// the top-k pruning proof: the controller cancels nothing after it.
     violations: Vec<String>,
+    /// An interval contract's running estimate; without a target (a
+    /// controller built from the contract alone) it never cancels.
+    interval: Option<Estimator>,
 }
 
 impl Controller {
@@ -84,7 +89,78 @@ impl Controller {
             positives: 0,
             top: Vec::new(),
             violations: Vec::new(),
+            interval: None,
         }
+    }
+
+    /// A controller for an interval contract whose target the plan
+    /// resolved (the reducer's stage, statuses and groups).
+    pub fn with_interval(contract: ContractSpec, target: IntervalTarget) -> Controller {
+        Controller {
+            interval: Some(Estimator::new(target)),
+            ..Controller::new(contract)
+        }
+    }
+
+    /// The interval contract's stage and seed, for the stage to order its
+    /// units by.
+    pub fn interval_stage(&self) -> Option<(&str, u64)> {
+        self.interval
+            .as_ref()
+            .map(|e| (e.target().stage.as_str(), e.target().seed))
+    }
+
+    /// Declares the units the interval contract's stage received, in the
+    /// order it judges them, out of `routed` routed units.
+    pub fn set_draw_order(&mut self, order: Vec<usize>, routed: u64) {
+        if let Some(e) = &mut self.interval {
+            e.set_order(order, routed);
+        }
+    }
+
+    /// Records unit `index`'s fact for an interval contract: a decided
+    /// fact at its stage is a draw, counted in the group its reducer
+    /// would count it in (or none); a failed one is a draw of unknown
+    /// value; one never judged (cancelled, not run) ends the order.
+    pub fn observe_fact(&mut self, index: usize, fact: &FactRecord) {
+        let Some(e) = &mut self.interval else {
+            return;
+        };
+        let target = e.target();
+        if fact.stage != target.stage {
+            return;
+        }
+        let draw = match fact.status {
+            Status::Positive | Status::Negative | Status::Abstain => {
+                if !target.statuses.contains(&fact.status) {
+                    Draw::Known(None)
+                } else {
+                    match &target.key {
+                        None => Draw::Known(Some(0)),
+                        // The fold's own reading of a group's key: a string
+                        // as it is, any other value as JSON.
+                        Some(pointer) => Draw::Known(
+                            fact.facts
+                                .pointer(pointer)
+                                .filter(|v| !v.is_null())
+                                .map(|v| match v {
+                                    serde_json::Value::String(s) => s.clone(),
+                                    other => other.to_string(),
+                                })
+                                .and_then(|k| target.groups.iter().position(|g| *g == k)),
+                        ),
+                    }
+                }
+            }
+            Status::Error => Draw::Unknown,
+            Status::Cancelled | Status::NotRun => Draw::Gap,
+        };
+        e.observe(index, draw);
+    }
+
+    /// The interval contract's estimate so far.
+    pub fn estimate(&self) -> Option<Estimate> {
+        self.interval.as_ref()?.estimate()
     }
 
     pub fn contract(&self) -> &ContractSpec {
@@ -124,6 +200,15 @@ impl Controller {
     pub fn may_cancel_rest(&self, best_unopened: Option<f64>) -> Option<String> {
         match &self.contract {
             ContractSpec::Exhaustive { .. } => None,
+            ContractSpec::Interval { half_width, .. } => {
+                let e = self.interval.as_ref()?;
+                e.reached().then(|| {
+                    format!(
+                        "the estimate of `{}` is within ±{half_width} at its confidence",
+                        e.target().reducer
+                    )
+                })
+            }
             ContractSpec::Threshold { count } => (self.positives >= *count).then(|| {
                 format!(
                     "{} positives reached the threshold of {count}",

@@ -134,8 +134,10 @@ impl ModelBackend for ScriptedBackend {
                     let program = JqProgram::compile(&self.script)
                         .map_err(|e| BackendError::Setup(e.to_string()))?;
                     while let Some(req) = job.next() {
+                        // A unit opened after the job was cancelled was
+                        // never asked: it ends cancelled, not in error.
                         if job.is_cancelled() {
-                            job.complete(req, Err(CallError::Backend("cancelled".into())));
+                            job.complete(req, Err(CallError::Cancelled));
                             continue;
                         }
                         let result = self.answer(&program, prefix_tokens, &req);

@@ -56,6 +56,8 @@ pub struct LedgerTotals {
     pub recomputed: Vec<String>,
     /// Top-k bounds the scores broke.
     pub violations: Vec<String>,
+    /// An interval contract's estimate, as the last fact left it.
+    pub estimate: Option<fanfold_ops::interval::Estimate>,
 }
 
 impl<'a> FactLedger<'a> {
@@ -216,10 +218,11 @@ impl<'a> FactLedger<'a> {
             .as_ref()
             .and_then(|p| fact.facts.pointer(p))
             .and_then(Value::as_f64);
-        self.controller
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .observe(fact.status, score);
+        {
+            let mut controller = self.controller.lock().unwrap_or_else(|e| e.into_inner());
+            controller.observe(fact.status, score);
+            controller.observe_fact(index, &fact);
+        }
         state.facts.push((index, fact));
     }
 
@@ -234,12 +237,12 @@ impl<'a> FactLedger<'a> {
     }
 
     pub fn into_parts(self) -> (Vec<(usize, FactRecord)>, LedgerTotals) {
-        let violations = self
+        let controller = self
             .controller
             .into_inner()
-            .unwrap_or_else(|e| e.into_inner())
-            .violations()
-            .to_vec();
+            .unwrap_or_else(|e| e.into_inner());
+        let violations = controller.violations().to_vec();
+        let estimate = controller.estimate();
         let state = self.state.into_inner().unwrap_or_else(|e| e.into_inner());
         let mut recomputed = state.recomputed;
         recomputed.sort();
@@ -250,6 +253,7 @@ impl<'a> FactLedger<'a> {
                 cost: state.cost,
                 recomputed,
                 violations,
+                estimate,
             },
         )
     }

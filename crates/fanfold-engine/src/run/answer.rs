@@ -197,7 +197,9 @@ pub fn incomplete(
     let contract_cancel = matches!(stop, StopReason::ContractSatisfied { .. })
         && matches!(
             spec.contract,
-            ContractSpec::TopK { .. } | ContractSpec::Threshold { .. }
+            ContractSpec::TopK { .. }
+                | ContractSpec::Threshold { .. }
+                | ContractSpec::Interval { .. }
         );
     if statuses.cancelled > 0 && !contract_cancel {
         why.push(format!("{} units were cancelled", statuses.cancelled));
@@ -297,6 +299,9 @@ fn answer_ids(
             let reached = pos.len() as u64 >= *count;
             (pos, Vec::new(), Some(reached))
         }
+        // The answer is the estimate the contract's controller kept, not
+        // a list of units.
+        ContractSpec::Interval { .. } => (Vec::new(), Vec::new(), None),
     }
 }
 

@@ -321,12 +321,23 @@ fn run_begun(
             run_id: run_id.to_owned(),
         });
     }
-    let ledger = FactLedger::new(
-        store,
-        Controller::new(spec.contract.clone()),
-        stages::score_pointer(&spec.contract),
-    );
+    let controller = match &plan.interval {
+        Some(target) => Controller::with_interval(spec.contract.clone(), target.clone()),
+        None => Controller::new(spec.contract.clone()),
+    };
+    let ledger = FactLedger::new(store, controller, stages::score_pointer(&spec.contract));
     let staged = scope.unit_stages(&mut state, &ledger, &mut phases)?;
+    // An interval contract's stage that received no unit never declared
+    // its order: the share it estimates is exactly none of the routed.
+    if let Some(target) = &plan.interval
+        && !staged.received.contains_key(&target.stage)
+    {
+        ledger
+            .controller()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_draw_order(Vec::new(), routed.table.len() as u64);
+    }
     let (mut facts, mut totals) = ledger.into_parts();
     for stage in &plan.stages {
         stage.review(&facts, &mut state.stats);
@@ -353,14 +364,18 @@ fn run_begun(
     // Answer.
     let answered = answer::answer(spec, &fold.root, &facts, &routed.table);
     let statuses = fold.root.total_statuses();
+    let estimate = totals.estimate.take();
     let mut incomplete = answer::incomplete(
         spec,
         &statuses,
         &stop,
         &routed.coverage,
         &routed.rejected_by_reason,
-        answered.reached,
+        answered.reached.or(estimate.as_ref().map(|e| e.reached)),
     );
+    if let Some(why) = crate::interval::shortfall(plan.interval.as_ref(), estimate.as_ref()) {
+        incomplete.push(why);
+    }
     for stage in plan.stages.iter().filter(|s| !s.shape().reads_answer()) {
         incomplete.extend(stage.shortfalls(&stats));
     }
@@ -476,6 +491,7 @@ fn run_begun(
         statuses,
         stop: stop.clone(),
         contract: spec.contract.type_name().into(),
+        estimate: estimate.clone(),
         budget_limits: settings.budget.clone(),
         stats,
         fold_root: fold.root_key,
@@ -503,6 +519,7 @@ fn run_begun(
         complete,
         incomplete,
         reached: answered.reached,
+        estimate,
         quality,
         items: answered.items,
         themes: answered.themes,

@@ -520,6 +520,28 @@ impl MapRunner {
         views: &dyn Views,
     ) -> Result<StageOutcome, RunError> {
         let stage = &self.stage;
+        // An interval contract's stage judges its units in the contract's
+        // seeded random order, and tells the contract that order, so the
+        // facts it reads are a sample without replacement of them.
+        let interval_seed = ctx
+            .ledger
+            .controller()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .interval_stage()
+            .and_then(|(name, seed)| (name == stage.name()).then_some(seed));
+        let units = match interval_seed {
+            Some(seed) => {
+                let ordered = crate::interval::draw_order(&units, ctx.table, seed);
+                ctx.ledger
+                    .controller()
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .set_draw_order(ordered.clone(), ctx.table.len() as u64);
+                ordered
+            }
+            None => units,
+        };
         let execution = stage.spec.execution;
         let backend = ctx
             .backends
@@ -831,7 +853,7 @@ impl MapRunner {
         job.set_guard(stage.spec.breaker.clone(), canary_expect);
         let price = |u: &fanfold_model::Usage| backend.cost_usd(u);
         job.set_price(&price);
-        if !nothing_to_ask {
+        if !nothing_to_ask && !job.settled_by_contract() {
             backend.run(&job).map_err(|source| RunError::Backend {
                 name: stage.spec.backend.clone(),
                 source,
