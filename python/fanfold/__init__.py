@@ -1,0 +1,398 @@
+"""fanfold: ask questions of large, record-shaped data with language models.
+
+One bounded model context per record, typed results folded into an answer
+with verbatim evidence, every fact cached in a content-keyed store, and a
+certificate of what ran. This package calls the same engine as the
+``fanfold`` command (its native half, ``fanfold._native``); nothing of the
+engine is reimplemented here.
+
+Tables cross into the engine as JSON Lines, written in one vectorised call
+(``DataFrame.to_json(orient="records", lines=True)``); Arrow is not used
+yet.
+
+    >>> import fanfold, pandas as pd
+    >>> df = pd.DataFrame({"id": [1, 2], "body": ["Raptor lost data", "fine"]})
+    >>> res = fanfold.ask(df, "Which tickets mention Raptor?", backend="scripted")
+    >>> res.answer["id"].tolist()
+    ['1']
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from . import _native
+from ._native import (
+    BackendError,
+    FanfoldError,
+    IncompleteAnswer,
+    InputError,
+    SpecError,
+    StoreError,
+)
+
+__all__ = [
+    "ask",
+    "run",
+    "Result",
+    "FanfoldError",
+    "SpecError",
+    "InputError",
+    "StoreError",
+    "BackendError",
+    "IncompleteAnswer",
+    "DEFAULT_STORE",
+]
+
+# The engine's exceptions are made in the native module; they are this
+# package's, and say so when printed.
+for _error in (FanfoldError, SpecError, InputError, StoreError, BackendError, IncompleteAnswer):
+    _error.__module__ = "fanfold"
+del _error
+
+#: The store a run uses when given none and ``FANFOLD_STORE`` is unset:
+#: the same file ``fanfold run`` uses, so the CLI and Python share a cache.
+DEFAULT_STORE = ".fanfold/store.sqlite"
+
+#: Physical slots (units in flight at once) when ``workers`` is not given,
+#: as the CLI's ``--slots`` default.
+DEFAULT_WORKERS = 4
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _pandas():
+    """pandas when it is installed, else None: it is optional."""
+    try:
+        import pandas  # noqa: PLC0415
+
+        return pandas
+    except ImportError:
+        return None
+
+
+def _store_of(store: Optional[PathLike]) -> str:
+    """The store to use: the argument, else ``FANFOLD_STORE``, else the default."""
+    if store is not None:
+        return os.fspath(store)
+    return os.environ.get("FANFOLD_STORE") or DEFAULT_STORE
+
+
+def _is_table(data: Any) -> bool:
+    """Whether ``data`` is a DataFrame-like table (pandas or anything with
+    the same ``to_json``)."""
+    return hasattr(data, "to_json") and hasattr(data, "columns")
+
+
+def _table_bytes(data: Any) -> bytes:
+    """``data`` (a DataFrame or a list of dicts) as JSON Lines."""
+    if _is_table(data):
+        text = data.to_json(orient="records", lines=True, force_ascii=False, date_format="iso")
+        return text.encode("utf-8")
+    if isinstance(data, (list, tuple)):
+        if not all(isinstance(row, dict) for row in data):
+            raise InputError("a list given as input must hold dicts (one record each)")
+        return "\n".join(map(json.dumps, data)).encode("utf-8") + b"\n"
+    raise InputError(
+        f"cannot read {type(data).__name__} as input: give a DataFrame, a list of dicts or a path"
+    )
+
+
+def _write_atomically(path: Path, body: bytes) -> None:
+    """Writes ``body`` to ``path`` through a temporary file beside it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _input_path(data: Any, folder: Path) -> str:
+    """A path the engine reads ``data`` from. A path is taken as it is; a
+    table is written as JSON Lines under ``folder``, named by its content,
+    so the same rows give the same file and the file stays for ``fanfold
+    verify`` to read back."""
+    if isinstance(data, (str, os.PathLike)):
+        return os.fspath(data)
+    body = _table_bytes(data)
+    path = folder / f"{hashlib.sha256(body).hexdigest()[:16]}.jsonl"
+    if not path.exists():
+        _write_atomically(path, body)
+    return str(path)
+
+
+def _inputs_folder(store: str) -> Path:
+    """Where tables given as input are written: beside a store file, else
+    under ``.fanfold``."""
+    if "://" in store:
+        return Path(".fanfold/inputs")
+    return Path(store).parent / "inputs"
+
+
+def _records(rows: List[Dict[str, Any]], columns: Sequence[str]):
+    """Rows as a DataFrame when pandas is installed, else the list itself."""
+    pd = _pandas()
+    if pd is None:
+        return rows
+    return pd.DataFrame(rows, columns=list(columns))
+
+
+ANSWER_COLUMNS = ("id", "title", "decision", "field", "quote", "start", "end", "evidence")
+
+
+class Result:
+    """What a run answered, read from its output folder.
+
+    Attributes:
+        out: the output folder (answer.json, answer.md, facts.jsonl,
+            certificate.json).
+        complete: whether every unit the answer needs was decided.
+        incomplete: why not, when it is not.
+        verified: whether the run's own verification passed.
+        simulated: whether the answers came from a scripted or replayed
+            backend rather than a model ([SIMULATED]).
+        quality: the proven quality lines, or ``"unmeasured"``.
+        certificate: certificate.json as a dict.
+        markdown: answer.md as the engine wrote it.
+    """
+
+    def __init__(self, summary: Dict[str, Any]):
+        self.out = Path(summary["out"])
+        self.complete: bool = bool(summary["complete"])
+        self.incomplete: List[str] = list(summary["incomplete"])
+        self.verified: bool = bool(summary["verified"])
+        self.simulated: bool = bool(summary["simulated"])
+        lines = summary["quality"]
+        self.quality: str = "\n".join(lines) if lines else "unmeasured"
+        self.markdown: str = summary["markdown"]
+        self.exit_code: int = int(summary["exit_code"])
+        with open(self.out / "answer.json", encoding="utf-8") as f:
+            self._answer: Dict[str, Any] = json.load(f)
+        with open(self.out / "certificate.json", encoding="utf-8") as f:
+            self.certificate: Dict[str, Any] = json.load(f)
+        self._facts: Optional[List[Dict[str, Any]]] = None
+
+    def _fact_rows(self) -> List[Dict[str, Any]]:
+        if self._facts is None:
+            with open(self.out / "facts.jsonl", encoding="utf-8") as f:
+                self._facts = [json.loads(line) for line in f if line.strip()]
+        return self._facts
+
+    @property
+    def question(self) -> str:
+        """The question the answer is to."""
+        return self._answer.get("question", "")
+
+    @property
+    def model_calls(self) -> int:
+        """The model calls this run paid for (cache hits are not calls)."""
+        return int(self.certificate.get("stats", {}).get("model_calls", 0))
+
+    @property
+    def answer(self):
+        """The answer's units, one row each, as answer.json holds them:
+        ``id``, ``title``, ``decision`` (the deciding fact's), the first
+        evidence quote's ``field``, ``quote``, ``start`` and ``end``, and
+        every quote under ``evidence``. A DataFrame when pandas is
+        installed, else a list of dicts."""
+        decisions: Dict[str, Any] = {}
+        for fact in self._fact_rows():
+            ids = fact.get("source_ids") or []
+            if len(ids) == 1 and fact.get("status") == "positive":
+                decisions.setdefault(ids[0], fact.get("decision"))
+        rows = []
+        for item in self._answer.get("items", []):
+            unit = item["unit_id"]
+            evidence = item.get("evidence") or []
+            first = evidence[0] if evidence else {}
+            rows.append(
+                {
+                    "id": unit,
+                    "title": item.get("title"),
+                    "decision": item.get("fields", {}).get("decision", decisions.get(unit)),
+                    "field": first.get("field"),
+                    "quote": first.get("quote"),
+                    "start": first.get("start"),
+                    "end": first.get("end"),
+                    "evidence": evidence,
+                }
+            )
+        return _records(rows, ANSWER_COLUMNS)
+
+    @property
+    def facts(self):
+        """Every fact of the run (facts.jsonl), one row each: a DataFrame
+        when pandas is installed, else a list of dicts."""
+        rows = self._fact_rows()
+        columns: List[str] = []
+        for row in rows:
+            for key in row:
+                if key not in columns:
+                    columns.append(key)
+        return _records(list(rows), columns)
+
+    def _headline(self) -> str:
+        sim = " [SIMULATED]" if self.simulated else ""
+        n = len(self._answer.get("items", []))
+        head = f"{n} units answer {self.question!r}{sim}; quality: {self.quality}; {self.out}"
+        if not self.verified:
+            head = "VERIFICATION FAILED: " + head
+        if not self.complete:
+            head = "INCOMPLETE (" + "; ".join(self.incomplete) + "): " + head
+        return head
+
+    def __repr__(self) -> str:
+        return f"<fanfold.Result {self._headline()}>"
+
+    def __str__(self) -> str:
+        if self.complete:
+            return self.markdown
+        return "INCOMPLETE: " + "; ".join(self.incomplete) + "\n\n" + self.markdown
+
+    def _repr_html_(self) -> str:
+        """The run's HTML report, as ``fanfold report run`` writes it; a
+        small table when the report cannot be made."""
+        try:
+            return _native.report_html(str(self.out))
+        except FanfoldError:
+            pass
+        head = html.escape(self._headline())
+        cells = "".join(
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>".format(
+                html.escape(str(i.get("unit_id"))),
+                html.escape(str(i.get("title") or "")),
+                html.escape(" | ".join(e.get("quote", "") for e in i.get("evidence") or [])),
+            )
+            for i in self._answer.get("items", [])
+        )
+        return (
+            f"<p>{head}</p><table><tr><th>id</th><th>title</th><th>evidence</th></tr>"
+            f"{cells}</table>"
+        )
+
+
+def _finish(summary_json: str, strict: bool) -> Result:
+    result = Result(json.loads(summary_json))
+    if strict and not result.complete:
+        err = IncompleteAnswer("the answer is INCOMPLETE: " + "; ".join(result.incomplete))
+        err.category = "incomplete"
+        err.exit_code = _native.EXIT_INCOMPLETE
+        err.result = result
+        raise err
+    return result
+
+
+def run(
+    spec: PathLike,
+    input: Any = None,
+    *,
+    store: Optional[PathLike] = None,
+    out: Optional[PathLike] = None,
+    backend: Optional[str] = None,
+    workers: Optional[int] = None,
+    max_model_calls: Optional[int] = None,
+    strict: bool = False,
+) -> Result:
+    """Run a TOML spec, as ``fanfold run SPEC`` does.
+
+    Args:
+        spec: the spec file.
+        input: overrides the spec's input: a path, a pandas DataFrame or a
+            list of dicts (written as JSON Lines, so the spec's partition
+            must read ``jsonl``).
+        store: the store (an SQLite file or a ``postgres://`` address);
+            ``FANFOLD_STORE``, else ``.fanfold/store.sqlite``, as the CLI.
+        out: the output folder; ``.fanfold/runs/<spec name>`` by default.
+        backend: send every stage to this backend of the spec.
+        workers: units in flight at once (the CLI's ``--slots``; 4 by
+            default). The engine runs in this process.
+        max_model_calls: overrides the spec's budget of model calls.
+        strict: raise :class:`IncompleteAnswer` when the answer is
+            incomplete, rather than returning it with ``complete`` False.
+
+    Returns:
+        The :class:`Result`.
+
+    Raises:
+        SpecError, InputError, StoreError, BackendError, FanfoldError: with
+        the engine's message, ``category`` and ``exit_code``.
+        KeyboardInterrupt: on Ctrl-C; what the run stored is kept.
+    """
+    store_path = _store_of(store)
+    source = None if input is None else _input_path(input, _inputs_folder(store_path))
+    summary = _native.run(
+        os.fspath(spec),
+        store=store_path,
+        out=None if out is None else os.fspath(out),
+        input=source,
+        backend=backend,
+        slots=DEFAULT_WORKERS if workers is None else int(workers),
+        max_model_calls=max_model_calls,
+    )
+    return _finish(summary, strict)
+
+
+def ask(
+    data: Any,
+    question: str,
+    *,
+    dir: Optional[PathLike] = None,
+    store: Optional[PathLike] = None,
+    out: Optional[PathLike] = None,
+    backend: Optional[str] = None,
+    workers: Optional[int] = None,
+    max_model_calls: Optional[int] = None,
+    strict: bool = False,
+) -> Result:
+    """Ask a question of ``data`` in one call, as ``fanfold ask`` does:
+    draft a spec folder from the question and the data (a rubric, a
+    decision schema with evidence, a cheap first rung), then run it.
+
+    Args:
+        data: a pandas DataFrame, a list of dicts, or a path (a JSON array,
+            JSON lines, CSV, text, e-mail, Markdown, or a folder of them).
+        question: the question, in words.
+        dir: where the spec folder goes; ``.fanfold/ask/<name>`` by default
+            (numbered past folders that hold a spec). Edit its spec and
+            ``fanfold run`` it to refine.
+        store, out, workers, max_model_calls, strict: as :func:`run`; ``out``
+            is ``<dir>/out`` by default.
+        backend: the spec's backend to run on: ``"default"`` (the embedded
+            model, the default) or ``"scripted"`` (a [SIMULATED] keyword
+            judge).
+
+    Returns:
+        The :class:`Result`; its ``out`` folder's parent holds the spec.
+    """
+    folder = Path(_native.free_folder(".fanfold/ask", question) if dir is None else dir)
+    store_path = _store_of(store)
+    if isinstance(data, (str, os.PathLike)):
+        source = os.fspath(data)
+    else:
+        body = _table_bytes(data)
+        source = str(folder / "input.jsonl")
+        if (folder / "spec.toml").exists():
+            raise InputError(f"{folder / 'spec.toml'} exists: refusing to overwrite a spec; choose another folder")
+        _write_atomically(Path(source), body)
+    written = json.loads(_native.draft(str(folder), question, source, store_path))
+    summary = _native.run(
+        written["spec"],
+        store=store_path,
+        out=os.fspath(out) if out is not None else str(folder / "out"),
+        input=None,
+        backend=backend or "default",
+        slots=DEFAULT_WORKERS if workers is None else int(workers),
+        max_model_calls=max_model_calls,
+    )
+    return _finish(summary, strict)
