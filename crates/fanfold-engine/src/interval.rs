@@ -260,37 +260,6 @@ fn trim(x: f64) -> String {
     s.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
-/// The one-line summary `fanfold run` prints and the certificate's reader
-/// sees.
-pub fn summary(e: &Estimate) -> String {
-    let parts: Vec<String> = e
-        .groups
-        .iter()
-        .map(|g| {
-            format!(
-                "{}{} [{}, {}] (about {:.0} of {})",
-                g.key
-                    .as_deref()
-                    .map(|k| format!("{k}: "))
-                    .unwrap_or_default(),
-                percent(g.share),
-                percent(g.lower),
-                percent(g.upper),
-                g.total,
-                e.routed
-            )
-        })
-        .collect();
-    format!(
-        "estimate of `{}` at {} confidence, {} of {} units judged: {}",
-        e.reducer,
-        percent(e.confidence),
-        e.judged,
-        e.population,
-        parts.join("; ")
-    )
-}
-
 /// Why an interval contract's answer is not whole: its estimate fell
 /// short of the declared half width (a budget, failures), or the stage
 /// never declared its units. `None` when it is whole or the contract is
