@@ -151,3 +151,11 @@ def test_a_list_of_dicts_is_an_input_too_and_the_html_is_the_report(tmp_path):
     assert sorted(res.answer["id"]) == ["4", "8"]
     page = res._repr_html_()
     assert page.lstrip().lower().startswith("<!doctype html") and QUESTION in page
+
+
+def test_without_pandas_the_tables_are_lists_of_dicts(monkeypatch):
+    monkeypatch.setattr(fanfold, "_pandas", lambda: None)
+    res = fanfold.ask(tickets(8).to_dict("records"), QUESTION, backend="scripted")
+    assert isinstance(res.answer, list) and isinstance(res.facts, list)
+    assert sorted(row["id"] for row in res.answer) == ["4", "8"]
+    assert {row["stage"] for row in res.facts} == {"judge"}
