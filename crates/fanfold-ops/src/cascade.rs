@@ -1003,21 +1003,28 @@ fn side(proxy: Option<bool>) -> usize {
 /// through its side, so the most a draw can add follows from these at
 /// any level of the target, without another pass over the units.
 #[derive(Clone, Copy, Debug)]
-struct SideWeights {
-    least: [f64; 3],
-    most: [f64; 3],
+struct SideWeights([Extent; 3]);
+
+/// The least and the most of some weights; none yet while `least > most`.
+#[derive(Clone, Copy, Debug)]
+struct Extent {
+    least: f64,
+    most: f64,
 }
 
 impl SideWeights {
     fn of(c: &Candidate, scores: &[f64], weights: &[f64]) -> SideWeights {
-        let mut w = SideWeights {
-            least: [f64::INFINITY; 3],
-            most: [f64::NEG_INFINITY; 3],
-        };
+        let mut w = SideWeights(
+            [Extent {
+                least: f64::INFINITY,
+                most: f64::NEG_INFINITY,
+            }; 3],
+        );
         for (&s, &weight) in scores.iter().zip(weights) {
-            let k = side(c.proxy(s));
-            w.least[k] = w.least[k].min(weight);
-            w.most[k] = w.most[k].max(weight);
+            if let Some(e) = w.0.get_mut(side(c.proxy(s))) {
+                e.least = e.least.min(weight);
+                e.most = e.most.max(weight);
+            }
         }
         w
     }
@@ -1032,8 +1039,7 @@ impl SideWeights {
     /// `max_i v_i w_i` over the units, each unlabelled (at its worst).
     fn most_term(&self, t: Target) -> f64 {
         let mut hi = f64::NEG_INFINITY;
-        for (k, &proxy) in SIDES.iter().enumerate() {
-            let (least, most) = (self.least[k], self.most[k]);
+        for (&Extent { least, most }, &proxy) in self.0.iter().zip(&SIDES) {
             if least > most {
                 continue;
             }
@@ -1272,11 +1278,15 @@ impl Sampler<'_> {
                 Some(Some(false)) => 1,
                 _ => 2,
             };
-            if let Some(count) = tally.0.get_mut(side(c.proxy(s))) {
-                count[known] += 1;
+            if let Some(n) = tally
+                .0
+                .get_mut(side(c.proxy(s)))
+                .and_then(|count| count.get_mut(known))
+            {
+                *n += 1;
             }
         }
-        let all = tally.0.iter().all(|count| count[2] == 0);
+        let all = tally.0.iter().all(|&[_, _, unknown]| unknown == 0);
         (tally, all)
     }
 
