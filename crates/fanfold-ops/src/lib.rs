@@ -11,8 +11,8 @@
 pub mod cascade;
 pub mod cascade_accept;
 pub mod contract;
-pub mod interval;
 pub mod fold;
+pub mod interval;
 pub mod jq;
 pub mod partition;
 pub mod prefilter;
