@@ -18,6 +18,15 @@ use fanfold_ops::interval::{Estimate, IntervalTarget, draw_rank};
 
 use crate::kit::{Stage, UnitTable};
 
+/// The most groups a `count_by` under an interval contract may split its
+/// confidence over: each group keeps two confidence sequences, each fact
+/// updates all of them, and the split widens every interval.
+const MAX_GROUPS: usize = 32;
+
+/// The narrowest half width an interval contract may ask for: its grid of
+/// candidate shares is finer than the half width, and bounded.
+const MIN_HALF_WIDTH: f64 = 0.001;
+
 /// The interval contract's target, checked against the spec; `None` for
 /// another contract. Every refusal names the setting at fault.
 pub fn target(spec: &Spec, stages: &[Box<dyn Stage>]) -> Result<Option<IntervalTarget>, String> {
@@ -79,6 +88,20 @@ pub fn target(spec: &Spec, stages: &[Box<dyn Stage>]) -> Result<Option<IntervalT
             }
         ));
     }
+    if let Some(back) = stages.iter().find(|s| {
+        let shape = s.shape();
+        shape.reads_negatives().is_some() && shape.targets().contains(&stage.as_str())
+    }) {
+        return Err(format!(
+            "contract.reducer `{reducer}` reads stage `{stage}`, to which stage `{}` sends units back for a second pass; the interval contract draws that stage's units once, in one seeded order",
+            back.name()
+        ));
+    }
+    if *half_width < MIN_HALF_WIDTH {
+        return Err(format!(
+            "contract.half_width must be at least {MIN_HALF_WIDTH}; got {half_width}"
+        ));
+    }
     let statuses = r.statuses.clone().unwrap_or_else(|| vec![Status::Positive]);
     if let Some(s) = statuses
         .iter()
@@ -115,6 +138,12 @@ pub fn target(spec: &Spec, stages: &[Box<dyn Stage>]) -> Result<Option<IntervalT
                 .collect();
             groups.sort();
             groups.dedup();
+            if groups.len() > MAX_GROUPS {
+                return Err(format!(
+                    "contract.reducer `{reducer}` is a `count_by` on `{key}` with {} groups; an interval contract splits its confidence over at most {MAX_GROUPS}",
+                    groups.len()
+                ));
+            }
             groups
         }
     };

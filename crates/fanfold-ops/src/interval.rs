@@ -31,6 +31,10 @@ const MAX_BET: f64 = 0.75;
 /// (`k/n`), so the bounds are on the population's own values.
 const EXACT_GRID: usize = 4096;
 
+/// The most candidate means a large population's grid holds, so a
+/// sequence's memory and each draw's work stay bounded whatever is asked.
+const MAX_GRID: usize = 65_536;
+
 /// How far rounding may put a feasible remaining mean outside `[0, 1]`.
 const SLACK: f64 = 1e-9;
 
@@ -173,7 +177,11 @@ impl WorSequence {
         let (grid, exact): (Vec<f64>, bool) = if n <= EXACT_GRID {
             ((0..=n).map(|k| k as f64 / n.max(1) as f64).collect(), true)
         } else {
-            let steps = (1.0 / resolution.max(1e-6)).ceil().max(EXACT_GRID as f64) as usize;
+            // Past `MAX_GRID` the grid is coarser than asked: the bounds
+            // step out one point further, still valid, a little wider.
+            let steps = (1.0 / resolution.max(1e-6))
+                .ceil()
+                .clamp(EXACT_GRID as f64, MAX_GRID as f64) as usize;
             (
                 (0..=steps).map(|k| k as f64 / steps as f64).collect(),
                 false,

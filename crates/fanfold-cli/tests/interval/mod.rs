@@ -258,4 +258,15 @@ fn an_interval_over_a_set_or_unnamed_groups_is_refused() {
         "{}",
         stderr(&o)
     );
+    let fine = spec.replace("half_width = 0.05", "half_width = 0.0001");
+    std::fs::write(ex.path("fine.toml"), fine).expect("spec");
+    let o = run(bin()
+        .args(["explain", "--no-input"])
+        .arg(ex.path("fine.toml")));
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("contract.half_width must be at least 0.001"),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -371,7 +371,10 @@ fn run_begun(
         &stop,
         &routed.coverage,
         &routed.rejected_by_reason,
-        answered.reached.or(estimate.as_ref().map(|e| e.reached)),
+        // A reached interval excuses only its own cancellations (the
+        // contract's, below); a budget, a breaker, errors or units not run
+        // anywhere in the run still make the answer incomplete.
+        answered.reached,
     );
     if let Some(why) = crate::interval::shortfall(plan.interval.as_ref(), estimate.as_ref()) {
         incomplete.push(why);
