@@ -1781,6 +1781,12 @@ pub struct OutputSpec {
 pub enum SpecParseError {
     #[error("{0}")]
     Toml(#[from] toml::de::Error),
+    /// The name is a folder of the run's outputs (`.fanfold/runs/NAME`), so
+    /// it must stay one plain path component.
+    #[error(
+        "name `{0}`: a spec's name names its output folder, so it must be one plain path component (not empty, `.` or `..`, no `/`, `\\` or NUL)"
+    )]
+    Name(String),
     #[error(
         "reducer `{reducer}` (type `{kind}`): unknown field `{field}`; expected one of {expected}"
     )]
@@ -1868,6 +1874,10 @@ impl Spec {
     pub fn from_toml(text: &str) -> Result<Spec, SpecParseError> {
         let spec: Spec = toml::from_str(text)?;
         check_reducer_fields(text)?;
+        let name = spec.name.as_str();
+        if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\\', '\0']) {
+            return Err(SpecParseError::Name(name.escape_debug().to_string()));
+        }
         Ok(spec)
     }
 

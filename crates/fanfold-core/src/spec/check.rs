@@ -239,6 +239,28 @@ mod tests {
 
     use super::*;
 
+    /// A spec's name becomes its output folder's name, so one that would
+    /// leave `.fanfold/runs` is refused when the spec is read.
+    #[test]
+    fn a_spec_name_is_one_plain_path_component() {
+        let minimal = include_str!("../../../../examples/minimal/spec.toml");
+        let named = |name: &str| {
+            minimal.replacen(
+                "name = \"auth-blockers\"",
+                &format!("name = {}", toml::Value::String(name.to_owned())),
+                1,
+            )
+        };
+        assert!(crate::spec::Spec::from_toml(&named("auth-blockers.v2")).is_ok());
+        for bad in ["", ".", "..", "../../etc", "/abs", "a/b", "a\\b", "x\0y"] {
+            let err = crate::spec::Spec::from_toml(&named(bad)).expect_err(bad);
+            assert!(
+                err.to_string().contains("one plain path component"),
+                "{bad:?}: {err}"
+            );
+        }
+    }
+
     fn decision(positive: &[&str], negative: &[&str]) -> DecisionSpec {
         DecisionSpec {
             pointer: "/decision".into(),
