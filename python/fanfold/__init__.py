@@ -93,12 +93,30 @@ def _is_table(data: Any) -> bool:
 def _table_bytes(data: Any) -> bytes:
     """``data`` (a DataFrame or a list of dicts) as JSON Lines."""
     if _is_table(data):
-        text = data.to_json(orient="records", lines=True, force_ascii=False, date_format="iso")
+        index = getattr(data, "index", None)
+        # Ids a user keeps in the index are part of the record: a default
+        # 0..n index is not.
+        plain = index is None or type(index).__name__ == "RangeIndex"
+        if not plain and hasattr(data, "reset_index"):
+            data = data.reset_index()
+        text = data.to_json(
+            orient="records",
+            lines=True,
+            force_ascii=False,
+            date_format="iso",
+            double_precision=15,
+        )
         return text.encode("utf-8")
     if isinstance(data, (list, tuple)):
         if not all(isinstance(row, dict) for row in data):
             raise InputError("a list given as input must hold dicts (one record each)")
-        return "\n".join(map(json.dumps, data)).encode("utf-8") + b"\n"
+        lines = []
+        for at, row in enumerate(data):
+            try:
+                lines.append(json.dumps(row, allow_nan=False))
+            except (TypeError, ValueError) as e:
+                raise InputError(f"record {at} of the input list is not JSON: {e}") from e
+        return "\n".join(lines).encode("utf-8") + b"\n"
     raise InputError(
         f"cannot read {type(data).__name__} as input: give a DataFrame, a list of dicts or a path"
     )
@@ -382,8 +400,11 @@ def ask(
     else:
         body = _table_bytes(data)
         source = str(folder / "input.jsonl")
-        if (folder / "spec.toml").exists():
-            raise InputError(f"{folder / 'spec.toml'} exists: refusing to overwrite a spec; choose another folder")
+        for taken in ("spec.toml", "input.jsonl"):
+            if (folder / taken).exists():
+                raise InputError(
+                    f"{folder / taken} exists: refusing to overwrite it; choose another folder"
+                )
         _write_atomically(Path(source), body)
     written = json.loads(_native.draft(str(folder), question, source, store_path))
     summary = _native.run(

@@ -159,3 +159,15 @@ def test_without_pandas_the_tables_are_lists_of_dicts(monkeypatch):
     assert isinstance(res.answer, list) and isinstance(res.facts, list)
     assert sorted(row["id"] for row in res.answer) == ["4", "8"]
     assert {row["stage"] for row in res.facts} == {"judge"}
+
+
+def test_ids_kept_in_the_index_reach_the_engine_and_a_record_that_is_not_json_is_refused(tmp_path):
+    indexed = tickets(8).set_index("id")
+    res = fanfold.ask(indexed, QUESTION, backend="scripted")
+    assert sorted(res.answer["id"]) == ["4", "8"]
+    rows = tickets(3).to_dict("records")
+    rows[1]["score"] = float("nan")
+    with pytest.raises(fanfold.InputError) as caught:
+        fanfold.ask(rows, QUESTION, backend="scripted", dir="nan")
+    assert "record 1" in str(caught.value)
+    assert not (tmp_path / "nan" / "input.jsonl").exists()
