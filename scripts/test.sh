@@ -16,9 +16,9 @@ cargo nextest run --workspace --cargo-profile release "$@"
 # the wheel built by pip (maturin, fetched from PyPI) into the workspace's
 # target/, so the engine the tests above built is not built again.
 python_env="$(mktemp -d)"
+trap 'rm -rf "$python_env"' EXIT
 python3 -m venv "$python_env/venv"
 CARGO_TARGET_DIR="$PWD/target" "$python_env/venv/bin/pip" install --quiet ./python pytest pandas
 FANFOLD_BIN="$PWD/target/release/fanfold" "$python_env/venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
-rm -rf "$python_env"
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings

@@ -371,8 +371,11 @@ fn served_of(tail: &str) -> Option<&str> {
     rest.get(..end)
 }
 
-/// What a job asks of a backend besides its prefix.
+/// What a job asks of a backend besides its prefix. A field a row leaves
+/// out is that field's default (`{}` asks for free text); a row that is
+/// not such an object is refused ([`JobOptions::read`]).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 struct JobOptions {
     schema: Option<serde_json::Value>,
     /// The decision's key and allowed values.
@@ -450,6 +453,11 @@ mod tests {
             decision: Some(("label".into(), vec!["yes".into(), "no".into()])),
             choice_only: true,
         };
+        assert!(
+            !JobOptions::read("{}")
+                .unwrap_or_else(|e| panic!("{e}"))
+                .choice_only
+        );
         let row = serde_json::to_string(&written).unwrap_or_default();
         let read = JobOptions::read(&row).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(read.schema, written.schema);
