@@ -96,7 +96,12 @@ def _table_bytes(data: Any) -> bytes:
         index = getattr(data, "index", None)
         # Ids a user keeps in the index are part of the record: a default
         # 0..n index is not.
-        plain = index is None or type(index).__name__ == "RangeIndex"
+        plain = index is None or (
+            all(name is None for name in getattr(index, "names", [None]))
+            and type(index).__name__ == "RangeIndex"
+            and getattr(index, "start", 0) == 0
+            and getattr(index, "step", 1) == 1
+        )
         if not plain and hasattr(data, "reset_index"):
             data = data.reset_index()
         text = data.to_json(
