@@ -10,8 +10,6 @@
 //! stage's own units are drawn in a seeded random order, so the judged
 //! ones are a sample without replacement of them.
 
-use std::fmt::Write as _;
-
 use fanfold_core::Status;
 use fanfold_core::spec::{ContractSpec, ReducerKind, Spec, StageSpec};
 use fanfold_ops::interval::{Estimate, IntervalTarget, draw_rank};
@@ -203,90 +201,6 @@ pub fn explain(target: Option<&IntervalTarget>, spec: &Spec) -> String {
         "interval: estimate the share of routed units `{reducer}` ({}) counts{groups} within ±{half_width} at {confidence}; stage `{}` judges its units in a random order (seed {seed}) and the rest are cancelled once reached",
         t.kind, t.stage
     )
-}
-
-fn percent(x: f64) -> String {
-    format!("{:.1} %", 100.0 * x)
-}
-
-/// answer.md's statement of the estimate.
-pub fn markdown(e: &Estimate, sim: &str) -> String {
-    let mut out = String::new();
-    let state = if e.reached {
-        format!(
-            "the interval reached ±{} at {} confidence",
-            percent(e.half_width),
-            percent(e.confidence)
-        )
-    } else {
-        format!(
-            "INCOMPLETE: the interval did not reach ±{} (the widest is ±{})",
-            percent(e.half_width),
-            percent(e.groups.iter().map(|g| g.half_width).fold(0.0, f64::max))
-        )
-    };
-    let _ = writeln!(
-        out,
-        "## Answer: an ESTIMATE{sim}\n\nAn estimate, not a count of every unit: {state}. {} of {} units judged in a seeded random order (seed {}) at stage `{}`, of {} routed{}.\n",
-        e.judged,
-        e.population,
-        e.seed,
-        e.stage,
-        e.routed,
-        if e.unknown > 0 {
-            format!(
-                "; {} more failed and count as either value, which widens the interval",
-                e.unknown
-            )
-        } else {
-            String::new()
-        }
-    );
-    let _ = writeln!(
-        out,
-        "| `{}` ({}) | share of routed units | {} % interval | estimated total | total interval |",
-        e.reducer,
-        e.kind,
-        trim(100.0 * e.confidence)
-    );
-    let _ = writeln!(out, "|---|---|---|---|---|");
-    for g in &e.groups {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} – {} | {:.0} | {:.0} – {:.0} |",
-            g.key
-                .as_deref()
-                .map(crate::output::md_text)
-                .unwrap_or_else(|| "counted".into()),
-            percent(g.share),
-            percent(g.lower),
-            percent(g.upper),
-            g.total,
-            g.total_lower.floor(),
-            g.total_upper.ceil()
-        );
-    }
-    let _ = writeln!(
-        out,
-        "\nThe interval is a betting confidence sequence for sampling without replacement (valid at whatever point judging stopped){}.\n",
-        if e.groups.len() > 1 {
-            format!(
-                "; the {} groups hold together, each at 1 − {}/{}",
-                e.groups.len(),
-                trim(1.0 - e.confidence),
-                e.groups.len()
-            )
-        } else {
-            String::new()
-        }
-    );
-    out
-}
-
-/// A number without trailing zeros.
-fn trim(x: f64) -> String {
-    let s = format!("{x:.4}");
-    s.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
 /// Why an interval contract's answer is not whole: its estimate fell
