@@ -48,7 +48,14 @@ def quality(units):
 
 load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
 print("## Choosing how a target is met (`fanfold plan`)\n")
-print(f"`bash bench/plan/run.sh`, {os.cpu_count()} cores, load {load}, {cert['backends'][0]['kind'] if cert.get('backends') else 'no model'}. Every figure below is measured by the run that wrote it.\n")
+# The planner's own runs name the model it measured with; the chosen
+# plan's replay may make no model call at all.
+kinds = sorted({
+    b["kind"]
+    for c in (work / "plans").rglob("certificate.json")
+    for b in json.loads(c.read_text()).get("backends", [])
+})
+print(f"`bash bench/plan/run.sh`, {os.cpu_count()} cores, load {load}, planned with {', '.join(kinds) or 'no model'}. Every figure below is measured by the run that wrote it.\n")
 print("`fanfold plan examples/bgl-alerts/target.toml`: the failure judge declares recall ≥ 0.9 at δ = 0.1 with a budget of 200 labels, and loghub's own labels (`labels.jsonl`) are the oracle, standing in for a person. The proxies are two scoring rungs, the embedded model's scored choice (`failure_guess`) and a classifier trained on the embeddings; the whole-run strategies run the embedded 135M model on a seeded sample of 200 lines. The planner's tables, as it printed them:\n")
 print((work / "plan.txt").read_text().strip())
 print(f"\nPlanning took {planned - start:.1f} s; the chosen plan's run {ran - planned:.1f} s.\n")
