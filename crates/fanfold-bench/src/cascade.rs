@@ -274,7 +274,7 @@ fn savings(body: &mut String, trials: u64) {
         body,
         "### Proven saving against hindsight
 
-Synthetic populations shaped like two real sets (A: a third positive, a proxy of AUC 0.80; B: 3 % positive, AUC 0.87), each unit scored by the logistic of a unit normal whose class means lie `√2 Φ⁻¹(AUC)` apart; a new population and sample every trial (seeds 0 to {}), δ = {DELTA}. The saving is the share of units the proxy decides (recall: those it drops below its threshold; precision: those it keeps from its threshold; recall and precision: both, outside a band around the score 0.5, each metric held to the level; the oracle decides the rest). Hindsight is the largest share any threshold of the same family could decide with the whole answer meeting the target, knowing every label. \"Met\" counts the trials whose whole answer reaches the target against the truth.
+Synthetic populations shaped like two real sets (A: a third positive, a proxy of AUC 0.80; B: 3 % positive, AUC 0.87), each unit scored by the logistic of a unit normal whose class means lie `√2 Φ⁻¹(AUC)` apart; a new population and sample every trial (seeds 0 to {}), δ = {DELTA}. The saving is the share of units the proxy decides (recall: those it drops below its threshold; precision: those it keeps from its threshold; recall and precision: both, those it drops below one threshold and those it keeps from another, each side proven on its own at δ / 2; the oracle decides the rest). Hindsight is the largest share any threshold of the same family could decide with the whole answer meeting the target, knowing every label. \"Met\" counts the trials whose whole answer reaches the target against the truth.
 ",
         trials.saturating_sub(1)
     );

@@ -11,7 +11,9 @@
 //!   (decides them positive) and the oracle decides the rest, thresholds
 //!   falling;
 //! - accuracy: the proxy decides both sides of its cut and the oracle a
-//!   band around it, the band narrowing.
+//!   band around it, the band narrowing;
+//! - recall and precision: a recall plan's drop and a precision plan's
+//!   keep, each chosen by its own sequence (see [`Target::apart`]).
 //!
 //! How the guarantee is kept:
 //! - Each target is one linear inequality over the units, `Σ v_i ≤ 0`,
@@ -55,7 +57,8 @@
 //!   each at the full δ, stopping at the first that is not proven. The
 //!   first plan that misses the target must be passed for any such plan
 //!   to be chosen, so the chance of choosing one is at most δ, with no
-//!   union bound over the plans.
+//!   union bound over the plans. A joint target's recall and precision
+//!   are two such sequences at δ / 2 each.
 //! - A plan whose sum is at most 0 even with every unlabelled unit at
 //!   its worst is proven outright.
 //! - Draws are the arrivals of one Poisson process a unit, of rate its
@@ -103,10 +106,8 @@ impl Metric {
 
 impl Target {
     /// The one-metric targets this one holds all of: a joint target's
-    /// recall and precision, each at its level. A plan is proven when
-    /// each part's test passes at the full δ: if either part misses, its
-    /// own test passes with probability at most δ, so the pair does too
-    /// (an intersection-union test).
+    /// recall and precision, each at its level. A plan whose every label
+    /// is known meets the joint target exactly when it meets both.
     pub fn parts(self) -> Vec<Target> {
         match self.metric {
             Metric::RecallAndPrecision => vec![
@@ -117,6 +118,41 @@ impl Target {
                 Target {
                     metric: Metric::Precision,
                     ..self
+                },
+            ],
+            _ => vec![self],
+        }
+    }
+}
+
+impl Target {
+    /// The targets whose plans are proven apart, each by its own fixed
+    /// sequence: a one-metric target alone; recall and precision ≥ γ as
+    /// recall ≥ γ over plans that drop the lowest scores and precision ≥
+    /// 1 / (2 − γ) over plans that keep the highest, each at δ / 2.
+    ///
+    /// Why that precision level: it holds when the proxy's false
+    /// positives are at most (1 − γ) of all positives (`FP ≤ (1 − γ) P`).
+    /// With recall ≥ γ the answer holds at least γ P positives, so its
+    /// precision is at least `γ P / (γ P + FP) ≥ γ`. Dropping units can
+    /// only remove kept ones, and labels only correct decisions, so the
+    /// composed plan meets both parts whenever both proofs are right:
+    /// with probability at least 1 − δ by a union bound over the two.
+    /// Proven apart, each side of the cut goes as far as its own labels
+    /// allow; on one path of bands the side that is harder to prove
+    /// (precision, where positives are rare) holds the other back.
+    fn apart(self) -> Vec<Target> {
+        match self.metric {
+            Metric::RecallAndPrecision => vec![
+                Target {
+                    metric: Metric::Recall,
+                    delta: self.delta / 2.0,
+                    ..self
+                },
+                Target {
+                    metric: Metric::Precision,
+                    at_least: 1.0 / (2.0 - self.at_least),
+                    delta: self.delta / 2.0,
                 },
             ],
             _ => vec![self],
@@ -372,7 +408,6 @@ fn drive(
         return Err(CascadeError::Score { unit });
     }
     let proposal = Proposal::new(config, scores);
-    let candidates = candidates(config, scores);
     let mut sampler = Sampler {
         config,
         scores,
@@ -390,10 +425,7 @@ fn drive(
             sampler.finish(&Candidate::All, Proof::exact(1.0)),
         ));
     }
-    let mut tests: Vec<Vec<PlanTest>> = candidates
-        .iter()
-        .map(|c| PlanTest::all(config.target, c, scores, &sampler.epochs))
-        .collect();
+    let mut sequences = Sequence::all(config, scores, &sampler.epochs);
     let distinct_keys = keys.iter().collect::<std::collections::HashSet<_>>().len();
     let mut arrivals = proposal.arrivals(config.seed, keys);
     // Labels in rounds, each as large as the draws so far; the
@@ -423,26 +455,97 @@ fn drive(
             if let Some(later) = later_proposal(config, scores, &sampler.epochs, &draws, known) {
                 sampler.rare_positives = later.rare;
                 let weights = later.proposal.weights();
-                for t in tests.iter_mut().flatten() {
+                for t in sequences.iter_mut().flat_map(|s| &mut s.tests).flatten() {
                     t.add_epoch(scores, &weights);
                 }
                 sampler.epochs.push(weights);
                 arrivals.retarget(later.proposal.probabilities);
             }
         }
-        let (proven, stop) = sampler.walk(&candidates, &tests, &draws, distinct_keys);
-        if finished || stop {
-            break proven;
+        let walked: Vec<(usize, bool)> = sequences
+            .iter()
+            .map(|s| sampler.walk(&s.candidates, &s.tests, &draws, distinct_keys))
+            .collect();
+        if finished || walked.iter().all(|&(_, stop)| stop) {
+            break walked
+                .into_iter()
+                .map(|(proven, _)| proven)
+                .collect::<Vec<_>>();
         }
     };
-    let plan = candidates.get(chosen).unwrap_or(&Candidate::All);
-    let proof = sampler.proof(plan, &draws);
-    let mut outcome = sampler.finish(plan, proof);
-    outcome.frontier = sampler.frontier(&candidates, chosen, &draws);
-    outcome.more_labels = candidates
-        .get(chosen + 1)
-        .and_then(|next| sampler.more_labels(next, &draws));
+    let plan = compose(&sequences, &chosen);
+    let proof = sampler.proof(&plan, &draws);
+    let mut outcome = sampler.finish(&plan, proof);
+    outcome.frontier = sampler.frontier(&sequences, &chosen, &draws);
+    // The fewest labels that would take any one sequence a step further.
+    outcome.more_labels = sequences
+        .iter()
+        .zip(&chosen)
+        .filter_map(|(s, &k)| {
+            let next = s.candidates.get(k + 1)?;
+            sampler.more_labels(s.target, next, &draws)
+        })
+        .min();
     Ok(Driven::Done(outcome))
+}
+
+/// One fixed sequence of nested plans, safest first, and each plan's
+/// test of its target.
+struct Sequence {
+    target: Target,
+    candidates: Vec<Candidate>,
+    tests: Vec<Vec<PlanTest>>,
+}
+
+impl Sequence {
+    /// One sequence for each target proven apart ([`Target::apart`]).
+    fn all(config: &Config, scores: &[f64], epochs: &[Vec<f64>]) -> Vec<Sequence> {
+        config
+            .target
+            .apart()
+            .into_iter()
+            .map(|target| {
+                let candidates = candidates(
+                    &Config {
+                        target,
+                        ..config.clone()
+                    },
+                    scores,
+                );
+                let tests = candidates
+                    .iter()
+                    .map(|c| PlanTest::all(target, c, scores, epochs))
+                    .collect();
+                Sequence {
+                    target,
+                    candidates,
+                    tests,
+                }
+            })
+            .collect()
+    }
+}
+
+/// The plan the sequences' chosen plans make together: one sequence's
+/// plan as it is; a joint target's drop and keep as one band (a unit
+/// both would decide is dropped, which only lowers the proxy's false
+/// positives).
+fn compose(sequences: &[Sequence], chosen: &[usize]) -> Candidate {
+    let picked = |n: usize| {
+        sequences
+            .get(n)
+            .zip(chosen.get(n))
+            .and_then(|(s, &k)| s.candidates.get(k))
+            .cloned()
+            .unwrap_or(Candidate::All)
+    };
+    match (picked(0), picked(1)) {
+        (Candidate::DropBelow(low), Candidate::KeepFrom(high)) => {
+            Candidate::Band(low, high.max(low))
+        }
+        (Candidate::All, other) => other,
+        (one, _) => one,
+    }
 }
 
 /// The units a cascade with this configuration may ask the oracle about,
@@ -536,12 +639,7 @@ fn later_proposal(
     first: &[Draw],
     known: impl Fn(usize) -> Option<Option<bool>>,
 ) -> Option<Later> {
-    if first.is_empty()
-        || matches!(
-            config.target.metric,
-            Metric::Accuracy | Metric::RecallAndPrecision
-        )
-    {
+    if first.is_empty() || config.target.metric == Metric::Accuracy {
         return None;
     }
     let weight = |d: &Draw| {
@@ -563,6 +661,15 @@ fn later_proposal(
         return (share >= RARE_POSITIVES && lean < PRECISION_LEAN).then(|| Later {
             proposal: Proposal::leaning_high(config, scores, lean),
             rare: false,
+        });
+    }
+    // A joint target's recall part is the one rare positives starve (its
+    // precision part keeps so few units that the uniform share reaches
+    // them); with positives common, its first proposal already serves both.
+    if config.target.metric == Metric::RecallAndPrecision {
+        return (share < RARE_POSITIVES && config.lean_low_when_rare).then(|| Later {
+            proposal: Proposal::rare(config, scores),
+            rare: true,
         });
     }
     if share < RARE_POSITIVES {
@@ -709,15 +816,21 @@ impl Proposal {
     /// A mixture of uniform mass (`uniform_share`) and mass that leans
     /// where the plans' sums move most: toward high scores for recall
     /// (the positives the answer keeps, which allow the misses) and more
-    /// steeply for precision (its plans keep the top), to the cut for
-    /// accuracy.
+    /// steeply for precision (its plans keep the top), half of each for
+    /// recall and precision, to the cut for accuracy.
     fn new(config: &Config, scores: &[f64]) -> Proposal {
         let n = scores.len().max(1) as f64;
         let cut = scores.iter().filter(|&&s| s < config.cut).count() as f64 / n;
+        // `(L + 1) r^L` has mass 1 on [0, 1], so a joint target's parts
+        // lean with equal mass, each as its own target would.
         let g = by_rank(scores, |r| match config.target.metric {
             Metric::Recall => r.powf(RECALL_LEAN),
             Metric::Precision => r.powf(PRECISION_LEAN),
-            Metric::Accuracy | Metric::RecallAndPrecision => 1.0 - (r - cut).abs().min(1.0),
+            Metric::RecallAndPrecision => {
+                (RECALL_LEAN + 1.0) * r.powf(RECALL_LEAN)
+                    + (PRECISION_LEAN + 1.0) * r.powf(PRECISION_LEAN)
+            }
+            Metric::Accuracy => 1.0 - (r - cut).abs().min(1.0),
         });
         Proposal::mixed(config.uniform_share, &g)
     }
@@ -1308,17 +1421,47 @@ impl Sampler<'_> {
                 exact: all,
             };
         }
-        let sides = SideWeights::all(c, self.scores, &self.epochs);
-        let lower_bound = largest(|g| {
-            PlanTest::all_at(at(g), c, &sides).iter().all(|test| {
-                test.holds_outright() || rejects(&self.xs(test, draws), 0.0, t.delta, true)
-            })
-        });
+        let lower_bound = match t.apart().as_slice() {
+            [recall, precision] => self.joint_bound(*recall, *precision, c, draws),
+            _ => self.proven_level(t, c, draws),
+        };
         Proof {
             estimate: self.estimate(c, draws),
             lower_bound,
             exact: false,
         }
+    }
+
+    /// The highest level of `t`'s metric the draws prove for plan `c`, at
+    /// `t`'s δ.
+    fn proven_level(&self, t: Target, c: &Candidate, draws: &[Draw]) -> f64 {
+        let sides = SideWeights::all(c, self.scores, &self.epochs);
+        largest(|g| {
+            PlanTest::all_at(Target { at_least: g, ..t }, c, &sides)
+                .iter()
+                .all(|test| {
+                    test.holds_outright() || rejects(&self.xs(test, draws), 0.0, t.delta, true)
+                })
+        })
+    }
+
+    /// What the two proofs of a joint target show together (see
+    /// [`Target::apart`]): recall at least `r` from the units it drops,
+    /// and the proxy's false positives at most `c P` from the units it
+    /// keeps, so precision at least `r / (r + c)`, which is below `r`:
+    /// the smaller of the two is that.
+    fn joint_bound(&self, recall: Target, precision: Target, c: &Candidate, draws: &[Draw]) -> f64 {
+        let (drop, keep) = c.sides();
+        let r = drop.map_or(1.0, |d| self.proven_level(recall, &d, draws));
+        let share = keep.map_or(0.0, |k| {
+            let g = self.proven_level(precision, &k, draws);
+            if g > 0.0 {
+                (1.0 - g) / g
+            } else {
+                f64::INFINITY
+            }
+        });
+        if r > 0.0 { r / (r + share) } else { 0.0 }
     }
 
     /// The metric's importance-weighted point estimate for a plan.
@@ -1360,20 +1503,29 @@ impl Sampler<'_> {
 
     /// The level each of about ten plans is proven at, spread over the
     /// candidates from the chosen one to the most aggressive.
+    /// The plans past the chosen one along the first sequence (a joint
+    /// target's drop side, with its keep side as chosen), about ten.
     fn frontier(
         &self,
-        candidates: &[Candidate],
-        chosen: usize,
+        sequences: &[Sequence],
+        chosen: &[usize],
         draws: &[Draw],
     ) -> Vec<FrontierPoint> {
         let n = self.scores.len().max(1) as f64;
-        let last = candidates.len().saturating_sub(1);
-        let step = (last.saturating_sub(chosen) / 10).max(1);
+        let (Some(first), Some(&from)) = (sequences.first(), chosen.first()) else {
+            return Vec::new();
+        };
+        let last = first.candidates.len().saturating_sub(1);
+        let step = (last.saturating_sub(from) / 10).max(1);
         let mut out = Vec::new();
-        let mut k = chosen.max(1);
+        let mut k = from.max(1);
+        let mut picks = chosen.to_vec();
         while k <= last {
-            let Some(c) = candidates.get(k) else { break };
-            let proof = self.proof(c, draws);
+            if let Some(p) = picks.first_mut() {
+                *p = k;
+            }
+            let c = compose(sequences, &picks);
+            let proof = self.proof(&c, draws);
             let decided = self
                 .scores
                 .iter()
@@ -1392,12 +1544,12 @@ impl Sampler<'_> {
     /// for `c`: the draws its test needs at the rate its capital grew so
     /// far, at the labels a draw has cost.
     /// For a joint target, the part that needs the most.
-    fn more_labels(&self, c: &Candidate, draws: &[Draw]) -> Option<usize> {
+    fn more_labels(&self, target: Target, c: &Candidate, draws: &[Draw]) -> Option<usize> {
         if draws.is_empty() {
             return None;
         }
         let mut most = None;
-        for t in PlanTest::all(self.config.target, c, self.scores, &self.epochs) {
+        for t in PlanTest::all(target, c, self.scores, &self.epochs) {
             if t.holds_outright() {
                 continue;
             }
@@ -1406,7 +1558,7 @@ impl Sampler<'_> {
             if rate <= 0.0 {
                 return None;
             }
-            let need = (1.0 / self.config.target.delta).ln() / rate;
+            let need = (1.0 / target.delta).ln() / rate;
             let per_draw = self.labels.len() as f64 / draws.len() as f64;
             let more = ((need - draws.len() as f64).max(0.0) * per_draw).ceil() as usize;
             most = Some(most.map_or(more, |m: usize| m.max(more)));
@@ -1790,6 +1942,19 @@ enum Candidate {
 }
 
 impl Candidate {
+    /// The plan's two sides apart: what it drops, what it keeps.
+    fn sides(&self) -> (Option<Candidate>, Option<Candidate>) {
+        match *self {
+            Candidate::All => (None, None),
+            Candidate::Band(low, high) => (
+                Some(Candidate::DropBelow(low)),
+                Some(Candidate::KeepFrom(high)),
+            ),
+            Candidate::DropBelow(_) => (Some(self.clone()), None),
+            Candidate::KeepFrom(_) => (None, Some(self.clone())),
+        }
+    }
+
     /// The proxy's decision of a score, `None` where the oracle decides.
     fn proxy(&self, score: f64) -> Option<bool> {
         match *self {
@@ -2195,6 +2360,35 @@ mod tests {
         );
         assert!(per_trial(negatives) > 300.0, "{negatives} negatives");
         assert!(per_trial(positives) > 20.0, "{positives} positives");
+    }
+
+    #[test]
+    fn a_joint_target_on_rare_positives_drops_what_its_recall_proof_allows() {
+        // 3 % positive, AUC 0.87: one path of bands around the score 0.5
+        // proved nothing here, as the top of the scores keeps too many
+        // negatives for precision. Proven apart, the recall side drops the
+        // lowest scores on its own proof.
+        let trials = 40;
+        let (n, budget) = (20_000, 1000);
+        let target = Target {
+            metric: Metric::RecallAndPrecision,
+            at_least: 0.9,
+            delta: 0.1,
+        };
+        let (mut met, mut saved) = (0, Vec::new());
+        for seed in 0..trials {
+            let (scores, truth) = synthetic_population(seed, n, 0.03, separation_for_auc(0.87));
+            let keys: Vec<u64> = (0..n as u64).collect();
+            let config = Config::new(target, budget, seed);
+            let o = run(&config, &scores, &keys, &mut |i| truth.get(i).copied()).expect("runs");
+            if o.realized(&truth) >= 0.9 {
+                met += 1;
+            }
+            saved.push(o.proxy_decided as f64 / n as f64);
+        }
+        let (median, _) = quantiles(saved);
+        assert!(met >= 36, "met in {met} of {trials} trials");
+        assert!(median >= 0.1, "median saving {median:.3}");
     }
 
     #[test]
