@@ -85,6 +85,9 @@ pub struct BudgetPool {
     limits: BudgetSpec,
     started: Instant,
     state: Mutex<BudgetState>,
+    /// Set from outside the run (Ctrl-C in the Python package): the run
+    /// then stops as a spent wall budget stops it.
+    interrupt: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 #[derive(Default, Clone, Copy, Debug)]
@@ -109,7 +112,15 @@ impl BudgetPool {
             limits,
             started: Instant::now(),
             state: Mutex::new(BudgetState::default()),
+            interrupt: None,
         }
+    }
+
+    /// Stops the run once `flag` is set: no call is sent after it, and
+    /// calls in flight are cancelled, as when the wall budget is spent.
+    pub fn interrupted_by(mut self, flag: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Self {
+        self.interrupt = Some(flag);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, BudgetState> {
@@ -132,8 +143,20 @@ impl BudgetPool {
 
     /// The wall budget's stop, once it is spent.
     pub fn wall_spent(&self) -> Option<StopReason> {
-        let limit = self.limits.max_wall_secs?;
         let secs = self.started.elapsed().as_secs();
+        if self
+            .interrupt
+            .as_ref()
+            .is_some_and(|flag| flag.load(std::sync::atomic::Ordering::Relaxed))
+        {
+            // Interrupted: the wall budget is taken as spent now.
+            return Some(StopReason::BudgetExhausted {
+                budget: Budget::WallSecs,
+                limit: secs,
+                used: secs,
+            });
+        }
+        let limit = self.limits.max_wall_secs?;
         (secs >= limit).then_some(StopReason::BudgetExhausted {
             budget: Budget::WallSecs,
             limit,

@@ -64,6 +64,10 @@ pub struct RunOptions {
     /// Model calls are made by worker processes sharing the store
     /// (`fanfold worker`); this run queues them and folds what they answer.
     pub fleet: bool,
+    /// Set from outside to stop the run (Ctrl-C where no signal reaches
+    /// it, as in the Python package): it ends as a spent wall budget ends
+    /// it, every fact it stored kept.
+    pub interrupt: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// What a run's phases read of its options and spec, resolved once: a
@@ -108,6 +112,7 @@ impl RunOptions {
             dry_run: false,
             allow_new_version: false,
             fleet: false,
+            interrupt: None,
         }
     }
 }
@@ -303,7 +308,11 @@ fn run_begun(
     phases.mark("route");
 
     // Stages, in spec order; a stage's passed units join its `then`.
-    let budget = std::sync::Arc::new(BudgetPool::new(settings.budget.clone()));
+    let mut pool = BudgetPool::new(settings.budget.clone());
+    if let Some(flag) = &opts.interrupt {
+        pool = pool.interrupted_by(std::sync::Arc::clone(flag));
+    }
+    let budget = std::sync::Arc::new(pool);
     progress.watch_budget(std::sync::Arc::clone(&budget), settings.budget.clone());
     let scope = stages::Scope {
         plan,
