@@ -23,9 +23,12 @@ import hashlib
 import html
 import json
 import os
+import re
+import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from . import _native
 from ._native import (
@@ -48,6 +51,7 @@ __all__ = [
     "BackendError",
     "IncompleteAnswer",
     "DEFAULT_STORE",
+    "Progress",
 ]
 
 # The engine's exceptions are made in the native module; they are this
@@ -93,17 +97,9 @@ def _is_table(data: Any) -> bool:
 def _table_bytes(data: Any) -> bytes:
     """``data`` (a DataFrame or a list of dicts) as JSON Lines."""
     if _is_table(data):
-        index = getattr(data, "index", None)
         # Ids a user keeps in the index are part of the record: a default
         # 0..n index is not.
-        plain = index is None or (
-            all(name is None for name in getattr(index, "names", [None]))
-            and type(index).__name__ == "RangeIndex"
-            and getattr(index, "start", 0) == 0
-            and getattr(index, "step", 1) == 1
-        )
-        if not plain and hasattr(data, "reset_index"):
-            data = data.reset_index()
+        data = _as_records_frame(data)
         text = data.to_json(
             orient="records",
             lines=True,
@@ -169,6 +165,196 @@ def _records(rows: List[Dict[str, Any]], columns: Sequence[str]):
     if pd is None:
         return rows
     return pd.DataFrame(rows, columns=list(columns))
+
+
+def _read_toml(path: PathLike) -> Dict[str, Any]:
+    """A spec file as a dict (``tomllib``, or ``tomli`` before Python 3.11)."""
+    try:
+        import tomllib as toml  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - Python < 3.11
+        try:
+            import tomli as toml  # type: ignore[no-redef]  # noqa: PLC0415
+        except ImportError as e:
+            raise FanfoldError(
+                "reading a spec from Python needs tomllib (Python 3.11+) or tomli installed"
+            ) from e
+    with open(path, "rb") as f:
+        return toml.load(f)
+
+
+class Progress:
+    """The engine's progress as a bar: ``tqdm`` when it is installed, else
+    one line on stderr rewritten in place. Called with the engine's events,
+    in order, by the thread that waits for the run:
+
+    - ``("stage_started", stage, units, cached)``: a stage receives
+      ``units``, of which ``cached`` are answered from the store;
+    - ``("model_calls", calls)``: the model calls made so far;
+    - ``("unit_finished", stage, status)``: one unit decided;
+    - ``("stage_finished", stage)``.
+    """
+
+    #: How often the plain line is rewritten, at most.
+    LINE_EVERY = 0.2
+
+    def __init__(self, file=None):
+        self.file = file if file is not None else sys.stderr
+        self.total = 0
+        self.done = 0
+        self.calls = 0
+        self.stage = ""
+        self._bar = None
+        self._drawn = 0.0
+        self._line = False
+        try:
+            from tqdm.auto import tqdm  # noqa: PLC0415
+
+            self._bar = tqdm(total=0, unit="unit", file=self.file, leave=True)
+        except ImportError:
+            self._bar = None
+
+    def __call__(self, event: str, *args: Any) -> None:
+        if event == "stage_started":
+            stage, units, cached = args
+            self.stage = stage
+            self.total += int(units)
+            self.done += int(cached)
+        elif event == "model_calls":
+            self.calls = int(args[0])
+        elif event == "unit_finished":
+            self.done += 1
+        self._draw(force=event in ("stage_started", "stage_finished"))
+
+    def _draw(self, force: bool) -> None:
+        if self._bar is not None:
+            self._bar.total = self.total
+            self._bar.n = self.done
+            self._bar.set_description(self.stage, refresh=False)
+            self._bar.set_postfix_str(f"{self.calls} model calls", refresh=False)
+            self._bar.refresh()
+            return
+        now = time.monotonic()
+        if not force and now - self._drawn < self.LINE_EVERY:
+            return
+        self._drawn = now
+        self._line = True
+        self.file.write(
+            f"\rfanfold: {self.stage} {self.done}/{self.total} units, {self.calls} model calls"
+        )
+        self.file.flush()
+
+    def close(self) -> None:
+        """Ends the bar (the plain line with a newline)."""
+        if self._bar is not None:
+            self._bar.close()
+        elif self._line:
+            self._draw(force=True)
+            self.file.write("\n")
+            self.file.flush()
+
+
+ProgressArg = Union[bool, Callable[..., Any]]
+
+
+def _call_engine(spec: str, progress: ProgressArg, **options: Any) -> str:
+    """``_native.run`` with ``progress``: ``True`` draws a :class:`Progress`
+    bar, ``False`` nothing, a callable receives the events itself."""
+    if progress is True:
+        bar = Progress()
+        try:
+            return _native.run(spec, progress=bar, **options)
+        finally:
+            bar.close()
+    return _native.run(spec, progress=progress or None, **options)
+
+
+def _as_records_frame(data: Any) -> Any:
+    """The table as it crosses into the engine: a named or non-default
+    index is reset into the records (so ids kept there reach it)."""
+    index = getattr(data, "index", None)
+    plain = index is None or (
+        all(name is None for name in getattr(index, "names", [None]))
+        and type(index).__name__ == "RangeIndex"
+        and getattr(index, "start", 0) == 0
+        and getattr(index, "step", 1) == 1
+    )
+    if not plain and hasattr(data, "reset_index"):
+        return data.reset_index()
+    return data
+
+
+def _label_files(spec: Dict[str, Any], spec_dir: Path) -> Dict[str, Path]:
+    """Each cascade stage's labels file, by stage, as the engine reads it
+    (relative to the spec's folder)."""
+    files = {}
+    for stage in spec.get("stages", []):
+        cascade = stage.get("cascade") if isinstance(stage, dict) else None
+        if isinstance(cascade, dict) and cascade.get("labels"):
+            files[stage.get("name", "")] = spec_dir / cascade["labels"]
+    return files
+
+
+def _write_labels(spec_path: PathLike, labels: Any, table: Any) -> List[Path]:
+    """Writes ``labels`` where the spec's cascades read their labels files:
+    one JSON line ``{"id": ..., "decision": ...}`` per labelled row, the id
+    read from the row's key field. ``labels`` is a Series indexed like
+    ``table``'s rows (the one cascade with a labels file), or a dict of
+    them by stage. A row whose label is missing is left out (the oracle
+    has no label for it). Returns the files written."""
+    spec_path = Path(spec_path)
+    spec = _read_toml(spec_path)
+    files = _label_files(spec, spec_path.parent)
+    if not files:
+        raise SpecError(f"{spec_path}: no stage has a cascade with a labels file to write labels to")
+    if isinstance(labels, dict):
+        by_stage = labels
+        unknown = sorted(set(by_stage) - set(files))
+        if unknown:
+            raise SpecError(
+                f"{spec_path}: no cascade with a labels file in stage(s) {', '.join(unknown)}; "
+                f"those with one: {', '.join(sorted(files))}"
+            )
+    elif len(files) == 1:
+        by_stage = {next(iter(files)): labels}
+    else:
+        raise SpecError(
+            f"{spec_path}: stages {', '.join(sorted(files))} each read a labels file: "
+            "give labels as a dict by stage"
+        )
+    key = (spec.get("input", {}).get("partition") or {}).get("key")
+    records = None if table is None else _as_records_frame(table)
+    written = []
+    for stage, series in by_stage.items():
+        if not hasattr(series, "items"):
+            raise InputError(f"labels for {stage} must be a Series (or a dict of id -> label)")
+        lines = []
+        for at, value in series.items():
+            if value is None or (isinstance(value, float) and value != value):
+                continue
+            if records is None:
+                unit = at
+            else:
+                if key is None:
+                    raise SpecError(
+                        f"{spec_path}: the partition declares no `key`, so rows cannot be "
+                        "matched to labels"
+                    )
+                if key not in records.columns:
+                    raise InputError(f"the input has no `{key}` column, the spec's key")
+                try:
+                    position = table.index.get_loc(at)
+                except KeyError as e:
+                    raise InputError(f"label for row {at!r}: the input has no such row") from e
+                if not isinstance(position, int):
+                    raise InputError(f"label for row {at!r}: the input's index repeats it")
+                unit = records[key].iloc[position]
+            if hasattr(unit, "item"):
+                unit = unit.item()
+            lines.append(json.dumps({"id": str(unit), "decision": str(value)}))
+        path = files[stage]
+        _write_atomically(path, ("\n".join(lines) + "\n").encode("utf-8"))
+        written.append(path)
+    return written
 
 
 ANSWER_COLUMNS = ("id", "title", "decision", "field", "quote", "start", "end", "evidence")
@@ -283,13 +469,33 @@ class Result:
             return self.markdown
         return "INCOMPLETE: " + "; ".join(self.incomplete) + "\n\n" + self.markdown
 
+    def _incomplete_banner(self) -> str:
+        """What is said before anything else when the answer is not whole."""
+        if self.complete:
+            return ""
+        why = html.escape("; ".join(self.incomplete) or "not every unit was decided")
+        return (
+            '<div role="alert" style="border:2px solid #b00;padding:.5em;margin:.5em 0;'
+            'color:#b00;font-weight:bold">'
+            f"INCOMPLETE: this answer is not whole ({why}).</div>"
+        )
+
     def _repr_html_(self) -> str:
-        """The run's HTML report, as ``fanfold report run`` writes it; a
-        small table when the report cannot be made."""
+        """The run's HTML report, as ``fanfold report run`` writes it, so
+        Jupyter shows it; an incomplete answer says so first, above the
+        report. A small table when the report cannot be made."""
+        banner = self._incomplete_banner()
         try:
-            return _native.report_html(str(self.out))
+            page = _native.report_html(str(self.out))
         except FanfoldError:
-            pass
+            page = None
+        if page is not None:
+            if not banner:
+                return page
+            body = re.search(r"<body[^>]*>", page, flags=re.IGNORECASE)
+            if body is None:
+                return banner + page
+            return page[: body.end()] + banner + page[body.end() :]
         head = html.escape(self._headline())
         cells = "".join(
             "<tr><td>{}</td><td>{}</td><td>{}</td></tr>".format(
@@ -300,7 +506,7 @@ class Result:
             for i in self._answer.get("items", [])
         )
         return (
-            f"<p>{head}</p><table><tr><th>id</th><th>title</th><th>evidence</th></tr>"
+            f"{banner}<p>{head}</p><table><tr><th>id</th><th>title</th><th>evidence</th></tr>"
             f"{cells}</table>"
         )
 
@@ -326,6 +532,8 @@ def run(
     workers: Optional[int] = None,
     max_model_calls: Optional[int] = None,
     strict: bool = False,
+    progress: ProgressArg = True,
+    labels: Any = None,
 ) -> Result:
     """Run a TOML spec, as ``fanfold run SPEC`` does.
 
@@ -343,6 +551,17 @@ def run(
         max_model_calls: overrides the spec's budget of model calls.
         strict: raise :class:`IncompleteAnswer` when the answer is
             incomplete, rather than returning it with ``complete`` False.
+        progress: ``True`` (the default) draws a bar of the units decided
+            (:class:`Progress`: tqdm when installed, else a line on
+            stderr); ``False`` draws nothing; a callable receives the
+            engine's events itself.
+        labels: a cascade's oracle labels: a Series indexed like
+            ``input``'s rows (a label per row, missing for a row not
+            labelled), or a dict of them by stage. Written, one JSON line
+            ``{"id", "decision"}`` per row, over the labels file the
+            spec's cascade names, the id read from the row's key field.
+            When ``input`` is not a DataFrame, the Series' index holds
+            the unit ids themselves.
 
     Returns:
         The :class:`Result`.
@@ -350,16 +569,66 @@ def run(
     Raises:
         SpecError, InputError, StoreError, BackendError, FanfoldError: with
         the engine's message, ``category`` and ``exit_code``.
-        KeyboardInterrupt: on Ctrl-C; what the run stored is kept.
+        KeyboardInterrupt: on Ctrl-C. The engine is told to stop (no model
+        call is sent after it, calls in flight are cancelled) and waited
+        for, so what it decided is stored: a rerun on the same store pays
+        only for the rest. A second Ctrl-C stops the waiting.
     """
     store_path = _store_of(store)
+    if labels is not None:
+        _write_labels(spec, labels, input if _is_table(input) else None)
     source = None if input is None else _input_path(input, _inputs_folder(store_path))
-    summary = _native.run(
+    summary = _call_engine(
         os.fspath(spec),
+        progress,
         store=store_path,
         out=None if out is None else os.fspath(out),
         input=source,
         backend=backend,
+        slots=DEFAULT_WORKERS if workers is None else int(workers),
+        max_model_calls=max_model_calls,
+    )
+    return _finish(summary, strict)
+
+
+def _draft(data: Any, question: str, dir: Optional[PathLike], store_path: str) -> Path:
+    """Drafts the spec folder ``fanfold ask`` would (``data`` written
+    beside it when it is a table) and returns the spec's path."""
+    folder = Path(_native.free_folder(".fanfold/ask", question) if dir is None else dir)
+    if isinstance(data, (str, os.PathLike)):
+        source = os.fspath(data)
+    else:
+        body = _table_bytes(data)
+        source = str(folder / "input.jsonl")
+        for taken in ("spec.toml", "input.jsonl"):
+            if (folder / taken).exists():
+                raise InputError(
+                    f"{folder / taken} exists: refusing to overwrite it; choose another folder"
+                )
+        _write_atomically(Path(source), body)
+    written = json.loads(_native.draft(str(folder), question, source, store_path))
+    return Path(written["spec"])
+
+
+def _run_drafted(
+    spec: Path,
+    *,
+    store_path: str,
+    out: Optional[PathLike],
+    backend: Optional[str],
+    workers: Optional[int],
+    max_model_calls: Optional[int],
+    strict: bool,
+    progress: ProgressArg,
+) -> Result:
+    """Runs a drafted spec as ``fanfold ask`` does (its out folder beside it)."""
+    summary = _call_engine(
+        str(spec),
+        progress,
+        store=store_path,
+        out=os.fspath(out) if out is not None else str(spec.parent / "out"),
+        input=None,
+        backend=backend or "default",
         slots=DEFAULT_WORKERS if workers is None else int(workers),
         max_model_calls=max_model_calls,
     )
@@ -377,6 +646,7 @@ def ask(
     workers: Optional[int] = None,
     max_model_calls: Optional[int] = None,
     strict: bool = False,
+    progress: ProgressArg = True,
 ) -> Result:
     """Ask a question of ``data`` in one call, as ``fanfold ask`` does:
     draft a spec folder from the question and the data (a rubric, a
@@ -389,8 +659,8 @@ def ask(
         dir: where the spec folder goes; ``.fanfold/ask/<name>`` by default
             (numbered past folders that hold a spec). Edit its spec and
             ``fanfold run`` it to refine.
-        store, out, workers, max_model_calls, strict: as :func:`run`; ``out``
-            is ``<dir>/out`` by default.
+        store, out, workers, max_model_calls, strict, progress: as
+            :func:`run`; ``out`` is ``<dir>/out`` by default.
         backend: the spec's backend to run on: ``"default"`` (the embedded
             model, the default) or ``"scripted"`` (a [SIMULATED] keyword
             judge).
@@ -398,27 +668,21 @@ def ask(
     Returns:
         The :class:`Result`; its ``out`` folder's parent holds the spec.
     """
-    folder = Path(_native.free_folder(".fanfold/ask", question) if dir is None else dir)
     store_path = _store_of(store)
-    if isinstance(data, (str, os.PathLike)):
-        source = os.fspath(data)
-    else:
-        body = _table_bytes(data)
-        source = str(folder / "input.jsonl")
-        for taken in ("spec.toml", "input.jsonl"):
-            if (folder / taken).exists():
-                raise InputError(
-                    f"{folder / taken} exists: refusing to overwrite it; choose another folder"
-                )
-        _write_atomically(Path(source), body)
-    written = json.loads(_native.draft(str(folder), question, source, store_path))
-    summary = _native.run(
-        written["spec"],
-        store=store_path,
-        out=os.fspath(out) if out is not None else str(folder / "out"),
-        input=None,
-        backend=backend or "default",
-        slots=DEFAULT_WORKERS if workers is None else int(workers),
+    spec = _draft(data, question, dir, store_path)
+    return _run_drafted(
+        spec,
+        store_path=store_path,
+        out=out,
+        backend=backend,
+        workers=workers,
         max_model_calls=max_model_calls,
+        strict=strict,
+        progress=progress,
     )
-    return _finish(summary, strict)
+
+
+# The DataFrame accessor (``df.fanfold``), registered when pandas is
+# installed.
+if _pandas() is not None:
+    from . import _accessor  # noqa: E402,F401

@@ -2,9 +2,13 @@
 
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+import pandas as pd
 
 PathLike = Union[str, "os.PathLike[str]"]
+#: ``True`` draws a bar, ``False`` nothing, a callable gets the events.
+ProgressArg = Union[bool, Callable[..., Any]]
 
 DEFAULT_STORE: str
 DEFAULT_WORKERS: int
@@ -55,7 +59,38 @@ class Result:
     @property
     def facts(self) -> Any:
         """Every fact, as a pandas DataFrame (else a list of dicts)."""
-    def _repr_html_(self) -> str: ...
+    def _repr_html_(self) -> str:
+        """The run's HTML report; an incomplete answer says so first."""
+
+class Progress:
+    """The engine's progress as a bar (tqdm when installed, else a line on
+    stderr). Called with ``("stage_started", stage, units, cached)``,
+    ``("model_calls", calls)``, ``("unit_finished", stage, status)`` and
+    ``("stage_finished", stage)``."""
+
+    total: int
+    done: int
+    calls: int
+    stage: str
+    def __init__(self, file: Any = ...) -> None: ...
+    def __call__(self, event: str, *args: Any) -> None: ...
+    def close(self) -> None: ...
+
+class FanfoldAccessor:
+    """``df.fanfold``, registered when pandas is installed. Every method
+    takes ``dir``, ``store``, ``out``, ``backend``, ``workers``,
+    ``max_model_calls``, ``strict`` and ``progress`` as :func:`ask`."""
+
+    result: Optional[Result]
+    def __init__(self, df: pd.DataFrame) -> None: ...
+    def filter(self, question: str, **options: Any) -> pd.DataFrame:
+        """The rows the model keeps, with ``evidence_field``,
+        ``evidence_quote``, ``evidence_start``, ``evidence_end``."""
+    def extract(self, question: str, schema: Dict[str, Any], **options: Any) -> pd.DataFrame:
+        """Every row with a column per schema field (JSON type name,
+        Python type or JSON Schema), read from the row by the model."""
+    def ask(self, question: str, **options: Any) -> Result:
+        """The question over the rows, as :func:`ask`."""
 
 def run(
     spec: PathLike,
@@ -67,8 +102,13 @@ def run(
     workers: Optional[int] = ...,
     max_model_calls: Optional[int] = ...,
     strict: bool = ...,
+    progress: ProgressArg = ...,
+    labels: Any = ...,
 ) -> Result:
-    """Run a TOML spec, as ``fanfold run SPEC`` does."""
+    """Run a TOML spec, as ``fanfold run SPEC`` does; ``labels`` (a Series
+    indexed like ``input``'s rows, or a dict of them by stage) is written
+    as the cascade's labels file. Ctrl-C stops the engine, waits for it,
+    and raises ``KeyboardInterrupt``; a rerun pays only for the rest."""
 
 def ask(
     data: Any,
@@ -81,5 +121,6 @@ def ask(
     workers: Optional[int] = ...,
     max_model_calls: Optional[int] = ...,
     strict: bool = ...,
+    progress: ProgressArg = ...,
 ) -> Result:
     """Ask a question of ``data`` in one call, as ``fanfold ask`` does."""

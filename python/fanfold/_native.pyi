@@ -1,6 +1,6 @@
 """Type stubs of the native half (the engine, through PyO3)."""
 
-from typing import Optional
+from typing import Any, Callable, Optional
 
 EXIT_INCOMPLETE: int
 
@@ -23,9 +23,14 @@ def run(
     backend: Optional[str] = ...,
     slots: int = ...,
     max_model_calls: Optional[int] = ...,
+    progress: Optional[Callable[..., Any]] = ...,
 ) -> str:
-    """Runs a spec; returns a JSON summary (out, complete, incomplete,
-    verified, simulated, quality, exit_code, markdown)."""
+    """Runs a spec with the GIL released; returns a JSON summary (out,
+    complete, incomplete, verified, simulated, quality, exit_code,
+    markdown). ``progress`` is called, on the calling thread, with each
+    engine event as positional arguments. On Ctrl-C (or when ``progress``
+    raises) the engine is told to stop and waited for, then the exception
+    is raised."""
 
 def draft(dir: str, question: str, input: str, store: str) -> str:
     """Drafts a spec folder as ``fanfold ask`` does; returns JSON."""

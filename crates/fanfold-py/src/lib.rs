@@ -1,12 +1,16 @@
 //! `fanfold._native`: the engine the `fanfold` command runs, called from
 //! Python. Thin on purpose: the options become the engine's `RunOptions`
 //! as the CLI builds them, the run goes on a thread of its own while the
-//! interpreter is free, and errors become Python exceptions by the engine's
-//! exit category. What a run wrote (answer.json, facts.jsonl,
-//! certificate.json) is read by the Python half from the output folder.
+//! interpreter is free (the GIL released), and errors become Python
+//! exceptions by the engine's exit category. The waiting thread hands the
+//! engine's progress events to a Python callback and, on Ctrl-C, tells
+//! the engine to stop and waits for it. What a run wrote (answer.json,
+//! facts.jsonl, certificate.json) is read by the Python half from the
+//! output folder.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use pyo3::exceptions::PyException;
@@ -160,6 +164,82 @@ struct Request {
     backend: Option<String>,
     slots: usize,
     max_model_calls: Option<u64>,
+    /// Set when Python was interrupted: the engine stops as a spent wall
+    /// budget stops it.
+    interrupt: Arc<AtomicBool>,
+}
+
+/// One progress event of the engine, as the Python callback receives it
+/// (a tuple whose first item names the event).
+#[derive(Debug)]
+enum Event {
+    StageStarted {
+        stage: String,
+        units: u64,
+        cached: u64,
+    },
+    ModelCalls(u64),
+    UnitFinished {
+        stage: String,
+        status: &'static str,
+    },
+    StageFinished(String),
+}
+
+/// The engine's progress, queued by its threads and handed to Python by
+/// the waiting thread, so no engine thread ever waits on the GIL.
+#[derive(Default)]
+struct Events(Mutex<Vec<Event>>);
+
+impl Events {
+    fn push(&self, event: Event) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(event);
+    }
+
+    fn take(&self) -> Vec<Event> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl fanfold_engine::Progress for Events {
+    fn stage_started(&self, stage: &str, units: u64, cached: u64) {
+        self.push(Event::StageStarted {
+            stage: stage.to_owned(),
+            units,
+            cached,
+        });
+    }
+    fn model_calls(&self, calls: u64) {
+        self.push(Event::ModelCalls(calls));
+    }
+    fn unit_finished(&self, stage: &str, status: fanfold_core::Status) {
+        self.push(Event::UnitFinished {
+            stage: stage.to_owned(),
+            status: status.as_str(),
+        });
+    }
+    fn stage_finished(&self, stage: &str) {
+        self.push(Event::StageFinished(stage.to_owned()));
+    }
+}
+
+/// Hands `events` to `callback`, one call each, in order.
+fn deliver(callback: &Bound<'_, PyAny>, events: Vec<Event>) -> PyResult<()> {
+    for event in events {
+        match event {
+            Event::StageStarted {
+                stage,
+                units,
+                cached,
+            } => callback.call1(("stage_started", stage, units, cached))?,
+            Event::ModelCalls(calls) => callback.call1(("model_calls", calls))?,
+            Event::UnitFinished { stage, status } => {
+                callback.call1(("unit_finished", stage, status))?
+            }
+            Event::StageFinished(stage) => callback.call1(("stage_finished", stage))?,
+        };
+    }
+    Ok(())
 }
 
 /// How long one jq evaluation may run and hold, as the CLI's defaults.
@@ -168,7 +248,7 @@ const JQ_MEMORY_BYTES: u64 = 1024 << 20;
 
 /// Plans and runs `request` as `fanfold run` does, and says what came of
 /// it as JSON for the Python half.
-fn execute(request: &Request) -> Result<serde_json::Value, Failure> {
+fn execute(request: &Request, events: &Events) -> Result<serde_json::Value, Failure> {
     let overrides = fanfold_engine::Overrides {
         backend: request.backend.clone(),
         ..fanfold_engine::Overrides::default()
@@ -185,6 +265,7 @@ fn execute(request: &Request) -> Result<serde_json::Value, Failure> {
     let mut opts = fanfold_engine::RunOptions::new(request.store.clone());
     opts.source = request.input.clone().map(fanfold_engine::Source::File);
     opts.slots = request.slots.max(1);
+    opts.interrupt = Some(Arc::clone(&request.interrupt));
     if let Some(calls) = request.max_model_calls {
         let mut budget = plan.spec.budget.clone();
         budget.max_model_calls = Some(calls);
@@ -195,8 +276,7 @@ fn execute(request: &Request) -> Result<serde_json::Value, Failure> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(".fanfold/runs").join(&plan.spec.name));
     opts.out_dir = Some(out.clone());
-    let report = fanfold_engine::run(&plan, &opts, &fanfold_engine::NoProgress)
-        .map_err(|e| Failure::from_run(&e))?;
+    let report = fanfold_engine::run(&plan, &opts, events).map_err(|e| Failure::from_run(&e))?;
     let proven = fanfold_engine::output::proven_quality(&report);
     let quality: Vec<String> = proven
         .iter()
@@ -221,17 +301,21 @@ fn execute(request: &Request) -> Result<serde_json::Value, Failure> {
     }))
 }
 
-/// How often the waiting interpreter looks for a signal (Ctrl-C).
+/// How often the waiting interpreter looks for a signal (Ctrl-C) and
+/// hands on progress.
 const SIGNAL_POLL: Duration = Duration::from_millis(100);
 
 /// Runs a spec as `fanfold run SPEC` does and returns, as JSON, where its
-/// outputs went and whether its answer is complete and verified. The
-/// interpreter is released while the engine runs; Ctrl-C raises
-/// `KeyboardInterrupt` at once. The engine has no way to be stopped from
-/// outside yet, so the run goes on to its end on its own thread: every
-/// fact it stores is kept, and a rerun pays only for what is missing.
+/// outputs went and whether its answer is complete and verified. The GIL
+/// is released while the engine runs, on a thread of its own; this
+/// thread wakes every 100 ms to hand `progress` the engine's events and
+/// to look for a signal. On Ctrl-C the engine is told to stop (no call is
+/// sent after it, calls in flight are cancelled), this thread waits for it
+/// to store what it decided and write its outputs, and then raises
+/// `KeyboardInterrupt`: every fact stored is kept, and a rerun pays only
+/// for what is missing. A second Ctrl-C stops the waiting.
 #[pyfunction]
-#[pyo3(signature = (spec, *, store, out=None, input=None, backend=None, slots=4, max_model_calls=None))]
+#[pyo3(signature = (spec, *, store, out=None, input=None, backend=None, slots=4, max_model_calls=None, progress=None))]
 #[allow(clippy::too_many_arguments)]
 fn run(
     py: Python<'_>,
@@ -242,7 +326,9 @@ fn run(
     backend: Option<String>,
     slots: usize,
     max_model_calls: Option<u64>,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<String> {
+    let interrupt = Arc::new(AtomicBool::new(false));
     let request = Request {
         spec,
         input,
@@ -251,27 +337,60 @@ fn run(
         backend,
         slots,
         max_model_calls,
+        interrupt: Arc::clone(&interrupt),
     };
+    let events = Arc::new(Events::default());
+    let engine_events = Arc::clone(&events);
     let (done, finished) = mpsc::channel();
     std::thread::Builder::new()
         .name("fanfold-run".into())
         .spawn(move || {
             // The receiver is gone only when Python stopped waiting.
-            let _ = done.send(execute(&request));
+            let _ = done.send(execute(&request, &engine_events));
         })
         .map_err(|e| FanfoldError::new_err(format!("starting the run's thread: {e}")))?;
     // Only this thread receives; the lock lets the wait leave the GIL.
-    let finished = std::sync::Mutex::new(finished);
+    let finished = Mutex::new(finished);
+    // The error to raise once the engine has stopped: a signal, or the
+    // progress callback's own exception.
+    let mut interrupted: Option<PyErr> = None;
     loop {
         let waited = py.detach(|| match finished.lock() {
             Ok(rx) => rx.recv_timeout(SIGNAL_POLL),
             Err(_) => Err(mpsc::RecvTimeoutError::Disconnected),
         });
+        if let Some(callback) = &progress
+            && interrupted.is_none()
+            && let Err(e) = deliver(callback.bind(py), events.take())
+        {
+            interrupt.store(true, Ordering::Relaxed);
+            interrupted = Some(e);
+        }
         match waited {
-            Ok(Ok(summary)) => return Ok(summary.to_string()),
-            Ok(Err(failure)) => return Err(failure.into_py(py)),
-            Err(mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
+            Ok(result) => {
+                if let Some(signal) = interrupted {
+                    return Err(signal);
+                }
+                return match result {
+                    Ok(summary) => Ok(summary.to_string()),
+                    Err(failure) => Err(failure.into_py(py)),
+                };
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Err(signal) = py.check_signals() {
+                    if interrupted.is_some() {
+                        // Interrupted again while the engine winds down:
+                        // stop waiting; its thread ends on its own.
+                        return Err(signal);
+                    }
+                    interrupt.store(true, Ordering::Relaxed);
+                    interrupted = Some(signal);
+                }
+            }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
+                if let Some(signal) = interrupted {
+                    return Err(signal);
+                }
                 return Err(
                     Failure::other("the run's thread ended without an answer".into()).into_py(py),
                 );
