@@ -4,6 +4,9 @@
 
 use super::*;
 
+mod oracles;
+mod proxies;
+
 /// Every unit the cascade leaves to the oracle is answered by the labels
 /// file when it holds that unit's label: with a budget too small to prove
 /// anything, the oracle decides every unit, and the file decides them all.

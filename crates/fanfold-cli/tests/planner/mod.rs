@@ -5,6 +5,8 @@
 
 use super::*;
 
+mod strategies;
+
 /// The plan's stdout and the strategy runs it made (the folders under
 /// `plans/strategies` holding a certificate).
 fn plan_in(f: &Fixture, extra: &[&str]) -> (Output, Vec<String>) {

@@ -4,6 +4,8 @@
 use super::*;
 use serde_json::json;
 
+mod specs;
+
 /// The fixture's spec with `from` replaced by `to` (which must be there).
 fn edited(extra: &str, from: &str, to: &str) -> Fixture {
     let f = Fixture::new(JSON_ARRAY, extra);
