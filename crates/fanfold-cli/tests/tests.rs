@@ -1,6 +1,7 @@
 //! End-to-end tests of the `fanfold` binary: one integration-test binary
 //! (each file directly in `tests/` would be another binary to link), one
-//! module folder per feature, and the helpers they share in `common`.
+//! module folder per feature, the helpers they share in `common`, and the
+//! golden cases under `golden/`.
 
 // A failed step should fail the test loudly, right there.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
@@ -23,6 +24,7 @@ mod cluster;
 mod effects;
 mod embedded;
 mod fleet;
+mod golden;
 mod inputs;
 mod interval;
 mod ladder;

@@ -1,0 +1,1 @@
+{decision: (if .flag == true or .subtle == true then "yes" else "no" end)}

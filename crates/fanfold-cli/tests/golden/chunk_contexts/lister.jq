@@ -1,0 +1,1 @@
+{matches: [.records[] | select(.record.flag == true) | .id]}

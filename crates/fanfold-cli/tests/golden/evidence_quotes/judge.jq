@@ -1,0 +1,1 @@
+if .id == 4 then {decision: "yes", evidence: [{field: "text", quote: "words nobody wrote"}]} elif (.text | test("outage")) then {decision: "yes", evidence: [{field: "text", quote: (.text | split(". ") | first)}]} else {decision: "no", evidence: []} end

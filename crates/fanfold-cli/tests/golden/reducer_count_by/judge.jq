@@ -1,0 +1,1 @@
+{decision: (if .flag then "yes" else "no" end), topic: .topic}

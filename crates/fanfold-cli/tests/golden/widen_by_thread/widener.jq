@@ -1,0 +1,1 @@
+[.related[] | select(.record.confirmed == true)] as $c | if ($c | length) > 0 then {decision: "yes", evidence: [{field: "related", quote: ($c[0].record.note | tojson)}]} else {decision: "no", evidence: []} end
