@@ -171,6 +171,30 @@ fn status_chart(s: &StatusCounts, excluded: u64, rejected: u64, caption: &str) -
     svg
 }
 
+/// An interval contract's estimate as HTML: what it is, the table, how
+/// it is computed.
+fn estimate_html(e: &fanfold_ops::interval::Estimate, sim: &str) -> String {
+    let t = fanfold_engine::output::estimate_text(e);
+    let mut h = format!(
+        "<h2>Answer: an ESTIMATE{}</h2>\n<p id=\"estimate\">{}</p>\n<table id=\"estimate-table\"><tr>",
+        esc(sim),
+        esc(&t.statement)
+    );
+    for cell in &t.header {
+        let _ = write!(h, "<th>{}</th>", esc(&cell.replace('`', "")));
+    }
+    h.push_str("</tr>\n");
+    for row in &t.rows {
+        h.push_str("<tr>");
+        for cell in row {
+            let _ = write!(h, "<td>{}</td>", esc(cell));
+        }
+        h.push_str("</tr>\n");
+    }
+    let _ = writeln!(h, "</table>\n<p>{}</p>", esc(&t.method));
+    h
+}
+
 /// A run as Markdown and HTML: the answer and its citations first, then
 /// what every unit came to, then each cited unit with its facts.
 pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
@@ -266,30 +290,43 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
                 .flat_map(|t| t.ids.iter().map(|i| i.as_str())),
         )
         .collect();
-    match &a.stated {
-        Some(g) => {
-            let _ = writeln!(md, "## Answer: {}\n", md_text(&g.stated.statement));
-            aggregate_table(&mut md, g, "");
-            let _ = writeln!(
-                h,
-                "<h2>Answer: {}</h2>\n<div id=\"stated\">{}</div>",
-                esc(&g.stated.statement),
-                aggregate_html(g, &cited)
-            );
-            let _ = writeln!(md, "\n### Cited: {} units\n", a.items.len());
-            let _ = writeln!(
-                h,
-                "<h3>Cited: {} units</h3>\n<ol id=\"answer\">",
-                a.items.len()
-            );
-        }
-        None => {
-            let _ = writeln!(md, "## Answer: {} items\n", a.items.len());
-            let _ = writeln!(
-                h,
-                "<h2>Answer: {} items</h2>\n<ol id=\"answer\">",
-                a.items.len()
-            );
+    // An interval contract's answer is its estimate, as in answer.md: the
+    // count of the units judged is not the answer.
+    if let Some(e) = &a.estimate {
+        md.push_str(&fanfold_engine::output::estimate_markdown(e, sim));
+        h.push_str(&estimate_html(e, sim));
+        let _ = writeln!(md, "### Cited: {} units\n", a.items.len());
+        let _ = writeln!(
+            h,
+            "<h3>Cited: {} units</h3>\n<ol id=\"answer\">",
+            a.items.len()
+        );
+    } else {
+        match &a.stated {
+            Some(g) => {
+                let _ = writeln!(md, "## Answer: {}\n", md_text(&g.stated.statement));
+                aggregate_table(&mut md, g, "");
+                let _ = writeln!(
+                    h,
+                    "<h2>Answer: {}</h2>\n<div id=\"stated\">{}</div>",
+                    esc(&g.stated.statement),
+                    aggregate_html(g, &cited)
+                );
+                let _ = writeln!(md, "\n### Cited: {} units\n", a.items.len());
+                let _ = writeln!(
+                    h,
+                    "<h3>Cited: {} units</h3>\n<ol id=\"answer\">",
+                    a.items.len()
+                );
+            }
+            None => {
+                let _ = writeln!(md, "## Answer: {} items\n", a.items.len());
+                let _ = writeln!(
+                    h,
+                    "<h2>Answer: {} items</h2>\n<ol id=\"answer\">",
+                    a.items.len()
+                );
+            }
         }
     }
     for item in &a.items {

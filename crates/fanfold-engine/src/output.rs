@@ -514,9 +514,20 @@ fn percent(x: f64) -> String {
     format!("{:.1} %", 100.0 * x)
 }
 
-/// answer.md's statement of the estimate.
-fn estimate_markdown(e: &Estimate, sim: &str) -> String {
-    let mut out = String::new();
+/// An estimate in words and as a table, for answer.md and the HTML
+/// report alike.
+pub struct EstimateText {
+    /// Whether the interval reached its half width, and how many units
+    /// were judged of how many.
+    pub statement: String,
+    pub header: [String; 5],
+    /// One row a group (one for a `count`), cells as plain text.
+    pub rows: Vec<[String; 5]>,
+    /// How the interval is computed.
+    pub method: String,
+}
+
+pub fn estimate_text(e: &Estimate) -> EstimateText {
     let state = if e.reached {
         format!(
             "the interval reached ±{} at {} confidence",
@@ -530,9 +541,8 @@ fn estimate_markdown(e: &Estimate, sim: &str) -> String {
             percent(e.groups.iter().map(|g| g.half_width).fold(0.0, f64::max))
         )
     };
-    let _ = writeln!(
-        out,
-        "## Answer: an ESTIMATE{sim}\n\nAn estimate, not a count of every unit: {state}. {} of {} units judged in a seeded random order (seed {}) at stage `{}`, of {} routed{}.\n",
+    let statement = format!(
+        "An estimate, not a count of every unit: {state}. {} of {} units judged in a seeded random order (seed {}) at stage `{}`, of {} routed{}.",
         e.judged,
         e.population,
         e.seed,
@@ -547,33 +557,28 @@ fn estimate_markdown(e: &Estimate, sim: &str) -> String {
             String::new()
         }
     );
-    let _ = writeln!(
-        out,
-        "| `{}` ({}) | share of routed units | {} % interval | estimated total | total interval |",
-        e.reducer,
-        e.kind,
-        trim(100.0 * e.confidence)
-    );
-    let _ = writeln!(out, "|---|---|---|---|---|");
-    for g in &e.groups {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} – {} | {:.0} | {:.0} – {:.0} |",
-            g.key
-                .as_deref()
-                .map(md_text)
-                .unwrap_or_else(|| "counted".into()),
-            percent(g.share),
-            percent(g.lower),
-            percent(g.upper),
-            g.total,
-            g.total_lower.floor(),
-            g.total_upper.ceil()
-        );
-    }
-    let _ = writeln!(
-        out,
-        "\nThe interval is a betting confidence sequence for sampling without replacement (valid at whatever point judging stopped){}.\n",
+    let header = [
+        format!("`{}` ({})", e.reducer, e.kind),
+        "share of routed units".to_owned(),
+        format!("{} % interval", trim(100.0 * e.confidence)),
+        "estimated total".to_owned(),
+        "total interval".to_owned(),
+    ];
+    let rows = e
+        .groups
+        .iter()
+        .map(|g| {
+            [
+                g.key.clone().unwrap_or_else(|| "counted".into()),
+                percent(g.share),
+                format!("{} – {}", percent(g.lower), percent(g.upper)),
+                format!("{:.0}", g.total),
+                format!("{:.0} – {:.0}", g.total_lower.floor(), g.total_upper.ceil()),
+            ]
+        })
+        .collect();
+    let method = format!(
+        "The interval is a betting confidence sequence for sampling without replacement (valid at whatever point judging stopped){}.",
         if e.groups.len() > 1 {
             format!(
                 "; the {} groups hold together, each at 1 − {}/{}",
@@ -585,6 +590,28 @@ fn estimate_markdown(e: &Estimate, sim: &str) -> String {
             String::new()
         }
     );
+    EstimateText {
+        statement,
+        header,
+        rows,
+        method,
+    }
+}
+
+/// answer.md's statement of the estimate.
+pub fn estimate_markdown(e: &Estimate, sim: &str) -> String {
+    let t = estimate_text(e);
+    let mut out = String::new();
+    let _ = writeln!(out, "## Answer: an ESTIMATE{sim}\n\n{}\n", t.statement);
+    let _ = writeln!(out, "| {} |", t.header.join(" | "));
+    let _ = writeln!(out, "|---|---|---|---|---|");
+    for row in &t.rows {
+        // A group is a value from the data: shown as written, never as
+        // markup.
+        let [key, rest @ ..] = row;
+        let _ = writeln!(out, "| {} | {} |", md_text(key), rest.join(" | "));
+    }
+    let _ = writeln!(out, "\n{}\n", t.method);
     out
 }
 

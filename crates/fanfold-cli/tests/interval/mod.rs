@@ -270,3 +270,38 @@ fn an_interval_over_a_set_or_unnamed_groups_is_refused() {
         stderr(&o)
     );
 }
+
+/// The run's HTML report states the estimate as answer.md does, as a
+/// person sees it in a browser: an estimate with its interval, not the
+/// count of the units judged.
+#[test]
+fn the_run_report_shows_the_estimate_and_its_interval() {
+    let browser = chromium();
+    let ex = Example::copy("issue-triage", TRIAGE);
+    let o = ex.run("interval.toml", "store.sqlite", "out");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = run(bin().arg("report").arg("run").arg(ex.path("out")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (dom, _) = render(&browser, &ex.path("out/report.html"));
+    let answer = ex.json("out/answer.json");
+    let group = &answer["estimate"]["groups"][0];
+    let pct = |v: &Value| format!("{:.1} %", 100.0 * v.as_f64().expect("a share"));
+    assert!(
+        dom.contains("<h2>Answer: an ESTIMATE"),
+        "no estimate heading"
+    );
+    let row = format!(
+        "<td>counted</td><td>{}</td><td>{} – {}</td>",
+        pct(&group["share"]),
+        pct(&group["lower"]),
+        pct(&group["upper"])
+    );
+    assert!(dom.contains(&row), "the page does not show {row}");
+    let judged = answer["estimate"]["judged"].as_u64().expect("judged");
+    assert!(
+        dom.contains(&format!("{judged} of ")),
+        "the page does not say how many units were judged"
+    );
+    let md = std::fs::read_to_string(ex.path("out/report.md")).expect("report.md");
+    assert!(md.contains("## Answer: an ESTIMATE"));
+}
