@@ -240,22 +240,24 @@ fn answer_ids(
             let ranked: Ranked = match (kind, root.reducers.get(answer)) {
                 // A limited set keeps its own order, and its numbers when
                 // it is ordered by one.
-                (Some(ReducerKind::Set { order_by, .. }), Some(Agg::Ranked { items, .. })) => items
+                (Some(ReducerKind::Set { order_by, .. }), Some(Agg::Ranked(ranked))) => ranked
+                    .items
                     .iter()
                     .map(|(x, id, _)| (id.clone(), order_by.as_ref().map(|_| *x)))
                     .collect(),
-                (Some(ReducerKind::Set { value: None, .. }), Some(Agg::Set { items })) => {
-                    in_natural_order(items.keys().map(|k| UnitId(k.clone())).collect())
+                (Some(ReducerKind::Set { value: None, .. }), Some(Agg::Set(set))) => {
+                    in_natural_order(set.items.keys().map(|k| UnitId(k.clone())).collect())
                 }
-                (Some(ReducerKind::Set { .. }), Some(Agg::Set { items })) => {
-                    in_natural_order(items.values().flatten().cloned().collect())
+                (Some(ReducerKind::Set { .. }), Some(Agg::Set(set))) => {
+                    in_natural_order(set.items.values().flatten().cloned().collect())
                 }
                 (Some(kind), Some(agg)) => in_natural_order(fanfold_ops::fold::cited(kind, agg)),
                 _ => Vec::new(),
             };
             let themes = match themes.as_ref().and_then(|t| root.reducers.get(t)) {
-                Some(Agg::CountBy { groups }) => {
-                    let mut list: Vec<Theme> = groups
+                Some(Agg::CountBy(count_by)) => {
+                    let mut list: Vec<Theme> = count_by
+                        .groups
                         .iter()
                         .map(|(k, g)| Theme {
                             key: k.clone(),
