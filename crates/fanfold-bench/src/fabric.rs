@@ -13,7 +13,7 @@ use fanfold_engine::Plan;
 use fanfold_engine::run::route::Routed;
 use fanfold_llama::{Attention, EmbeddedModel, LlamaConfig};
 use fanfold_model::{DecisionField, Request};
-use fanfold_ops::map::MapStage;
+use fanfold_ops::map::ModelTurn;
 use fanfold_ops::view::Projector;
 use fanfold_testkit::QueueJob;
 use serde_json::Value;
@@ -90,7 +90,7 @@ pub(crate) fn example_units(plan: &Plan) -> Result<Routed> {
 /// The units the example's prefilter keeps, as requests for `stage`. An
 /// embed stage in front is skipped: the bench measures the model, and
 /// needs more units than the embed filter would leave.
-fn requests(plan: &Plan, stage: &MapStage, n: usize) -> Result<Vec<Request>> {
+fn requests(plan: &Plan, stage: &ModelTurn, n: usize) -> Result<Vec<Request>> {
     let routed = example_units(plan)?;
     let projector = Projector::compile(
         stage.name(),
@@ -124,7 +124,7 @@ fn requests(plan: &Plan, stage: &MapStage, n: usize) -> Result<Vec<Request>> {
 
 /// Few-shot examples drawn from units outside the measured ones, answered
 /// in the output format, so a longer prefix carries real content.
-fn few_shots(stage: &MapStage, pool: &[Request], k: usize) -> String {
+fn few_shots(stage: &ModelTurn, pool: &[Request], k: usize) -> String {
     let mut text = String::new();
     for (i, r) in pool.iter().take(k).enumerate() {
         let title = r.input.get("title").and_then(Value::as_str).unwrap_or("");
@@ -245,7 +245,7 @@ fn run_config(
 
 /// The example's stage asking for its decision alone: no evidence, no
 /// confidence, a schema of the one decision field.
-fn decision_only(stage: &MapStage) -> Result<MapStage> {
+fn decision_only(stage: &ModelTurn) -> Result<ModelTurn> {
     let DecisionField { key, choices } = DecisionField::from(&stage.spec.decision);
     let schema = serde_json::json!({
         "type": "object",
@@ -253,14 +253,14 @@ fn decision_only(stage: &MapStage) -> Result<MapStage> {
         "additionalProperties": false,
         "properties": {key: {"type": "string", "enum": choices}}
     });
-    let spec = fanfold_core::spec::MapStageSpec {
+    let spec = fanfold_ops::map::TurnSpec {
         evidence: None,
         confidence: None,
         min_confidence: None,
         decode: fanfold_core::spec::Decode::Choice,
         ..stage.spec.clone()
     };
-    Ok(MapStage::new(spec, stage.rubric.clone(), schema)?)
+    Ok(ModelTurn::new(spec, stage.rubric.clone(), schema)?)
 }
 
 /// The prefix sweep's wall time and the slot sweep's throughput, as SVG.

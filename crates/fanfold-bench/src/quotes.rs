@@ -9,7 +9,7 @@
 //! - **spans**, today's [`fanfold_ops::quotes`]: sentences however they
 //!   end, clauses, and windows of words.
 //!
-//! Each output is judged by the stage itself ([`MapStage::interpret`]),
+//! Each output is judged by the stage itself ([`ModelTurn::interpret`]),
 //! one attempt a unit, and the report counts each outcome.
 
 use std::collections::BTreeMap;
@@ -22,7 +22,7 @@ use fanfold_engine::Plan;
 use fanfold_fixtures::reviews::{Punctuation, generate_with};
 use fanfold_llama::{EmbeddedModel, LlamaConfig};
 use fanfold_model::Request;
-use fanfold_ops::map::{MapStage, field_text};
+use fanfold_ops::map::{ModelTurn, field_text};
 use fanfold_ops::view::Projector;
 use fanfold_testkit::QueueJob;
 use serde_json::Value;
@@ -60,7 +60,7 @@ impl Outcome {
 
 /// The former offer: whole sentences split at a bare `. ! ?` before
 /// whitespace or a line break, trimmed, within the length bounds.
-fn sentences_only(stage: &MapStage, projected: &Value) -> Option<Value> {
+fn sentences_only(stage: &ModelTurn, projected: &Value) -> Option<Value> {
     let key = stage.spec.evidence.as_deref()?.strip_prefix('/')?;
     let items = stage.schema.pointer(&format!("/properties/{key}/items"))?;
     let bound = |name: &str, default: u64| {

@@ -338,6 +338,38 @@ pub trait KindSpec {
     fn sampling(&self) -> Option<Sampling> {
         None
     }
+    /// How the stage's model turn is called, if it has one: the one place
+    /// its backend, attempts and sampling are read from the kind's table.
+    fn turn_call(&self) -> Option<TurnCall> {
+        None
+    }
+}
+
+/// How a model turn is called, whatever the kind's table names its keys
+/// (a map stage's own, an audit's `judge.`, a select's `model.`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TurnCall {
+    pub backend: String,
+    pub execution: Execution,
+    /// Attempts per request, counting the first.
+    pub max_attempts: u32,
+    pub max_output_tokens: u32,
+    pub temperature: f64,
+    pub seed: u64,
+}
+
+/// The [`TurnCall`] of a table holding a turn's keys at its top level.
+macro_rules! turn_call_of {
+    ($t:expr) => {
+        TurnCall {
+            backend: $t.backend.clone(),
+            execution: $t.execution,
+            max_attempts: $t.max_attempts,
+            max_output_tokens: $t.max_output_tokens,
+            temperature: $t.temperature,
+            seed: $t.seed,
+        }
+    };
 }
 
 /// How a model turn samples, and where in the stage's table it is set
@@ -460,6 +492,16 @@ macro_rules! kind_spec {
                     temperature: self.temperature,
                 })
             }
+            fn turn_call(&self) -> Option<TurnCall> {
+                Some(self.call())
+            }
+        }
+
+        impl $spec {
+            /// How the stage's model turn is called.
+            pub fn call(&self) -> TurnCall {
+                turn_call_of!(self)
+            }
         }
     };
     ($spec:ty, judge) => {
@@ -488,6 +530,9 @@ macro_rules! kind_spec {
                     max_output_tokens: self.judge.max_output_tokens,
                     temperature: self.judge.temperature,
                 })
+            }
+            fn turn_call(&self) -> Option<TurnCall> {
+                Some(self.judge.call())
             }
         }
     };
@@ -529,6 +574,16 @@ impl KindSpec for SelectStageSpec {
             max_output_tokens: m.max_output_tokens,
             temperature: m.temperature,
         })
+    }
+    fn turn_call(&self) -> Option<TurnCall> {
+        Some(self.model.as_ref()?.call())
+    }
+}
+
+impl SelectModelSpec {
+    /// How the select's scorer is called.
+    pub fn call(&self) -> TurnCall {
+        turn_call_of!(self)
     }
 }
 

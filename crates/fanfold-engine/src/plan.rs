@@ -549,12 +549,17 @@ impl Plan {
             .map(|s| s.as_ref())
     }
 
-    /// The map stage `name`, for tools that drive the map operator alone.
-    pub fn map_stage(&self, name: &str) -> Option<&fanfold_ops::map::MapStage> {
+    /// The model turn of map stage `name`, for tools that drive the map
+    /// operator alone.
+    pub fn map_stage(&self, name: &str) -> Option<&fanfold_ops::map::ModelTurn> {
+        self.map_runner(name).map(|m| &m.turn.model)
+    }
+
+    /// The map stage `name`, with its declaration.
+    pub fn map_runner(&self, name: &str) -> Option<&crate::stages::map::MapRunner> {
         self.stage(name)?
             .as_any()
             .downcast_ref::<crate::stages::map::MapRunner>()
-            .map(|m| &m.stage)
     }
 
     /// The embed stage `name`.

@@ -10,7 +10,7 @@ use fanfold_core::Status;
 use fanfold_core::spec::{BreakerSpec, BudgetSpec, ContractSpec};
 use fanfold_model::{BatchLedger, CallError, Completion, DecisionField, Job, Next, Request, Usage};
 use fanfold_ops::contract::{Budget, Controller, StopReason};
-use fanfold_ops::map::{Interpreted, MapStage};
+use fanfold_ops::map::{Interpreted, ModelTurn};
 use serde_json::Value;
 
 /// How soon a backend that found every slot taken asks again, when it
@@ -258,7 +258,7 @@ fn failure_kind(e: &CallError) -> String {
 }
 
 pub struct StageJob<'a> {
-    stage: &'a MapStage,
+    stage: &'a ModelTurn,
     decision: DecisionField,
     slots: usize,
     budget: &'a BudgetPool,
@@ -283,7 +283,7 @@ pub struct StageJob<'a> {
 
 impl<'a> StageJob<'a> {
     pub fn new(
-        stage: &'a MapStage,
+        stage: &'a ModelTurn,
         slots: usize,
         pending: Vec<Pending>,
         budget: &'a BudgetPool,

@@ -667,8 +667,9 @@ fn check_fact_origins(
         // A map stage's facts all come from its model; other kinds (and
         // a cascade's derived facts) record who decided in their own ways.
         let Some(map) = plan
-            .map_stage(&f.stage)
+            .map_runner(&f.stage)
             .filter(|m| m.spec.cascade.is_none())
+            .map(|m| &m.turn.model)
         else {
             continue;
         };
@@ -761,10 +762,11 @@ fn check_fact_keys(
         let [id] = f.source_ids.as_slice() else {
             continue;
         };
-        let Some(map) = plan.map_stage(&f.stage) else {
+        let Some(runner) = plan.map_runner(&f.stage) else {
             continue;
         };
-        if map.spec.cascade.is_some() || map.rubric_hash != f.rubric_hash {
+        let map = &runner.turn.model;
+        if runner.spec.cascade.is_some() || map.rubric_hash != f.rubric_hash {
             continue;
         }
         let Some(&i) = at.get(id) else {

@@ -6,11 +6,11 @@
 
 use std::ops::Range;
 
-use fanfold_core::spec::{ChunkStageSpec, DecisionSpec, MapStageSpec};
+use fanfold_core::spec::{ChunkStageSpec, DecisionSpec};
 use fanfold_core::{Bucket, ContentHash, ModelParams, StableHasher, Status};
 use serde_json::{Value, json};
 
-use crate::map::{Interpreted, Invalid, MapSpecError, MapStage, strip_fences};
+use crate::map::{Interpreted, Invalid, MapSpecError, ModelTurn, TurnSpec, strip_fences};
 
 /// Version of the context layout below; part of every chunk key.
 pub const CHUNK_TEMPLATE: &str = "chunk-prompt-v1";
@@ -70,7 +70,7 @@ pub struct ChunkStage {
     /// The model turn every context is sent as: the rubric and the output
     /// schema as its shared prefix, the stage's attempts and output tokens.
     /// Its decision is never read: a chunk's answer is the list of ids.
-    pub turn: MapStage,
+    pub turn: ModelTurn,
     definition: ContentHash,
 }
 
@@ -102,36 +102,19 @@ impl ChunkStage {
                 "window_tokens must exceed max_output_tokens: the answer is part of the window",
             ));
         }
-        let turn_spec = MapStageSpec {
-            name: spec.name.clone(),
-            version: spec.version,
+        let decision = DecisionSpec {
+            pointer: "/matches".into(),
+            positive: vec!["listed".into()],
+            negative: Vec::new(),
+            abstain: Vec::new(),
+        };
+        let turn_spec = TurnSpec {
             rubric: spec.rubric.clone(),
             fields: spec.fields.clone(),
             project: spec.project.clone(),
-            output_schema: String::new(),
-            backend: spec.backend.clone(),
-            decision: DecisionSpec {
-                pointer: "/matches".into(),
-                positive: vec!["listed".into()],
-                negative: Vec::new(),
-                abstain: Vec::new(),
-            },
-            evidence: None,
-            confidence: None,
-            min_confidence: None,
-            max_attempts: spec.max_attempts,
-            max_output_tokens: spec.max_output_tokens,
-            temperature: spec.temperature,
-            seed: spec.seed,
-            execution: spec.execution,
-            decode: Default::default(),
-            canaries: None,
-            breaker: None,
-            widen: None,
-            cascade: None,
-            then: None,
+            ..TurnSpec::new(&spec.name, spec.version, spec.call(), decision)
         };
-        let turn = MapStage::new(turn_spec, rubric, output_schema(spec.size))?;
+        let turn = ModelTurn::new(turn_spec, rubric, output_schema(spec.size))?;
         let mut h = StableHasher::new(Bucket::ChunkDef);
         h.field("name", &spec.name)
             .field("version", &spec.version)

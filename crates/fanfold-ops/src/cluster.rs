@@ -18,12 +18,12 @@
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 
-use fanfold_core::spec::{ClusterStageSpec, DecisionSpec, MapStageSpec};
+use fanfold_core::spec::{ClusterStageSpec, DecisionSpec};
 use fanfold_core::{Bucket, ContentHash, ModelParams, StableHash, StableHasher, Status};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::map::{Interpreted, Invalid, MapSpecError, MapStage, strip_fences};
+use crate::map::{Interpreted, Invalid, MapSpecError, ModelTurn, TurnSpec, strip_fences};
 
 /// Version of the context layout below; part of every cluster key.
 pub const CLUSTER_TEMPLATE: &str = "cluster-prompt-v2";
@@ -86,7 +86,7 @@ pub struct ClusterStage {
     pub spec: ClusterStageSpec,
     /// The model turn every context is sent as: the rubric and the output
     /// schema as its shared prefix, the stage's attempts and output tokens.
-    pub turn: MapStage,
+    pub turn: ModelTurn,
     definition: ContentHash,
 }
 
@@ -152,36 +152,18 @@ impl ClusterStage {
                 return Err(invalid(format!("statuses: {s:?} is not a status")));
             }
         }
-        let turn_spec = MapStageSpec {
-            name: spec.name.clone(),
-            version: spec.version,
-            rubric: spec.rubric.clone(),
-            fields: Vec::new(),
-            project: spec.project.clone(),
-            output_schema: String::new(),
-            backend: spec.backend.clone(),
-            decision: DecisionSpec {
-                pointer: "/themes".into(),
-                positive: vec!["themes".into()],
-                negative: Vec::new(),
-                abstain: Vec::new(),
-            },
-            evidence: None,
-            confidence: None,
-            min_confidence: None,
-            max_attempts: spec.max_attempts,
-            max_output_tokens: spec.max_output_tokens,
-            temperature: spec.temperature,
-            seed: spec.seed,
-            execution: spec.execution,
-            decode: Default::default(),
-            canaries: None,
-            breaker: None,
-            widen: None,
-            cascade: None,
-            then: None,
+        let decision = DecisionSpec {
+            pointer: "/themes".into(),
+            positive: vec!["themes".into()],
+            negative: Vec::new(),
+            abstain: Vec::new(),
         };
-        let turn = MapStage::new(turn_spec, rubric, output_schema(spec.max_themes, None))?;
+        let turn_spec = TurnSpec {
+            rubric: spec.rubric.clone(),
+            project: spec.project.clone(),
+            ..TurnSpec::new(&spec.name, spec.version, spec.call(), decision)
+        };
+        let turn = ModelTurn::new(turn_spec, rubric, output_schema(spec.max_themes, None))?;
         let mut h = StableHasher::new(Bucket::ClusterDef);
         h.field("name", &spec.name)
             .field("version", &spec.version)

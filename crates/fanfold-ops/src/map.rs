@@ -3,7 +3,7 @@
 //! raw output becomes a typed, schema-checked, evidence-checked fact.
 
 use crate::quotes;
-use fanfold_core::spec::{Decode, MapStageSpec};
+use fanfold_core::spec::{DecisionSpec, Decode, Execution, MapStageSpec, TurnCall};
 use fanfold_core::{
     Bucket, ChoiceScore, ContentHash, Evidence, ModelParams, StableHash, StableHasher, Status,
 };
@@ -94,9 +94,79 @@ pub fn schema_declares(schema: &Value, pointer: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A map stage ready to build prompts and judge outputs.
-pub struct MapStage {
-    pub spec: MapStageSpec,
+/// What a model turn is, whichever kind declares it: everything that
+/// shapes its prompt, its facts' keys and the reading of its output. A
+/// map stage's turn is its declaration ([`TurnSpec::of_map`]); a chunk,
+/// a cluster or a select states its own ([`TurnSpec::new`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TurnSpec {
+    /// The stage the turn's facts are of.
+    pub name: String,
+    pub version: u32,
+    /// The rubric's file, as the spec names it (for `explain`).
+    pub rubric: String,
+    /// What a context shows of a unit: these top-level fields, or `project`.
+    pub fields: Vec<String>,
+    pub project: Option<String>,
+    pub backend: String,
+    pub execution: Execution,
+    pub max_attempts: u32,
+    pub max_output_tokens: u32,
+    pub temperature: f64,
+    pub seed: u64,
+    pub decision: DecisionSpec,
+    pub evidence: Option<String>,
+    pub confidence: Option<String>,
+    pub min_confidence: Option<f64>,
+    pub decode: Decode,
+}
+
+impl TurnSpec {
+    /// A turn called as `call` whose answer is read at `decision`, showing
+    /// every field, with no evidence, confidence or rubric file.
+    pub fn new(name: &str, version: u32, call: TurnCall, decision: DecisionSpec) -> TurnSpec {
+        TurnSpec {
+            name: name.to_owned(),
+            version,
+            rubric: String::new(),
+            fields: Vec::new(),
+            project: None,
+            backend: call.backend,
+            execution: call.execution,
+            max_attempts: call.max_attempts,
+            max_output_tokens: call.max_output_tokens,
+            temperature: call.temperature,
+            seed: call.seed,
+            decision,
+            evidence: None,
+            confidence: None,
+            min_confidence: None,
+            decode: Decode::Generate,
+        }
+    }
+
+    /// The turn a map declaration (a map stage, an audit's or a widen's
+    /// judge) describes.
+    pub fn of_map(s: &MapStageSpec) -> TurnSpec {
+        TurnSpec {
+            rubric: s.rubric.clone(),
+            fields: s.fields.clone(),
+            project: s.project.clone(),
+            evidence: s.evidence.clone(),
+            confidence: s.confidence.clone(),
+            min_confidence: s.min_confidence,
+            decode: s.decode,
+            ..TurnSpec::new(&s.name, s.version, s.call(), s.decision.clone())
+        }
+    }
+}
+
+/// A model turn compiled once from its [`TurnSpec`], its rubric and its
+/// output schema: the shared prefix, the schema's validator, the hash of
+/// what it means. It builds prompts and judges outputs for every kind that
+/// calls a model.
+pub struct ModelTurn {
+    pub spec: TurnSpec,
     pub rubric: String,
     pub rubric_hash: ContentHash,
     pub schema: Value,
@@ -105,12 +175,8 @@ pub struct MapStage {
     prefix: String,
 }
 
-impl MapStage {
-    pub fn new(
-        spec: MapStageSpec,
-        rubric: String,
-        schema: Value,
-    ) -> Result<MapStage, MapSpecError> {
+impl ModelTurn {
+    pub fn new(spec: TurnSpec, rubric: String, schema: Value) -> Result<ModelTurn, MapSpecError> {
         let validator = jsonschema::validator_for(&schema).map_err(|e| MapSpecError::Schema {
             stage: spec.name.clone(),
             detail: e.to_string(),
@@ -199,7 +265,7 @@ impl MapStage {
             h.field("decode", "choice");
         }
         let definition = h.finish();
-        Ok(MapStage {
+        Ok(ModelTurn {
             spec,
             rubric,
             rubric_hash,
@@ -398,7 +464,7 @@ impl MapStage {
 
 /// Why a stage cannot be answered by scoring its decision alone: the
 /// output must then be `{"<key>": "<value>"}` and nothing else.
-fn choice_answerable(spec: &MapStageSpec, schema: &Value) -> Result<(), String> {
+fn choice_answerable(spec: &TurnSpec, schema: &Value) -> Result<(), String> {
     let Some(key) = spec
         .decision
         .pointer
@@ -523,7 +589,7 @@ mod tests {
         assert_eq!(lines.iter().filter(|l| l.starts_with("```")).count(), 2);
     }
 
-    fn stage() -> MapStage {
+    fn stage() -> ModelTurn {
         let spec = MapStageSpec {
             name: "s".into(),
             version: 1,
@@ -562,7 +628,7 @@ mod tests {
                 "evidence": {"type": "array"}
             }
         });
-        MapStage::new(spec, "Decide.".into(), schema).expect("valid")
+        ModelTurn::new(TurnSpec::of_map(&spec), "Decide.".into(), schema).expect("valid")
     }
 
     #[test]
@@ -628,7 +694,7 @@ mod tests {
                     "field": {"enum": ["title", "body"]}, "quote": {"type": "string", "maxLength": 30}}}}
             }
         });
-        let s2 = MapStage::new(spec, "r".into(), schema).expect("valid");
+        let s2 = ModelTurn::new(spec, "r".into(), schema).expect("valid");
         let narrowed = s2.schema_for_unit(&unit).expect("narrowed");
         let alts = narrowed
             .pointer("/properties/evidence/items/anyOf")
@@ -710,10 +776,10 @@ mod tests {
         assert_ne!(base, s.cache_key(input, &other_model));
         let mut spec = s.spec.clone();
         spec.version = 2;
-        let s2 = MapStage::new(spec, s.rubric.clone(), s.schema.clone()).expect("valid");
+        let s2 = ModelTurn::new(spec, s.rubric.clone(), s.schema.clone()).expect("valid");
         assert_ne!(base, s2.cache_key(input, &model));
-        let s3 =
-            MapStage::new(s.spec.clone(), "Decide again.".into(), s.schema.clone()).expect("valid");
+        let s3 = ModelTurn::new(s.spec.clone(), "Decide again.".into(), s.schema.clone())
+            .expect("valid");
         assert_ne!(base, s3.cache_key(input, &model));
     }
 
@@ -728,7 +794,7 @@ mod tests {
         });
         let mut spec = s.spec.clone();
         spec.decode = Decode::Choice;
-        let refused = |spec: &MapStageSpec, schema: &Value| match MapStage::new(
+        let refused = |spec: &TurnSpec, schema: &Value| match ModelTurn::new(
             spec.clone(),
             "Decide.".into(),
             schema.clone(),
@@ -741,7 +807,7 @@ mod tests {
         assert!(refused(&spec, &decision_only).contains("reads confidence"));
         spec.confidence = None;
         assert!(refused(&spec, &s.schema).contains("requires `evidence`"));
-        let nested = MapStageSpec {
+        let nested = TurnSpec {
             decision: fanfold_core::spec::DecisionSpec {
                 pointer: "/verdict/decision".into(),
                 ..spec.decision.clone()
@@ -750,12 +816,12 @@ mod tests {
         };
         assert!(refused(&nested, &decision_only).contains("top-level decision"));
 
-        let chosen = MapStage::new(spec.clone(), "Decide.".into(), decision_only.clone())
+        let chosen = ModelTurn::new(spec.clone(), "Decide.".into(), decision_only.clone())
             .expect("a decision-only stage takes choice decoding");
         assert!(chosen.choice_only());
         spec.decode = Decode::Generate;
         let generated =
-            MapStage::new(spec, "Decide.".into(), decision_only).expect("and generation");
+            ModelTurn::new(spec, "Decide.".into(), decision_only).expect("and generation");
         assert!(!generated.choice_only());
         let input = ContentHash::of_bytes(b"unit");
         assert_ne!(

@@ -6,6 +6,7 @@
 pub mod ledger;
 pub mod stats;
 pub mod table;
+pub mod turn;
 
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, HashMap};
@@ -24,6 +25,7 @@ use crate::queue::BudgetPool;
 pub use ledger::{FactLedger, Origin};
 pub use stats::{RunStats, StageReports};
 pub use table::UnitTable;
+pub use turn::{Turn, TurnParts, UnitViews, Views};
 
 /// Receives progress while a run goes. The CLI draws bars or writes lines
 /// from it; tests pass [`NoProgress`].

@@ -31,19 +31,18 @@ use fanfold_ops::contract::Controller;
 use fanfold_store::Store;
 use serde::{Deserialize, Serialize};
 
-use super::map::MapRunner;
 use crate::error::PlanError;
 use crate::error::RunError;
 use crate::kit::ledger::FactLedger;
 use crate::kit::{
     BuildContext, CachedCount, Calls, NegativeReads, Outputs, Reads, RunStats, Shape, Stage,
-    StageContext, StageOutcome,
+    StageContext, StageOutcome, Turn,
 };
 use crate::kit::{RungUnits, UnitTable};
 
 pub struct AuditRunner {
     pub spec: AuditStageSpec,
-    judge: MapRunner,
+    judge: Turn,
     reads: NegativeReads,
 }
 
@@ -96,7 +95,7 @@ impl AuditRunner {
         }
         let mut judge = a.judge.clone();
         judge.name = a.name.clone();
-        let judge = MapRunner::build(&judge, ctx)?;
+        let judge = Turn::build_judge(&judge, ctx)?;
         Ok(AuditRunner {
             reads: NegativeReads {
                 rungs: a.rungs.clone(),
@@ -390,9 +389,10 @@ impl Stage for AuditRunner {
             round.dedup();
             if !round.is_empty() {
                 let mut inner = ctx.for_turn(&judge_spec, &verdicts);
-                let outcome = self.judge.run(&mut inner, round)?;
-                if outcome.stop.is_some() {
-                    stop = outcome.stop;
+                let views = self.judge.unit_views(inner.table)?;
+                let stopped = self.judge.run(&mut inner, round, &views, &|_, _| {})?;
+                if stopped.is_some() {
+                    stop = stopped;
                 }
             }
             for r in rungs.iter_mut().filter(|r| !r.done) {

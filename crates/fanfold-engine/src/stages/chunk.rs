@@ -16,13 +16,13 @@ use fanfold_ops::view::{INPUT_BUCKET, Projector};
 use fanfold_store::Store;
 use serde_json::{Value, json};
 
-use super::map::model_params;
 use crate::batches::StoreLedger;
 use crate::error::PlanError;
 use crate::error::RunError;
 use crate::error::project_err;
 use crate::kit::UnitTable;
 use crate::kit::ledger::Origin;
+use crate::kit::turn::model_params;
 use crate::kit::{
     BuildContext, CachedCount, Calls, Outputs, Shape, Stage, StageContext, StageOutcome,
 };

@@ -20,11 +20,11 @@ use fanfold_store::Store;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::map::model_params;
 use crate::error::PlanError;
 use crate::error::RunError;
 use crate::error::project_err;
 use crate::kit::UnitTable;
+use crate::kit::turn::model_params;
 use crate::kit::{
     BuildContext, CachedCount, Calls, Outputs, Reads, RunStats, Shape, Stage, StageContext,
     StageOutcome,

@@ -38,7 +38,7 @@ use fanfold_core::{
 };
 use fanfold_ops::cascade::{self, Config, Decision, Metric, Plan, Target};
 use fanfold_ops::cascade_accept;
-use fanfold_ops::map::MapStage;
+use fanfold_ops::map::ModelTurn;
 use fanfold_ops::proxy::{Rounds, TrainedReport};
 use fanfold_ops::view::INPUT_BUCKET;
 use serde::{Deserialize, Serialize};
@@ -66,19 +66,7 @@ pub(crate) struct CascadeRun {
     features: Option<Box<super::embed::EmbedRunner>>,
     /// With a map stage as the proxy: that stage, whose scored decisions
     /// give each unit its probability of being positive.
-    scorer: Option<Box<dyn Scorer>>,
-}
-
-/// A map stage that is a cascade's proxy: its model turn over units, and
-/// the decision values that count as positive.
-pub(crate) trait Scorer: Send + Sync {
-    fn stage_name(&self) -> &str;
-    fn positive(&self) -> &[String];
-    fn score(
-        &self,
-        ctx: &mut StageContext<'_>,
-        units: Vec<usize>,
-    ) -> Result<StageOutcome, RunError>;
+    scorer: Option<Box<crate::kit::Turn>>,
 }
 
 /// The file a run lists the labels it waits for in.
@@ -207,7 +195,7 @@ pub fn clean_proof(level: &str, seed: u64) -> String {
 }
 
 /// The store key of a label: the stage's question and what the unit shows.
-pub fn label_key(stage: &MapStage, view_key: &ContentHash) -> ContentHash {
+pub fn label_key(stage: &ModelTurn, view_key: &ContentHash) -> ContentHash {
     let mut h = fanfold_core::StableHasher::new(fanfold_core::Bucket::Kind("cascade-label-v1"));
     h.field("rubric", &stage.rubric_hash)
         .field("view", view_key);
@@ -376,7 +364,7 @@ impl CascadeRun {
         s: &MapStageSpec,
         c: &CascadeSpec,
         ctx: &mut BuildContext<'_>,
-        scorer: Option<Box<dyn Scorer>>,
+        scorer: Option<Box<crate::kit::Turn>>,
     ) -> Result<CascadeRun, PlanError> {
         let stage = &s.name;
         let invalid = |ctx: &BuildContext<'_>, what: String| {
@@ -632,7 +620,7 @@ impl CascadeRun {
     /// fact cites, and `judge` runs the stage's model turn over units.
     pub(crate) fn run(
         &self,
-        stage: &MapStage,
+        stage: &ModelTurn,
         ctx: &mut StageContext<'_>,
         units: Vec<usize>,
         view: &dyn Fn(usize) -> Result<serde_json::Value, RunError>,
@@ -1206,7 +1194,7 @@ impl CascadeRun {
     /// returns how many were listed.
     fn want(
         &self,
-        stage: &MapStage,
+        stage: &ModelTurn,
         ctx: &StageContext<'_>,
         (units, view_keys): (&[usize], &[ContentHash]),
         positions: &[usize],
@@ -1281,7 +1269,7 @@ impl CascadeRun {
     fn proxy_scores(
         &self,
         ctx: &mut StageContext<'_>,
-        stage: &MapStage,
+        stage: &ModelTurn,
         units: &[usize],
     ) -> Result<Vec<f64>, RunError> {
         let c = &self.spec;
@@ -1319,14 +1307,18 @@ impl CascadeRun {
         let Some(scorer) = &self.scorer else {
             return Ok((vec![0.5; units.len()], StageOutcome::default()));
         };
-        let turn = scorer.score(ctx, units.to_vec())?;
+        let views = scorer.unit_views(ctx.table)?;
+        let turn = StageOutcome {
+            stop: scorer.run(ctx, units.to_vec(), &views, &|_, _| {})?,
+            ..StageOutcome::default()
+        };
         let by_unit = ctx
             .ledger
-            .positive_probabilities(scorer.stage_name(), scorer.positive());
+            .positive_probabilities(scorer.name(), &scorer.model.spec.decision.positive);
         let unscored = units.iter().filter(|i| !by_unit.contains_key(i)).count();
         if unscored > 0 {
             tracing::warn!(
-                proxy = scorer.stage_name(),
+                proxy = scorer.name(),
                 unscored,
                 "units the proxy could not score are given 0.5"
             );
@@ -1386,7 +1378,7 @@ impl CascadeRun {
 /// A fact the cascade makes of a unit (never stored, never paid for):
 /// the stage's identity, what it cites, a status and why.
 fn derived_fact(
-    stage: &MapStage,
+    stage: &ModelTurn,
     seed: u64,
     key: &str,
     model_id: String,

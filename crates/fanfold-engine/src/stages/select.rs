@@ -21,19 +21,19 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use fanfold_core::spec::{BackendSpec, DecisionSpec, Decode, MapStageSpec, SelectStageSpec, Spec};
+use fanfold_core::spec::{BackendSpec, DecisionSpec, Decode, SelectStageSpec, Spec};
 use fanfold_core::{
     Bucket, ChoiceScore, ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHasher,
     Status,
 };
 use fanfold_ops::contract::Controller;
+use fanfold_ops::map::TurnSpec;
 use fanfold_ops::select::{Action, CHOICE_POINTER, Catalog};
 use fanfold_ops::view::Projector;
 use fanfold_store::Store;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::map::MapRunner;
 use crate::error::PlanError;
 use crate::error::RunError;
 use crate::error::project_err;
@@ -41,7 +41,8 @@ use crate::kit::RunStats;
 use crate::kit::UnitTable;
 use crate::kit::ledger::{FactLedger, Origin};
 use crate::kit::{
-    BuildContext, CachedCount, Calls, Outputs, Shape, Stage, StageContext, StageOutcome,
+    BuildContext, CachedCount, Calls, Outputs, Shape, Stage, StageContext, StageOutcome, Turn,
+    TurnParts,
 };
 
 /// The most unit ids listed per confusion pair in the certificate; every
@@ -51,7 +52,7 @@ const LISTED: usize = 50;
 pub struct SelectRunner {
     pub spec: SelectStageSpec,
     catalog: Catalog,
-    scorer: Option<MapRunner>,
+    scorer: Option<Turn>,
     definition: ContentHash,
     /// This run's selections by table position, in table order: made by
     /// `run`, given what the chosen stages said by `review`, and written
@@ -68,48 +69,32 @@ impl SelectRunner {
         let scorer = match &s.model {
             Some(m) => {
                 let rubric = ctx.read("rubric", &m.rubric)?;
-                let turn = MapStageSpec {
-                    name: s.name.clone(),
-                    version: s.version,
+                let decision = DecisionSpec {
+                    pointer: CHOICE_POINTER.into(),
+                    // Every name is a decided answer here; what it
+                    // means is the select's business.
+                    positive: catalog.names().to_vec(),
+                    negative: Vec::new(),
+                    abstain: Vec::new(),
+                };
+                let turn = TurnSpec {
                     rubric: m.rubric.clone(),
                     fields: s.fields.clone(),
                     project: s.project.clone(),
-                    output_schema: "(the select's catalog)".into(),
-                    backend: m.backend.clone(),
-                    decision: DecisionSpec {
-                        pointer: CHOICE_POINTER.into(),
-                        // Every name is a decided answer here; what it
-                        // means is the select's business.
-                        positive: catalog.names().to_vec(),
-                        negative: Vec::new(),
-                        abstain: Vec::new(),
-                    },
-                    evidence: None,
-                    confidence: None,
-                    min_confidence: None,
-                    max_attempts: m.max_attempts,
-                    max_output_tokens: m.max_output_tokens,
-                    temperature: m.temperature,
-                    seed: m.seed,
-                    execution: m.execution,
                     // The answer is a name of the catalog and nothing else:
                     // read from the scores where the backend has them.
                     decode: Decode::Choice,
-                    canaries: None,
-                    breaker: None,
-                    widen: None,
-                    cascade: None,
-                    then: None,
+                    ..TurnSpec::new(&s.name, s.version, m.call(), decision)
                 };
                 let schema = catalog.output_schema();
-                let text = serde_json::to_string_pretty(&schema).unwrap_or_default();
-                Some(MapRunner::from_parts(
-                    &turn,
-                    catalog.rubric(&rubric),
+                let parts = TurnParts {
+                    rubric: catalog.rubric(&rubric),
+                    schema_text: serde_json::to_string_pretty(&schema).unwrap_or_default(),
                     schema,
-                    text,
-                    ctx,
-                )?)
+                    canaries: None,
+                    breaker: None,
+                };
+                Some(Turn::from_parts(turn, parts, ctx)?)
             }
             None => None,
         };
@@ -316,7 +301,7 @@ impl Stage for SelectRunner {
                 out,
                 "    the rest: a model scores the choices, backend={}({backend}){simulated}{floor}; shared prefix {} bytes (rubric {})",
                 m.backend,
-                scorer.stage.prefix().len(),
+                scorer.model.prefix().len(),
                 m.rubric
             );
         }
@@ -361,7 +346,9 @@ impl Stage for SelectRunner {
             }
         }
         if let Some(scorer) = &self.scorer {
-            let c = scorer.count_cached(spec, spec_dir, store, table, &residual)?;
+            let views = scorer.unit_views(table)?;
+            let c =
+                scorer.count_cached(spec, spec_dir, store, &residual, &views, &mut |_, _| {})?;
             count.cached += c.cached;
             count.unknown = c.unknown;
         }
@@ -422,8 +409,9 @@ impl Stage for SelectRunner {
             );
             let hits = ctx.stats.cache_hits;
             let mut inner = ctx.for_turn(&inner_spec, &verdicts);
-            let outcome = scorer.run(&mut inner, residual.iter().map(|(i, _)| *i).collect())?;
-            stop = outcome.stop;
+            let views = scorer.unit_views(inner.table)?;
+            let asked = residual.iter().map(|(i, _)| *i).collect();
+            stop = scorer.run(&mut inner, asked, &views, &|_, _| {})?;
             report.cached = ctx.stats.cache_hits - hits;
             if let Some(e) = verdicts.take_store_error() {
                 return Err(e.into());

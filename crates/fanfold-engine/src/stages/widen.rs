@@ -23,13 +23,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::embed::{EmbedRunner, Embedders, unit_vectors};
-use super::map::{MapRunner, Views};
 use crate::error::PlanError;
 use crate::error::RunError;
 use crate::kit::UnitTable;
 use crate::kit::{
     BuildContext, CachedCount, Calls, EvidenceView, Outputs, RunStats, Shape, Stage, StageContext,
-    StageOutcome,
+    StageOutcome, Turn, Views,
 };
 
 /// Bytes of compact JSON counted as one token, as a chunk stage counts.
@@ -37,7 +36,7 @@ const BYTES_PER_TOKEN: u64 = fanfold_ops::chunk::BYTES_PER_TOKEN;
 
 pub struct WidenRunner {
     pub spec: WidenStageSpec,
-    judge: MapRunner,
+    judge: Turn,
     relate: Relate,
 }
 
@@ -161,7 +160,7 @@ impl WidenRunner {
         judge.name = w.name.clone();
         Ok(WidenRunner {
             spec: w.clone(),
-            judge: MapRunner::build(&judge, ctx)?,
+            judge: Turn::build_judge(&judge, ctx)?,
             relate,
         })
     }
@@ -361,7 +360,7 @@ impl Stage for WidenRunner {
     fn evidence_view(&self) -> Option<EvidenceView> {
         Some(EvidenceView {
             widened: true,
-            ..self.judge.evidence_view()?
+            ..self.judge.evidence_view()
         })
     }
 
@@ -396,9 +395,9 @@ impl Stage for WidenRunner {
             table,
             members,
         };
-        let mut count = self
-            .judge
-            .count_cached_views(spec, spec_dir, store, units, &views)?;
+        let mut count =
+            self.judge
+                .count_cached(spec, spec_dir, store, units, &views, &mut |_, _| {})?;
         if missing > 0 && count.unknown.is_none() {
             count.unknown = Some(format!(
                 "{missing} units have no stored vector yet, so their near-duplicates are not known before the run"
@@ -418,7 +417,10 @@ impl Stage for WidenRunner {
             members,
         };
         let hits_before = ctx.stats.cache_hits;
-        let outcome = self.judge.run_views(ctx, units, &views)?;
+        let outcome = StageOutcome {
+            stop: self.judge.run(ctx, units, &views, &|_, _| {})?,
+            ..StageOutcome::default()
+        };
         report.cached = ctx.stats.cache_hits.saturating_sub(hits_before);
         ctx.stats.reports.put(REPORT, &self.spec.name, &report);
         Ok(outcome)
