@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use fanfold_core::Status;
 use fanfold_core::spec::{BreakerSpec, BudgetSpec, ContractSpec};
-use fanfold_model::{BatchLedger, CallError, Completion, DecisionField, Job, Next, Request, Usage};
+use fanfold_model::{
+    BatchLedger, CallError, Completion, DecisionField, Job, JobOptions, Next, Request, Usage,
+};
 use fanfold_ops::contract::{Budget, Controller, StopReason};
 use fanfold_ops::map::{Interpreted, ModelTurn};
 use serde_json::Value;
@@ -259,7 +261,8 @@ fn failure_kind(e: &CallError) -> String {
 
 pub struct StageJob<'a> {
     stage: &'a ModelTurn,
-    decision: DecisionField,
+    /// What the backend is asked for besides the prompt.
+    options: JobOptions,
     slots: usize,
     budget: &'a BudgetPool,
     controller: &'a Mutex<Controller>,
@@ -291,10 +294,9 @@ impl<'a> StageJob<'a> {
         on_finish: &'a (dyn Fn(usize, &UnitResult) + Sync),
         prepare: &'a (dyn Fn(usize) -> Prompt + Sync),
     ) -> StageJob<'a> {
-        let decision = DecisionField::from(&stage.spec.decision);
         StageJob {
             stage,
-            decision,
+            options: job_options(stage, false),
             slots: slots.max(1),
             budget,
             controller,
@@ -446,6 +448,7 @@ impl<'a> StageJob<'a> {
     /// evidence; the backend is then asked for no decision scores.
     pub fn set_interpreter(&mut self, f: &'a InterpretFn<'a>) {
         self.interpreter = Some(f);
+        self.options = job_options(self.stage, true);
     }
 
     /// Reads one output: through the interpreter when one is set, else
@@ -789,22 +792,12 @@ impl Job for StageJob<'_> {
         cancelled
     }
 
-    fn output_schema(&self) -> Option<&Value> {
-        Some(&self.stage.schema)
+    fn options(&self) -> &JobOptions {
+        &self.options
     }
 
     fn batch_ledger(&self) -> Option<&dyn BatchLedger> {
         self.ledger
-    }
-
-    fn decision(&self) -> Option<&DecisionField> {
-        // Only a top-level decision key can be found in the generated text.
-        (self.interpreter.is_none() && self.stage.spec.decision.pointer.matches('/').count() == 1)
-            .then_some(&self.decision)
-    }
-
-    fn choice_only(&self) -> bool {
-        self.stage.choice_only() && self.decision().is_some()
     }
 
     fn next(&self) -> Option<Request> {
@@ -946,6 +939,20 @@ impl Job for StageJob<'_> {
         for (i, r) in &ended {
             (self.on_finish)(*i, r);
         }
+    }
+}
+
+/// What a job of `turn` asks of the backend: its schema, and its decision
+/// to score unless the outputs are read by an interpreter of the kind's
+/// own (`interpreted`) or the decision is not a top-level key (only such a
+/// key can be found in the generated text).
+fn job_options(turn: &ModelTurn, interpreted: bool) -> JobOptions {
+    let decision = (!interpreted && turn.spec.decision.pointer.matches('/').count() == 1)
+        .then(|| DecisionField::from(&turn.spec.decision));
+    JobOptions {
+        schema: Some(turn.schema.clone()),
+        choice_only: turn.choice_only() && decision.is_some(),
+        decision,
     }
 }
 

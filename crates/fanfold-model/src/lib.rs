@@ -17,10 +17,14 @@
 pub use fanfold_core::BatchState;
 use serde::{Deserialize, Serialize};
 
-/// One unit's turn.
-#[derive(Clone, Debug)]
+/// One unit's turn. It is carried whole wherever it goes (a fleet's
+/// store holds it as this type's JSON), so a field added here reaches
+/// every backend that answers it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Request {
-    /// The engine's handle for this unit; opaque to backends.
+    /// The engine's handle for this unit; opaque to backends. A carrier
+    /// may give it its own meaning (a fleet worker's task number).
+    #[serde(default)]
     pub index: usize,
     pub unit_id: String,
     /// The per-unit part of the prompt; it follows the job's prefix.
@@ -75,7 +79,7 @@ pub struct Completion {
 }
 
 /// The output field that carries a stage's decision and its allowed values.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DecisionField {
     /// The object key, e.g. `decision`.
     pub key: String,
@@ -179,6 +183,32 @@ pub struct BackendInfo {
     pub simulated: bool,
 }
 
+/// What a job asks of a backend besides its prefix and its requests: one
+/// value, so whatever carries a job elsewhere (a fleet's store, a wrapper
+/// that records it) carries all of it. A field left out of a stored row is
+/// that field's default.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct JobOptions {
+    /// The JSON Schema every output must satisfy; backends that can
+    /// constrain decoding to it do.
+    pub schema: Option<serde_json::Value>,
+    /// Where the decision is, for backends that score choices.
+    pub decision: Option<DecisionField>,
+    /// True when the output is the decision alone: a backend that scores
+    /// choices may answer from one forward pass at the decision's position,
+    /// writing `{"<key>": "<value>"}` itself with the scores as `choices`.
+    /// Others generate as usual, under the output schema.
+    pub choice_only: bool,
+}
+
+/// The options of a job that asks for free text.
+pub static FREE_TEXT: JobOptions = JobOptions {
+    schema: None,
+    decision: None,
+    choice_only: false,
+};
+
 /// The engine's side of a stage run.
 pub trait Job: Sync {
     /// The immutable prefix shared by every request of this job.
@@ -206,21 +236,23 @@ pub trait Job: Sync {
     fn complete(&self, request: Request, result: Result<Completion, CallError>);
     /// True once queued and in-flight work should be abandoned.
     fn is_cancelled(&self) -> bool;
-    /// The JSON Schema every output must satisfy; backends that can
-    /// constrain decoding to it do.
+    /// Everything the job asks of the backend besides its prefix and its
+    /// requests. The three readers below read it; a job implements this
+    /// one, never them.
+    fn options(&self) -> &JobOptions {
+        &FREE_TEXT
+    }
+    /// [`JobOptions::schema`].
     fn output_schema(&self) -> Option<&serde_json::Value> {
-        None
+        self.options().schema.as_ref()
     }
-    /// Where the decision is, for backends that score choices.
+    /// [`JobOptions::decision`].
     fn decision(&self) -> Option<&DecisionField> {
-        None
+        self.options().decision.as_ref()
     }
-    /// True when the output is the decision alone: a backend that scores
-    /// choices may answer from one forward pass at the decision's position,
-    /// writing `{"<key>": "<value>"}` itself with the scores as `choices`.
-    /// Others generate as usual, under the output schema.
+    /// [`JobOptions::choice_only`].
     fn choice_only(&self) -> bool {
-        false
+        self.options().choice_only
     }
     /// Durable bookkeeping for provider batches; `None` when the engine
     /// keeps no store, and then a batch cannot outlive the process.

@@ -169,17 +169,11 @@ impl Job for RecordingJob<'_> {
     fn poll_next(&self) -> fanfold_model::Next {
         self.inner.poll_next()
     }
-    fn choice_only(&self) -> bool {
-        self.inner.choice_only()
-    }
     fn is_cancelled(&self) -> bool {
         self.inner.is_cancelled()
     }
-    fn output_schema(&self) -> Option<&serde_json::Value> {
-        self.inner.output_schema()
-    }
-    fn decision(&self) -> Option<&fanfold_model::DecisionField> {
-        self.inner.decision()
+    fn options(&self) -> &fanfold_model::JobOptions {
+        self.inner.options()
     }
     fn batch_ledger(&self) -> Option<&dyn fanfold_model::BatchLedger> {
         self.inner.batch_ledger()

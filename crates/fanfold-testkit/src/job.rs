@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fanfold_model::{CallError, Completion, DecisionField, Job, Request};
+use fanfold_model::{CallError, Completion, DecisionField, Job, JobOptions, Request};
 use serde_json::Value;
 
 /// One request as it came back.
@@ -41,6 +41,9 @@ pub struct QueueJob {
     pub limit: usize,
     /// Turn cancelled once this many results are back.
     pub cancel_after: usize,
+    /// `schema`, `decision` and `choice_only` as the job's options, taken
+    /// when a backend first asks (a test sets them before it runs the job).
+    options: std::sync::OnceLock<JobOptions>,
     state: Mutex<State>,
 }
 
@@ -55,6 +58,7 @@ impl QueueJob {
             choice_only: false,
             limit: usize::MAX,
             cancel_after: usize::MAX,
+            options: std::sync::OnceLock::new(),
             state: Mutex::new(State {
                 queue: requests.into(),
                 started: vec![None; n],
@@ -187,16 +191,12 @@ impl Job for QueueJob {
         self.lock().cancelled
     }
 
-    fn output_schema(&self) -> Option<&Value> {
-        self.schema.as_ref()
-    }
-
-    fn decision(&self) -> Option<&DecisionField> {
-        self.decision.as_ref()
-    }
-
-    fn choice_only(&self) -> bool {
-        self.choice_only
+    fn options(&self) -> &JobOptions {
+        self.options.get_or_init(|| JobOptions {
+            schema: self.schema.clone(),
+            decision: self.decision.clone(),
+            choice_only: self.choice_only,
+        })
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use fanfold_model::{BackendError, BackendInfo, CallError, Job, ModelBackend, Next, Request};
 use fanfold_store::{FleetJob, Store, StoreError};
 
-use super::{FleetLink, JobOptions, PortableBackend, TaskRequest, TaskResult};
+use super::{FleetLink, PortableBackend, TaskResult, task_row};
 
 /// How long the coordinator waits before reading the queue again after
 /// a read found no results: from [`POLL_MIN`], doubling to [`POLL_MAX`]
@@ -162,16 +162,7 @@ impl FleetBackend {
             if !fresh.is_empty() {
                 let mut rows = Vec::with_capacity(fresh.len());
                 for r in &fresh {
-                    let task = TaskRequest {
-                        unit_id: r.unit_id.clone(),
-                        suffix: r.suffix.clone(),
-                        input: r.input.clone(),
-                        attempt: r.attempt,
-                        max_output_tokens: r.max_output_tokens,
-                        schema: r.schema.clone(),
-                    };
-                    let text = serde_json::to_string(&task)
-                        .map_err(|e| QueueError::Encode(e.to_string()))?;
+                    let text = task_row(r).map_err(|e| QueueError::Encode(e.to_string()))?;
                     rows.push((next_seq + rows.len() as u64, text));
                 }
                 // Held before the write, so a failed write still ends them.
@@ -314,18 +305,15 @@ impl ModelBackend for FleetBackend {
     fn run(&self, job: &dyn Job) -> Result<(), BackendError> {
         let n = self.jobs.fetch_add(1, Ordering::Relaxed);
         let job_id = format!("{}/{n}", self.run_id);
-        let options = JobOptions {
-            schema: job.output_schema().cloned(),
-            decision: job.decision().map(|d| (d.key.clone(), d.choices.clone())),
-            choice_only: job.choice_only(),
-        };
         let row = FleetJob {
             job_id: job_id.clone(),
             run_id: self.run_id.clone(),
             backend: self.portable.clone(),
             model_id: self.info.model_id.clone(),
             prefix: job.prefix().to_owned(),
-            options: serde_json::to_string(&options).unwrap_or_else(|_| "{}".into()),
+            options: serde_json::to_string(job.options()).map_err(|e| {
+                BackendError::Setup(format!("the job's options not written as JSON: {e}"))
+            })?,
         };
         self.store
             .open_fleet_job(&row)

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use fanfold_core::spec::{BackendSpec, Execution};
-use fanfold_model::{BackendError, DecisionField, ModelBackend};
+use fanfold_model::{BackendError, JobOptions, ModelBackend, Request};
 use serde::{Deserialize, Serialize};
 
 pub use coordinator::FleetBackend;
@@ -371,44 +371,29 @@ fn served_of(tail: &str) -> Option<&str> {
     rest.get(..end)
 }
 
-/// What a job asks of a backend besides its prefix. A field a row leaves
-/// out is that field's default (`{}` asks for free text); a row that is
-/// not such an object is refused ([`JobOptions::read`]).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-#[serde(default)]
-struct JobOptions {
-    schema: Option<serde_json::Value>,
-    /// The decision's key and allowed values.
-    decision: Option<(String, Vec<String>)>,
-    choice_only: bool,
+/// A job's options as its row holds them: the job's [`JobOptions`] whole,
+/// as JSON (a field a row leaves out is that field's default, `{}` asks
+/// for free text). A row that does not decode is refused, never read as
+/// the defaults: those would judge with no schema and no decision, and the
+/// facts would still be keyed as the job's.
+fn read_options(row: &str) -> Result<JobOptions, String> {
+    serde_json::from_str(row)
+        .map_err(|e| format!("the job's options do not decode ({e}): refused, nothing asked"))
 }
 
-impl JobOptions {
-    /// A job's options as its row holds them. A row that does not decode
-    /// is refused, never read as the defaults: those would judge with no
-    /// schema and no decision, and the facts would still be keyed as the
-    /// job's.
-    fn read(row: &str) -> Result<JobOptions, String> {
-        serde_json::from_str(row)
-            .map_err(|e| format!("the job's options do not decode ({e}): refused, nothing asked"))
-    }
-
-    fn decision(&self) -> Option<DecisionField> {
-        self.decision
-            .clone()
-            .map(|(key, choices)| DecisionField { key, choices })
-    }
+/// A request as a task row holds it: the request's own JSON, every field.
+fn task_row(request: &Request) -> Result<String, serde_json::Error> {
+    serde_json::to_string(request)
 }
 
-/// One request, as a task carries it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct TaskRequest {
-    unit_id: String,
-    suffix: String,
-    input: serde_json::Value,
-    attempt: u32,
-    max_output_tokens: u32,
-    schema: Option<serde_json::Value>,
+/// The request a task row holds, with the task's number as its index (the
+/// worker's handle for it).
+fn read_task(row: &str, seq: u64) -> Result<Request, serde_json::Error> {
+    let request: Request = serde_json::from_str(row)?;
+    Ok(Request {
+        index: seq as usize,
+        ..request
+    })
 }
 
 /// A task's result as a worker writes it.
@@ -441,28 +426,90 @@ mod tests {
     }
 
     /// Options a worker cannot read are refused, not taken for the
-    /// defaults; the options a coordinator writes read back whole.
+    /// defaults; `{}` is free text.
     #[test]
     fn options_that_do_not_decode_are_refused() {
         for row in ["", "{", "{\"choice_only\": \"yes\"}", "[1, 2]"] {
-            let why = JobOptions::read(row).err().unwrap_or_default();
+            let why = read_options(row).err().unwrap_or_default();
             assert!(why.contains("options do not decode"), "{row:?}: {why}");
         }
-        let written = JobOptions {
-            schema: Some(serde_json::json!({"type": "object"})),
-            decision: Some(("label".into(), vec!["yes".into(), "no".into()])),
+        assert_eq!(
+            read_options("{}").unwrap_or_else(|e| panic!("{e}")),
+            JobOptions::default()
+        );
+    }
+
+    /// What a coordinator writes to the store is what a worker reads back,
+    /// whole: the job's options and each request compare equal field by
+    /// field (a field added to either type takes part without a line
+    /// here), the request's index aside, which the worker sets to the
+    /// task's number.
+    #[test]
+    fn options_and_requests_reach_the_worker_whole() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let store = fanfold_store::Store::open(&dir.path().join("s.db"))
+            .unwrap_or_else(|e| panic!("open: {e}"));
+        let h = fanfold_core::ContentHash::of_bytes(b"spec");
+        store
+            .begin_run("r", "spec", &h, &h)
+            .unwrap_or_else(|e| panic!("run: {e}"));
+        let options = JobOptions {
+            schema: Some(serde_json::json!({"type": "object", "required": ["label"]})),
+            decision: Some(fanfold_model::DecisionField {
+                key: "label".into(),
+                choices: vec!["yes".into(), "no".into()],
+            }),
             choice_only: true,
         };
-        assert!(
-            !JobOptions::read("{}")
-                .unwrap_or_else(|e| panic!("{e}"))
-                .choice_only
+        let job = fanfold_store::FleetJob {
+            job_id: "r/0".into(),
+            run_id: "r".into(),
+            backend: "{}".into(),
+            model_id: "m".into(),
+            prefix: "p".into(),
+            options: serde_json::to_string(&options).unwrap_or_else(|e| panic!("{e}")),
+        };
+        store
+            .open_fleet_job(&job)
+            .unwrap_or_else(|e| panic!("job: {e}"));
+        let request = Request {
+            index: 41,
+            unit_id: "u-1".into(),
+            suffix: "Record \"u-1\": {}".into(),
+            input: serde_json::json!({"title": "login fails", "n": [1, 2]}),
+            attempt: 2,
+            max_output_tokens: 77,
+            schema: Some(serde_json::json!({"enum": ["a quote"]})),
+        };
+        let row = task_row(&request).unwrap_or_else(|e| panic!("{e}"));
+        store
+            .put_fleet_tasks(&job.job_id, &[(7, row)])
+            .unwrap_or_else(|e| panic!("put: {e}"));
+
+        let jobs = store
+            .claimable_fleet_jobs("", 60_000)
+            .unwrap_or_else(|e| panic!("jobs: {e}"));
+        let [read_job] = jobs.as_slice() else {
+            panic!("one job, got {}", jobs.len());
+        };
+        assert_eq!(
+            read_options(&read_job.options).unwrap_or_else(|e| panic!("{e}")),
+            options
         );
-        let row = serde_json::to_string(&written).unwrap_or_default();
-        let read = JobOptions::read(&row).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(read.schema, written.schema);
-        assert_eq!(read.decision, written.decision);
-        assert!(read.choice_only);
+        let tasks = store
+            .claim_fleet_tasks(&job.job_id, "w", 5, 60_000)
+            .unwrap_or_else(|e| panic!("claim: {e}"));
+        let [task] = tasks.as_slice() else {
+            panic!("one task, got {}", tasks.len());
+        };
+        let read = read_task(&task.request, task.seq).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            read,
+            Request {
+                index: 7,
+                ..request
+            }
+        );
     }
 
     /// A file name from the store that would leave the worker's folder is

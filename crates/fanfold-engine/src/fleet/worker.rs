@@ -8,12 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fanfold_model::{
-    BackendError, CallError, Completion, DecisionField, Job, ModelBackend, Next, Request,
-    SharedRates,
+    BackendError, CallError, Completion, Job, JobOptions, ModelBackend, Next, Request, SharedRates,
 };
 use fanfold_store::{FleetJob, JobState, Store, StoreError};
 
-use super::{Allowed, JobOptions, PortableBackend, TaskRequest, TaskResult};
+use super::{Allowed, PortableBackend, TaskResult, read_options, read_task};
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
@@ -301,7 +300,7 @@ fn admit(
     opts: &WorkerOptions,
     identities: &mut HashMap<String, Result<String, String>>,
 ) -> Result<JobOptions, String> {
-    let options = JobOptions::read(&job.options)?;
+    let options = read_options(&job.options)?;
     let portable: PortableBackend = serde_json::from_str(&job.backend)
         .map_err(|e| format!("the job's backend does not read: {e}"))?;
     portable.check_files()?;
@@ -407,13 +406,12 @@ struct WorkerJob<'a> {
     shared: &'a Shared<'a>,
     job: &'a FleetJob,
     options: JobOptions,
-    decision: Option<DecisionField>,
     slots: usize,
     state: Mutex<Local>,
 }
 
 struct Local {
-    claimed: VecDeque<(u64, TaskRequest)>,
+    claimed: VecDeque<(u64, Request)>,
     /// When the tasks in `claimed` were claimed.
     claimed_at: Instant,
     /// Tasks handed to the backend and not yet answered: their calls may
@@ -440,7 +438,6 @@ impl<'a> WorkerJob<'a> {
             store,
             shared,
             job,
-            decision: options.decision(),
             options,
             slots: slots.max(1),
             state: Mutex::new(Local {
@@ -560,7 +557,7 @@ impl Job for WorkerJob<'_> {
                         s.claimed_at = now;
                     }
                     for t in tasks {
-                        match serde_json::from_str::<TaskRequest>(&t.request) {
+                        match read_task(&t.request, t.seq) {
                             Ok(r) => s.claimed.push_back((t.seq, r)),
                             Err(e) => {
                                 let err: TaskResult = Err(CallError::InvalidResponse(format!(
@@ -622,15 +619,7 @@ impl Job for WorkerJob<'_> {
         s.empty_since = None;
         s.in_flight += 1;
         s.sent.insert(seq);
-        Next::Request(Request {
-            index: seq as usize,
-            unit_id: task.unit_id,
-            suffix: task.suffix,
-            input: task.input,
-            attempt: task.attempt,
-            max_output_tokens: task.max_output_tokens,
-            schema: task.schema,
-        })
+        Next::Request(task)
     }
 
     fn complete(&self, request: Request, result: Result<Completion, CallError>) {
@@ -658,16 +647,8 @@ impl Job for WorkerJob<'_> {
         self.stopping() || !self.fresh(Instant::now() - self.shared.lease)
     }
 
-    fn output_schema(&self) -> Option<&serde_json::Value> {
-        self.options.schema.as_ref()
-    }
-
-    fn decision(&self) -> Option<&DecisionField> {
-        self.decision.as_ref()
-    }
-
-    fn choice_only(&self) -> bool {
-        self.options.choice_only
+    fn options(&self) -> &JobOptions {
+        &self.options
     }
 }
 
