@@ -23,7 +23,7 @@ fn every_reducer() -> Vec<ReducerSpec> {
         statuses: None,
         kind,
     };
-    vec![
+    let mut simple = vec![
         r("n", ReducerKind::Count),
         r(
             "by_cause",
@@ -83,6 +83,20 @@ fn every_reducer() -> Vec<ReducerSpec> {
                 value: "/score".into(),
             },
         ),
+    ];
+    simple.extend(composite_reducers());
+    simple
+}
+
+/// The reducers of [`every_reducer`] over sides, groups and pairs.
+fn composite_reducers() -> Vec<ReducerSpec> {
+    let r = |name: &str, kind: ReducerKind| ReducerSpec {
+        name: name.into(),
+        stage: None,
+        statuses: None,
+        kind,
+    };
+    vec![
         r(
             "share_x",
             ReducerKind::Ratio {
