@@ -1452,9 +1452,9 @@ impl Sampler<'_> {
     /// the smaller of the two is that.
     fn joint_bound(&self, recall: Target, precision: Target, c: &Candidate, draws: &[Draw]) -> f64 {
         let (drop, keep) = c.sides();
-        let r = drop.map_or(1.0, |d| self.proven_level(recall, &d, draws));
+        let r = drop.map_or(1.0, |d| self.side_level(recall, &d, draws));
         let share = keep.map_or(0.0, |k| {
-            let g = self.proven_level(precision, &k, draws);
+            let g = self.side_level(precision, &k, draws);
             if g > 0.0 {
                 (1.0 - g) / g
             } else {
@@ -1462,6 +1462,15 @@ impl Sampler<'_> {
             }
         });
         if r > 0.0 { r / (r + share) } else { 0.0 }
+    }
+
+    /// One side of a joint target's plan, proven as its sequence proves
+    /// it: by the betting test, or outright where its sum is at most 0
+    /// even with every unknown label at its worst (`walk` accepts both).
+    fn side_level(&self, t: Target, c: &Candidate, draws: &[Draw]) -> f64 {
+        let (tally, _) = self.tally(c);
+        let outright = largest(|g| tally.worst_sum(Target { at_least: g, ..t }) <= 0.0);
+        outright.max(self.proven_level(t, c, draws))
     }
 
     /// The metric's importance-weighted point estimate for a plan.
@@ -1501,10 +1510,9 @@ impl Sampler<'_> {
         }
     }
 
-    /// The level each of about ten plans is proven at, spread over the
-    /// candidates from the chosen one to the most aggressive.
-    /// The plans past the chosen one along the first sequence (a joint
-    /// target's drop side, with its keep side as chosen), about ten.
+    /// The level each of about ten plans is proven at, from the chosen
+    /// one to the most aggressive along the first sequence (a joint
+    /// target's drop side, with its keep side as chosen).
     fn frontier(
         &self,
         sequences: &[Sequence],
@@ -2342,6 +2350,16 @@ mod tests {
             let (outcome, r) = trial(Metric::RecallAndPrecision, 0.9, seed, 800);
             if r >= 0.9 {
                 met += 1;
+            }
+            // A chosen plan is reported at the level its proofs reached,
+            // never below the target they proved.
+            if outcome.plan != Plan::OracleDecidesAll {
+                assert!(
+                    outcome.lower_bound >= 0.9 - 1e-9,
+                    "seed {seed}: {:?} reported at {}",
+                    outcome.plan,
+                    outcome.lower_bound
+                );
             }
             for d in &outcome.decisions {
                 match d {
