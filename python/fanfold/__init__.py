@@ -287,10 +287,29 @@ def _label_files(spec: Dict[str, Any], spec_dir: Path) -> Dict[str, Path]:
     """Each cascade stage's labels file, by stage, as the engine reads it
     (relative to the spec's folder)."""
     files = {}
+    folder = spec_dir.resolve()
+    inputs = {
+        (folder / str(spec.get("input", {}).get("path", ""))).resolve(),
+    }
     for stage in spec.get("stages", []):
         cascade = stage.get("cascade") if isinstance(stage, dict) else None
         if isinstance(cascade, dict) and cascade.get("labels"):
-            files[stage.get("name", "")] = spec_dir / cascade["labels"]
+            name = stage.get("name", "")
+            path = (folder / str(cascade["labels"])).resolve()
+            # Labels are written only where the spec's own folder holds
+            # them, never over the input or a file outside it: a shared
+            # spec is data, not a grant to write anywhere.
+            if folder not in path.parents:
+                raise SpecError(
+                    f"stage {name}: cascade.labels {cascade['labels']!r} is outside the "
+                    f"spec's folder {folder}; labels from Python are written only inside it"
+                )
+            if path in inputs or path.suffix == ".toml":
+                raise SpecError(
+                    f"stage {name}: cascade.labels {cascade['labels']!r} names the input or a "
+                    "spec; labels from Python are written only to a labels file of their own"
+                )
+            files[name] = path
     return files
 
 

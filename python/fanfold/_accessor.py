@@ -93,8 +93,8 @@ def _quoting_script(folder: Path) -> None:
         return
     judge = _judge_expression(script)
     quotes = " // ".join(
-        f"(.[{json.dumps(f)}] | select(type == \"string\" and length >= 4)"
-        f" | {{field: {json.dumps(f)}, quote: .[0:200]}})"
+        f"(.[{json.dumps(f, ensure_ascii=False)}] | select(type == \"string\" and length >= 4)"
+        f" | {{field: {json.dumps(f, ensure_ascii=False)}, quote: .[0:200]}})"
         for f in fields
     )
     script.write_text(
@@ -159,7 +159,7 @@ def _extracting_spec(folder: Path, question: str, fields: Dict[str, Dict[str, An
     schema.setdefault("required", []).extend(fields)
     schema_path.write_text(json.dumps(schema, indent=2) + "\n", encoding="utf-8")
     rubric = folder / "rubric.md"
-    asks = "\n".join(f"- `{name}`: {json.dumps(s)}" for name, s in fields.items())
+    asks = "\n".join(f"- `{name}`: {json.dumps(s, ensure_ascii=False)}" for name, s in fields.items())
     rubric.write_text(
         rubric.read_text(encoding="utf-8")
         + f"\n\nFor every record, also give these fields, read from the record, for: {question}\n"
@@ -169,7 +169,7 @@ def _extracting_spec(folder: Path, question: str, fields: Dict[str, Dict[str, An
     )
     script = folder / "scripted.jq"
     judge = _judge_expression(script)
-    values = ", ".join(f"{json.dumps(n)}: {_simulated_value(s)}" for n, s in fields.items())
+    values = ", ".join(f"{json.dumps(n, ensure_ascii=False)}: {_simulated_value(s)}" for n, s in fields.items())
     script.write_text(
         "# [SIMULATED] The keyword judge, filling each field with whether it\n"
         "# kept the record. Not an extraction.\n"

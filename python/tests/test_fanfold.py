@@ -456,6 +456,23 @@ def test_labels_from_a_column_are_the_cascades_oracle(tmp_path):
                     store=tmp_path / "store.sqlite", progress=False)
 
 
+def test_labels_are_never_written_outside_the_specs_folder_or_over_its_input(tmp_path):
+    folder = cascade_folder(tmp_path)
+    df = pd.DataFrame({"id": [1, 2], "title": ["disk failure crash", "quiet"]})
+    labels = pd.Series(["yes", "no"])
+    outside = tmp_path / "elsewhere.jsonl"
+    outside.write_text("kept\n")
+    for target in ["../elsewhere.jsonl", str(outside), "input.jsonl", "spec.toml"]:
+        (folder / "spec.toml").write_text(
+            CASCADE_SPEC.replace('labels = "labels.jsonl"', f"labels = {json.dumps(target)}")
+        )
+        with pytest.raises(fanfold.SpecError):
+            fanfold.run(folder / "spec.toml", input=df, labels=labels,
+                        store=tmp_path / "store.sqlite", progress=False)
+    assert outside.read_text() == "kept\n"
+    assert not (folder / "labels.jsonl").exists()
+
+
 # ---------------------------------------------------------------------------
 # The report in Jupyter, as a person sees it.
 
