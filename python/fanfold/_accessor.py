@@ -149,6 +149,9 @@ def _extracting_spec(folder: Path, question: str, fields: Dict[str, Dict[str, An
     spec = folder / "spec.toml"
     text = spec.read_text(encoding="utf-8")
     text = re.sub(r"\[\[prefilter\]\]\n(?:[^\n]+\n)*", "", text)
+    # A question without keyword terms is drafted with an embedding rung
+    # in front of the judge instead: it would leave rows undecided too.
+    text = re.sub(r'\[\[stages\]\]\nname = "near_question"\n(?:[^\n]+\n)*', "", text)
     spec.write_text(text, encoding="utf-8")
     schema_path = folder / "decision.schema.json"
     schema = json.loads(schema_path.read_text(encoding="utf-8"))

@@ -226,6 +226,19 @@ def test_the_accessor_extracts_a_column_per_schema_field_from_every_row(tmp_path
         df.fanfold.extract(QUESTION, schema={"x": "a date"}, backend="scripted")
 
 
+def test_extract_judges_every_row_when_the_question_names_no_keyword(tmp_path):
+    # Without keyword terms the draft puts an embedding rung before the
+    # judge; an extraction removes it, as it removes the keyword rule, so
+    # no row is left without its fields.
+    df = tickets(8)
+    got = df.fanfold.extract(
+        "Which ones matter most?", schema={"verdict": "string"},
+        backend="scripted", progress=False,
+    )
+    assert df.fanfold.result.model_calls == 8
+    assert got["verdict"].notna().all(), got
+
+
 def test_the_accessor_asks_and_returns_a_result(tmp_path):
     res = tickets().fanfold.ask(QUESTION, backend="scripted", progress=False)
     assert isinstance(res, fanfold.Result)
