@@ -625,7 +625,14 @@ def _draft(data: Any, question: str, dir: Optional[PathLike], store_path: str) -
                     f"{folder / taken} exists: refusing to overwrite it; choose another folder"
                 )
         _write_atomically(Path(source), body)
-    written = json.loads(_native.draft(str(folder), question, source, store_path))
+    try:
+        written = json.loads(_native.draft(str(folder), question, source, store_path))
+    except BaseException:
+        # The input written for a draft that failed is removed with it, so
+        # the same question can be asked again in the same folder.
+        if not isinstance(data, (str, os.PathLike)):
+            Path(source).unlink(missing_ok=True)
+        raise
     return Path(written["spec"])
 
 
