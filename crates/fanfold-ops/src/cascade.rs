@@ -477,15 +477,12 @@ fn drive(
     let proof = sampler.proof(&plan, &draws);
     let mut outcome = sampler.finish(&plan, proof);
     outcome.frontier = sampler.frontier(&sequences, &chosen, &draws);
-    // The fewest labels that would take any one sequence a step further.
-    outcome.more_labels = sequences
-        .iter()
-        .zip(&chosen)
-        .filter_map(|(s, &k)| {
-            let next = s.candidates.get(k + 1)?;
-            sampler.more_labels(s.target, next, &draws)
-        })
-        .min();
+    // What the next plan along the first sequence would need: the plan
+    // the frontier moves through next (a joint target's drop side).
+    outcome.more_labels = sequences.first().zip(chosen.first()).and_then(|(s, &k)| {
+        let next = s.candidates.get(k + 1)?;
+        sampler.more_labels(s.target, next, &draws)
+    });
     Ok(Driven::Done(outcome))
 }
 
