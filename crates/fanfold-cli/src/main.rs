@@ -624,7 +624,7 @@ fn describe(e: &anyhow::Error) -> String {
 
 fn real_main() -> Result<ExitCode> {
     let cli = Cli::parse();
-    fanfold_ops::partition::documents::set_follow_links(cli.follow_links);
+    fanfold_engine::folder::set_follow_links(cli.follow_links);
     match cli.command {
         Command::Run(args) => run(args),
         Command::Explain(args) => explain(args),

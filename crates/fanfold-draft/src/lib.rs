@@ -30,7 +30,7 @@ pub enum DraftError {
     },
     /// A folder's files could not be listed.
     #[error(transparent)]
-    Listing(#[from] fanfold_ops::partition::documents::DocumentError),
+    Listing(#[from] fanfold_engine::folder::DocumentError),
     /// The input or the folder cannot be drafted from, and why.
     #[error("{0}")]
     Refused(String),
@@ -289,7 +289,7 @@ fn document_shape(input: &Path, head: &str) -> Option<Shape> {
 fn folder_shape(dir: &Path) -> Result<Shape> {
     // The files the `files` partition would read, so what is sampled is
     // what a run reads (hidden ones skipped, links followed).
-    let mut files: Vec<PathBuf> = fanfold_ops::partition::documents::list(dir, "**/*")?
+    let mut files: Vec<PathBuf> = fanfold_engine::folder::list(dir, "**/*")?
         .into_iter()
         .map(|(path, _)| path)
         .collect();

@@ -6,6 +6,7 @@ pub mod backends;
 pub mod batches;
 pub mod error;
 pub mod fleet;
+pub mod folder;
 pub mod interval;
 pub mod kit;
 pub mod models;

@@ -33,6 +33,36 @@ pub fn md_text(s: &str) -> String {
     out
 }
 
+/// One of fanfold's own sentences, whose names are `code spans` and
+/// whose other words may come from the input: each paired span stays a
+/// code span (where nothing is markup, so only a table's `|` needs its
+/// escape), everything else is escaped as [`md_text`] escapes it. A
+/// backtick left without a partner is shown as written.
+pub fn md_sentence(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 8);
+    let mut rest = s;
+    while let Some(open) = rest.find('`') {
+        let Some(len) = rest[open + 1..].find('`') else {
+            break;
+        };
+        out.push_str(&md_text(&rest[..open]));
+        let code = &rest[open + 1..open + 1 + len];
+        out.push('`');
+        for c in code.chars() {
+            match c {
+                '\n' | '\r' | '\t' => out.push(' '),
+                '|' => out.push_str("\\|"),
+                c if c.is_control() => {}
+                c => out.push(c),
+            }
+        }
+        out.push('`');
+        rest = &rest[open + 2 + len..];
+    }
+    out.push_str(&md_text(rest));
+    out
+}
+
 /// Whether a link from the input may be shown as a link: http(s) only,
 /// and nothing that could end the Markdown link early.
 pub fn safe_link(link: &str) -> bool {
@@ -207,6 +237,50 @@ pub fn aggregate_table(out: &mut String, g: &crate::report::Aggregate, indent: &
     let _ = writeln!(out);
 }
 
+/// At most this many errored units are named in answer.md; facts.jsonl
+/// holds every one.
+const ERRORS_NAMED: usize = 20;
+
+/// Units that ended in error, each with its stage and why, where a reader
+/// of an incomplete answer looks for what to fix.
+fn errors_section(out: &mut String, report: &RunReport) {
+    let errors: Vec<&fanfold_core::FactRecord> = report
+        .facts
+        .iter()
+        .filter(|f| f.status == fanfold_core::Status::Error)
+        .collect();
+    if errors.is_empty() {
+        return;
+    }
+    let n = errors.len();
+    let _ = writeln!(
+        out,
+        "\n## Errors: {n} {} ended in error\n",
+        if n == 1 { "unit" } else { "units" }
+    );
+    for f in errors.iter().take(ERRORS_NAMED) {
+        let ids: Vec<String> = f
+            .source_ids
+            .iter()
+            .map(|i| format!("#{}", md_text(&i.0)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "- {} at stage `{}`: {}",
+            ids.join(", "),
+            md_text(&f.stage),
+            md_sentence(f.reason.as_deref().unwrap_or("no reason recorded"))
+        );
+    }
+    if n > ERRORS_NAMED {
+        let _ = writeln!(
+            out,
+            "- and {} more (facts.jsonl holds each with its reason)",
+            n - ERRORS_NAMED
+        );
+    }
+}
+
 pub fn markdown(report: &RunReport) -> String {
     let a = &report.answer;
     let c = &report.certificate;
@@ -238,8 +312,8 @@ pub fn markdown(report: &RunReport) -> String {
         let _ = writeln!(
             out,
             "> **{head}:** {}\n>\n> **Saving:** {}\n",
-            md_text(&p.quality),
-            md_text(&p.saving)
+            md_sentence(&p.quality),
+            md_sentence(&p.saving)
         );
     }
     if a.simulated {
@@ -252,7 +326,7 @@ pub fn markdown(report: &RunReport) -> String {
     // looks first, since the answer above them may be empty for that
     // reason alone.
     for note in &c.notes {
-        let _ = writeln!(out, "> **Warning:** {}\n", md_text(note));
+        let _ = writeln!(out, "> **Warning:** {}\n", md_sentence(note));
     }
     // Complete is not correct: a reader learns here whether anything
     // measured how good the answer is.
@@ -264,7 +338,7 @@ pub fn markdown(report: &RunReport) -> String {
         .iter()
         .filter(|l| !proven.iter().any(|p| &p.quality == *l))
     {
-        let _ = writeln!(out, "> **Quality:** {}\n", md_text(line));
+        let _ = writeln!(out, "> **Quality:** {}\n", md_sentence(line));
     }
     if let Some(reached) = a.reached {
         let _ = writeln!(out, "Threshold reached: **{reached}**{sim}\n");
@@ -389,7 +463,7 @@ pub fn markdown(report: &RunReport) -> String {
             c.coverage.rejected
         );
         for r in c.rejections.iter().take(20) {
-            let _ = writeln!(out, "- {}", md_text(r));
+            let _ = writeln!(out, "- {}", md_sentence(r));
         }
         let more = c
             .coverage
@@ -402,6 +476,7 @@ pub fn markdown(report: &RunReport) -> String {
             );
         }
     }
+    errors_section(&mut out, report);
     let s = &a.statuses;
     let _ = writeln!(out, "\n## Accounting\n");
     let repeated = c.coverage.repeated_identical;
@@ -428,7 +503,7 @@ pub fn markdown(report: &RunReport) -> String {
             "- repeated_identical: {repeated} elements repeat an earlier unit's key and content; each is that unit, judged once{}",
             c.repeats
                 .first()
-                .map(|r| format!(" (the first: {})", md_text(r)))
+                .map(|r| format!(" (the first: {})", md_sentence(r)))
                 .unwrap_or_default()
         );
     }
@@ -491,7 +566,7 @@ pub fn markdown(report: &RunReport) -> String {
         c.verify.abstains.len()
     );
     for m in &c.verify.number_mismatches {
-        let _ = writeln!(out, "  - **numbers differ:** {}", md_text(m));
+        let _ = writeln!(out, "  - **numbers differ:** {}", md_sentence(m));
     }
     if !c.verify.negative_sample.is_empty() {
         let ids: Vec<String> = c
@@ -624,6 +699,19 @@ fn trim(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sentence_keeps_its_code_spans_and_escapes_the_rest() {
+        assert_eq!(
+            md_sentence("widen `context` (key `.thread`): bad_key <b>"),
+            "widen `context` (key `.thread`): bad\\_key \\<b\\>"
+        );
+        // In a table cell a pipe would end the cell, even in a span.
+        assert_eq!(md_sentence("a `x|y` b"), "a `x\\|y` b");
+        // A lone backtick is not a span: shown as written.
+        assert_eq!(md_sentence("it's `open"), "it's \\`open");
+        assert_eq!(md_sentence("`a\nb`"), "`a b`");
+    }
 
     #[test]
     fn input_text_shows_as_written() {

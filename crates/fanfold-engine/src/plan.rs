@@ -785,7 +785,8 @@ impl Plan {
                 let kind = stage.kind();
                 let stage = stage.name();
                 let n = r.routed.get(stage).copied().unwrap_or(0);
-                let more = r.undecided_before.get(stage).copied().unwrap_or(0);
+                let undecided = r.undecided_before.get(stage);
+                let more = undecided.map_or(0, |u| u.units);
                 if n == 0 && more == 0 {
                     continue;
                 }
@@ -805,10 +806,11 @@ impl Plan {
                     );
                     continue;
                 }
-                let later = if more > 0 {
-                    format!(" (+ up to {more} the embed stage has yet to decide)")
-                } else {
-                    String::new()
+                let later = match undecided {
+                    Some(u) if u.units > 0 => {
+                        format!(" (+ up to {} {} yet to decide)", u.units, u.deciders())
+                    }
+                    _ => String::new(),
                 };
                 if let Some(oracle) = oracle_without_a_model(s, stage) {
                     let _ = writeln!(
@@ -862,6 +864,30 @@ fn oracle_without_a_model(spec: &Spec, stage: &str) -> Option<String> {
     }
 }
 
+/// Units that may still reach a stage once the stages in front of it
+/// decide them, and which stages those are.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Undecided {
+    pub units: u64,
+    pub by: BTreeSet<String>,
+}
+
+impl Undecided {
+    pub fn add(&mut self, stage: &str, units: u64) {
+        self.units += units;
+        self.by.insert(stage.to_owned());
+    }
+
+    /// "the stage `lex` has" or "the stages `lex`, `near` have".
+    fn deciders(&self) -> String {
+        let names: Vec<String> = self.by.iter().map(|s| format!("`{s}`")).collect();
+        match names.as_slice() {
+            [one] => format!("the stage {one} has"),
+            _ => format!("the stages {} have", names.join(", ")),
+        }
+    }
+}
+
 /// What the prefilter did with one input, for `explain`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Routing {
@@ -874,9 +900,9 @@ pub struct Routing {
     pub excluded_by_reason: BTreeMap<String, u64>,
     pub routed: BTreeMap<String, u64>,
     pub cached: BTreeMap<String, u64>,
-    /// Units an embed stage in front has yet to decide, which may still
-    /// reach this stage.
-    pub undecided_before: BTreeMap<String, u64>,
+    /// Units the stages in front (a `then` chain: bm25, embed, a map
+    /// with `then`) have yet to decide, which may still reach this stage.
+    pub undecided_before: BTreeMap<String, Undecided>,
     /// Stages whose cached facts could not be counted, and why.
     pub unknown: BTreeMap<String, String>,
     /// Model calls a stage expects to make, where they are not one per

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
+use crate::folder::DocumentStream;
 use fanfold_core::spec::PartitionSpec;
-use fanfold_ops::partition::documents::DocumentStream;
 
 /// How long an input command may run before it is killed: long enough for
 /// `gh` to page through thousands of issues, short enough that a command
@@ -54,7 +54,7 @@ pub enum SourceError {
         stderr: String,
     },
     #[error(transparent)]
-    Documents(#[from] fanfold_ops::partition::documents::DocumentError),
+    Documents(#[from] crate::folder::DocumentError),
     #[error(
         "input {path} is a folder; a folder is read by the `files`, `email`, `markdown` or `code` partition (`[input.partition] type = \"files\"`)"
     )]

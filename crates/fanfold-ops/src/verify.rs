@@ -307,7 +307,7 @@ mod tests {
         assert_eq!(
             report.number_mismatches,
             [
-                "reducer `total`: the fold says \"sum 5 over 2 facts: #1, #2\", its facts say \"sum 2 over 1 facts: #1\"",
+                "reducer `total`: the fold says \"sum 5 over 2 facts: #1, #2\", its facts say \"sum 2 over 1 fact: #1\"",
                 "the fold's status counts differ from its facts'"
             ]
         );

@@ -189,10 +189,16 @@ pub fn incomplete(
         ));
     }
     if statuses.error > 0 {
-        why.push(format!("{} units ended in error", statuses.error));
+        why.push(match statuses.error {
+            1 => "1 unit ended in error".to_owned(),
+            n => format!("{n} units ended in error"),
+        });
     }
     if statuses.not_run > 0 {
-        why.push(format!("{} units were not run", statuses.not_run));
+        why.push(match statuses.not_run {
+            1 => "1 unit was not run".to_owned(),
+            n => format!("{n} units were not run"),
+        });
     }
     let contract_cancel = matches!(stop, StopReason::ContractSatisfied { .. })
         && matches!(

@@ -930,7 +930,10 @@ pub fn explain_routing(
                 r.calls.insert(name.to_owned(), calls);
             }
             if let Some(then) = stage.shape().then {
-                *r.undecided_before.entry(then.to_owned()).or_insert(0) += units.len() as u64;
+                r.undecided_before
+                    .entry(then.to_owned())
+                    .or_default()
+                    .add(name, units.len() as u64);
             }
             continue;
         };
@@ -943,8 +946,10 @@ pub fn explain_routing(
             r.calls.insert(name.to_owned(), calls);
         }
         if let Some(then) = stage.shape().then {
-            *r.undecided_before.entry(then.to_owned()).or_insert(0) +=
-                units.len() as u64 - count.cached;
+            r.undecided_before
+                .entry(then.to_owned())
+                .or_default()
+                .add(name, units.len() as u64 - count.cached);
             let next = queued.entry(then.to_owned()).or_default();
             next.extend(count.passed);
             next.sort_unstable();

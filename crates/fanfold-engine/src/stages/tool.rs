@@ -996,9 +996,9 @@ impl<'a> Executor<'a> {
         }
         // A FIFO or a device would hold the read past every limit: only a
         // regular file is opened, without waiting on it.
-        let read = fanfold_ops::partition::documents::read_bounded(&full, max);
+        let read = crate::folder::read_bounded(&full, max);
         match read {
-            Err(e) if fanfold_ops::partition::documents::is_not_regular(&e) => {
+            Err(e) if crate::folder::is_not_regular(&e) => {
                 Observation::failed(S::Denied, format!("{path}: {e}"))
             }
             Err(e) => Observation::failed(S::Error, format!("{path}: {e}")),

@@ -6,7 +6,7 @@ use fanfold_core::UnitId;
 use serde::{Deserialize, Serialize};
 
 use super::Leaf;
-use super::reducer::{Reducer, Stated};
+use super::reducer::{Reducer, Stated, facts};
 
 pub struct Count;
 
@@ -36,7 +36,7 @@ impl Reducer for Count {
     }
 
     fn evaluate(&self, state: &CountState) -> Stated {
-        Stated::sentence(format!("{} facts", state.n))
+        Stated::sentence(facts(state.n))
     }
 
     /// A count keeps no ids.

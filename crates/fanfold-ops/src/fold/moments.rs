@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::Leaf;
-use super::reducer::{Reducer, Stated, figure, listed};
+use super::reducer::{Reducer, Stated, facts, figure, listed};
 
 /// Fixed-point units per one: sums are exact to 1e-9.
 pub const FIXED: f64 = 1e9;
@@ -104,20 +104,22 @@ impl Reducer for Moments<'_> {
         let (n, ids) = (state.n, &state.ids);
         if self.statistic == Statistic::Sum {
             return Stated::sentence(format!(
-                "sum {} over {n} facts: {}",
+                "sum {} over {}: {}",
                 figure(m.sum),
+                facts(n),
                 listed(ids)
             ));
         }
         Stated::sentence(match (m.mean, m.standard_error) {
             (Some(mean), Some(se)) => format!(
-                "mean {} ± {} (standard error) over {n} facts: {}",
+                "mean {} ± {} (standard error) over {}: {}",
                 figure(mean),
                 figure(se),
+                facts(n),
                 listed(ids)
             ),
             (Some(mean), None) => {
-                format!("mean {} over {n} facts: {}", figure(mean), listed(ids))
+                format!("mean {} over {}: {}", figure(mean), facts(n), listed(ids))
             }
             (None, _) => "no values".to_owned(),
         })

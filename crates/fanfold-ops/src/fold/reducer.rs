@@ -350,6 +350,15 @@ pub fn listed<'a>(ids: impl IntoIterator<Item = &'a UnitId>) -> String {
     out
 }
 
+/// "1 fact", "3 facts".
+pub fn facts(n: u64) -> String {
+    if n == 1 {
+        "1 fact".to_owned()
+    } else {
+        format!("{n} facts")
+    }
+}
+
 /// A number as a statement shows it: to four decimals, no trailing zeros.
 pub fn figure(x: f64) -> String {
     let r = (x * 1e4).round() / 1e4;

@@ -7,7 +7,7 @@ use std::io::Read;
 use std::path::Path;
 
 use fanfold_core::spec::PartitionSpec;
-use fanfold_ops::partition::documents::DocumentStream;
+use fanfold_engine::folder::DocumentStream;
 use fanfold_ops::partition::{self, PartUnit, PartitionOptions, Rejection};
 use serde_json::Value;
 
