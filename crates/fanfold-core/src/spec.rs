@@ -104,6 +104,24 @@ pub enum PartitionSpec {
         kind: String,
     },
     /// One JSON value a line.
+        /// Fields of each record that are units of their own (a long
+        /// `body`), with the id `<record id>.<field>`: the unit holds the
+        /// record's other fields as context, and its evidence may quote
+        /// only its own field. The record's unit holds the rest.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        unit_fields: Vec<String>,
+        /// Nested records: a path into each record (`.events[]`,
+        /// `.items[].comments[]`, `.events[].message`; names and `[]`
+        /// only) whose every element is a unit, in place of the record.
+        /// An element's id is its `element_key` field, or else the
+        /// record's id and the element's place in it
+        /// (`17.events[2].message`). A top-level object, read whole, is
+        /// one record whose id is empty (`items[3]`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        path: Option<String>,
+        /// A field of each element at `path` whose value is its id.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        element_key: Option<String>,
     Jsonl {
         key: Option<String>,
         #[serde(default = "default_kind")]
@@ -170,6 +188,12 @@ pub enum PartitionSpec {
 
 fn default_file_kind() -> String {
     "file".to_owned()
+/// A path's place with its first indexes written out, for `explain`:
+/// `.events[].message` is `.events[0].message`.
+fn place_of(path: &str) -> String {
+    path.replace("[]", "[0]")
+}
+
 }
 
 fn default_email_kind() -> String {
@@ -204,6 +228,44 @@ impl PartitionSpec {
 
     /// For a format that reads documents (a folder or one file, never a
     /// stream), the glob that picks the files.
+    /// What a unit is when it is not a whole record, as `explain` says
+    /// it: a record's field as a unit of its own, or the elements at a
+    /// path into each record.
+    pub fn inner_units(&self) -> Option<String> {
+        let PartitionSpec::JsonArray {
+            key,
+            unit_fields,
+            path,
+            element_key,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let record = key
+            .as_deref()
+            .map_or("c<hash>".to_owned(), |k| format!("<{k}>"));
+        if !unit_fields.is_empty() {
+            let fields: Vec<String> = unit_fields
+                .iter()
+                .map(|f| format!("`{f}` as unit {record}.{f}"))
+                .collect();
+            return Some(format!(
+                "each record without its unit fields, and {}, each quoting only its own field",
+                fields.join(", ")
+            ));
+        }
+        let path = path.as_deref()?;
+        let ids = match element_key {
+            Some(k) => format!("ids from each element's `{k}`"),
+            None => format!(
+                "ids {record} and the element's place (`{record}{}`)",
+                place_of(path)
+            ),
+        };
+        Some(format!("each element at `{path}` of each record, {ids}"))
+    }
+
     pub fn document_glob(&self) -> Option<&str> {
         let (glob, default) = match self {
             PartitionSpec::Files { glob, .. } => (glob, "**/*"),

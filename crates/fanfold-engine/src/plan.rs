@@ -606,6 +606,9 @@ impl Plan {
             s.input.partition.type_name(),
             s.input.partition.kind()
         );
+        if let Some(units) = s.input.partition.inner_units() {
+            let _ = writeln!(out, "  units   {units}");
+        }
         let _ = writeln!(
             out,
             "\nprefilter (first match decides; no match keeps the unit for `{}`)",

@@ -34,6 +34,10 @@ pub enum Invalid {
     UnknownDecision(String),
     #[error("evidence quote not found verbatim in field `{field}`: {quote:?}")]
     FalseQuote { field: String, quote: String },
+    #[error(
+        "evidence quotes field `{field}`, but this unit is the field `{only}` of its record and may quote only that field"
+    )]
+    OutsideUnitField { field: String, only: String },
     #[error("evidence is malformed: {0}")]
     Evidence(String),
 }
@@ -45,6 +49,7 @@ impl Invalid {
             Invalid::Schema(_) => "schema_violation",
             Invalid::UnknownDecision(_) => "unknown_decision",
             Invalid::FalseQuote { .. } => "false_quote",
+            Invalid::OutsideUnitField { .. } => "quote_outside_unit_field",
             Invalid::Evidence(_) => "bad_evidence",
         }
     }
@@ -344,9 +349,14 @@ impl ModelTurn {
                 .collect(),
             None => projected.as_object()?.keys().cloned().collect(),
         };
+        // A unit that is one field of a record quotes that field alone.
+        let only = crate::partition::unit_field(projected);
         let mut alternatives = Vec::new();
         let mut budget = quotes::MAX_SPAN_BYTES_PER_UNIT;
         for field in fields {
+            if only.is_some_and(|only| only != field) {
+                continue;
+            }
             let Some(text) = field_text(projected, &field) else {
                 continue;
             };
@@ -558,6 +568,14 @@ pub fn check_evidence(items: Option<&Value>, projected: &Value) -> Result<Vec<Ev
             field: field.to_owned(),
             quote: quote.to_owned(),
         };
+        if let Some(only) = crate::partition::unit_field(projected)
+            && only != field
+        {
+            return Err(Invalid::OutsideUnitField {
+                field: field.to_owned(),
+                only: only.to_owned(),
+            });
+        }
         if quote.trim().is_empty() {
             return Err(false_quote());
         }
@@ -722,6 +740,39 @@ mod tests {
                 assert!(text.contains(q.as_str().expect("str")));
             }
         }
+    }
+
+    #[test]
+    fn a_field_unit_quotes_its_own_field_only() {
+        let s = stage();
+        // Record 7's body as its own unit, its title shown beside it.
+        let unit = json!({"title": "Login loops forever", "body": "Login loops forever after the upgrade.",
+            crate::partition::UNIT_FIELD: "body"});
+        let own = r#"{"decision": "yes", "evidence": [{"field": "body", "quote": "Login loops forever"}]}"#;
+        assert!(s.interpret(own, &unit, None).is_ok());
+        // The same words, verbatim in the title: refused there.
+        let other = r#"{"decision": "yes", "evidence": [{"field": "title", "quote": "Login loops forever"}]}"#;
+        assert_eq!(
+            s.interpret(other, &unit, None).err().map(|e| e.code()),
+            Some("quote_outside_unit_field")
+        );
+        // And never offered by the unit's schema.
+        let mut spec = s.spec.clone();
+        spec.evidence = Some("/evidence".into());
+        let schema = json!({"type": "object", "properties": {
+            "decision": {"enum": ["yes", "no", "unsure"]},
+            "evidence": {"type": "array", "items": {"type": "object", "properties": {
+                "field": {"enum": ["title", "body"]}, "quote": {"type": "string"}}}}}});
+        let narrowed = ModelTurn::new(spec, "r".into(), schema)
+            .expect("valid")
+            .schema_for_unit(&unit)
+            .expect("narrowed");
+        let alts = narrowed
+            .pointer("/properties/evidence/items/anyOf")
+            .and_then(Value::as_array)
+            .expect("anyOf");
+        assert_eq!(alts.len(), 1);
+        assert_eq!(alts[0]["properties"]["field"]["const"], "body");
     }
 
     #[test]

@@ -151,8 +151,23 @@ pub fn verify(
     }
     let mut negatives: Vec<(ContentHash, &UnitId)> = facts
         .iter()
+        // A unit that is one field of a record may quote that field only,
+        // whatever else of the record its view shows.
+        let only = view
+            .as_ref()
+            .and_then(crate::partition::unit_field)
+            .map(str::to_owned);
         .filter(|f| f.status == Status::Negative)
         .filter_map(|f| f.source_ids.first())
+            if let Some(only) = only.as_deref()
+                && only != ev.field
+            {
+                report.evidence_failures.push(format!(
+                    "unit {id} field `{}` bytes {}..{}: {:?} is outside the unit's own field `{only}`",
+                    ev.field, ev.start, ev.end, ev.quote
+                ));
+                continue;
+            }
         .map(|id| {
             let mut h = StableHasher::new(fanfold_core::Bucket::NegativeSample);
             h.field("seed", &seed);
@@ -273,6 +288,31 @@ mod tests {
     }
 
     #[test]
+    #[test]
+    fn a_field_unit_quoting_another_field_of_its_record_fails() {
+        // The body of record 1 as its own unit, with its title beside it.
+        let id = UnitId("1.body".into());
+        let view = json!({
+            "title": "the disk failed twice",
+            "text": "the disk failed twice, then it was replaced",
+            crate::partition::UNIT_FIELD: "text",
+        });
+        let mut source = Units(HashMap::from([(id.clone(), view.clone())]));
+        let own = fact("1.body", &view, "disk failed", 4);
+        let report = verify(&mut source, &[&own], &BTreeSet::from([id.clone()]), 0, 0);
+        assert!(report.passed, "{report:?}");
+        // The same words, found verbatim in the title: refused.
+        let mut other = fact("1.body", &view, "disk failed", 4);
+        other.evidence[0].field = "title".into();
+        let report = verify(&mut source, &[&other], &BTreeSet::from([id]), 0, 0);
+        assert!(!report.passed);
+        assert!(
+            report.evidence_failures[0].contains("outside the unit's own field `text`"),
+            "{:?}",
+            report.evidence_failures
+        );
+    }
+
     fn a_fold_that_states_other_numbers_than_its_facts_fails() {
         let spec = FoldSpec {
             fan_in: 2,

@@ -49,6 +49,20 @@ impl Projector {
     }
 
     pub fn project(&self, unit_id: &str, value: &Value) -> Result<Value, ProjectError> {
+        let mut view = self.project_value(unit_id, value)?;
+        // A unit that is one field of a record keeps saying so in every
+        // view of it: its evidence may quote that field only.
+        let field = crate::partition::unit_field(value);
+        if let (Some(field), Value::Object(shown)) = (field, &mut view) {
+            shown.insert(
+                crate::partition::UNIT_FIELD.to_owned(),
+                Value::String(field.to_owned()),
+            );
+        }
+        Ok(view)
+    }
+
+    fn project_value(&self, unit_id: &str, value: &Value) -> Result<Value, ProjectError> {
         let Some(p) = &self.program else {
             return Ok(crate::map::project_fields(&self.fields, value));
         };

@@ -48,6 +48,9 @@ fn json_array(keyed: bool) -> PartitionSpec {
     PartitionSpec::JsonArray {
         key: keyed.then(|| "id".to_owned()),
         kind: "event".into(),
+        unit_fields: Vec::new(),
+        path: None,
+        element_key: None,
     }
 }
 

@@ -3,6 +3,9 @@
 
 use super::*;
 
+mod fields;
+mod nested;
+
 #[test]
 fn stdin_and_command_inputs_share_the_artifact() {
     let f = Fixture::new(JSON_ARRAY, "");

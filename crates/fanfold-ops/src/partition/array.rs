@@ -4,11 +4,12 @@
 use std::io::Read;
 
 use super::assign::{Proposed, scalar_id};
+use super::nested::{Inner, admit_record};
 use super::*;
 
 /// The id a JSON record's key field gives: its scalar, with an integer too
 /// large for 64 bits read from the record's own text.
-fn json_key_id(value: &Value, record: &[u8], key: &str) -> Option<String> {
+pub(super) fn record_key_id(value: &Value, record: &[u8], key: &str) -> Option<String> {
     match value.get(key)? {
         Value::Number(n) if n.is_f64() => {
             Some(json::integer_key_text(record, key).unwrap_or_else(|| n.to_string()))
@@ -141,6 +142,8 @@ impl<R: BufRead> Window<R> {
 /// element, not the array.
 pub(super) fn json_array(
     reader: impl BufRead,
+    inner: &Inner,
+    record_key: Option<&str>,
     assigner: &mut Assigner,
     emit: &mut dyn FnMut(Element),
 ) -> Result<(), PartitionError> {
@@ -149,6 +152,9 @@ pub(super) fn json_array(
     let mut i = w.skip_ws(if w.buf.starts_with(BOM) { BOM.len() } else { 0 })?;
     if i == w.buf.len() {
         return Err(PartitionError::Empty);
+    }
+    if w.buf.get(i) == Some(&b'{') && matches!(inner, Inner::Path { .. }) {
+        return top_level_object(&mut w, i, inner, assigner, emit);
     }
     if w.buf.get(i) != Some(&b'[') {
         return Err(w.malformed(
@@ -191,13 +197,25 @@ pub(super) fn json_array(
                     assigner.repeated_field(range, line, &name),
                 ));
             }
-            Ok((value, None)) => {
+            Ok((value, None)) if inner.is_whole() => {
                 let canonical = unit_hash(&value);
                 let id = match assigner.key {
-                    Some(key) => Proposed::Key(json_key_id(&value, slice, key)),
+                    Some(key) => Proposed::Key(record_key_id(&value, slice, key)),
                     None => Proposed::Derived(format!("c{}", canonical.short(16))),
                 };
                 emit(assigner.element_with_id(id, value, range, canonical)?);
+            }
+            // A record split into units: each is admitted at the record's
+            // bytes, under an id from the record's and its place in it.
+            Ok((value, None)) => {
+                let (record_id, derived) = match record_key {
+                    Some(key) => (record_key_id(&value, slice, key), false),
+                    None => (Some(format!("c{}", unit_hash(&value).short(16))), true),
+                };
+                let line = w.line_at(start);
+                admit_record(
+                    inner, assigner, record_key, value, record_id, derived, range, line, emit,
+                )?;
             }
             // Valid JSON nested past the parser's depth limit: that one
             // record is rejected, the rest stand.
@@ -226,6 +244,54 @@ pub(super) fn json_array(
             }
             Some(_) => return Err(w.malformed(i, "expected `,` or `]` after an array element")),
             None => return Err(w.malformed(i, "the array is not closed (truncated input?)")),
+        }
+    }
+}
+
+/// A source that is one JSON object, read whole: the one record a path
+/// splits, its elements named by their place from the top (`items[3]`).
+fn top_level_object<R: BufRead>(
+    w: &mut Window<R>,
+    start: usize,
+    inner: &Inner,
+    assigner: &mut Assigner,
+    emit: &mut dyn FnMut(Element),
+) -> Result<(), PartitionError> {
+    while w.fill()? {}
+    let end = scan_value(&w.buf, start).map_err(|(at, why)| w.malformed(at, why))?;
+    let rest = w.skip_ws(end)?;
+    if rest != w.buf.len() {
+        return Err(w.malformed(rest, "trailing characters after the object"));
+    }
+    let Some(slice) = w.buf.get(start..end) else {
+        return Err(w.malformed(start, "the object runs past the input"));
+    };
+    let range = ByteRange {
+        start: w.base + start as u64,
+        end: w.base + end as u64,
+    };
+    let line = w.line_at(start);
+    match json::parse_value(slice) {
+        Ok((_, Some(name))) => {
+            emit(Element::Rejected(
+                assigner.repeated_field(range, line, &name),
+            ));
+            Ok(())
+        }
+        Ok((value, None)) => admit_record(
+            inner,
+            assigner,
+            None,
+            value,
+            Some(String::new()),
+            false,
+            range,
+            line,
+            emit,
+        ),
+        Err(e) => {
+            let at = json_error_at(&w.buf, start, &e);
+            Err(w.malformed(at, &e.to_string()))
         }
     }
 }

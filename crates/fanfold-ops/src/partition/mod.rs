@@ -27,6 +27,7 @@ mod json;
 pub mod jsonl;
 mod lines;
 mod markdown;
+mod nested;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -35,6 +36,7 @@ use array::json_array;
 use assign::Assigner;
 pub use assign::{CompactSeen, ConfirmRepeat, IntRuns, SeenIds, SeenKeys, UnitPlace, key_flaw};
 use lines::lines;
+pub use nested::{UNIT_FIELD, UnitPath, unit_field};
 pub use table::csv_header;
 use table::csv_rows;
 
@@ -130,6 +132,9 @@ pub enum PartitionError {
     Delimiter(String),
     #[error("reading the input: {0}")]
     Io(#[from] std::io::Error),
+    /// Partition settings that cannot go together or cannot be read.
+    #[error("partition: {0}")]
+    Settings(String),
 }
 
 /// Options that are runtime knobs, not meaning.
@@ -239,8 +244,16 @@ pub fn partition_reader(
             None => Ok(coverage),
         };
     }
+    let inner = nested::Inner::of(spec)?;
     let (key, kind) = match spec {
-        PartitionSpec::JsonArray { key, kind }
+        // The elements at a path are keyed by their own field; a record's
+        // key only names them when they have none.
+        PartitionSpec::JsonArray {
+            element_key: Some(element_key),
+            kind,
+            ..
+        } => (Some(element_key.as_str()), kind.as_str()),
+        PartitionSpec::JsonArray { key, kind, .. }
         | PartitionSpec::Jsonl { key, kind }
         | PartitionSpec::Csv { key, kind, .. } => (key.as_deref(), kind.as_str()),
         PartitionSpec::Lines { kind, .. }
@@ -251,7 +264,9 @@ pub fn partition_reader(
     };
     let mut assigner = Assigner::new(kind, key, source_hash, options, seen);
     match spec {
-        PartitionSpec::JsonArray { .. } => json_array(reader, &mut assigner, emit)?,
+        PartitionSpec::JsonArray {
+            key: record_key, ..
+        } => json_array(reader, &inner, record_key.as_deref(), &mut assigner, emit)?,
         PartitionSpec::Jsonl { .. } => {}
         PartitionSpec::Csv { delimiter, .. } => {
             csv_rows(reader, delimiter.as_deref(), &mut assigner, emit)?
@@ -451,7 +466,13 @@ pub fn reread(
         line: first_line,
         detail,
     };
+    let inner = nested::Inner::of(spec)?;
     match spec {
+        // A unit inside a record: the record is split again and the unit
+        // found by its id.
+        PartitionSpec::JsonArray { key, .. } if !inner.is_whole() => {
+            nested::reread_piece(&inner, key.as_deref(), bytes, id).map_err(malformed)
+        }
         PartitionSpec::JsonArray { .. } | PartitionSpec::Jsonl { .. } => {
             serde_json::from_slice(bytes).map_err(|e| malformed(e.to_string()))
         }

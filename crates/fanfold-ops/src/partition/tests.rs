@@ -4,6 +4,9 @@ fn json_array_spec() -> PartitionSpec {
     PartitionSpec::JsonArray {
         key: Some("number".into()),
         kind: "issue".into(),
+        unit_fields: Vec::new(),
+        path: None,
+        element_key: None,
     }
 }
 
@@ -602,6 +605,9 @@ fn repeated_rows() -> [(PartitionSpec, String); 3] {
             PartitionSpec::JsonArray {
                 key: key(),
                 kind: "row".into(),
+                unit_fields: Vec::new(),
+                path: None,
+                element_key: None,
             },
             format!("[{}]", objects.join(",\n")),
         ),
@@ -790,6 +796,9 @@ fn integer_keys_beyond_64_bits_stay_distinct() {
             PartitionSpec::JsonArray {
                 key: Some("id".into()),
                 kind: "row".into(),
+                unit_fields: Vec::new(),
+                path: None,
+                element_key: None,
             },
             format!("[{}]", records.join(",")),
         ),
@@ -836,6 +845,9 @@ fn records_with_a_repeated_field_are_rejected_in_both_formats() {
             PartitionSpec::JsonArray {
                 key: Some("id".into()),
                 kind: "row".into(),
+                unit_fields: Vec::new(),
+                path: None,
+                element_key: None,
             },
             format!("[\n{}\n]", records.join(",\n")),
             [3, 4],
@@ -862,4 +874,176 @@ fn records_with_a_repeated_field_are_rejected_in_both_formats() {
         }
         assert_eq!(rejected.len(), 2, "{name}");
     }
+}
+
+fn inner_spec(key: Option<&str>, unit_fields: &[&str], path: Option<&str>) -> PartitionSpec {
+    PartitionSpec::JsonArray {
+        key: key.map(str::to_owned),
+        kind: "issue".into(),
+        unit_fields: unit_fields.iter().map(|f| (*f).to_owned()).collect(),
+        path: path.map(str::to_owned),
+        element_key: None,
+    }
+}
+
+/// Every unit read back from its own bytes is the unit the partition
+/// made, with the hash it was given.
+fn assert_reread(spec: &PartitionSpec, src: &[u8], units: &[PartUnit]) {
+    for u in units {
+        let bytes = &src[u.unit.bytes.start as usize..u.unit.bytes.end as usize];
+        let back = reread(spec, bytes, None, 0, u.unit.unit_id.as_str()).expect("reads back");
+        assert_eq!(back, u.value, "{}", u.unit.unit_id);
+        assert_eq!(content_hash(spec, &back), u.unit.unit_hash);
+    }
+}
+
+#[test]
+fn a_field_of_a_record_is_a_unit_of_its_own_confined_to_that_field() {
+    let src = br#"[
+ {"number": 7, "title": "Crash on save", "body": "It crashes. Every time."},
+ {"number": 8, "title": "No body"},
+ {"title": "no key", "body": "x"}
+]"#;
+    let spec = inner_spec(Some("number"), &["body"], None);
+    let (units, rejected, coverage) =
+        partition_all(&spec, src, PartitionOptions::default()).expect("partitions");
+    let ids: Vec<&str> = units.iter().map(|u| u.unit.unit_id.as_str()).collect();
+    assert_eq!(ids, ["7", "7.body", "8"]);
+    // The record's unit holds the rest; the field's unit holds the field,
+    // the record's other fields as context, and which field it is.
+    assert_eq!(
+        units[0].value,
+        serde_json::json!({"number": 7, "title": "Crash on save"})
+    );
+    assert_eq!(
+        units[1].value,
+        serde_json::json!({"number": 7, "title": "Crash on save",
+            "body": "It crashes. Every time.", "_unit_field": "body"})
+    );
+    assert_eq!(unit_field(&units[1].value), Some("body"));
+    assert_eq!(unit_field(&units[0].value), None);
+    // Both units lie in the record's bytes.
+    assert_eq!(units[0].unit.bytes, units[1].unit.bytes);
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(rejected[0].reason, "missing_key");
+    assert!(
+        rejected[0].detail.contains("has no scalar `number` field"),
+        "{}",
+        rejected[0].detail
+    );
+    assert_eq!(coverage.elements, 4);
+    assert!(coverage.is_complete(), "{coverage:?}");
+    assert_reread(&spec, src, &units);
+
+    // Without a key, the record's content id names it and its field.
+    let spec = inner_spec(None, &["body"], None);
+    let (units, _, _) = partition_all(&spec, src, PartitionOptions::default()).expect("ok");
+    assert!(
+        units[1].unit.unit_id.as_str().ends_with(".body"),
+        "{}",
+        units[1].unit.unit_id
+    );
+    assert!(
+        units[1]
+            .unit
+            .unit_id
+            .as_str()
+            .starts_with(units[0].unit.unit_id.as_str())
+    );
+    assert_reread(&spec, src, &units);
+}
+
+#[test]
+fn elements_at_a_path_are_units_with_ids_from_their_place_or_their_key() {
+    let src = br#"[
+ {"number": 7, "events": [{"id": "e1", "message": "disk full"}, {"id": "e2", "message": "retry"}]},
+ {"number": 8, "events": []},
+ {"number": 9, "events": "none"},
+ {"number": 10, "events": [{"id": "e1", "message": "other"}]}
+]"#;
+    let spec = inner_spec(Some("number"), &[], Some(".events[].message"));
+    let (units, rejected, coverage) =
+        partition_all(&spec, src, PartitionOptions::default()).expect("partitions");
+    let ids: Vec<&str> = units.iter().map(|u| u.unit.unit_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "7.events[0].message",
+            "7.events[1].message",
+            "10.events[0].message"
+        ]
+    );
+    // A string element is held under the field the path ends in.
+    assert_eq!(units[0].value, serde_json::json!({"message": "disk full"}));
+    // A record the path cannot enter is one rejection, named and placed.
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(rejected[0].reason, "missing_path");
+    assert!(
+        rejected[0]
+            .detail
+            .contains("cannot be split by .events[].message: no array at `.events`"),
+        "{}",
+        rejected[0].detail
+    );
+    assert_eq!(coverage.elements, 4, "three elements and one rejection");
+    assert!(coverage.is_complete(), "{coverage:?}");
+    assert_reread(&spec, src, &units);
+
+    // Ids from the elements' own key: a repeat with other content is a
+    // duplicate, worded like any other.
+    let spec = PartitionSpec::JsonArray {
+        key: Some("number".into()),
+        kind: "event".into(),
+        unit_fields: Vec::new(),
+        path: Some(".events[]".into()),
+        element_key: Some("id".into()),
+    };
+    let (units, rejected, coverage) =
+        partition_all(&spec, src, PartitionOptions::default()).expect("partitions");
+    let ids: Vec<&str> = units.iter().map(|u| u.unit.unit_id.as_str()).collect();
+    assert_eq!(ids, ["e1", "e2"]);
+    let reasons: Vec<&str> = rejected.iter().map(|r| r.reason.as_str()).collect();
+    assert_eq!(reasons, ["missing_path", "duplicate_key"]);
+    assert!(
+        rejected[1].detail.contains("repeats id = e1 of element 0"),
+        "{}",
+        rejected[1].detail
+    );
+    assert!(coverage.is_complete(), "{coverage:?}");
+    assert_reread(&spec, src, &units);
+}
+
+#[test]
+fn a_top_level_object_is_one_record_whose_elements_are_named_by_place() {
+    let src = br#"{"total": 2, "items": [{"name": "a"}, {"name": "b", "tags": ["x"]}]}"#;
+    let spec = inner_spec(None, &[], Some(".items[]"));
+    let (units, rejected, coverage) =
+        partition_all(&spec, src, PartitionOptions::default()).expect("partitions");
+    let ids: Vec<&str> = units.iter().map(|u| u.unit.unit_id.as_str()).collect();
+    assert_eq!(ids, ["items[0]", "items[1]"]);
+    assert!(rejected.is_empty());
+    assert_eq!(coverage.elements, 2);
+    assert_reread(&spec, src, &units);
+    // Nested twice.
+    let spec = inner_spec(None, &[], Some(".items[].tags[]"));
+    let (units, _, _) = partition_all(&spec, src, PartitionOptions::default()).expect("ok");
+    assert!(
+        units.is_empty(),
+        "the first item has no tags: one rejection"
+    );
+}
+
+#[test]
+fn paths_and_settings_that_cannot_split_a_record_are_refused() {
+    for (path, needle) in [
+        (".events", "has no `[]`"),
+        ("events[]", "cannot read"),
+        (".events[].", "without a field name"),
+    ] {
+        let e = UnitPath::parse(path).expect_err(path);
+        assert!(e.contains(needle), "{path}: {e}");
+    }
+    let spec = inner_spec(Some("number"), &["body"], Some(".events[]"));
+    let e = partition_all(&spec, b"[]", PartitionOptions::default()).expect_err("refused");
+    assert!(e.to_string().contains("cannot go together"), "{e}");
 }
