@@ -3,6 +3,8 @@
 
 use super::*;
 
+mod routing;
+
 #[test]
 fn a_floor_no_probability_can_meet_is_said_not_to_apply() {
     let f = select_fixture();

@@ -190,6 +190,10 @@ pub struct Selection {
     /// What the chosen stage said of the unit, for `run` and `escalate`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub downstream: Option<Status>,
+    /// The stage whose fact answers the unit: the chosen one, or the one
+    /// it passed the unit on to (a tool's `then`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answered_by: Option<String>,
     /// Whether a simulated backend made the choice.
     #[serde(skip)]
     pub simulated: bool,
@@ -278,6 +282,24 @@ impl Stage for SelectRunner {
             })
             .collect();
         let _ = writeln!(out, "    choices: {}", choices.join(", "));
+        // Each stage a choice hands units to, by kind: the rungs this
+        // select routes among.
+        let rungs: Vec<String> = self
+            .catalog
+            .targets()
+            .into_iter()
+            .map(|to| {
+                let kind = spec
+                    .stages
+                    .iter()
+                    .find(|st| st.name() == to)
+                    .map_or("?", |st| st.type_name());
+                format!("{kind} `{to}`")
+            })
+            .collect();
+        if !rungs.is_empty() {
+            let _ = writeln!(out, "    routes to: {}", rungs.join(", "));
+        }
         for r in &s.rules {
             let _ = writeln!(out, "    rule {}: `{}` -> {}", r.name, r.when, r.choose);
         }
@@ -378,6 +400,7 @@ impl Stage for SelectRunner {
                 confidence: None,
                 alternatives: Vec::new(),
                 downstream: None,
+                answered_by: None,
                 simulated: false,
             };
             match pick {
@@ -520,6 +543,14 @@ impl Stage for SelectRunner {
             .filter(|(_, f)| targets.contains(&f.stage.as_str()))
             .map(|(i, f)| ((*i, f.stage.as_str()), f.status))
             .collect();
+        // A chosen stage that passes its units on (a tool with `then`)
+        // leaves the answer to a later stage: the unit's last fact of any
+        // stage but this one says what came of the choice.
+        let answered: BTreeMap<usize, (&str, Status)> = facts
+            .iter()
+            .filter(|(_, f)| f.stage != self.spec.name)
+            .map(|(i, f)| (*i, (f.stage.as_str(), f.status)))
+            .collect();
         let mut confusion: BTreeMap<String, BTreeMap<Status, u64>> = BTreeMap::new();
         let mut disagreements: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (i, sel) in selections.iter_mut() {
@@ -531,8 +562,15 @@ impl Stage for SelectRunner {
             else {
                 continue;
             };
-            let status = said.get(&(*i, to)).copied().unwrap_or(Status::NotRun);
+            let (by, status) = match said.get(&(*i, to)) {
+                Some(&status) => (Some(to), status),
+                None => match answered.get(i) {
+                    Some(&(by, status)) => (Some(by), status),
+                    None => (None, Status::NotRun),
+                },
+            };
             sel.downstream = Some(status);
+            sel.answered_by = by.map(str::to_owned);
             *confusion
                 .entry(sel.choice.clone())
                 .or_default()
