@@ -25,7 +25,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::secret::ApiKey;
+pub(crate) use crate::transport::BatchHttp;
 use crate::transport::{Fault, Protocol, Reply, Transport, excerpt, parse_json};
 
 /// How a batch is submitted and waited for.
@@ -73,19 +73,6 @@ pub(crate) struct BatchStatus {
 
 /// What a batch says about one request.
 pub(crate) type LineOutcome = Result<Reply, CallError>;
-
-/// The HTTP side of batch calls: the primary endpoint, its credentials,
-/// and bounded retries of transport faults.
-pub(crate) struct BatchHttp<'a> {
-    pub client: &'a reqwest::Client,
-    /// The API root, without a trailing slash.
-    pub base: &'a str,
-    pub headers: &'a HeaderMap,
-    pub key: Option<&'a ApiKey>,
-    pub max_retries: u32,
-    pub backoff_base: Duration,
-    pub timeout: Duration,
-}
 
 impl BatchHttp<'_> {
     pub fn url(&self, path: &str) -> String {

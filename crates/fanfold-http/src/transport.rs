@@ -307,6 +307,19 @@ fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
+/// The HTTP side of batch calls: the primary endpoint, its credentials,
+/// and bounded retries of transport faults.
+pub(crate) struct BatchHttp<'a> {
+    pub client: &'a reqwest::Client,
+    /// The API root, without a trailing slash.
+    pub base: &'a str,
+    pub headers: &'a HeaderMap,
+    pub key: Option<&'a ApiKey>,
+    pub max_retries: u32,
+    pub backoff_base: Duration,
+    pub timeout: Duration,
+}
+
 pub(crate) struct Transport<P> {
     pub(crate) protocol: P,
     cfg: TransportConfig,
@@ -567,21 +580,21 @@ impl<P: Protocol> Transport<P> {
     /// The primary endpoint's HTTP side, for batch calls: a batch lives at
     /// one provider account, so pools do not apply. `new` refuses an empty
     /// pool, so there is always a first endpoint.
-    pub(crate) fn batch_http(&self) -> Option<crate::batch::BatchHttp<'_>> {
+    pub(crate) fn batch_http(&self) -> Option<BatchHttp<'_>> {
         self.endpoint_http(0)
     }
 
     /// Every endpoint's HTTP side, in the pool's order: each is asked what
     /// it serves.
-    pub(crate) fn endpoints_http(&self) -> Vec<crate::batch::BatchHttp<'_>> {
+    pub(crate) fn endpoints_http(&self) -> Vec<BatchHttp<'_>> {
         (0..self.endpoints.len())
             .filter_map(|i| self.endpoint_http(i))
             .collect()
     }
 
-    fn endpoint_http(&self, index: usize) -> Option<crate::batch::BatchHttp<'_>> {
+    fn endpoint_http(&self, index: usize) -> Option<BatchHttp<'_>> {
         let e = self.endpoints.get(index)?;
-        Some(crate::batch::BatchHttp {
+        Some(BatchHttp {
             client: &self.client,
             base: &e.base,
             headers: &e.headers,
