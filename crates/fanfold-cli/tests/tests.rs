@@ -25,6 +25,7 @@ mod effects;
 mod embedded;
 mod fleet;
 mod golden;
+mod group;
 mod inputs;
 mod interval;
 mod ladder;

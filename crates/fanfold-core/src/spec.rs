@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod check;
 pub mod effect;
+pub mod group;
 pub mod tool;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -371,6 +372,7 @@ macro_rules! stage_kinds {
             Widen(widen, $crate::spec::WidenStageSpec) = "widen",
             Tool(tool, $crate::spec::tool::ToolStageSpec) = "tool",
             Effect(effect, $crate::spec::effect::EffectStageSpec) = "effect",
+            Group(group, $crate::spec::group::GroupStageSpec) = "group",
         }
     };
 }

@@ -200,7 +200,7 @@ impl NodeCache for NoNodes {
 struct Reparsed<'a> {
     table: &'a UnitTable,
     at: HashMap<&'a UnitId, usize>,
-    projectors: HashMap<String, (Projector, bool)>,
+    projectors: crate::run::verify::EvidenceProjectors,
     spec: &'a fanfold_core::spec::PartitionSpec,
 }
 

@@ -312,6 +312,9 @@ pub struct EvidenceView {
     /// The view is the first cited unit's, widened with the rest as its
     /// related members (a widen stage); else the first cited unit's alone.
     pub widened: bool,
+    /// The view is every cited unit's, one field per member and field (a
+    /// group stage's, `fanfold_ops::group::group_view`).
+    pub grouped: bool,
 }
 
 /// What `explain` can tell about a stage from the store, without running it.

@@ -185,6 +185,7 @@ impl Turn {
             project: sp.project.clone(),
             fields: sp.fields.clone(),
             widened: false,
+            grouped: false,
         }
     }
 

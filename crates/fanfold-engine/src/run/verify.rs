@@ -22,9 +22,9 @@ struct StoredSource<'a> {
     partition: i64,
     spec: &'a PartitionSpec,
     header: Option<Vec<u8>>,
-    /// Per stage whose facts carry evidence: its projection, and whether
-    /// its view is widened with the fact's other cited units.
-    projectors: HashMap<String, (Projector, bool)>,
+    /// Per stage whose facts carry evidence: its projection, and how its
+    /// view is rebuilt from the fact's cited units.
+    projectors: EvidenceProjectors,
     /// Fields the run's stages added to units (a tool's observations):
     /// part of the view a later stage judged, so part of its evidence.
     added: HashMap<UnitId, serde_json::Map<String, Value>>,
@@ -113,31 +113,61 @@ impl ReadBack for StoredSource<'_> {
     }
 }
 
+/// How a stage's view is rebuilt from a fact's cited units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rebuild {
+    /// The first cited unit's projection alone.
+    Alone,
+    /// The first's, widened with the rest as its related members.
+    Widened,
+    /// Every cited unit's, one field per member and field (a group's).
+    Grouped,
+}
+
+/// Per stage whose facts carry evidence: its projection and how its view
+/// is rebuilt.
+pub(crate) type EvidenceProjectors = HashMap<String, (Projector, Rebuild)>;
+
 /// Each stage whose facts quote what their context showed: its projection,
-/// and whether its view is widened with the fact's other cited units.
-pub(crate) fn evidence_projectors(plan: &Plan) -> HashMap<String, (Projector, bool)> {
+/// and how its view is rebuilt from the fact's cited units.
+pub(crate) fn evidence_projectors(plan: &Plan) -> EvidenceProjectors {
     plan.stages
         .iter()
         .filter_map(|s| {
             let v = s.evidence_view()?;
             let p = Projector::compile(s.name(), v.project.as_deref(), &v.fields).ok()?;
-            Some((s.name().to_owned(), (p, v.widened)))
+            let rebuild = match (v.grouped, v.widened) {
+                (true, _) => Rebuild::Grouped,
+                (false, true) => Rebuild::Widened,
+                (false, false) => Rebuild::Alone,
+            };
+            Some((s.name().to_owned(), (p, rebuild)))
         })
         .collect()
 }
 
 /// The view `fact` was judged in, rebuilt from its cited units as `unit`
 /// reads them back: the first unit's projection, widened with the rest's
-/// where its stage widens.
+/// where its stage widens; every unit's, in order, where its stage groups.
 pub(crate) fn judged_view(
-    projectors: &HashMap<String, (Projector, bool)>,
+    projectors: &EvidenceProjectors,
     fact: &FactRecord,
     mut unit: impl FnMut(&UnitId) -> Option<Value>,
 ) -> Option<Value> {
     let (first, members) = fact.source_ids.split_first()?;
-    let (projector, widened) = projectors.get(&fact.stage)?;
+    let (projector, rebuild) = projectors.get(&fact.stage)?;
+    if *rebuild == Rebuild::Grouped {
+        let mut shown = Vec::with_capacity(fact.source_ids.len());
+        for id in &fact.source_ids {
+            shown.push((
+                id.0.clone(),
+                projector.project(id.as_str(), &unit(id)?).ok()?,
+            ));
+        }
+        return fanfold_ops::group::group_view(shown).ok().map(|g| g.view);
+    }
     let view = projector.project(first.as_str(), &unit(first)?).ok()?;
-    if !*widened {
+    if *rebuild == Rebuild::Alone {
         return Some(view);
     }
     let mut related = Vec::with_capacity(members.len());

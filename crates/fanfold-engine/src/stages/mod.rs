@@ -22,6 +22,7 @@ pub mod chunk;
 pub mod cluster;
 pub mod effect;
 pub mod embed;
+pub mod group;
 pub mod map;
 pub mod select;
 pub mod tool;
