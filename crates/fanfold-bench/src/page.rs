@@ -444,6 +444,7 @@ pub fn run_page(out: &RunOutput, cores: usize) -> (String, String) {
         }
         h.push_str("</div>\n");
     }
+    collapsed_page(&mut md, &mut h, &a.collapsed);
 
     let cov = &c.coverage;
     let caption = format!(
@@ -747,6 +748,58 @@ fn frontier_plot(
 
 /// An aggregate's rows as an HTML table; a cell naming a unit the page
 /// cites (`#id`) links to its section.
+/// What each reducer's `dedupe` collapsed before counting: a table of
+/// the kept units, how many were collapsed into each, and which.
+fn collapsed_page(
+    md: &mut String,
+    h: &mut String,
+    collapsed: &[fanfold_engine::report::Collapsed],
+) {
+    if collapsed.is_empty() {
+        return;
+    }
+    let _ = writeln!(md, "\n## Near-duplicates collapsed\n");
+    let _ = writeln!(
+        h,
+        "<h2>Near-duplicates collapsed</h2>\n<div id=\"collapsed\">"
+    );
+    for c in collapsed {
+        let s = &c.summary;
+        let _ = writeln!(
+            md,
+            "- **{}**: {}\n",
+            md_text(&c.reducer),
+            md_text(&s.sentence())
+        );
+        let _ = writeln!(md, "  | kept | collapsed | units |\n  |---|---:|---|");
+        let _ = writeln!(
+            h,
+            "<h3>{}</h3><p>{}</p>\n<table><tr><th>kept</th><th>collapsed</th><th>units</th></tr>",
+            esc(&c.reducer),
+            esc(&s.sentence())
+        );
+        for g in &s.groups {
+            let ids: Vec<String> = g.ids.iter().map(|i| format!("#{}", i.as_str())).collect();
+            let _ = writeln!(
+                md,
+                "  | #{} | {} | {} |",
+                md_text(g.kept.as_str()),
+                g.collapsed,
+                md_text(&ids.join(", "))
+            );
+            let _ = writeln!(
+                h,
+                "<tr><td>#{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+                esc(g.kept.as_str()),
+                g.collapsed,
+                esc(&ids.join(", "))
+            );
+        }
+        h.push_str("</table>\n");
+    }
+    h.push_str("</div>\n");
+}
+
 fn aggregate_html(g: &fanfold_engine::report::Aggregate, cited: &BTreeSet<&str>) -> String {
     if g.stated.columns.is_empty() {
         return String::new();

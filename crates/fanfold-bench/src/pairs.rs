@@ -152,6 +152,7 @@ pub fn main(args: &PairsArgs) -> Result<()> {
         name: "opposite".into(),
         stage: None,
         statuses: None,
+        dedupe: None,
         kind: ReducerKind::Set {
             value: None,
             order_by: None,

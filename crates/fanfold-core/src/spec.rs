@@ -11,6 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub mod check;
+pub mod dedupe;
 pub mod effect;
 pub mod group;
 pub mod tool;
@@ -1288,6 +1289,12 @@ pub struct ClusterStageSpec {
     pub backend: String,
     /// The most facts, or themes, one context reads.
     pub fan_in: usize,
+    /// The most tokens the items one context shows may take, estimated at
+    /// two bytes a token: a context is closed early rather than pass it,
+    /// and an item that alone passes it is refused (its facts are in no
+    /// theme, and the answer says so), never cut. No bound when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_context_tokens: Option<u64>,
     /// The most themes one context may propose (it proposes at least
     /// one); at most half of `fan_in`,
     /// so every level of the tree is smaller than the one below it.
@@ -1630,8 +1637,22 @@ pub struct ReducerSpec {
     pub stage: Option<String>,
     /// Which statuses feed it; `["positive"]` when absent.
     pub statuses: Option<Vec<crate::Status>>,
+    /// Near-duplicates collapsed before a `count`, `count_by` or
+    /// `group_by` counts; none when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedupe: Option<dedupe::DedupeSpec>,
     #[serde(flatten)]
     pub kind: ReducerKind,
+}
+
+impl ReducerSpec {
+    /// Every pointer the reducer reads: its kind's and its `dedupe`'s
+    /// field.
+    pub fn pointers(&self) -> Vec<&str> {
+        let mut out = self.kind.pointers();
+        out.extend(self.dedupe.as_ref().map(|d| d.field.as_str()));
+        out
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -1915,6 +1936,8 @@ pub enum SpecParseError {
         field: String,
         expected: String,
     },
+    #[error("reducer `{reducer}`: {detail}")]
+    Reducer { reducer: String, detail: String },
 }
 
 /// Reducer tables flatten their kind's fields, which serde cannot combine
@@ -1947,7 +1970,7 @@ fn check_reducer_fields(text: &str) -> Result<(), SpecParseError> {
             "pairs" => &["key", "value", "relation", "limit"],
             _ => continue,
         };
-        let common = ["name", "stage", "statuses", "type"];
+        let common = ["name", "stage", "statuses", "dedupe", "type"];
         for field in table.keys() {
             if !common.contains(&field.as_str()) && !own.contains(&field.as_str()) {
                 return Err(SpecParseError::ReducerField {
@@ -1993,6 +2016,12 @@ impl Spec {
     pub fn from_toml(text: &str) -> Result<Spec, SpecParseError> {
         let spec: Spec = toml::from_str(text)?;
         check_reducer_fields(text)?;
+        for r in &spec.fold.reducers {
+            dedupe::check(r).map_err(|detail| SpecParseError::Reducer {
+                reducer: r.name.clone(),
+                detail,
+            })?;
+        }
         let name = spec.name.as_str();
         if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\\', '\0']) {
             return Err(SpecParseError::Name(name.escape_debug().to_string()));

@@ -281,6 +281,61 @@ fn errors_section(out: &mut String, report: &RunReport) {
     }
 }
 
+/// At most this many kept units are shown a reducer, and this many
+/// collapsed ids a kept unit, in answer.md; answer.json holds every one.
+const KEPT_SHOWN: usize = 20;
+const COLLAPSED_SHOWN: usize = 10;
+
+/// What each reducer's `dedupe` collapsed before it counted: each kept
+/// unit, how many were collapsed into it, and which.
+fn collapsed_section(out: &mut String, collapsed: &[crate::report::Collapsed], sim: &str) {
+    if collapsed.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\n## Near-duplicates collapsed{sim}\n");
+    let more = |n: usize, shown: usize| {
+        if n > shown {
+            format!(" and {} more", n - shown)
+        } else {
+            String::new()
+        }
+    };
+    for c in collapsed {
+        let s = &c.summary;
+        // The sentence names the spec's own field in a code span; only
+        // a backtick could end it early.
+        let _ = writeln!(
+            out,
+            "- **{}**: {}",
+            md_text(&c.reducer),
+            s.sentence().replace('\n', " ")
+        );
+        for g in s.groups.iter().take(KEPT_SHOWN) {
+            let ids: Vec<String> = g
+                .ids
+                .iter()
+                .take(COLLAPSED_SHOWN)
+                .map(|i| format!("#{}", md_text(&i.0)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "  - #{} kept, {} collapsed into it: {}{}",
+                md_text(&g.kept.0),
+                g.collapsed,
+                ids.join(", "),
+                more(g.ids.len(), COLLAPSED_SHOWN)
+            );
+        }
+        if s.groups.len() > KEPT_SHOWN {
+            let _ = writeln!(
+                out,
+                "  - and {} more kept units (answer.json lists every one)",
+                s.groups.len() - KEPT_SHOWN
+            );
+        }
+    }
+}
+
 pub fn markdown(report: &RunReport) -> String {
     let a = &report.answer;
     let c = &report.certificate;
@@ -450,6 +505,7 @@ pub fn markdown(report: &RunReport) -> String {
             aggregate_table(&mut out, g, "  ");
         }
     }
+    collapsed_section(&mut out, &a.collapsed, &sim);
     for section in &report.sections {
         out.push_str(section);
     }

@@ -405,7 +405,7 @@ impl Plan {
                     r.name
                 )));
             }
-            for p in r.kind.pointers() {
+            for p in r.pointers() {
                 // A unit's own field: no schema says what a unit holds, so
                 // a path that matches nothing is said after the run.
                 if let Some(field) = fanfold_ops::fold::unit_pointer(p) {
@@ -660,6 +660,17 @@ impl Plan {
                 r.stage.as_deref().unwrap_or("*"),
                 statuses
             );
+            if let Some(d) = &r.dedupe {
+                let _ = writeln!(
+                    out,
+                    "    dedupe {} threshold={} on {} ({}-character shingles, seed {}): near-duplicates collapsed into the lowest id before counting",
+                    d.method.as_str(),
+                    d.threshold,
+                    d.field,
+                    d.shingle_chars,
+                    d.seed
+                );
+            }
         }
         let contract = match &s.contract {
             ContractSpec::Exhaustive {

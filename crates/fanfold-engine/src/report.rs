@@ -53,6 +53,14 @@ pub struct Aggregate {
     pub stated: fanfold_ops::fold::Stated,
 }
 
+/// What one reducer's `dedupe` collapsed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Collapsed {
+    pub reducer: String,
+    #[serde(flatten)]
+    pub summary: fanfold_ops::dedupe::CollapseSummary,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Theme {
     pub key: String,
@@ -92,6 +100,10 @@ pub struct Answer {
     /// What every other reducer of the fold says.
     #[serde(default)]
     pub aggregates: Vec<Aggregate>,
+    /// Each reducer with a `dedupe`: the near-duplicates it collapsed
+    /// before counting, each kept unit with the units collapsed into it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub collapsed: Vec<Collapsed>,
     pub statuses: StatusCounts,
     pub excluded: u64,
     /// Input elements that repeat an earlier unit exactly (the same key and

@@ -210,6 +210,49 @@ impl ClusterStage {
         }
     }
 
+    /// The tokens one item's line of a context takes, estimated as the
+    /// chunk stage estimates without a tokenizer.
+    pub fn item_tokens(&self, item: &Item) -> u64 {
+        crate::chunk::TokenCount::Estimate.tokens(&item_line(item, item.label.is_some()))
+    }
+
+    /// The contexts of one level: consecutive runs of at most `fan_in`
+    /// items, each closed early where the next item would take its items
+    /// past `max_context_tokens`. An item that passes the bound alone is a
+    /// context of its own, which [`ClusterStage::over_bound`] refuses.
+    pub fn contexts(&self, items: &[Item], fan_in: usize) -> Vec<Range<usize>> {
+        let Some(bound) = self.spec.max_context_tokens else {
+            return ClusterStage::groups(items.len(), fan_in);
+        };
+        let fan_in = fan_in.max(1);
+        let mut out = Vec::new();
+        let (mut start, mut used) = (0, 0u64);
+        for (i, item) in items.iter().enumerate() {
+            let t = self.item_tokens(item);
+            if i > start && (i - start == fan_in || used + t > bound) {
+                out.push(start..i);
+                (start, used) = (i, 0);
+            }
+            used += t;
+        }
+        if start < items.len() {
+            out.push(start..items.len());
+        }
+        out
+    }
+
+    /// Why a context cannot be sent within `max_context_tokens`, if it
+    /// cannot: its items' estimated tokens pass the bound.
+    pub fn over_bound(&self, items: &[Item]) -> Option<String> {
+        let bound = self.spec.max_context_tokens?;
+        let used: u64 = items.iter().map(|i| self.item_tokens(i)).sum();
+        (used > bound).then(|| {
+            format!(
+                "refused, not cut: its items take about {used} tokens, more than max_context_tokens = {bound}"
+            )
+        })
+    }
+
     /// The contexts of one level: consecutive runs of at most `fan_in`.
     pub fn groups(n: usize, fan_in: usize) -> Vec<Range<usize>> {
         let f = fan_in.max(1);
@@ -240,13 +283,7 @@ impl ClusterStage {
         let mut s = String::new();
         let merging = items.iter().any(|i| i.label.is_some());
         for it in items {
-            let id = serde_json::to_string(&it.id).unwrap_or_default();
-            let view = serde_json::to_string(&it.view).unwrap_or_default();
-            if merging {
-                s.push_str(&format!("Theme {id} ({} facts): {view}\n", it.leaves.len()));
-            } else {
-                s.push_str(&format!("Fact {id}: {view}\n"));
-            }
+            s.push_str(&item_line(it, merging));
         }
         let most = self.spec.max_themes;
         if merging {
@@ -594,6 +631,18 @@ pub fn drift(a: &[Vec<String>], b: &[Vec<String>]) -> f64 {
     1.0 - (sim(a, b) + sim(b, a)) / 2.0
 }
 
+/// One item as a context shows it: a quoted id and compact JSON, so no
+/// text of a fact can open a line of its own.
+fn item_line(it: &Item, merging: bool) -> String {
+    let id = serde_json::to_string(&it.id).unwrap_or_default();
+    let view = serde_json::to_string(&it.view).unwrap_or_default();
+    if merging {
+        format!("Theme {id} ({} facts): {view}\n", it.leaves.len())
+    } else {
+        format!("Fact {id}: {view}\n")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -609,6 +658,7 @@ mod tests {
             project: None,
             backend: "default".into(),
             fan_in,
+            max_context_tokens: None,
             max_themes,
             max_attempts: 2,
             max_output_tokens: 100,
@@ -627,6 +677,33 @@ mod tests {
         ids.iter()
             .map(|id| ClusterStage::fact_item(id, json!({"quote": format!("fact {id}")})))
             .collect()
+    }
+
+    #[test]
+    fn contexts_close_early_at_the_token_bound_and_an_item_past_it_stands_alone() {
+        let mut sp = spec(4, 2);
+        // Each fact line below takes 30 to 32 bytes: about 16 tokens.
+        sp.max_context_tokens = Some(40);
+        let s = ClusterStage::new(sp, "Group by cause.".into()).unwrap();
+        let mut items = facts(&["1", "2", "3", "4", "5"]);
+        items.insert(
+            2,
+            ClusterStage::fact_item("long", json!({"quote": "x".repeat(200)})),
+        );
+        let ranges = s.contexts(&items, 4);
+        assert_eq!(ranges, [0..2, 2..3, 3..5, 5..6]);
+        for r in &ranges {
+            let shown = &items[r.clone()];
+            let used: u64 = shown.iter().map(|i| s.item_tokens(i)).sum();
+            assert_eq!(s.over_bound(shown).is_some(), used > 40, "{r:?}");
+        }
+        assert!(
+            s.over_bound(&items[2..3])
+                .unwrap()
+                .contains("refused, not cut")
+        );
+        // Without a bound, contexts are runs of the fan-in.
+        assert_eq!(stage().contexts(&items, 4), [0..4, 4..6]);
     }
 
     #[test]

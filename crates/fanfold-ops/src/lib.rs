@@ -11,6 +11,7 @@
 pub mod cascade;
 pub mod cascade_accept;
 pub mod contract;
+pub mod dedupe;
 pub mod fold;
 pub mod interval;
 pub mod jq;

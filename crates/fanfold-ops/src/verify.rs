@@ -45,14 +45,34 @@ pub fn recheck_numbers(
     leaves: impl IntoIterator<Item = crate::fold::Leaf>,
     report: &mut VerifyReport,
 ) {
-    // One leaf at a time: a million facts are not copied to be re-added.
-    let mut flat = crate::fold::FoldValue::empty(spec);
-    for leaf in leaves {
-        flat.merge(&crate::fold::FoldValue::of_leaf(spec, &leaf));
-    }
+    // One leaf at a time: a million facts are not copied to be re-added,
+    // unless a reducer collapses near-duplicates, which compares them all.
+    let flat = if spec.reducers.iter().any(|r| r.dedupe.is_some()) {
+        let all: Vec<crate::fold::Leaf> = leaves.into_iter().collect();
+        crate::fold::fold_flat(spec, &all)
+    } else {
+        let mut flat = crate::fold::FoldValue::empty(spec);
+        for leaf in leaves {
+            flat.merge(&crate::fold::FoldValue::of_leaf(spec, &leaf));
+        }
+        flat
+    };
     for r in &spec.reducers {
         report.numbers_checked += 1;
         let (told, recomputed) = (root.reducers.get(&r.name), flat.reducers.get(&r.name));
+        if root.collapsed.get(&r.name) != flat.collapsed.get(&r.name) {
+            let collapsed = |v: &crate::fold::FoldValue| {
+                v.collapsed
+                    .get(&r.name)
+                    .map_or(0, |g| g.values().map(|ids| ids.len()).sum::<usize>())
+            };
+            report.number_mismatches.push(format!(
+                "reducer `{}`: the fold collapsed {} near-duplicates, its facts collapse {}",
+                r.name,
+                collapsed(root),
+                collapsed(&flat)
+            ));
+        }
         if told == recomputed {
             continue;
         }
@@ -320,6 +340,7 @@ mod tests {
                 name: "total".into(),
                 stage: None,
                 statuses: None,
+                dedupe: None,
                 kind: ReducerKind::Sum {
                     value: "/score".into(),
                 },

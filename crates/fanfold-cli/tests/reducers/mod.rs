@@ -3,6 +3,9 @@
 
 use super::*;
 
+mod bounded_cluster;
+mod dedupe;
+
 #[test]
 fn top_k_cancels_only_what_cannot_enter() {
     let extra = "[contract]\ntype = \"top_k\"\nk = 3\nscore = \"/score\"\nbound = \".score\"\n";

@@ -11,7 +11,7 @@ use fanfold_ops::map::field_text;
 use fanfold_ops::partition::Coverage;
 
 use super::route::UnitTable;
-use crate::report::{Aggregate, AnswerItem, Theme};
+use crate::report::{Aggregate, AnswerItem, Collapsed, Theme};
 
 /// The answer's items, themes and, for a threshold, whether it was reached.
 pub struct Answered {
@@ -22,6 +22,8 @@ pub struct Answered {
     pub stated: Option<Aggregate>,
     pub themes: Vec<Theme>,
     pub aggregates: Vec<Aggregate>,
+    /// What each reducer's `dedupe` collapsed.
+    pub collapsed: Vec<Collapsed>,
     pub reached: Option<bool>,
 }
 
@@ -111,7 +113,36 @@ pub fn answer(
         stated: stated_answer(spec, root),
         themes,
         aggregates: aggregates(spec, root),
+        collapsed: collapsed(spec, root),
         reached,
+    }
+}
+
+/// Each reducer's `dedupe`, with what it collapsed.
+fn collapsed(spec: &Spec, root: &FoldValue) -> Vec<Collapsed> {
+    spec.fold
+        .reducers
+        .iter()
+        .filter_map(|r| {
+            Some(Collapsed {
+                reducer: r.name.clone(),
+                summary: fanfold_ops::dedupe::summary(r, root)?,
+            })
+        })
+        .collect()
+}
+
+/// What a reducer states; a count after a `dedupe` says what it
+/// collapsed first, so the number is never read as the raw count.
+fn stated(r: &fanfold_core::spec::ReducerSpec, root: &FoldValue, agg: &Agg) -> Aggregate {
+    let mut stated = fanfold_ops::fold::state(&r.kind, agg);
+    if let Some(c) = fanfold_ops::dedupe::summary(r, root) {
+        stated.statement = format!("{}, after {}", stated.statement, c.sentence());
+    }
+    Aggregate {
+        name: r.name.clone(),
+        kind: r.kind.type_name().to_owned(),
+        stated,
     }
 }
 
@@ -125,11 +156,7 @@ fn stated_answer(spec: &Spec, root: &FoldValue) -> Option<Aggregate> {
         return None;
     }
     let agg = root.reducers.get(answer)?;
-    Some(Aggregate {
-        name: r.name.clone(),
-        kind: r.kind.type_name().to_owned(),
-        stated: fanfold_ops::fold::state(&r.kind, agg),
-    })
+    Some(stated(r, root, agg))
 }
 
 /// Every reducer the answer's items and themes do not already show,
@@ -145,14 +172,7 @@ fn aggregates(spec: &Spec, root: &FoldValue) -> Vec<Aggregate> {
         .reducers
         .iter()
         .filter(|r| !shown.contains(&r.name.as_str()))
-        .filter_map(|r| {
-            let agg = root.reducers.get(&r.name)?;
-            Some(Aggregate {
-                name: r.name.clone(),
-                kind: r.kind.type_name().to_owned(),
-                stated: fanfold_ops::fold::state(&r.kind, agg),
-            })
-        })
+        .filter_map(|r| Some(stated(r, root, root.reducers.get(&r.name)?)))
         .collect()
 }
 

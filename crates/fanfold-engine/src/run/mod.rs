@@ -537,6 +537,7 @@ fn run_begun(
         themes: answered.themes,
         stated: answered.stated,
         aggregates: answered.aggregates,
+        collapsed: answered.collapsed,
         statuses,
         excluded,
         repeated_identical: routed.coverage.repeated_identical,
@@ -775,7 +776,7 @@ fn unmatched_reducer_paths(spec: &fanfold_core::spec::Spec, facts: &[FactRecord]
         if read.is_empty() {
             continue;
         }
-        for p in r.kind.pointers() {
+        for p in r.pointers() {
             if fanfold_ops::fold::unit_pointer(p).is_some() {
                 continue;
             }
@@ -811,7 +812,7 @@ pub(crate) fn unit_pointers(fold: &fanfold_core::spec::FoldSpec) -> Vec<&str> {
     let mut read: Vec<&str> = fold
         .reducers
         .iter()
-        .flat_map(|r| r.kind.pointers())
+        .flat_map(|r| r.pointers())
         .filter(|p| fanfold_ops::fold::unit_pointer(p).is_some())
         .collect();
     read.sort_unstable();

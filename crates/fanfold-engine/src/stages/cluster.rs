@@ -192,7 +192,7 @@ impl Reducer<'_> {
                 break;
             }
             out.levels = level + 1;
-            let groups = ClusterStage::groups(items.len(), fan_in);
+            let groups = self.stage.contexts(&items, fan_in);
             let answers = self.level(&items, &groups, level, &mut out)?;
             let nodes: Vec<(Range<usize>, ContentHash, Option<NodeAnswer>)> = groups
                 .iter()
@@ -244,6 +244,20 @@ impl Reducer<'_> {
         let mut pending = Vec::new();
         for c in 0..groups.len() {
             let key = stage.node_key(shown(c), self.model);
+            // Past the token bound a context is never sent, so it is never
+            // cut: it fails as a context whose answer was refused.
+            if let Some(reason) = stage.over_bound(shown(c)) {
+                let s = shown(c);
+                out.nodes += 1;
+                out.errors.push(NodeError {
+                    level,
+                    first: s.first().map(|i| i.id.clone()).unwrap_or_default(),
+                    last: s.last().map(|i| i.id.clone()).unwrap_or_default(),
+                    reason,
+                });
+                answers.push((key, None));
+                continue;
+            }
             let stored = self
                 .store
                 .get_fold_node(&key)?
@@ -492,6 +506,12 @@ impl Stage for ClusterRunner {
             "    {} facts or themes a context, at most {} themes each, merged until one context holds them all; ids and counts checked",
             sp.fan_in, sp.max_themes
         );
+        if let Some(bound) = sp.max_context_tokens {
+            let _ = writeln!(
+                out,
+                "    at most {bound} tokens of items a context (estimated at 2 bytes a token): a context closes early, an item past it alone is refused, never cut"
+            );
+        }
         if let Some(s) = &sp.stress {
             let fan_ins = if s.fan_ins.is_empty() {
                 sp.fan_in.to_string()

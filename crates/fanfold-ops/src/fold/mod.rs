@@ -9,12 +9,14 @@
 //! regrouping the leaves cannot change the root value (property-tested over
 //! every reducer in `tests.rs`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use fanfold_core::spec::{FoldSpec, ReducerSpec};
 use fanfold_core::{Bucket, ContentHash, StableHash, StableHasher, Status, StatusCounts, UnitId};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::dedupe::Marks;
 
 mod count;
 mod count_by;
@@ -105,6 +107,12 @@ pub struct FoldValue {
     pub statuses: BTreeMap<String, StatusCounts>,
     pub reducers: BTreeMap<String, Agg>,
     pub missing: BTreeMap<String, u64>,
+    /// For a reducer with a `dedupe`: each kept unit that near-duplicates
+    /// were collapsed into, with their units. A collapsed leaf feeds the
+    /// reducer nothing but its place here. Absent from the cached JSON of
+    /// a fold without one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub collapsed: BTreeMap<String, BTreeMap<UnitId, BTreeSet<UnitId>>>,
 }
 
 impl FoldValue {
@@ -118,11 +126,22 @@ impl FoldValue {
                 .map(|r| (r.name.clone(), reducer::empty_agg(&r.kind)))
                 .collect(),
             missing: BTreeMap::new(),
+            collapsed: BTreeMap::new(),
         }
     }
 
     /// The value of a single leaf.
     pub fn of_leaf(spec: &FoldSpec, leaf: &Leaf) -> FoldValue {
+        FoldValue::of_marked_leaf(spec, leaf, &[])
+    }
+
+    /// The value of a single leaf that the reducers named in `collapsed`
+    /// (each with the unit it was collapsed into) do not count.
+    pub fn of_marked_leaf(
+        spec: &FoldSpec,
+        leaf: &Leaf,
+        collapsed: &[(String, UnitId)],
+    ) -> FoldValue {
         let mut v = FoldValue::empty(spec);
         v.leaves = 1;
         v.statuses
@@ -131,6 +150,15 @@ impl FoldValue {
             .add(leaf.status, 1);
         for r in &spec.reducers {
             if !feeds(r, leaf) {
+                continue;
+            }
+            if let Some((_, kept)) = collapsed.iter().find(|(name, _)| *name == r.name) {
+                v.collapsed
+                    .entry(r.name.clone())
+                    .or_default()
+                    .entry(kept.clone())
+                    .or_default()
+                    .insert(leaf.unit_id.clone());
                 continue;
             }
             if let Some(agg) = v.reducers.get_mut(&r.name)
@@ -158,6 +186,14 @@ impl FoldValue {
         for (name, n) in &other.missing {
             *self.missing.entry(name.clone()).or_insert(0) += n;
         }
+        for (name, groups) in &other.collapsed {
+            let mine = self.collapsed.entry(name.clone()).or_default();
+            for (kept, ids) in groups {
+                mine.entry(kept.clone())
+                    .or_default()
+                    .extend(ids.iter().cloned());
+            }
+        }
     }
 
     /// All stages' status counts summed.
@@ -170,7 +206,7 @@ impl FoldValue {
     }
 }
 
-fn feeds(r: &ReducerSpec, leaf: &Leaf) -> bool {
+pub(crate) fn feeds(r: &ReducerSpec, leaf: &Leaf) -> bool {
     let stage_ok = r.stage.as_ref().is_none_or(|s| *s == leaf.stage);
     let status_ok = match &r.statuses {
         Some(list) => list.contains(&leaf.status),
@@ -270,15 +306,22 @@ fn node_key(def: &ContentHash, depth: u32, children: &[Node]) -> ContentHash {
 }
 
 /// The value of a node over `children`: their values merged, or at the
-/// first level (where children hold no value) their `leaves`' values.
-fn node_value(spec: &FoldSpec, children: &[Node], leaves: &[Leaf]) -> FoldValue {
+/// first level (where children hold no value) their `leaves`' values,
+/// the first of which is leaf `first` of the fold.
+fn node_value(
+    spec: &FoldSpec,
+    children: &[Node],
+    leaves: &[Leaf],
+    first: usize,
+    marks: &Marks,
+) -> FoldValue {
     let mut acc = FoldValue::empty(spec);
     for (i, child) in children.iter().enumerate() {
         match &child.value {
             Some(c) => acc.merge(c),
             None => {
                 if let Some(l) = leaves.get(i) {
-                    acc.merge(&FoldValue::of_leaf(spec, l));
+                    acc.merge(&FoldValue::of_marked_leaf(spec, l, marks.of(first + i)));
                 }
             }
         }
@@ -299,14 +342,28 @@ fn node_value(spec: &FoldSpec, children: &[Node], leaves: &[Leaf]) -> FoldValue 
 pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) -> FoldOutcome {
     let fan_in = spec.fan_in.max(2);
     let def = fold_definition(spec);
+    // Near-duplicates are found over every leaf at once, before any node:
+    // whether a leaf counts depends on the others, so its key says what
+    // it was collapsed into.
+    let marks = crate::dedupe::mark(spec, leaves);
     // Level 0: leaf keys and anchors only; a leaf's value is made when its
     // parent is computed, so memory holds one level of nodes, not one value
     // a leaf.
     let mut level: Vec<Node> = leaves
         .iter()
-        .map(|l| {
+        .enumerate()
+        .map(|(i, l)| {
             let mut h = StableHasher::new(Bucket::FoldLeaf);
             h.field("def", &def).field("leaf", l);
+            // Absent for most leaves, so their keys stay as they were.
+            let into = marks.of(i);
+            if !into.is_empty() {
+                let into: Vec<Vec<String>> = into
+                    .iter()
+                    .map(|(r, kept)| vec![r.clone(), kept.0.clone()])
+                    .collect();
+                h.field("collapsed_into", &into);
+            }
             Node {
                 key: h.finish(),
                 anchor: anchor(l),
@@ -351,7 +408,13 @@ pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) ->
                 None => {
                     // Leaf values are made only here, at the first level.
                     let below = leaves.get(range.clone()).filter(|_| depth == 1);
-                    let acc = node_value(spec, chunk, below.unwrap_or_default());
+                    let acc = node_value(
+                        spec,
+                        chunk,
+                        below.unwrap_or_default(),
+                        range.start,
+                        &marks,
+                    );
                     cache.put(&key, depth, &acc);
                     computed += 1;
                     acc
@@ -385,9 +448,10 @@ pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) ->
 /// Reduces leaves in one flat pass, without a tree: the reference the tree
 /// must agree with.
 pub fn fold_flat(spec: &FoldSpec, leaves: &[Leaf]) -> FoldValue {
+    let marks = crate::dedupe::mark(spec, leaves);
     let mut acc = FoldValue::empty(spec);
-    for l in leaves {
-        acc.merge(&FoldValue::of_leaf(spec, l));
+    for (i, l) in leaves.iter().enumerate() {
+        acc.merge(&FoldValue::of_marked_leaf(spec, l, marks.of(i)));
     }
     acc
 }

@@ -1,0 +1,1 @@
+{decision: (if .crash then "yes" else "no" end), component: .component}
