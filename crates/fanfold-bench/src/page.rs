@@ -13,7 +13,7 @@ use fanfold_core::{FactRecord, StatusCounts};
 use fanfold_engine::output::{aggregate_table, md_text, safe_link};
 use fanfold_engine::report::{Answer, Certificate};
 
-use crate::ladder::{Ladder, Row, frontier};
+use crate::ladder::{Ladder, Row, frontier, verdict};
 use crate::report::utc_datetime;
 
 /// Text for HTML content and attribute values.
@@ -930,110 +930,6 @@ fn scatter(
     s.push_str("</svg>");
     let _ = write!(s, "<figcaption>{}</figcaption></figure>", esc(caption));
     s
-}
-
-/// What the ladder says, in one paragraph: the best held-out F1, and
-/// where micro-contexts stand against it and against cheaper strategies.
-pub fn verdict(l: &Ladder) -> String {
-    let best = l
-        .rows
-        .iter()
-        .max_by(|a, b| a.held_out.f1.total_cmp(&b.held_out.f1));
-    let Some(best) = best else {
-        return "No strategy ran.".to_owned();
-    };
-    let mut v = format!(
-        "The best held-out F1 is {:.2}, by `{}`.",
-        best.held_out.f1, best.strategy
-    );
-    let tokens = frontier(&l.rows, Row::tokens);
-    let wall = frontier(&l.rows, |r| r.wall_s);
-    for name in ["micro", "adaptive"] {
-        let Some(i) = l.rows.iter().position(|r| r.strategy == name) else {
-            continue;
-        };
-        let on = match (tokens.contains(&i), wall.contains(&i)) {
-            (true, true) => "is on both frontiers",
-            (true, false) => "is on the tokens frontier only",
-            (false, true) => "is on the wall-time frontier only",
-            (false, false) => {
-                "is on neither frontier: another strategy is at least as good for less"
-            }
-        };
-        let _ = write!(v, " `{name}` {on}.");
-    }
-    // Recall and citations are what the frontiers above do not weigh.
-    let top_recall = l
-        .rows
-        .iter()
-        .map(|r| r.held_out.recall)
-        .fold(0.0f64, f64::max);
-    let recall: Vec<&str> = l
-        .rows
-        .iter()
-        .filter(|r| r.held_out.recall == top_recall)
-        .map(|r| r.strategy.as_str())
-        .collect();
-    let _ = write!(
-        v,
-        " The best held-out recall, {top_recall:.2}, belongs to {}.",
-        words(&recall)
-    );
-    let cited: Vec<String> = l
-        .rows
-        .iter()
-        .filter(|r| r.auditability > 0.0)
-        .map(|r| format!("{} ({:.0} %)", r.strategy, r.auditability * 100.0))
-        .collect();
-    if cited.is_empty() {
-        v.push_str(" No strategy's answer cites verified evidence.");
-    } else {
-        let _ = write!(
-            v,
-            " Only {} back their answers with citations verify found verbatim.",
-            words(&cited)
-        );
-    }
-    // A model stage that changed nothing of the rung in front of it is the
-    // model's limit, not the strategy's.
-    let same = |a: &Row, b: &Row| {
-        [(&a.dev, &b.dev), (&a.held_out, &b.held_out)]
-            .iter()
-            .all(|(x, y)| x.answered == y.answered && x.true_positives == y.true_positives)
-    };
-    for (rung, judged) in [("embed", "adaptive"), ("embed-top-k", "embed-top-k-judge")] {
-        if let (Some(rung), Some(judged)) = (
-            l.rows.iter().find(|r| r.strategy == rung),
-            l.rows.iter().find(|r| r.strategy == judged),
-        ) && same(rung, judged)
-        {
-            let _ = write!(
-                v,
-                " `{}` answers as `{}` alone does: on this backend the judge after the embedding rung changed no answer, for {} model calls.",
-                judged.strategy, rung.strategy, judged.model_calls
-            );
-        }
-    }
-    if l.simulated {
-        v.push_str(" [SIMULATED]: these rows test the harness and make no quality claim.");
-    }
-    v
-}
-
-/// `a`, `a and b`, `a, b and c`.
-fn words<S: AsRef<str>>(items: &[S]) -> String {
-    match items {
-        [] => String::new(),
-        [one] => one.as_ref().to_owned(),
-        [rest @ .., last] => format!(
-            "{} and {}",
-            rest.iter()
-                .map(AsRef::as_ref)
-                .collect::<Vec<_>>()
-                .join(", "),
-            last.as_ref()
-        ),
-    }
 }
 
 /// A ladder as Markdown and HTML: the verdict, the two plots and the table.
