@@ -94,3 +94,45 @@ fn a_quote_from_another_field_of_the_same_record_is_refused() {
     assert!(f.answer_ids().is_empty(), "{}", stdout(&o));
     assert_eq!(f.certificate()["complete"], false);
 }
+
+/// The example: each issue's body judged on its own, its quotes from
+/// the body, read back by verify.
+#[test]
+fn the_bodies_example_judges_each_body_as_its_own_unit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = run(bin()
+        .args(["run", "--backend", "scripted", "--json", "--store"])
+        .arg(dir.path().join("store.sqlite"))
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .arg(repo().join("examples/issue-routing/bodies.toml")));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let cert: Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join("out/certificate.json")).expect("certificate"),
+    )
+    .expect("json");
+    // Twelve issues, each its unit and its body's.
+    assert_eq!(cert["coverage"]["elements"], 24, "{}", cert["coverage"]);
+    assert_eq!(cert["coverage"]["units"], 24);
+    let answer: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("out/answer.json")).expect("answer"))
+            .expect("json");
+    let items = answer["items"].as_array().expect("items");
+    let ids: Vec<&str> = items.iter().filter_map(|i| i["unit_id"].as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "101.body", "104.body", "201.body", "204.body", "301.body", "302.body", "304.body"
+        ]
+    );
+    for fact in std::fs::read_to_string(dir.path().join("out/facts.jsonl"))
+        .expect("facts")
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("json"))
+        .filter(|f| f["status"] == "positive")
+    {
+        assert_eq!(fact["evidence"][0]["field"], "body", "{fact}");
+    }
+    assert_eq!(cert["verify"]["passed"], true, "{}", cert["verify"]);
+    assert_eq!(cert["verify"]["evidence_checked"], 7);
+}

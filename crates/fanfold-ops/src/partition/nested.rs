@@ -363,15 +363,14 @@ pub fn reread_piece(
     if record.is_object() && matches!(inner, Inner::Path { .. }) {
         readings.push((Some(String::new()), false));
     }
-    let mut by_suffix = None;
+    // A content-derived id gains `-n` on its n-th occurrence, which the
+    // record alone cannot give: an identical record's piece is the same.
+    let bare = occurrence_base(id);
+    let mut repeat = None;
     for (record_id, derived) in readings {
         let Ok(pieces) = pieces(inner, &record, record_id.as_deref(), derived) else {
             continue;
         };
-        // A content id may carry an occurrence suffix the record alone
-        // cannot give (`c…-2.body`): the piece is then the one whose own
-        // part of the id (after the record's) ends the id asked for.
-        let base = record_id.unwrap_or_default();
         for p in pieces {
             let pid = match &p.id {
                 Proposed::Key(Some(s)) | Proposed::Derived(s) => s.as_str(),
@@ -380,14 +379,16 @@ pub fn reread_piece(
             if pid == id {
                 return Ok(p.value);
             }
-            if derived
-                && let Some(suffix) = pid.strip_prefix(base.as_str())
-                && id.starts_with(base.as_str())
-                && id.ends_with(suffix)
-            {
-                by_suffix.get_or_insert(p.value);
+            if derived && Some(pid) == bare {
+                repeat.get_or_insert(p.value);
             }
         }
     }
-    by_suffix.ok_or_else(|| format!("no unit `{id}` in the record at these bytes"))
+    repeat.ok_or_else(|| format!("no unit `{id}` in the record at these bytes"))
+}
+
+/// The id an occurrence suffix (`-2`) was added to, if `id` ends in one.
+fn occurrence_base(id: &str) -> Option<&str> {
+    let (base, n) = id.rsplit_once('-')?;
+    (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then_some(base)
 }

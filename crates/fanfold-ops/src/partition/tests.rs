@@ -1047,3 +1047,29 @@ fn paths_and_settings_that_cannot_split_a_record_are_refused() {
     let e = partition_all(&spec, b"[]", PartitionOptions::default()).expect_err("refused");
     assert!(e.to_string().contains("cannot go together"), "{e}");
 }
+
+#[test]
+fn identical_records_without_a_key_read_back_each_of_their_pieces() {
+    let src = br#"[{"title": "t", "body": "b", "events": [1]}, {"title": "t", "body": "b", "events": [1]}]"#;
+    for spec in [
+        inner_spec(None, &["body"], None),
+        inner_spec(None, &[], Some(".events[]")),
+    ] {
+        let (units, rejected, coverage) =
+            partition_all(&spec, src, PartitionOptions::default()).expect("partitions");
+        assert!(rejected.is_empty());
+        assert!(coverage.is_complete(), "{coverage:?}");
+        // The second record's pieces are numbered, and read back.
+        assert!(
+            units
+                .iter()
+                .any(|u| u.unit.unit_id.as_str().ends_with("-2")),
+            "{:?}",
+            units
+                .iter()
+                .map(|u| u.unit.unit_id.as_str())
+                .collect::<Vec<_>>()
+        );
+        assert_reread(&spec, src, &units);
+    }
+}
