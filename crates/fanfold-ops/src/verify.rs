@@ -151,8 +151,23 @@ pub fn verify(
             continue;
         }
         let view = source.view(f);
+        // A unit that is one field of a record may quote that field only,
+        // whatever else of the record its view shows.
+        let only = view
+            .as_ref()
+            .and_then(crate::partition::unit_field)
+            .map(str::to_owned);
         for ev in &f.evidence {
             report.evidence_checked += 1;
+            if let Some(only) = only.as_deref()
+                && only != ev.field
+            {
+                report.evidence_failures.push(format!(
+                    "unit {id} field `{}` bytes {}..{}: {:?} is outside the unit's own field `{only}`",
+                    ev.field, ev.start, ev.end, ev.quote
+                ));
+                continue;
+            }
             let ok = view
                 .as_ref()
                 .and_then(|v| field_text(v, &ev.field))
@@ -171,23 +186,8 @@ pub fn verify(
     }
     let mut negatives: Vec<(ContentHash, &UnitId)> = facts
         .iter()
-        // A unit that is one field of a record may quote that field only,
-        // whatever else of the record its view shows.
-        let only = view
-            .as_ref()
-            .and_then(crate::partition::unit_field)
-            .map(str::to_owned);
         .filter(|f| f.status == Status::Negative)
         .filter_map(|f| f.source_ids.first())
-            if let Some(only) = only.as_deref()
-                && only != ev.field
-            {
-                report.evidence_failures.push(format!(
-                    "unit {id} field `{}` bytes {}..{}: {:?} is outside the unit's own field `{only}`",
-                    ev.field, ev.start, ev.end, ev.quote
-                ));
-                continue;
-            }
         .map(|id| {
             let mut h = StableHasher::new(fanfold_core::Bucket::NegativeSample);
             h.field("seed", &seed);
@@ -289,26 +289,6 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_unit_an_edited_unit_and_a_moved_quote_each_fail() {
-        let (a, av) = unit("1", "the disk failed twice");
-        let (b, bv) = unit("2", "a fan is loud");
-        // Unit 2 was judged as other text than the source now holds.
-        let judged_b = json!({ "text": "a fan is very loud" });
-        let mut source = Units(HashMap::from([(a.clone(), av.clone()), (b.clone(), bv)]));
-        let moved = fact("1", &av, "disk failed", 5);
-        let edited = fact("2", &judged_b, "a fan", 0);
-        let gone = UnitId("3".into());
-        let cited = BTreeSet::from([a, b.clone(), gone.clone()]);
-        let report = verify(&mut source, &[&moved, &edited], &cited, 0, 0);
-        assert!(!report.passed);
-        assert_eq!(report.cited_missing, [gone]);
-        assert_eq!(report.hash_mismatches, [b]);
-        assert_eq!(report.evidence_failures.len(), 1, "{report:?}");
-        assert!(report.evidence_failures[0].starts_with("unit 1 field `text` bytes 5..16"));
-    }
-
-    #[test]
-    #[test]
     fn a_field_unit_quoting_another_field_of_its_record_fails() {
         // The body of record 1 as its own unit, with its title beside it.
         let id = UnitId("1.body".into());
@@ -333,6 +313,26 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_missing_unit_an_edited_unit_and_a_moved_quote_each_fail() {
+        let (a, av) = unit("1", "the disk failed twice");
+        let (b, bv) = unit("2", "a fan is loud");
+        // Unit 2 was judged as other text than the source now holds.
+        let judged_b = json!({ "text": "a fan is very loud" });
+        let mut source = Units(HashMap::from([(a.clone(), av.clone()), (b.clone(), bv)]));
+        let moved = fact("1", &av, "disk failed", 5);
+        let edited = fact("2", &judged_b, "a fan", 0);
+        let gone = UnitId("3".into());
+        let cited = BTreeSet::from([a, b.clone(), gone.clone()]);
+        let report = verify(&mut source, &[&moved, &edited], &cited, 0, 0);
+        assert!(!report.passed);
+        assert_eq!(report.cited_missing, [gone]);
+        assert_eq!(report.hash_mismatches, [b]);
+        assert_eq!(report.evidence_failures.len(), 1, "{report:?}");
+        assert!(report.evidence_failures[0].starts_with("unit 1 field `text` bytes 5..16"));
+    }
+
+    #[test]
     fn a_fold_that_states_other_numbers_than_its_facts_fails() {
         let spec = FoldSpec {
             fan_in: 2,
