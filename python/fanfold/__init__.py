@@ -19,13 +19,17 @@ yet.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import html
 import json
 import os
 import re
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
@@ -257,15 +261,176 @@ ProgressArg = Union[bool, Callable[..., Any]]
 
 
 def _call_engine(spec: str, progress: ProgressArg, **options: Any) -> str:
-    """``_native.run`` with ``progress``: ``True`` draws a :class:`Progress`
-    bar, ``False`` nothing, a callable receives the events itself."""
+    """The engine's run of ``spec`` with ``progress``: ``True`` draws a
+    :class:`Progress` bar, ``False`` nothing, a callable receives the
+    events itself. The engine runs in a process of its own
+    (:func:`_run_isolated`)."""
     if progress is True:
         bar = Progress()
         try:
-            return _native.run(spec, progress=bar, **options)
+            return _run_isolated(spec, bar, options)
         finally:
             bar.close()
-    return _native.run(spec, progress=progress or None, **options)
+    return _run_isolated(spec, progress or None, options)
+
+
+#: The engine's process: loads the native module from its file (not the
+#: package, so pandas is not imported again), makes a runaway jq program
+#: end this process rather than the caller's interpreter, runs the spec,
+#: and says what happened as JSON lines on the descriptor that was stdout
+#: (stdout itself then goes to stderr, so nothing else can mix in).
+_ENGINE_PROCESS = r"""
+import importlib.util, json, os, sys
+channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
+os.dup2(2, 1)
+def say(message):
+    channel.write(json.dumps(message) + "\n")
+    channel.flush()
+try:
+    found = importlib.util.spec_from_file_location("fanfold._native", sys.argv[1])
+    native = importlib.util.module_from_spec(found)
+    found.loader.exec_module(native)
+    native.end_process_on_runaway()
+    request = json.loads(sys.argv[2])
+    progress = (lambda *event: say({"event": list(event)})) if request["progress"] else None
+    summary = native.run(request["spec"], progress=progress, **request["options"])
+    say({"summary": summary})
+except KeyboardInterrupt:
+    say({"interrupted": True})
+except BaseException as e:
+    say({"error": {"class": type(e).__name__, "message": str(e),
+                   "category": getattr(e, "category", None),
+                   "exit_code": getattr(e, "exit_code", None)}})
+"""
+
+#: The exceptions the engine's process may report, by class name.
+_ERRORS = {
+    cls.__name__: cls
+    for cls in (FanfoldError, SpecError, InputError, StoreError, BackendError, IncompleteAnswer)
+}
+
+
+def _relay(stream, tail: "collections.deque[str]") -> None:
+    """Copies the engine process's stderr to this one's, keeping its last
+    lines for the message of a process that ended without an answer."""
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", errors="replace")
+        tail.append(line)
+        try:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _run_isolated(spec: str, progress: Optional[Callable[..., Any]], options: Dict[str, Any]) -> str:
+    """Runs the engine on ``spec`` in a process of its own and returns its
+    JSON summary, handing ``progress`` each of its events.
+
+    jaq cannot stop an evaluation inside a process, so a jq program that
+    runs away (past its time or memory limit) ends the process it runs
+    in: here that is the engine's process, never this interpreter, and
+    :class:`InputError` names the program. Ctrl-C tells the engine to stop
+    (SIGINT to its process: no call is sent after it, calls in flight are
+    cancelled) and waits for it to store what it decided and write its
+    outputs, then raises ``KeyboardInterrupt``. A second Ctrl-C ends the
+    engine's process at once, as a kill does (the store stays consistent,
+    and a rerun resumes), and waits for it to be gone, so nothing writes
+    the output folder after this returns. An exception from ``progress``
+    stops the engine the same way and is raised once it has ended."""
+    if os.name != "posix" or not sys.executable:
+        # No process group to signal: the engine runs in this process.
+        return _native.run(spec, progress=progress, **options)
+    request = json.dumps({"spec": spec, "options": options, "progress": progress is not None})
+    child = subprocess.Popen(
+        [sys.executable, "-c", _ENGINE_PROCESS, _native.__file__, request],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        # Its own session: a terminal's Ctrl-C reaches this process only,
+        # which tells the engine once.
+        start_new_session=True,
+    )
+    tail: "collections.deque[str]" = collections.deque(maxlen=200)
+    relay = threading.Thread(target=_relay, args=(child.stderr, tail), daemon=True)
+    relay.start()
+    outcome: Optional[Dict[str, Any]] = None
+    # What to raise once the engine has ended: a signal, or the progress
+    # callback's own exception.
+    pending: Optional[BaseException] = None
+    interrupted = False
+    try:
+        while True:
+            try:
+                line = child.stdout.readline()
+                if not line:
+                    break
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    continue
+                if "event" not in message:
+                    outcome = message
+                elif progress is not None and pending is None:
+                    try:
+                        progress(*message["event"])
+                    except Exception as e:  # noqa: BLE001 - raised once the engine stopped
+                        pending = e
+                        _tell_to_stop(child)
+            except KeyboardInterrupt as interrupt:
+                if interrupted:
+                    # Ctrl-C again: end the engine now, and be sure it is
+                    # gone before returning.
+                    child.kill()
+                    child.wait()
+                    raise
+                interrupted = True
+                pending = pending or interrupt
+                _tell_to_stop(child)
+        code = child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        relay.join(timeout=5)
+        child.stdout.close()
+    if pending is not None:
+        raise pending
+    if outcome is not None and "summary" in outcome:
+        return outcome["summary"]
+    if outcome is not None and outcome.get("interrupted"):
+        raise KeyboardInterrupt
+    if outcome is not None and "error" in outcome:
+        said = outcome["error"]
+        cls = _ERRORS.get(said.get("class"), FanfoldError)
+        if said.get("class") == "KeyboardInterrupt":
+            raise KeyboardInterrupt
+        err = cls(said.get("message", ""))
+        err.category = said.get("category") or "execution"
+        err.exit_code = said.get("exit_code") or 2
+        raise err
+    mark = _native.RUNAWAY_MARK
+    runaway = [line[len(mark):].strip() for line in tail if line.startswith(mark)]
+    if runaway:
+        err = InputError(runaway[-1])
+        err.category = "input"
+        err.exit_code = code
+        raise err
+    err = FanfoldError(
+        f"the engine's process ended with status {code} and no answer: "
+        + "".join(tail).strip()[-2000:]
+    )
+    err.category = "execution"
+    err.exit_code = 2
+    raise err
+
+
+def _tell_to_stop(child: "subprocess.Popen[bytes]") -> None:
+    """Asks the engine's process to stop, as Ctrl-C does in a terminal."""
+    try:
+        child.send_signal(signal.SIGINT)
+    except ProcessLookupError:
+        pass
 
 
 def _as_records_frame(data: Any) -> Any:
@@ -589,9 +754,17 @@ def run(
         SpecError, InputError, StoreError, BackendError, FanfoldError: with
         the engine's message, ``category`` and ``exit_code``.
         KeyboardInterrupt: on Ctrl-C. The engine is told to stop (no model
-        call is sent after it, calls in flight are cancelled) and waited
-        for, so what it decided is stored: a rerun on the same store pays
-        only for the rest. A second Ctrl-C stops the waiting.
+        call is sent after it, calls in flight are cancelled; it is seen
+        while the input is stored and routed too, and between embedding
+        batches) and waited for, so what it decided is stored: a rerun on
+        the same store pays only for the rest. A second Ctrl-C ends the
+        engine's process at once, as a kill does, and returns once it is
+        gone: nothing writes the output folder afterwards.
+
+    The engine runs in a process of its own, so a jq program of the spec
+    that runs away (past its time or memory limit; jq cannot be stopped
+    inside a process) ends that process, never this interpreter, and
+    raises :class:`InputError` naming the program.
     """
     store_path = _store_of(store)
     if labels is not None:

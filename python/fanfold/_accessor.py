@@ -52,6 +52,28 @@ def _spec_key(spec: Path) -> str:
     return key
 
 
+def _check_key_column(records: pd.DataFrame, key: str) -> None:
+    """Refuses rows whose ``key`` column is missing, holds an empty value,
+    or holds one value twice (as the engine writes ids: as text), naming
+    the first repeat: answers could not be matched back to the rows."""
+    if key not in records.columns:
+        raise InputError(f"the rows have no `{key}` column, the key answers are matched back by")
+    seen: Dict[str, int] = {}
+    for at, value in enumerate(records[key].tolist()):
+        if value is None or (isinstance(value, float) and value != value):
+            raise InputError(
+                f"row {at} has no `{key}`: every row needs one, distinct, to match answers "
+                "back to it"
+            )
+        text = str(value)
+        if text in seen:
+            raise InputError(
+                f"rows {seen[text]} and {at} share the `{key}` {text!r}: each row needs its "
+                "own, to match answers back to it; nothing was run"
+            )
+        seen[text] = at
+
+
 def _row_positions(records: pd.DataFrame, key: str) -> Dict[str, int]:
     """Each unit id (the key's value as the engine writes it) -> row position."""
     positions: Dict[str, int] = {}
@@ -219,6 +241,11 @@ class FanfoldAccessor:
         records, _ = _keyed(self._df)
         store_path = fanfold._store_of(store)
         spec = fanfold._draft(records, question, dir, store_path)
+        # The draft's key (chosen from a sample of the rows) is the one
+        # answers come back by: checked over every row before the run.
+        key = _spec_key(spec)
+        _check_key_column(records, key)
+        positions = _row_positions(records, key)
         prepare(spec.parent)
         result = fanfold._run_drafted(
             spec,
@@ -233,7 +260,7 @@ class FanfoldAccessor:
         # pandas makes a new accessor at every `df.fanfold`: the result is
         # kept on the frame itself (not in `attrs`, which pandas copies on).
         object.__setattr__(self._df, _LAST_RESULT, result)
-        return result, records, _row_positions(records, _spec_key(spec))
+        return result, records, positions
 
     def ask(self, question: str, **options: Any) -> Result:
         """The question over the rows, as :func:`fanfold.ask`: a

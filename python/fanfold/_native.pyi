@@ -3,6 +3,8 @@
 from typing import Any, Callable, Optional
 
 EXIT_INCOMPLETE: int
+EXIT_INTERRUPTED: int
+RUNAWAY_MARK: str
 
 class FanfoldError(Exception):
     category: str
@@ -30,7 +32,8 @@ def run(
     markdown). ``progress`` is called, on the calling thread, with each
     engine event as positional arguments. On Ctrl-C (or when ``progress``
     raises) the engine is told to stop and waited for, then the exception
-    is raised."""
+    is raised; a second Ctrl-C waits still, so nothing writes the output
+    folder once this has returned."""
 
 def draft(dir: str, question: str, input: str, store: str) -> str:
     """Drafts a spec folder as ``fanfold ask`` does; returns JSON."""
@@ -40,3 +43,8 @@ def free_folder(base: str, question: str) -> str:
 
 def report_html(out: str) -> str:
     """The HTML report of the run in ``out``."""
+
+def end_process_on_runaway() -> None:
+    """Makes a runaway jq evaluation end this process (exit status 5, one
+    line on stderr starting with ``RUNAWAY_MARK``): for the process the
+    package runs the engine in, never the caller's interpreter."""

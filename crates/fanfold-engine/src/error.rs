@@ -75,6 +75,11 @@ pub enum RunError {
     /// runs (a field no unit has).
     #[error("spec {path}: {detail}")]
     Spec { path: String, detail: String },
+    /// Stopped from outside (Ctrl-C) before any stage ran, while the input
+    /// was stored or routed: what was written is kept, and a rerun goes on
+    /// from it.
+    #[error("interrupted while {phase}; what was stored is kept, and a rerun resumes from it")]
+    Interrupted { phase: &'static str },
 }
 
 impl RunError {
@@ -102,6 +107,7 @@ impl RunError {
             | RunError::MissingChunk { .. }
             | RunError::NoUnit { .. }
             | RunError::Output { .. } => ErrorCategory::Execution,
+            RunError::Interrupted { .. } => ErrorCategory::Interrupted,
         }
     }
 
@@ -127,6 +133,7 @@ impl ErrorCategory {
             ErrorCategory::Input => EXIT_INPUT,
             ErrorCategory::Configuration => EXIT_CONFIGURATION,
             ErrorCategory::Execution | ErrorCategory::Spec => EXIT_FAILED,
+            ErrorCategory::Interrupted => EXIT_INTERRUPTED,
         }
     }
 }
@@ -142,6 +149,8 @@ pub enum ErrorCategory {
     /// The spec is at fault, as a plan it cannot become is (exit 2), found
     /// once the input was read.
     Spec,
+    /// Stopped from outside (Ctrl-C), not a failure of anything.
+    Interrupted,
 }
 
 /// `fanfold run` exits with this when the input or a jq expression is at
@@ -156,6 +165,10 @@ pub const EXIT_FAILED: u8 = 2;
 pub const EXIT_INCOMPLETE: u8 = 3;
 /// `fanfold run` exits with this when verification failed.
 pub const EXIT_VERIFY_FAILED: u8 = 4;
+/// A run stopped from outside (Ctrl-C) ends with this, as a shell reports
+/// a command SIGINT ended (128 + 2), whether it stopped before any stage
+/// ran (an error) or during them (an incomplete answer).
+pub const EXIT_INTERRUPTED: u8 = 130;
 
 /// A spec that cannot become a plan, with the file and the name at fault.
 #[derive(Debug, thiserror::Error)]

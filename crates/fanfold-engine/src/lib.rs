@@ -22,7 +22,7 @@ pub mod strategy;
 
 pub use error::{ErrorCategory, RunError};
 pub use plan::{Overrides, Plan, PlanError};
-pub use report::{EXIT_INCOMPLETE, EXIT_VERIFY_FAILED, RunReport};
+pub use report::{EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_VERIFY_FAILED, RunReport};
 pub use run::{RunOptions, run};
 pub use source::{Source, SourceError};
 

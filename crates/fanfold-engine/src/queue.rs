@@ -137,27 +137,31 @@ impl BudgetPool {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// What is left of the wall budget, if there is one.
+    /// Whether the run was stopped from outside (Ctrl-C).
+    pub fn interrupted(&self) -> bool {
+        self.interrupt
+            .as_ref()
+            .is_some_and(|flag| flag.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// What is left of the wall budget, if there is one: none once the run
+    /// was interrupted, whatever the budget, since an interrupt means time
+    /// is up.
     pub fn wall_left(&self) -> Option<Duration> {
+        if self.interrupted() {
+            return Some(Duration::ZERO);
+        }
         let limit = Duration::from_secs(self.limits.max_wall_secs?);
         Some(limit.saturating_sub(self.started.elapsed()))
     }
 
-    /// The wall budget's stop, once it is spent.
+    /// Why time is up, once it is: an interrupt (its own reason, never
+    /// counted as the wall budget) or the spent wall budget.
     pub fn wall_spent(&self) -> Option<StopReason> {
-        let secs = self.started.elapsed().as_secs();
-        if self
-            .interrupt
-            .as_ref()
-            .is_some_and(|flag| flag.load(std::sync::atomic::Ordering::Relaxed))
-        {
-            // Interrupted: the wall budget is taken as spent now.
-            return Some(StopReason::BudgetExhausted {
-                budget: Budget::WallSecs,
-                limit: secs,
-                used: secs,
-            });
+        if self.interrupted() {
+            return Some(StopReason::Interrupted);
         }
+        let secs = self.started.elapsed().as_secs();
         let limit = self.limits.max_wall_secs?;
         (secs >= limit).then_some(StopReason::BudgetExhausted {
             budget: Budget::WallSecs,
@@ -708,7 +712,10 @@ impl<'a> StageJob<'a> {
     /// Stops the stage on a spent budget: queued retries end as errors
     /// (never negatives), unopened units `not_run`.
     fn stop_for_budget(&self, state: &mut State, stop: StopReason) -> Vec<(usize, UnitResult)> {
-        let reason = format!("budget_exhausted:{}", stop_budget(&stop));
+        let reason = match stop {
+            StopReason::Interrupted => stop.code().to_owned(),
+            _ => format!("budget_exhausted:{}", stop_budget(&stop)),
+        };
         let retries: Vec<Pending> = state
             .queue
             .iter()
@@ -781,7 +788,7 @@ impl Job for StageJob<'_> {
                     ContractSpec::TopK { .. }
                 ),
                 Some(StopReason::BudgetExhausted { budget, .. }) => *budget == Budget::WallSecs,
-                Some(StopReason::BreakerTripped { .. }) => true,
+                Some(StopReason::BreakerTripped { .. } | StopReason::Interrupted) => true,
                 _ => false,
             };
             (cancelled, ended)

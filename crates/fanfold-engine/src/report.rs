@@ -194,10 +194,13 @@ pub struct RunReport {
 impl RunReport {
     /// The process exit code a run should end with: 0 for a complete,
     /// verified answer; 3 for an answer cut short (budget, errors, not_run);
-    /// 4 when verification failed.
+    /// 130 for one stopped from outside (Ctrl-C); 4 when verification
+    /// failed.
     pub fn exit_code(&self) -> u8 {
         if !self.certificate.verify.passed {
             EXIT_VERIFY_FAILED
+        } else if self.answer.stop == StopReason::Interrupted {
+            EXIT_INTERRUPTED
         } else if !self.answer.complete {
             EXIT_INCOMPLETE
         } else {
@@ -207,5 +210,6 @@ impl RunReport {
 }
 
 pub use crate::error::{
-    EXIT_CONFIGURATION, EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INPUT, EXIT_VERIFY_FAILED,
+    EXIT_CONFIGURATION, EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INPUT, EXIT_INTERRUPTED,
+    EXIT_VERIFY_FAILED,
 };

@@ -27,6 +27,9 @@ pub enum StopReason {
     /// A stage's breaker stopped it: its first units failed, or judged
     /// canaries wrongly, past what the stage allows.
     BreakerTripped { stage: String, detail: String },
+    /// Stopped from outside (Ctrl-C): a person's choice, not a spent
+    /// budget; the units it left are `not_run`.
+    Interrupted,
 }
 
 /// The budgets a spec may declare, named as the certificate names them.
@@ -64,6 +67,7 @@ impl StopReason {
             StopReason::ContractSatisfied { .. } => "contract_satisfied",
             StopReason::BudgetExhausted { .. } => "budget_exhausted",
             StopReason::BreakerTripped { .. } => "breaker_tripped",
+            StopReason::Interrupted => "interrupted",
         }
     }
 }

@@ -99,6 +99,7 @@ impl Failure {
             ErrorCategory::Spec => (Kind::Spec, "spec"),
             ErrorCategory::Execution if e.is_store_failure() => (Kind::Store, "execution"),
             ErrorCategory::Execution => (Kind::Other, "execution"),
+            ErrorCategory::Interrupted => (Kind::Other, "interrupted"),
         };
         Failure {
             kind,
@@ -313,7 +314,10 @@ const SIGNAL_POLL: Duration = Duration::from_millis(100);
 /// sent after it, calls in flight are cancelled), this thread waits for it
 /// to store what it decided and write its outputs, and then raises
 /// `KeyboardInterrupt`: every fact stored is kept, and a rerun pays only
-/// for what is missing. A second Ctrl-C stops the waiting.
+/// for what is missing. A second Ctrl-C does not stop the waiting: a run
+/// left behind would go on writing its output folder after the call
+/// returned. The `fanfold` package runs this in a process of its own,
+/// which a second Ctrl-C ends as a kill does.
 #[pyfunction]
 #[pyo3(signature = (spec, *, store, out=None, input=None, backend=None, slots=4, max_model_calls=None, progress=None))]
 #[allow(clippy::too_many_arguments)]
@@ -377,12 +381,12 @@ fn run(
                 };
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                if let Err(signal) = py.check_signals() {
-                    if interrupted.is_some() {
-                        // Interrupted again while the engine winds down:
-                        // stop waiting; its thread ends on its own.
-                        return Err(signal);
-                    }
+                // Interrupted again while the engine winds down: it is
+                // already told to stop, and is waited for still, so nothing
+                // writes the output folder once this call has returned.
+                if let Err(signal) = py.check_signals()
+                    && interrupted.is_none()
+                {
                     interrupt.store(true, Ordering::Relaxed);
                     interrupted = Some(signal);
                 }
@@ -445,6 +449,26 @@ fn html_of(out: &Path) -> Result<String, String> {
     Ok(fanfold_bench::page::run_page(&read, cores).1)
 }
 
+/// Makes a runaway jq evaluation (past its time or memory limit) end this
+/// process with exit status 5 (bad input, as `fanfold run` exits) and one
+/// line on stderr, `fanfold-runaway: ` and what ran away. jaq cannot be
+/// stopped inside a process, so the `fanfold` package calls this in the
+/// process it runs the engine in, never in the interpreter it serves,
+/// and raises `InputError` with that line when the process ends so. The
+/// store is left as a kill leaves it: consistent, and a rerun resumes.
+#[pyfunction]
+fn end_process_on_runaway() {
+    fanfold_ops::jq::on_runaway(|r| {
+        use std::io::Write as _;
+        // Inside an allocation, perhaps: write and end, never panic.
+        let _ = writeln!(std::io::stderr(), "{RUNAWAY_MARK}{r}");
+        std::process::exit(i32::from(fanfold_engine::error::EXIT_INPUT));
+    });
+}
+
+/// What starts the line a runaway writes before its process ends.
+const RUNAWAY_MARK: &str = "fanfold-runaway: ";
+
 /// The native half of the `fanfold` package.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -453,6 +477,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(draft, m)?)?;
     m.add_function(wrap_pyfunction!(free_folder, m)?)?;
     m.add_function(wrap_pyfunction!(report_html, m)?)?;
+    m.add_function(wrap_pyfunction!(end_process_on_runaway, m)?)?;
+    m.add("RUNAWAY_MARK", RUNAWAY_MARK)?;
+    m.add("EXIT_INTERRUPTED", fanfold_engine::EXIT_INTERRUPTED)?;
     m.add("FanfoldError", py.get_type::<FanfoldError>())?;
     m.add("SpecError", py.get_type::<SpecError>())?;
     m.add("InputError", py.get_type::<InputError>())?;

@@ -203,6 +203,12 @@ pub fn incomplete(
             "budget {budget} exhausted ({used} of {limit}): the units it left are not_run"
         ));
     }
+    if *stop == StopReason::Interrupted {
+        why.push(
+            "interrupted: the run was stopped from outside (Ctrl-C); the units it left are not_run"
+                .to_owned(),
+        );
+    }
     if let StopReason::BreakerTripped { stage, detail } = stop {
         why.push(format!(
             "stage `{stage}` stopped itself: {detail}; the units it left are not_run"

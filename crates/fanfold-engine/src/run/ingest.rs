@@ -4,6 +4,7 @@
 //! memory.
 
 use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use fanfold_core::ContentHash;
 use fanfold_store::{CHUNK_BYTES, ChunkRef, Store};
@@ -23,8 +24,15 @@ pub struct Artifact {
 /// Chunks written per store transaction (and held in memory until then).
 const CHUNKS_PER_WRITE: usize = 4;
 
-/// Reads `source` to its end into the store.
-pub fn ingest(source: &Source, store: &Store) -> Result<Artifact, RunError> {
+/// Reads `source` to its end into the store. `interrupt`, once set, is
+/// seen at the next chunk (1 MiB): the chunks read so far are stored,
+/// so a rerun over the same input writes only the rest, and the run ends
+/// as [`RunError::Interrupted`].
+pub fn ingest(
+    source: &Source,
+    store: &Store,
+    interrupt: Option<&AtomicBool>,
+) -> Result<Artifact, RunError> {
     let origin = source.origin();
     let mut reader = source.open()?;
     let mut hasher = blake3::Hasher::new();
@@ -38,6 +46,12 @@ pub fn ingest(source: &Source, store: &Store) -> Result<Artifact, RunError> {
         Ok(())
     };
     loop {
+        if interrupt.is_some_and(|flag| flag.load(Ordering::Relaxed)) {
+            flush(&mut pending)?;
+            return Err(RunError::Interrupted {
+                phase: "storing the input",
+            });
+        }
         let mut buf = Vec::with_capacity(CHUNK_BYTES);
         let n = (&mut reader)
             .take(CHUNK_BYTES as u64)

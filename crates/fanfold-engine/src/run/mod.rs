@@ -65,8 +65,11 @@ pub struct RunOptions {
     /// (`fanfold worker`); this run queues them and folds what they answer.
     pub fleet: bool,
     /// Set from outside to stop the run (Ctrl-C where no signal reaches
-    /// it, as in the Python package): it ends as a spent wall budget ends
-    /// it, every fact it stored kept.
+    /// it, as in the Python package), seen at every chunk of the source,
+    /// every read and element of the route pass, every embed batch and
+    /// before every model call: the run ends as `interrupted` (its own stop
+    /// reason and exit code, never the wall budget's), every fact it
+    /// stored kept.
     pub interrupt: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
@@ -211,10 +214,11 @@ pub fn run(plan: &Plan, opts: &RunOptions, progress: &dyn Progress) -> Result<Ru
     let mut phases = Phases::start();
 
     // Source.
-    let artifact = ingest::ingest(&source, &store).map_err(|e| match e {
-        RunError::Store(s) => RunError::Store(s.name_holders(None)),
-        e => e,
-    })?;
+    let artifact =
+        ingest::ingest(&source, &store, opts.interrupt.as_deref()).map_err(|e| match e {
+            RunError::Store(s) => RunError::Store(s.name_holders(None)),
+            e => e,
+        })?;
     phases.mark("source");
 
     let run_id = new_run_id(&artifact.hash);
@@ -285,6 +289,7 @@ fn run_begun(
         ingest::ArtifactReader::new(store, artifact),
         Some(store),
         options,
+        opts.interrupt.as_deref(),
     )?;
     crate::plan::output_fields_in(spec, &routed.table).map_err(|detail| RunError::Spec {
         path: plan.spec_path.display().to_string(),
@@ -882,14 +887,23 @@ pub fn route_source_keeping(
             let hash = ContentHash(*hasher.finalize().as_bytes());
             let mut reader = source.open()?;
             let routed =
-                route::route_keeping(plan, hash, &origin, &mut reader, None, options, keep)?;
+                route::route_keeping(plan, hash, &origin, &mut reader, None, options, keep, None)?;
             reader.finish()?;
             Ok(routed)
         }
         _ => {
             let bytes = source.read()?;
             let hash = ContentHash::of_bytes(&bytes);
-            route::route_keeping(plan, hash, &origin, bytes.as_slice(), None, options, keep)
+            route::route_keeping(
+                plan,
+                hash,
+                &origin,
+                bytes.as_slice(),
+                None,
+                options,
+                keep,
+                None,
+            )
         }
     }
 }

@@ -173,23 +173,34 @@ impl ConfirmRepeat for StoreRepeat<'_, '_> {
 }
 
 /// A reader that ends with an error once the run has failed, so a failure
-/// in a callback stops the read instead of partitioning on.
+/// in a callback stops the read instead of partitioning on, or once the
+/// run is interrupted from outside, so a large input stops within a read
+/// (the stored artifact hands out at most a chunk, 1 MiB, at a time).
 struct Stoppable<'f, R> {
     inner: R,
     stop: &'f AtomicBool,
+    interrupt: Option<&'f AtomicBool>,
 }
 
 impl<R: Read> Read for Stoppable<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if self.stop.load(Ordering::Relaxed) {
+        if self.stop.load(Ordering::Relaxed) || interrupted(self.interrupt) {
             return Err(std::io::Error::other("stopped"));
         }
         self.inner.read(buf)
     }
 }
 
+fn interrupted(flag: Option<&AtomicBool>) -> bool {
+    flag.is_some_and(|f| f.load(Ordering::Relaxed))
+}
+
 /// Partitions and prefilters `reader` (the source named by `source_hash`),
-/// writing to `store` when given.
+/// writing to `store` when given. `interrupt`, once set, stops the pass at
+/// the next read of the source or the next element, whichever comes
+/// first, as [`RunError::Interrupted`]: the batches written are kept, the
+/// partition is not marked whole, so a rerun partitions it again and
+/// finds the units already stored.
 pub fn route(
     plan: &Plan,
     source_hash: ContentHash,
@@ -197,12 +208,23 @@ pub fn route(
     reader: impl Read + Send,
     store: Option<&Store>,
     options: StreamOptions,
+    interrupt: Option<&AtomicBool>,
 ) -> Result<Routed, RunError> {
-    route_keeping(plan, source_hash, origin, reader, store, options, None)
+    route_keeping(
+        plan,
+        source_hash,
+        origin,
+        reader,
+        store,
+        options,
+        None,
+        interrupt,
+    )
 }
 
 /// [`route`], holding in the table only the units whose ids `keep` lists
 /// (all when `None`).
+#[allow(clippy::too_many_arguments)]
 pub fn route_keeping(
     plan: &Plan,
     source_hash: ContentHash,
@@ -211,6 +233,7 @@ pub fn route_keeping(
     store: Option<&Store>,
     options: StreamOptions,
     keep: Option<&std::collections::HashSet<String>>,
+    interrupt: Option<&AtomicBool>,
 ) -> Result<Routed, RunError> {
     let prefilter = RecordPrefilter::compile(&plan.spec.prefilter)?;
     let first_stage = plan.first_stage();
@@ -286,6 +309,7 @@ pub fn route_keeping(
             Stoppable {
                 inner: reader,
                 stop: &stop,
+                interrupt,
             },
             options,
             seen,
@@ -306,6 +330,13 @@ pub fn route_keeping(
                 if sink.failed.is_some() {
                     return;
                 }
+                if interrupted(interrupt) {
+                    sink.failed = Some(RunError::Interrupted {
+                        phase: "partitioning and prefiltering the input",
+                    });
+                    stop.store(true, Ordering::Relaxed);
+                    return;
+                }
                 if let Err(e) = sink.take(el) {
                     sink.failed = Some(e);
                     stop.store(true, Ordering::Relaxed);
@@ -316,6 +347,12 @@ pub fn route_keeping(
     let mut sink = sink.into_inner();
     if let Some(e) = sink.failed.take() {
         return Err(e);
+    }
+    // Stopped at a read before any element saw the flag.
+    if interrupted(interrupt) {
+        return Err(RunError::Interrupted {
+            phase: "partitioning and prefiltering the input",
+        });
     }
     let coverage = result.map_err(|source| match store_failure(source) {
         Ok(store) => RunError::Store(store),

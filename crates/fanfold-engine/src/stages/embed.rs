@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use fanfold_core::spec::{EmbedStageSpec, Spec};
 use fanfold_core::{ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHash, Status};
 use fanfold_embed::{Embedder, EmbedderFiles};
+use fanfold_ops::contract::StopReason;
 use fanfold_ops::embed::{EmbedStage, vector_key};
 use fanfold_ops::view::{INPUT_BUCKET, Projector};
 use fanfold_store::Store;
@@ -26,6 +27,7 @@ use crate::kit::UnitTable;
 use crate::kit::ledger::Origin;
 use crate::kit::{BuildContext, CachedCount, Outputs, Shape, Stage, StageContext, StageOutcome};
 use crate::models::{self, MINILM_L6_V2};
+use crate::queue::BudgetPool;
 
 pub struct EmbedRunner {
     pub stage: EmbedStage,
@@ -160,6 +162,7 @@ impl Stage for EmbedRunner {
     fn run(&self, ctx: &mut StageContext<'_>, units: Vec<usize>) -> Result<StageOutcome, RunError> {
         let name = self.stage.name();
         ctx.progress.stage_started(name, units.len() as u64, 0);
+        let budget = ctx.budget;
         let outcome = run_stage(
             &self.stage,
             &self.spec_dir,
@@ -167,6 +170,7 @@ impl Stage for EmbedRunner {
             &units,
             ctx.store,
             embedders(ctx, &self.stage)?,
+            Some(budget),
         )?;
         if let Some(published) = ctx.shared.get::<crate::kit::UnitScores>() {
             published.put(name, outcome.scores.iter().copied());
@@ -190,6 +194,7 @@ impl Stage for EmbedRunner {
         ctx.progress.stage_finished(name);
         Ok(StageOutcome {
             passed: outcome.passed,
+            stop: outcome.stop,
             ..StageOutcome::default()
         })
     }
@@ -231,6 +236,9 @@ struct EmbedOutcome {
     /// proxy.
     scores: Vec<(usize, f64)>,
     stats: EmbedStats,
+    /// Why the stage stopped before embedding every unit (an interrupt, the
+    /// wall budget); the units it left ended `not_run`.
+    stop: Option<StopReason>,
 }
 
 /// Where a stage's embedder lives and its identity, without loading it.
@@ -351,9 +359,11 @@ fn run_stage(
     indices: &[usize],
     store: &Store,
     embedders: &mut Embedders,
+    budget: Option<&BudgetPool>,
 ) -> Result<EmbedOutcome, RunError> {
     let (dir, model_id) = embedder_identity(stage, spec_dir)?;
     let mut out = EmbedOutcome {
+        stop: None,
         ended: Vec::new(),
         passed: Vec::new(),
         scores: Vec::new(),
@@ -382,7 +392,7 @@ fn run_stage(
         let anchor_texts: Vec<&str> = stage.anchors.iter().map(|a| a.text.as_str()).collect();
         let texts: Vec<&str> = open.iter().map(|(_, _, t)| t.as_str()).collect();
         let all: Vec<&str> = anchor_texts.iter().chain(&texts).copied().collect();
-        let vectors = vectors_for(
+        let (vectors, stop) = vectors_for(
             stage,
             dir.as_deref(),
             &model_id,
@@ -390,8 +400,12 @@ fn run_stage(
             store,
             embedders,
             &mut out.stats,
+            budget,
         )?;
         let (anchors, unit_vectors) = vectors.split_at(anchor_texts.len());
+        // Anchors come first in the batches: without every one of them no
+        // unit can be scored.
+        let anchors: Option<Vec<Vec<f32>>> = anchors.iter().cloned().collect();
         let params = ModelParams {
             backend: "embed".into(),
             model_id: model_id.clone(),
@@ -402,6 +416,16 @@ fn run_stage(
         };
         let mut fresh = Vec::with_capacity(open.len());
         for ((i, key, _), v) in open.into_iter().zip(unit_vectors) {
+            let (Some(anchors), Some(v)) = (&anchors, v) else {
+                // Stopped before this unit's batch: it never ran here.
+                let why = stop.as_ref().map_or("stopped", StopReason::code);
+                out.ended.push((
+                    i,
+                    not_run_fact(stage, &model_id, key, table, i, why)?,
+                    Origin::Fresh,
+                ));
+                continue;
+            };
             let scored = stage.score(v, anchors);
             let status = stage.decide(&scored);
             let u = table.unit(i)?;
@@ -443,6 +467,7 @@ fn run_stage(
             fresh.push((i, fact, Origin::Fresh));
         }
         decided.extend(fresh);
+        out.stop = stop;
     }
     decided.sort_by_key(|(i, _, _)| *i);
     if let Some(k) = stage.spec.top_k {
@@ -513,11 +538,19 @@ fn keep_top(stage: &EmbedStage, k: usize, decided: &mut [(usize, FactRecord, Ori
     }
 }
 
+/// One vector a text, in order; `None` for a text the stage stopped
+/// before embedding.
+type Vectors = Vec<Option<Vec<f32>>>;
+
 /// Texts embedded, and their vectors stored, at a time.
 const EMBED_BATCH: usize = 32;
 
 /// Vectors for `texts`, from the store where cached, else computed in
-/// batches and cached as each batch is done.
+/// batches and cached as each batch is done. With `budget`, its time is
+/// asked about before each batch: once the run is interrupted (or its wall
+/// budget spent) no batch is started, the texts left have no vector, and
+/// the reason is returned beside them.
+#[allow(clippy::too_many_arguments)]
 fn vectors_for(
     stage: &EmbedStage,
     dir: Option<&Path>,
@@ -526,7 +559,8 @@ fn vectors_for(
     store: &Store,
     embedders: &mut Embedders,
     stats: &mut EmbedStats,
-) -> Result<Vec<Vec<f32>>, RunError> {
+    budget: Option<&BudgetPool>,
+) -> Result<(Vectors, Option<StopReason>), RunError> {
     let keys: Vec<_> = texts
         .iter()
         .map(|t| vector_key(model_id, stage.spec.max_tokens, t))
@@ -544,11 +578,16 @@ fn vectors_for(
         .map(|(i, (_, (&t, &k)))| (i, t, k))
         .collect();
     stats.vectors_reused += (texts.len() - missing.len()) as u64;
+    let mut stop = None;
     if !missing.is_empty() {
         let embedder = embedders.get(stage, dir, model_id)?;
-        // Stored batch by batch, so a killed run keeps every vector it
-        // computed but the last batch's.
+        // Stored batch by batch, so a killed or interrupted run keeps every
+        // vector it computed but the last batch's.
         for part in missing.chunks(EMBED_BATCH) {
+            if let Some(spent) = budget.and_then(BudgetPool::wall_spent) {
+                stop = Some(spent);
+                break;
+            }
             let batch: Vec<&str> = part.iter().map(|&(_, t, _)| t).collect();
             let (computed, usage) = embedder.embed(&batch).map_err(|e| embed_err(stage, e))?;
             stats.vectors_computed += computed.len() as u64;
@@ -567,7 +606,49 @@ fn vectors_for(
             }
         }
     }
-    Ok(vectors.into_iter().map(Option::unwrap_or_default).collect())
+    Ok((vectors, stop))
+}
+
+/// The fact of a unit the stage stopped before embedding (`why`: the
+/// stop's code): `not_run`, never stored, so a rerun embeds it.
+fn not_run_fact(
+    stage: &EmbedStage,
+    model_id: &str,
+    key: ContentHash,
+    table: &UnitTable,
+    i: usize,
+    why: &str,
+) -> Result<FactRecord, RunError> {
+    let u = table.unit(i)?;
+    Ok(FactRecord {
+        schema: FACT_SCHEMA.into(),
+        key,
+        source_ids: vec![u.unit_id.clone()],
+        source_hashes: vec![u.unit_hash],
+        stage: stage.name().to_owned(),
+        stage_version: stage.spec.version,
+        rubric_hash: stage.definition_hash(),
+        model: ModelParams {
+            backend: "embed".into(),
+            model_id: model_id.to_owned(),
+            temperature: 0.0,
+            max_output_tokens: 0,
+            seed: 0,
+            simulated: false,
+        },
+        status: Status::NotRun,
+        decision: None,
+        facts: serde_json::Value::Object(serde_json::Map::new()),
+        confidence: None,
+        choice_scores: Vec::new(),
+        reason: Some(format!("not embedded: {why}")),
+        evidence: Vec::new(),
+        cost: Cost::default(),
+        attempts: 0,
+        reducer_path: Vec::new(),
+        truncated_tokens: 0,
+        digest: None,
+    })
 }
 
 /// The vectors of `indices` as `runner` embeds them (its projection, its
@@ -594,7 +675,7 @@ pub(crate) fn unit_vectors(
     };
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let mut stats = EmbedStats::default();
-    let vectors = vectors_for(
+    let (vectors, _) = vectors_for(
         stage,
         dir.as_deref(),
         &model_id,
@@ -602,8 +683,9 @@ pub(crate) fn unit_vectors(
         store,
         embedders,
         &mut stats,
+        None,
     )?;
-    Ok(vectors.into_iter().map(Some).collect())
+    Ok(vectors)
 }
 
 /// What an embed stage kept of the units a spec routes to it, tried
@@ -654,6 +736,7 @@ pub fn preview(
         &tried,
         store,
         &mut Embedders::default(),
+        None,
     )?;
     for (_, fact, origin) in &outcome.ended {
         if *origin == Origin::Fresh {
