@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 /// store holds it as this type's JSON), so a field added here reaches
 /// every backend that answers it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Request {
     /// The engine's handle for this unit; opaque to backends. A carrier
     /// may give it its own meaning (a fleet worker's task number).
@@ -80,6 +81,7 @@ pub struct Completion {
 
 /// The output field that carries a stage's decision and its allowed values.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DecisionField {
     /// The object key, e.g. `decision`.
     pub key: String,
@@ -185,10 +187,10 @@ pub struct BackendInfo {
 
 /// What a job asks of a backend besides its prefix and its requests: one
 /// value, so whatever carries a job elsewhere (a fleet's store, a wrapper
-/// that records it) carries all of it. A field left out of a stored row is
-/// that field's default.
+/// that records it) carries all of it; a stored row is read strictly (a
+/// field unknown here refuses it).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(deny_unknown_fields)]
 pub struct JobOptions {
     /// The JSON Schema every output must satisfy; backends that can
     /// constrain decoding to it do.

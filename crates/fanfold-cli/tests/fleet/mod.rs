@@ -4,6 +4,7 @@
 
 use super::*;
 
+mod rows;
 mod trust;
 
 /// Waits until the judge has answered `n` calls in all.

@@ -9,7 +9,7 @@ use super::*;
 /// `backend` (a portable backend as the engine writes it), with one task
 /// waiting; planted straight into the store at `path`, as anyone who can
 /// write the store could.
-fn planted_job(path: &Path, run: &str, backend: &Value, model_id: &str) {
+pub(super) fn planted_job(path: &Path, run: &str, backend: &Value, model_id: &str) {
     let store = fanfold_store::Store::open(path).expect("store");
     let h = fanfold_core::ContentHash::of_bytes(b"planted");
     store.begin_run(run, "t", &h, &h).expect("run");
@@ -19,21 +19,33 @@ fn planted_job(path: &Path, run: &str, backend: &Value, model_id: &str) {
         backend: backend.to_string(),
         model_id: model_id.to_owned(),
         prefix: "p".into(),
-        options: "{}".into(),
+        options: fanfold_engine::fleet::options_row(&fanfold_model::JobOptions::default())
+            .expect("options"),
     };
     store.open_fleet_job(&job).expect("job");
-    let task = serde_json::json!({
-        "unit_id": "u0", "suffix": "s", "input": {"id": 0}, "attempt": 1,
-        "max_output_tokens": 16, "schema": null
-    });
+    let task = fanfold_engine::fleet::task_row(&fanfold_model::Request {
+        index: 0,
+        unit_id: "u0".into(),
+        suffix: "s".into(),
+        input: serde_json::json!({"id": 0}),
+        attempt: 1,
+        max_output_tokens: 16,
+        schema: None,
+    })
+    .expect("task");
     store
-        .put_fleet_tasks(&job.job_id, &[(0, task.to_string())])
+        .put_fleet_tasks(&job.job_id, &[(0, task)])
         .expect("task");
 }
 
 /// A worker on `store` with its temporary files under `tmp`, logging to
 /// `log`, stopping after 20 s without work.
-fn worker_in(tmp: &Path, store: &Path, log: &Path, extra: &[&str]) -> std::process::Child {
+pub(super) fn worker_in(
+    tmp: &Path,
+    store: &Path,
+    log: &Path,
+    extra: &[&str],
+) -> std::process::Child {
     let log = std::fs::File::create(log).expect("log");
     bin()
         .arg("worker")
@@ -56,7 +68,7 @@ fn worker_in(tmp: &Path, store: &Path, log: &Path, extra: &[&str]) -> std::proce
 }
 
 /// Waits until `path` holds `needle`; its text.
-fn wait_for_text(path: &Path, needle: &str) -> String {
+pub(super) fn wait_for_text(path: &Path, needle: &str) -> String {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -90,7 +102,7 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Stops `worker` (SIGTERM) and waits for it.
-fn stop(mut worker: std::process::Child) {
+pub(super) fn stop(mut worker: std::process::Child) {
     signal(&worker, "TERM");
     let _ = wait_all(
         std::slice::from_mut(&mut worker),

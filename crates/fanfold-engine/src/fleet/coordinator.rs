@@ -8,7 +8,7 @@ use std::time::Duration;
 use fanfold_model::{BackendError, BackendInfo, CallError, Job, ModelBackend, Next, Request};
 use fanfold_store::{FleetJob, Store, StoreError};
 
-use super::{FleetLink, PortableBackend, TaskResult, task_row};
+use super::{FleetLink, PortableBackend, TaskResult, options_row, task_row};
 
 /// How long the coordinator waits before reading the queue again after
 /// a read found no results: from [`POLL_MIN`], doubling to [`POLL_MAX`]
@@ -311,7 +311,7 @@ impl ModelBackend for FleetBackend {
             backend: self.portable.clone(),
             model_id: self.info.model_id.clone(),
             prefix: job.prefix().to_owned(),
-            options: serde_json::to_string(job.options()).map_err(|e| {
+            options: options_row(job.options()).map_err(|e| {
                 BackendError::Setup(format!("the job's options not written as JSON: {e}"))
             })?,
         };

@@ -300,7 +300,7 @@ fn admit(
     opts: &WorkerOptions,
     identities: &mut HashMap<String, Result<String, String>>,
 ) -> Result<JobOptions, String> {
-    let options = read_options(&job.options)?;
+    let options = read_options(&job.job_id, &job.options)?;
     let portable: PortableBackend = serde_json::from_str(&job.backend)
         .map_err(|e| format!("the job's backend does not read: {e}"))?;
     portable.check_files()?;
@@ -557,12 +557,11 @@ impl Job for WorkerJob<'_> {
                         s.claimed_at = now;
                     }
                     for t in tasks {
-                        match read_task(&t.request, t.seq) {
+                        match read_task(&self.job.job_id, &t.request, t.seq) {
                             Ok(r) => s.claimed.push_back((t.seq, r)),
                             Err(e) => {
-                                let err: TaskResult = Err(CallError::InvalidResponse(format!(
-                                    "the task does not read: {e}"
-                                )));
+                                tracing::error!("{e}");
+                                let err: TaskResult = Err(CallError::InvalidResponse(e));
                                 self.write(t.seq, &err);
                             }
                         }
