@@ -45,6 +45,11 @@ pub struct Spec {
     /// none unless named here.
     #[serde(default, skip_serializing_if = "EnvSpec::is_empty")]
     pub env: EnvSpec,
+    /// Relations the question is about that hold among units, never in one
+    /// alone (`["duplicate_of"]`): `fanfold explain` says the question
+    /// needs groups, and which stages judge units together.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub required_relations: Vec<String>,
 }
 
 /// `[env]`: what of the environment jq programs see.

@@ -600,6 +600,26 @@ impl Plan {
         let mut out = String::new();
         let _ = writeln!(out, "spec      {}", s.name);
         let _ = writeln!(out, "question  {}", s.question);
+        if !s.required_relations.is_empty() {
+            // A stage whose context shows several units at once (a group,
+            // a widened unit) is what can state a relation among them.
+            let together: Vec<String> = self
+                .stages
+                .iter()
+                .filter(|st| st.evidence_view().is_some_and(|v| v.grouped || v.widened))
+                .map(|st| format!("`{}`", st.name()))
+                .collect();
+            let by = if together.is_empty() {
+                "no stage here judges units together, so no fact can state them: add a `group` stage".to_owned()
+            } else {
+                format!("judged together by {}", together.join(", "))
+            };
+            let _ = writeln!(
+                out,
+                "needs     groups: the relations {} hold among units, not in one; {by}",
+                s.required_relations.join(", ")
+            );
+        }
         let _ = writeln!(
             out,
             "partition {} (kind {})",

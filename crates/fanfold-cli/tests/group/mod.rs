@@ -459,3 +459,44 @@ fn the_issue_duplicates_example_finds_its_duplicates_and_contradictions() {
             .unwrap();
     assert_eq!(cert["stats"]["model_calls"], 0);
 }
+
+#[test]
+fn a_question_that_needs_groups_says_so_in_explain() {
+    let scratch = tempfile::tempdir().unwrap();
+    let o = run(bin()
+        .arg("explain")
+        .arg(repo().join("examples/issue-duplicates/spec.toml"))
+        .args(["--backend", "scripted", "--store"])
+        .arg(scratch.path().join("store.sqlite")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(
+            "needs     groups: the relations duplicate_of, contradicts hold among units, not in one; judged together by `related_issues`"
+        ),
+        "{}",
+        stdout(&o)
+    );
+    // A spec of one map stage cannot state a relation among units.
+    let f = Fixture::new(JSON_ARRAY, "");
+    f.input(&flagged_rows(4));
+    let spec = std::fs::read_to_string(f.path("spec.toml")).unwrap();
+    let (first, rest) = spec.split_once('\n').unwrap();
+    std::fs::write(
+        f.path("spec.toml"),
+        format!("{first}\nrequired_relations = [\"duplicate_of\"]\n{rest}"),
+    )
+    .unwrap();
+    let o = run(bin().arg("explain").arg(f.path("spec.toml")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("no stage here judges units together"),
+        "{}",
+        stdout(&o)
+    );
+    // Without the declaration, explain says nothing of it.
+    let f = Fixture::new(JSON_ARRAY, "");
+    f.input(&flagged_rows(4));
+    let o = run(bin().arg("explain").arg(f.path("spec.toml")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("needs     groups"), "{}", stdout(&o));
+}
