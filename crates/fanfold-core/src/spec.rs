@@ -109,8 +109,6 @@ pub enum PartitionSpec {
         key: Option<String>,
         #[serde(default = "default_kind")]
         kind: String,
-    },
-    /// One JSON value a line.
         /// Fields of each record that are units of their own (a long
         /// `body`), with the id `<record id>.<field>`: the unit holds the
         /// record's other fields as context, and its evidence may quote
@@ -129,6 +127,8 @@ pub enum PartitionSpec {
         /// A field of each element at `path` whose value is its id.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         element_key: Option<String>,
+    },
+    /// One JSON value a line.
     Jsonl {
         key: Option<String>,
         #[serde(default = "default_kind")]
@@ -193,14 +193,14 @@ pub enum PartitionSpec {
     },
 }
 
-fn default_file_kind() -> String {
-    "file".to_owned()
 /// A path's place with its first indexes written out, for `explain`:
 /// `.events[].message` is `.events[0].message`.
 fn place_of(path: &str) -> String {
     path.replace("[]", "[0]")
 }
 
+fn default_file_kind() -> String {
+    "file".to_owned()
 }
 
 fn default_email_kind() -> String {
@@ -233,8 +233,6 @@ impl PartitionSpec {
         }
     }
 
-    /// For a format that reads documents (a folder or one file, never a
-    /// stream), the glob that picks the files.
     /// What a unit is when it is not a whole record, as `explain` says
     /// it: a record's field as a unit of its own, or the elements at a
     /// path into each record.
@@ -273,6 +271,8 @@ impl PartitionSpec {
         Some(format!("each element at `{path}` of each record, {ids}"))
     }
 
+    /// For a format that reads documents (a folder or one file, never a
+    /// stream), the glob that picks the files.
     pub fn document_glob(&self) -> Option<&str> {
         let (glob, default) = match self {
             PartitionSpec::Files { glob, .. } => (glob, "**/*"),
