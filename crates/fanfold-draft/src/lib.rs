@@ -784,7 +784,7 @@ fn count_rung(
                 Ok(s) => s,
                 Err(e) => return (Err(describe(&e)), None),
             };
-            let previewed = fanfold_engine::stages::embed::preview(
+            let previewed = fanfold_engine::run::preview_embed(
                 &plan,
                 rung::EMBED_STAGE,
                 &source,

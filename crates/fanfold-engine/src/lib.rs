@@ -9,6 +9,7 @@ pub mod fleet;
 pub mod folder;
 pub mod interval;
 pub mod kit;
+pub mod markdown;
 pub mod models;
 pub mod output;
 pub mod plan;

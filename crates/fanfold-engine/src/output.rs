@@ -11,66 +11,9 @@ use fanfold_ops::interval::Estimate;
 use crate::error::RunError;
 use crate::report::RunReport;
 
+pub use crate::markdown::{md_sentence, md_text, safe_link};
+
 pub const SIMULATED: &str = "[SIMULATED]";
-
-/// Text from the input, escaped so Markdown and HTML show it as written:
-/// on one line, with every character that could start markup escaped.
-pub fn md_text(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '\n' | '\r' | '\t' => out.push(' '),
-            // Mid-line, these are all that can start markup; our text is
-            // never at the start of a line, where `#`, `-`, `+` would.
-            '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '|' | '~' | '&' => {
-                out.push('\\');
-                out.push(c);
-            }
-            c if c.is_control() => {}
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// One of fanfold's own sentences, whose names are `code spans` and
-/// whose other words may come from the input: each paired span stays a
-/// code span (where nothing is markup, so only a table's `|` needs its
-/// escape), everything else is escaped as [`md_text`] escapes it. A
-/// backtick left without a partner is shown as written.
-pub fn md_sentence(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 8);
-    let mut rest = s;
-    while let Some(open) = rest.find('`') {
-        let Some(len) = rest[open + 1..].find('`') else {
-            break;
-        };
-        out.push_str(&md_text(&rest[..open]));
-        let code = &rest[open + 1..open + 1 + len];
-        out.push('`');
-        for c in code.chars() {
-            match c {
-                '\n' | '\r' | '\t' => out.push(' '),
-                '|' => out.push_str("\\|"),
-                c if c.is_control() => {}
-                c => out.push(c),
-            }
-        }
-        out.push('`');
-        rest = &rest[open + 2 + len..];
-    }
-    out.push_str(&md_text(rest));
-    out
-}
-
-/// Whether a link from the input may be shown as a link: http(s) only,
-/// and nothing that could end the Markdown link early.
-pub fn safe_link(link: &str) -> bool {
-    (link.starts_with("https://") || link.starts_with("http://"))
-        && !link.chars().any(|c| {
-            c.is_whitespace() || c.is_control() || matches!(c, '(' | ')' | '<' | '>' | '"' | '`')
-        })
-}
 
 /// Fails now, before anything is paid for, if the outputs could not be
 /// written to `dir` at the end.
@@ -750,35 +693,4 @@ pub fn estimate_markdown(e: &Estimate, sim: &str) -> String {
 fn trim(x: f64) -> String {
     let s = format!("{x:.4}");
     s.trim_end_matches('0').trim_end_matches('.').to_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_sentence_keeps_its_code_spans_and_escapes_the_rest() {
-        assert_eq!(
-            md_sentence("widen `context` (key `.thread`): bad_key <b>"),
-            "widen `context` (key `.thread`): bad\\_key \\<b\\>"
-        );
-        // In a table cell a pipe would end the cell, even in a span.
-        assert_eq!(md_sentence("a `x|y` b"), "a `x\\|y` b");
-        // A lone backtick is not a span: shown as written.
-        assert_eq!(md_sentence("it's `open"), "it's \\`open");
-        assert_eq!(md_sentence("`a\nb`"), "`a b`");
-    }
-
-    #[test]
-    fn input_text_shows_as_written() {
-        let t = md_text("![x](javascript:alert(1)) <img src=x onerror=y> *bold*\n## h");
-        assert!(!t.contains("!["), "{t}");
-        assert!(t.contains("\\<img") && !t.contains(" <img"), "{t}");
-        assert!(t.contains("\\*bold\\*"), "{t}");
-        assert!(!t.contains('\n'), "{t}");
-        assert!(safe_link("https://github.com/o/r/issues/1"));
-        assert!(!safe_link("javascript:alert(1)"));
-        assert!(!safe_link("https://x.test/a) [y](javascript:z"));
-        assert!(!safe_link("data:text/html,hi"));
-    }
 }

@@ -855,6 +855,30 @@ pub(crate) fn leaf_of(f: &FactRecord, unit: Value) -> Leaf {
     }
 }
 
+/// Tries the embed stage `name` on the units the prefilter routes to it
+/// (at most `most`, spread evenly over them) before any run, for `fanfold
+/// new`, which states what its first rung keeps in the spec it writes.
+pub fn preview_embed(
+    plan: &Plan,
+    name: &str,
+    source: &Source,
+    store: &Store,
+    max_unit_bytes: u64,
+    most: usize,
+) -> Result<crate::stages::embed::Preview, RunError> {
+    use crate::stages::embed::{EmbedRunner, preview};
+    let runner = plan
+        .stage(name)
+        .and_then(|s| s.as_any().downcast_ref::<EmbedRunner>())
+        .ok_or_else(|| RunError::Embed {
+            stage: name.to_owned(),
+            source: "the spec has no embed stage of that name".into(),
+        })?;
+    let routed = route_source(plan, source, max_unit_bytes)?;
+    let all = routed.by_stage.get(name).cloned().unwrap_or_default();
+    preview(runner, &plan.spec_dir, &routed.table, &all, store, most)
+}
+
 /// Partitions and prefilters `source` without storing anything: the units
 /// a run would route, for `explain` and for tools that drive one stage.
 pub fn route_source(

@@ -748,7 +748,7 @@ fn audit_section(name: &str, audit: &AuditReport, sim: &str) -> String {
                 "\n- `{rung}` disagreements: {}",
                 r.disagreeing
                     .iter()
-                    .map(|i| crate::output::md_text(i))
+                    .map(|i| crate::markdown::md_text(i))
                     .collect::<Vec<_>>()
                     .join(", ")
             );

@@ -694,7 +694,7 @@ impl Stage for ClusterRunner {
 fn cluster_section(name: &str, c: &ClusterReport, sim: &str) -> String {
     let ids = |v: &[fanfold_core::UnitId]| -> String {
         v.iter()
-            .map(|i| format!("#{}", crate::output::md_text(&i.0)))
+            .map(|i| format!("#{}", crate::markdown::md_text(&i.0)))
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -709,7 +709,7 @@ fn cluster_section(name: &str, c: &ClusterReport, sim: &str) -> String {
             out,
             "{}. **{}** — {} {}: {}",
             n + 1,
-            crate::output::md_text(&t.label),
+            crate::markdown::md_text(&t.label),
             t.count,
             if t.count == 1 { "fact" } else { "facts" },
             ids(&t.members)
@@ -738,9 +738,9 @@ fn cluster_section(name: &str, c: &ClusterReport, sim: &str) -> String {
             out,
             "- context at level {} ({}..{}) failed: {}",
             e.level,
-            crate::output::md_text(&e.first),
-            crate::output::md_text(&e.last),
-            crate::output::md_text(&e.reason)
+            crate::markdown::md_text(&e.first),
+            crate::markdown::md_text(&e.last),
+            crate::markdown::md_text(&e.reason)
         );
     }
     if c.unmerged {
@@ -753,7 +753,7 @@ fn cluster_section(name: &str, c: &ClusterReport, sim: &str) -> String {
         let _ = writeln!(
             out,
             "\nReorder stress not run: {}.",
-            crate::output::md_text(why)
+            crate::markdown::md_text(why)
         );
     }
     if let Some(s) = &c.stress {

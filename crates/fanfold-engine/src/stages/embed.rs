@@ -700,30 +700,20 @@ pub struct Preview {
     pub kept: u64,
 }
 
-/// Tries the embed stage `name` on the units the prefilter routes to it
-/// (at most `most`, spread evenly over them) before any run, for `fanfold
-/// new`, which states what its first rung keeps in the spec it writes.
-/// Their vectors and facts go into `store` as a run's would, so a run or an
-/// `explain` on that store finds them and embeds nothing again.
+/// Tries an embed stage on `all`, the units the prefilter routes to it (at
+/// most `most` of them, spread evenly), before any run. Their vectors and
+/// facts go into `store` as a run's would, so a run or an `explain` on that
+/// store finds them and embeds nothing again.
 pub fn preview(
-    plan: &crate::Plan,
-    name: &str,
-    source: &crate::Source,
+    runner: &EmbedRunner,
+    spec_dir: &Path,
+    table: &UnitTable,
+    all: &[usize],
     store: &Store,
-    max_unit_bytes: u64,
     most: usize,
 ) -> Result<Preview, RunError> {
-    let runner = plan
-        .stage(name)
-        .and_then(|s| s.as_any().downcast_ref::<EmbedRunner>())
-        .ok_or_else(|| RunError::Embed {
-            stage: name.to_owned(),
-            source: "the spec has no embed stage of that name".into(),
-        })?;
-    let routed = crate::run::route_source(plan, source, max_unit_bytes)?;
-    let all = routed.by_stage.get(name).cloned().unwrap_or_default();
     let tried: Vec<usize> = if all.len() <= most {
-        all.clone()
+        all.to_vec()
     } else {
         (0..most)
             .filter_map(|k| all.get(k * all.len() / most).copied())
@@ -731,8 +721,8 @@ pub fn preview(
     };
     let outcome = run_stage(
         &runner.stage,
-        &plan.spec_dir,
-        &routed.table,
+        spec_dir,
+        table,
         &tried,
         store,
         &mut Embedders::default(),

@@ -640,7 +640,7 @@ impl Stage for GroupRunner {
         let mut line = format!(
             "group `{}` (by {}): {} units, {} groups of {} units judged (the largest {}, at most {}), {} alone and {} ungrouped not judged; {} groups reused, {} calls",
             self.spec.name,
-            crate::output::md_text(&g.by),
+            crate::markdown::md_text(&g.by),
             g.units,
             g.groups,
             g.grouped,
@@ -652,13 +652,13 @@ impl Stage for GroupRunner {
             g.calls
         );
         for s in &g.split {
-            let _ = write!(line, "; split {}", crate::output::md_text(s));
+            let _ = write!(line, "; split {}", crate::markdown::md_text(s));
         }
         for u in &g.uncited {
             let _ = write!(
                 line,
                 "; an error for the group of {}",
-                crate::output::md_text(u)
+                crate::markdown::md_text(u)
             );
         }
         Some(line)

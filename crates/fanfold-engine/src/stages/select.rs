@@ -711,7 +711,7 @@ pub fn confusion_table(name: &str, r: &SelectReport) -> String {
         let _ = writeln!(
             out,
             "| {} | {rule} | {} | {} | {} | {} | {} | {} | {} |",
-            crate::output::md_text(choice),
+            crate::markdown::md_text(choice),
             get("model"),
             get("otherwise"),
             cell(Status::Positive),
@@ -725,9 +725,9 @@ pub fn confusion_table(name: &str, r: &SelectReport) -> String {
         let _ = writeln!(
             out,
             "\n- sent as `{}`, then judged negative: {}",
-            crate::output::md_text(choice),
+            crate::markdown::md_text(choice),
             ids.iter()
-                .map(|i| crate::output::md_text(i))
+                .map(|i| crate::markdown::md_text(i))
                 .collect::<Vec<_>>()
                 .join(", ")
         );

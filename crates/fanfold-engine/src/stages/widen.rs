@@ -435,7 +435,7 @@ impl Stage for WidenRunner {
         Some(format!(
             "widen `{}` ({}): {} units judged again, {} with related units ({} shown, {} left out by the token bound), {} with none found; {} reused",
             self.spec.name,
-            crate::output::md_sentence(&w.group),
+            crate::markdown::md_sentence(&w.group),
             w.units,
             w.widened,
             w.members_shown,
