@@ -21,12 +21,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use fanfold_core::UnitId;
+use fanfold_core::spec::ReducerSpec;
 use fanfold_core::spec::dedupe::DedupeSpec;
-use fanfold_core::spec::{FoldSpec, ReducerSpec};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
-
-use crate::fold::{FoldValue, Leaf};
 
 /// Min-hashes in a signature.
 pub const HASHES: usize = 128;
@@ -258,67 +255,6 @@ pub fn id_order(a: &UnitId, b: &UnitId) -> std::cmp::Ordering {
     .then_with(|| a.cmp(b))
 }
 
-/// A value as the text a dedupe compares: a string as it is, anything
-/// else as its compact JSON.
-fn text_of(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
-/// Which leaves each reducer's `dedupe` collapsed, and into which unit.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Marks {
-    /// Leaf index -> (reducer, the unit it is collapsed into).
-    by_leaf: HashMap<usize, Vec<(String, UnitId)>>,
-}
-
-impl Marks {
-    /// The reducers that leaf `i` is collapsed for, each with its kept
-    /// unit; empty for most leaves.
-    pub fn of(&self, i: usize) -> &[(String, UnitId)] {
-        self.by_leaf.get(&i).map_or(&[], Vec::as_slice)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_leaf.is_empty()
-    }
-}
-
-/// Runs every reducer's `dedupe` over the leaves that feed it.
-pub fn mark(spec: &FoldSpec, leaves: &[Leaf]) -> Marks {
-    let mut marks = Marks::default();
-    for r in &spec.reducers {
-        let Some(d) = &r.dedupe else {
-            continue;
-        };
-        let fed: Vec<usize> = (0..leaves.len())
-            .filter(|&i| leaves.get(i).is_some_and(|l| crate::fold::feeds(r, l)))
-            .collect();
-        let entries: Vec<Entry<'_>> = fed
-            .iter()
-            .filter_map(|&i| leaves.get(i))
-            .map(|l| Entry {
-                unit: &l.unit_id,
-                stage: &l.stage,
-                text: l.at(&d.field).map(text_of),
-            })
-            .collect();
-        for (e, into) in collapse(d, &entries).into_iter().enumerate() {
-            let (Some(&leaf), Some(kept)) = (fed.get(e), into.and_then(|k| entries.get(k))) else {
-                continue;
-            };
-            marks
-                .by_leaf
-                .entry(leaf)
-                .or_default()
-                .push((r.name.clone(), kept.unit.clone()));
-        }
-    }
-    marks
-}
-
 /// One kept unit and the units collapsed into it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct KeptGroup {
@@ -341,12 +277,16 @@ pub struct CollapseSummary {
     pub groups: Vec<KeptGroup>,
 }
 
-/// A reducer's collapse as the fold's value holds it, or `None` when it
-/// has no `dedupe`.
-pub fn summary(r: &ReducerSpec, value: &FoldValue) -> Option<CollapseSummary> {
+/// A reducer's collapse as the fold's value holds it (`held`: each kept
+/// unit with the units collapsed into it), or `None` when it has no
+/// `dedupe`.
+pub fn summary(
+    r: &ReducerSpec,
+    held: Option<&BTreeMap<UnitId, BTreeSet<UnitId>>>,
+) -> Option<CollapseSummary> {
     let d = r.dedupe.as_ref()?;
     let empty = BTreeMap::new();
-    let held = value.collapsed.get(&r.name).unwrap_or(&empty);
+    let held = held.unwrap_or(&empty);
     let mut groups: Vec<KeptGroup> = held
         .iter()
         .map(|(kept, ids): (&UnitId, &BTreeSet<UnitId>)| KeptGroup {
@@ -397,7 +337,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::fold::{NoCache, fold_flat, fold_tree};
+    use fanfold_core::spec::FoldSpec;
+
+    use crate::fold::{FoldValue, Leaf, NoCache, fold_flat, fold_tree, mark};
 
     fn minhash(threshold: f64, field: &str) -> DedupeSpec {
         DedupeSpec {
@@ -572,7 +514,8 @@ mod tests {
         let mut reversed = leaves.clone();
         reversed.reverse();
         assert_eq!(fold_tree(&spec, &reversed, &mut NoCache).root, root);
-        let summary = summary(&spec.reducers[0], &root).expect("a dedupe");
+        let summary =
+            summary(&spec.reducers[0], root.collapsed.get("incidents")).expect("a dedupe");
         assert_eq!(summary.collapsed, 2);
         assert_eq!(
             summary.sentence(),

@@ -126,7 +126,7 @@ fn collapsed(spec: &Spec, root: &FoldValue) -> Vec<Collapsed> {
         .filter_map(|r| {
             Some(Collapsed {
                 reducer: r.name.clone(),
-                summary: fanfold_ops::dedupe::summary(r, root)?,
+                summary: fanfold_ops::dedupe::summary(r, root.collapsed.get(&r.name))?,
             })
         })
         .collect()
@@ -136,7 +136,7 @@ fn collapsed(spec: &Spec, root: &FoldValue) -> Vec<Collapsed> {
 /// collapsed first, so the number is never read as the raw count.
 fn stated(r: &fanfold_core::spec::ReducerSpec, root: &FoldValue, agg: &Agg) -> Aggregate {
     let mut stated = fanfold_ops::fold::state(&r.kind, agg);
-    if let Some(c) = fanfold_ops::dedupe::summary(r, root) {
+    if let Some(c) = fanfold_ops::dedupe::summary(r, root.collapsed.get(&r.name)) {
         stated.statement = format!("{}, after {}", stated.statement, c.sentence());
     }
     Aggregate {

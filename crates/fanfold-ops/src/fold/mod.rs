@@ -9,14 +9,12 @@
 //! regrouping the leaves cannot change the root value (property-tested over
 //! every reducer in `tests.rs`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use fanfold_core::spec::{FoldSpec, ReducerSpec};
 use fanfold_core::{Bucket, ContentHash, StableHash, StableHasher, Status, StatusCounts, UnitId};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-
-use crate::dedupe::Marks;
 
 mod count;
 mod count_by;
@@ -345,7 +343,7 @@ pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) ->
     // Near-duplicates are found over every leaf at once, before any node:
     // whether a leaf counts depends on the others, so its key says what
     // it was collapsed into.
-    let marks = crate::dedupe::mark(spec, leaves);
+    let marks = mark(spec, leaves);
     // Level 0: leaf keys and anchors only; a leaf's value is made when its
     // parent is computed, so memory holds one level of nodes, not one value
     // a leaf.
@@ -408,13 +406,8 @@ pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) ->
                 None => {
                     // Leaf values are made only here, at the first level.
                     let below = leaves.get(range.clone()).filter(|_| depth == 1);
-                    let acc = node_value(
-                        spec,
-                        chunk,
-                        below.unwrap_or_default(),
-                        range.start,
-                        &marks,
-                    );
+                    let acc =
+                        node_value(spec, chunk, below.unwrap_or_default(), range.start, &marks);
                     cache.put(&key, depth, &acc);
                     computed += 1;
                     acc
@@ -448,10 +441,71 @@ pub fn fold_tree(spec: &FoldSpec, leaves: &[Leaf], cache: &mut dyn NodeCache) ->
 /// Reduces leaves in one flat pass, without a tree: the reference the tree
 /// must agree with.
 pub fn fold_flat(spec: &FoldSpec, leaves: &[Leaf]) -> FoldValue {
-    let marks = crate::dedupe::mark(spec, leaves);
+    let marks = mark(spec, leaves);
     let mut acc = FoldValue::empty(spec);
     for (i, l) in leaves.iter().enumerate() {
         acc.merge(&FoldValue::of_marked_leaf(spec, l, marks.of(i)));
     }
     acc
+}
+
+/// A value as the text a dedupe compares: a string as it is, anything
+/// else as its compact JSON.
+fn text_of(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Which leaves each reducer's `dedupe` collapsed, and into which unit.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Marks {
+    /// Leaf index -> (reducer, the unit it is collapsed into).
+    by_leaf: HashMap<usize, Vec<(String, UnitId)>>,
+}
+
+impl Marks {
+    /// The reducers that leaf `i` is collapsed for, each with its kept
+    /// unit; empty for most leaves.
+    pub fn of(&self, i: usize) -> &[(String, UnitId)] {
+        self.by_leaf.get(&i).map_or(&[], Vec::as_slice)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_leaf.is_empty()
+    }
+}
+
+/// Runs every reducer's `dedupe` over the leaves that feed it.
+pub fn mark(spec: &FoldSpec, leaves: &[Leaf]) -> Marks {
+    let mut marks = Marks::default();
+    for r in &spec.reducers {
+        let Some(d) = &r.dedupe else {
+            continue;
+        };
+        let fed: Vec<usize> = (0..leaves.len())
+            .filter(|&i| leaves.get(i).is_some_and(|l| feeds(r, l)))
+            .collect();
+        let entries: Vec<crate::dedupe::Entry<'_>> = fed
+            .iter()
+            .filter_map(|&i| leaves.get(i))
+            .map(|l| crate::dedupe::Entry {
+                unit: &l.unit_id,
+                stage: &l.stage,
+                text: l.at(&d.field).map(text_of),
+            })
+            .collect();
+        for (e, into) in crate::dedupe::collapse(d, &entries).into_iter().enumerate() {
+            let (Some(&leaf), Some(kept)) = (fed.get(e), into.and_then(|k| entries.get(k))) else {
+                continue;
+            };
+            marks
+                .by_leaf
+                .entry(leaf)
+                .or_default()
+                .push((r.name.clone(), kept.unit.clone()));
+        }
+    }
+    marks
 }

@@ -3,20 +3,9 @@
 
 use std::io::Read;
 
-use super::assign::{Proposed, scalar_id};
+use super::assign::Proposed;
 use super::nested::{Inner, admit_record};
 use super::*;
-
-/// The id a JSON record's key field gives: its scalar, with an integer too
-/// large for 64 bits read from the record's own text.
-pub(super) fn record_key_id(value: &Value, record: &[u8], key: &str) -> Option<String> {
-    match value.get(key)? {
-        Value::Number(n) if n.is_f64() => {
-            Some(json::integer_key_text(record, key).unwrap_or_else(|| n.to_string()))
-        }
-        v => scalar_id(Some(v)),
-    }
-}
 
 /// Where serde_json's error in the value starting at `start` lies, as an
 /// index into `bytes`: it reports a line and column inside the slice it
@@ -175,7 +164,7 @@ pub(super) fn json_array(
         // A value running into the window's end may go on: read more and
         // scan it again.
         let end = loop {
-            match scan_value(&w.buf, start) {
+            match super::json::scan_value(&w.buf, start) {
                 Ok(end) if end < w.buf.len() || w.eof => break end,
                 Err((at, why)) if w.eof => return Err(w.malformed(at, why)),
                 _ => {
@@ -200,7 +189,7 @@ pub(super) fn json_array(
             Ok((value, None)) if inner.is_whole() => {
                 let canonical = unit_hash(&value);
                 let id = match assigner.key {
-                    Some(key) => Proposed::Key(record_key_id(&value, slice, key)),
+                    Some(key) => Proposed::Key(super::json::record_key_id(&value, slice, key)),
                     None => Proposed::Derived(format!("c{}", canonical.short(16))),
                 };
                 emit(assigner.element_with_id(id, value, range, canonical)?);
@@ -209,7 +198,7 @@ pub(super) fn json_array(
             // bytes, under an id from the record's and its place in it.
             Ok((value, None)) => {
                 let (record_id, derived) = match record_key {
-                    Some(key) => (record_key_id(&value, slice, key), false),
+                    Some(key) => (super::json::record_key_id(&value, slice, key), false),
                     None => (Some(format!("c{}", unit_hash(&value).short(16))), true),
                 };
                 let line = w.line_at(start);
@@ -258,7 +247,7 @@ fn top_level_object<R: BufRead>(
     emit: &mut dyn FnMut(Element),
 ) -> Result<(), PartitionError> {
     while w.fill()? {}
-    let end = scan_value(&w.buf, start).map_err(|(at, why)| w.malformed(at, why))?;
+    let end = super::json::scan_value(&w.buf, start).map_err(|(at, why)| w.malformed(at, why))?;
     let rest = w.skip_ws(end)?;
     if rest != w.buf.len() {
         return Err(w.malformed(rest, "trailing characters after the object"));
@@ -293,53 +282,5 @@ fn top_level_object<R: BufRead>(
             let at = json_error_at(&w.buf, start, &e);
             Err(w.malformed(at, &e.to_string()))
         }
-    }
-}
-
-/// The end of the JSON value starting at `start`: strings, nesting and
-/// escapes are tracked; the value itself is validated by serde afterwards.
-pub(super) fn scan_value(bytes: &[u8], start: usize) -> Result<usize, (usize, &'static str)> {
-    let mut depth = 0usize;
-    let mut in_string = false;
-    // The byte after a backslash in a string is taken as it is.
-    let mut escaped = false;
-    for (i, &b) in bytes.iter().enumerate().skip(start) {
-        if escaped {
-            escaped = false;
-        } else if in_string {
-            match b {
-                b'\\' => escaped = true,
-                b'"' => {
-                    in_string = false;
-                    if depth == 0 {
-                        return Ok(i + 1);
-                    }
-                }
-                _ => {}
-            }
-        } else {
-            match b {
-                b'"' => in_string = true,
-                b'{' | b'[' => depth += 1,
-                b'}' | b']' => {
-                    if depth == 0 {
-                        return Ok(i);
-                    }
-                    depth -= 1;
-                    if depth == 0 {
-                        return Ok(i + 1);
-                    }
-                }
-                b',' if depth == 0 => return Ok(i),
-                _ => {}
-            }
-        }
-    }
-    if in_string {
-        Err((start, "a string is not closed (truncated input?)"))
-    } else if depth > 0 {
-        Err((start, "an element is not closed (truncated input?)"))
-    } else {
-        Ok(bytes.len())
     }
 }

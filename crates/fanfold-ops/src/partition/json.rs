@@ -126,7 +126,7 @@ fn top_level_field<'a>(record: &'a [u8], key: &str) -> Option<&'a [u8]> {
         if record.get(i) != Some(&b'"') {
             return found;
         }
-        let name_end = super::array::scan_value(record, i).ok()?;
+        let name_end = scan_value(record, i).ok()?;
         let name = record.get(i..name_end)?;
         let matches = if name.contains(&b'\\') {
             serde_json::from_slice::<String>(name).ok()? == key
@@ -138,7 +138,7 @@ fn top_level_field<'a>(record: &'a [u8], key: &str) -> Option<&'a [u8]> {
             return found;
         }
         let start = ws(i + 1);
-        let end = super::array::scan_value(record, start).ok()?;
+        let end = scan_value(record, start).ok()?;
         if matches {
             found = Some(record.get(start..end)?.trim_ascii_end());
         }
@@ -146,6 +146,65 @@ fn top_level_field<'a>(record: &'a [u8], key: &str) -> Option<&'a [u8]> {
         if record.get(i) != Some(&b',') {
             return found;
         }
+    }
+}
+
+/// The id a JSON record's key field gives: its scalar, with an integer too
+/// large for 64 bits read from the record's own text.
+pub(super) fn record_key_id(value: &Value, record: &[u8], key: &str) -> Option<String> {
+    match value.get(key)? {
+        Value::Number(n) if n.is_f64() => {
+            Some(integer_key_text(record, key).unwrap_or_else(|| n.to_string()))
+        }
+        v => super::assign::scalar_id(Some(v)),
+    }
+}
+
+/// The end of the JSON value starting at `start`: strings, nesting and
+/// escapes are tracked; the value itself is validated by serde afterwards.
+pub(super) fn scan_value(bytes: &[u8], start: usize) -> Result<usize, (usize, &'static str)> {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    // The byte after a backslash in a string is taken as it is.
+    let mut escaped = false;
+    for (i, &b) in bytes.iter().enumerate().skip(start) {
+        if escaped {
+            escaped = false;
+        } else if in_string {
+            match b {
+                b'\\' => escaped = true,
+                b'"' => {
+                    in_string = false;
+                    if depth == 0 {
+                        return Ok(i + 1);
+                    }
+                }
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' => {
+                    if depth == 0 {
+                        return Ok(i);
+                    }
+                    depth -= 1;
+                    if depth == 0 {
+                        return Ok(i + 1);
+                    }
+                }
+                b',' if depth == 0 => return Ok(i),
+                _ => {}
+            }
+        }
+    }
+    if in_string {
+        Err((start, "a string is not closed (truncated input?)"))
+    } else if depth > 0 {
+        Err((start, "an element is not closed (truncated input?)"))
+    } else {
+        Ok(bytes.len())
     }
 }
 

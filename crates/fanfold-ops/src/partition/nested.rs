@@ -357,7 +357,7 @@ pub fn reread_piece(
     // The record as an element of the array; and, for a path, as a
     // top-level object, whose elements are named by their place alone.
     let mut readings = vec![match key {
-        Some(k) => (super::array::record_key_id(&record, bytes, k), false),
+        Some(k) => (super::json::record_key_id(&record, bytes, k), false),
         None => (Some(format!("c{}", unit_hash(&record).short(16))), true),
     }];
     if record.is_object() && matches!(inner, Inner::Path { .. }) {
