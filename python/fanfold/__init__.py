@@ -274,13 +274,26 @@ def _call_engine(spec: str, progress: ProgressArg, **options: Any) -> str:
     return _run_isolated(spec, progress or None, options)
 
 
-#: The engine's process: loads the native module from its file (not the
-#: package, so pandas is not imported again), makes a runaway jq program
-#: end this process rather than the caller's interpreter, runs the spec,
-#: and says what happened as JSON lines on the descriptor that was stdout
-#: (stdout itself then goes to stderr, so nothing else can mix in).
+#: The engine's process: imports nothing from the working folder (``-c``
+#: would put it first on the path), stops as Ctrl-C stops it if the
+#: caller's process goes away, loads the native module from its file (not
+#: the package, so pandas is not imported again), makes a runaway jq
+#: program end this process rather than the caller's interpreter, runs the
+#: request read from stdin (never the command line, which every local user
+#: can read: a store's address may hold a password), and says what
+#: happened as JSON lines on the descriptor that was stdout (stdout itself
+#: then goes to stderr, so nothing else can mix in).
 _ENGINE_PROCESS = r"""
-import importlib.util, json, os, sys
+import sys
+sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+import importlib.util, json, os, signal, threading, time
+parent = int(sys.argv[2])
+def watch_parent():
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=watch_parent, daemon=True).start()
+request = json.loads(sys.stdin.read())
 channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
 os.dup2(2, 1)
 def say(message):
@@ -291,7 +304,6 @@ try:
     native = importlib.util.module_from_spec(found)
     found.loader.exec_module(native)
     native.end_process_on_runaway()
-    request = json.loads(sys.argv[2])
     progress = (lambda *event: say({"event": list(event)})) if request["progress"] else None
     summary = native.run(request["spec"], progress=progress, **request["options"])
     say({"summary": summary})
@@ -343,14 +355,20 @@ def _run_isolated(spec: str, progress: Optional[Callable[..., Any]], options: Di
         return _native.run(spec, progress=progress, **options)
     request = json.dumps({"spec": spec, "options": options, "progress": progress is not None})
     child = subprocess.Popen(
-        [sys.executable, "-c", _ENGINE_PROCESS, _native.__file__, request],
-        stdin=subprocess.DEVNULL,
+        [sys.executable, "-c", _ENGINE_PROCESS, _native.__file__, str(os.getpid())],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         # Its own session: a terminal's Ctrl-C reaches this process only,
         # which tells the engine once.
         start_new_session=True,
     )
+    try:
+        child.stdin.write(request.encode("utf-8"))
+        child.stdin.close()
+    except OSError:
+        # The process ended before reading it: what it said tells why.
+        pass
     tail: "collections.deque[str]" = collections.deque(maxlen=200)
     relay = threading.Thread(target=_relay, args=(child.stderr, tail), daemon=True)
     relay.start()

@@ -23,21 +23,34 @@ pub fn md_text(s: &str) -> String {
 }
 
 /// One of fanfold's own sentences, whose names are `code spans` and
-/// whose other words may come from the input: each paired span stays a
-/// code span (where nothing is markup, so only a table's `|` needs its
-/// escape), everything else is escaped as [`md_text`] escapes it. A
-/// backtick left without a partner is shown as written.
+/// whose other words may come from the input: a lone backtick paired with
+/// the next lone backtick stays a code span (where nothing is markup, so
+/// only a table's `|` needs its escape), everything else is escaped as
+/// [`md_text`] escapes it. Markdown closes a span only with a run of
+/// backticks as long as the one that opened it, so a backtick next to
+/// another (input can hold ```` ``` ````) never opens or closes a span:
+/// it is shown as written, and so is a backtick left without a partner.
 pub fn md_sentence(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 8);
     let mut rest = s;
     while let Some(open) = rest.find('`') {
-        let Some(len) = rest[open + 1..].find('`') else {
-            break;
+        let after = &rest[open + 1..];
+        let lone = !after.starts_with('`');
+        let close = after
+            .find('`')
+            .filter(|&len| lone && len > 0 && !after[len + 1..].starts_with('`'));
+        let Some(len) = close else {
+            // Not a span: the text up to the first backtick that is not
+            // this one's run, shown as written.
+            let run = after.len() - after.trim_start_matches('`').len();
+            let end = open + 1 + run;
+            out.push_str(&md_text(&rest[..end]));
+            rest = &rest[end..];
+            continue;
         };
         out.push_str(&md_text(&rest[..open]));
-        let code = &rest[open + 1..open + 1 + len];
         out.push('`');
-        for c in code.chars() {
+        for c in after[..len].chars() {
             match c {
                 '\n' | '\r' | '\t' => out.push(' '),
                 '|' => out.push_str("\\|"),
@@ -46,7 +59,7 @@ pub fn md_sentence(s: &str) -> String {
             }
         }
         out.push('`');
-        rest = &rest[open + 2 + len..];
+        rest = &after[len + 1..];
     }
     out.push_str(&md_text(rest));
     out
@@ -76,6 +89,14 @@ mod tests {
         // A lone backtick is not a span: shown as written.
         assert_eq!(md_sentence("it's `open"), "it's \\`open");
         assert_eq!(md_sentence("`a\nb`"), "`a b`");
+        // A run of backticks from the input opens and closes nothing, so
+        // nothing between them turns into a link, an image or HTML.
+        let id = "`![x](https://evil.example/p.png)```";
+        let shown = md_sentence(&format!("repeats id = `{id}` of element 2"));
+        assert!(!shown.contains("![x]"), "{shown}");
+        assert!(shown.contains("!\\[x\\]"), "{shown}");
+        let shown = md_sentence("a ``b`` c `d`");
+        assert_eq!(shown, "a \\`\\`b\\`\\` c `d`");
     }
 
     #[test]

@@ -353,7 +353,7 @@ pub fn markdown(report: &RunReport) -> String {
             let _ = writeln!(
                 out,
                 "## Answer: {}{sim}\n\n`{}` ({})",
-                md_text(&g.stated.statement),
+                md_sentence(&g.stated.statement),
                 md_text(&g.name),
                 g.kind
             );
@@ -443,7 +443,7 @@ pub fn markdown(report: &RunReport) -> String {
                 "- **{}** ({}): {}",
                 md_text(&g.name),
                 g.kind,
-                md_text(&g.stated.statement)
+                md_sentence(&g.stated.statement)
             );
             aggregate_table(&mut out, g, "  ");
         }

@@ -426,10 +426,21 @@ pub fn group_view(members: Vec<(String, Value)>) -> Result<GroupView, GroupError
     let mut fields = Vec::with_capacity(members.len());
     for (id, projected) in members {
         let named: Vec<(String, Value)> = match projected {
-            Value::Object(m) => m
-                .into_iter()
-                .map(|(f, v)| (format!("{id}.{f}"), v))
-                .collect(),
+            Value::Object(m) => {
+                // A member that is one field of a record shows, and may be
+                // quoted in, that field only, as it is alone.
+                let only = m
+                    .get(crate::partition::UNIT_FIELD)
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                m.into_iter()
+                    .filter(|(f, _)| match &only {
+                        Some(own) => f == own,
+                        None => true,
+                    })
+                    .map(|(f, v)| (format!("{id}.{f}"), v))
+                    .collect()
+            }
             other => vec![(id.clone(), other)],
         };
         let mut own = Vec::with_capacity(named.len());
@@ -592,6 +603,15 @@ mod tests {
         // probability 0.80; 16 bands of 8 with 0.9999.
         assert_eq!(rows_per_band(0.9), 8);
         assert!(rows_per_band(0.3) <= 2);
+    }
+
+    #[test]
+    fn a_member_that_is_one_field_of_a_record_shows_that_field_only() {
+        let body = json!({"title": "crash", "body": "it crashes", "_unit_field": "body"});
+        let whole = json!({"title": "crash too", "body": "same"});
+        let g = group_view(vec![("7.body".into(), body), ("8".into(), whole)]).unwrap();
+        let shown: Vec<&String> = g.view.as_object().unwrap().keys().collect();
+        assert_eq!(shown, ["7.body.body", "8.title", "8.body"]);
     }
 
     #[test]

@@ -103,13 +103,12 @@ fn main_job_answer_opens_with_its_proven_quality() {
         "{md}"
     );
     let saving = format!(
-        "> **Saving:** the proxy \\`auth\\_similarity\\` decided {decided} of {units} units ({:.1} %); {asked} labels asked",
+        "> **Saving:** the proxy `auth_similarity` decided {decided} of {units} units ({:.1} %); {asked} labels asked",
         100.0 * decided as f64 / units as f64
     );
     assert!(opening[3].starts_with(&saving), "{saving}\n{md}");
     assert!(
-        opening[3]
-            .ends_with("the labels in \\`labels.fixture-truth.jsonl\\` stand in for a person's"),
+        opening[3].ends_with("the labels in `labels.fixture-truth.jsonl` stand in for a person's"),
         "{md}"
     );
     // Last on the terminal, where the run leaves the reader.

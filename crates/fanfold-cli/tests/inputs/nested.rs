@@ -4,7 +4,8 @@
 
 use super::*;
 
-/// Three records of events; the third's `events` is no array.
+/// Four records of events; the second's are none, the third's `events`
+/// is no array.
 const EVENTS: &str = r#"[
   {"id": 7, "events": [{"flag": true, "message": "disk full"}, {"flag": false, "message": "retry"}]},
   {"id": 8, "events": []},
@@ -20,14 +21,16 @@ fn each_element_at_a_path_is_a_unit_named_by_its_place() {
     );
     f.input(EVENTS.as_bytes());
     let o = f.run(&[]);
-    // The record the path cannot enter is rejected: the answer says so.
+    // The record the path cannot enter is rejected, and so is the one
+    // with no events: the answer says so.
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     let c = f.certificate();
-    assert_eq!(c["coverage"]["elements"], 4, "{}", c["coverage"]);
+    assert_eq!(c["coverage"]["elements"], 5, "{}", c["coverage"]);
     assert_eq!(c["coverage"]["units"], 3);
-    assert_eq!(c["coverage"]["rejected"], 1);
+    assert_eq!(c["coverage"]["rejected"], 2);
     assert_eq!(c["coverage_complete"], true);
     assert_eq!(c["rejected_by_reason"]["missing_path"], 1);
+    assert_eq!(c["rejected_by_reason"]["empty_path"], 1);
     assert!(
         stderr(&o).contains("cannot be split by .events[]: no array at `.events`"),
         "{}",

@@ -282,7 +282,8 @@ pub fn pieces(
 
 /// Admits one record's pieces through the assigner, each at the record's
 /// byte range; a record the split refuses is one rejection, worded like
-/// the others (`missing_path`).
+/// the others (`missing_path`), and so is one it finds no element in
+/// (`empty_path`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn admit_record(
     inner: &Inner,
@@ -330,6 +331,25 @@ pub(super) fn admit_record(
             return Ok(());
         }
     };
+    // A record the path reaches no element in (an empty array) holds no
+    // unit: said, so that no record of the input goes unaccounted for.
+    if pieces.is_empty() {
+        let path = match inner {
+            Inner::Path { path, .. } => path.as_str().to_owned(),
+            _ => "its unit fields".to_owned(),
+        };
+        emit(Element::Rejected(assigner.reject(
+            range,
+            "empty_path",
+            |ordinal| {
+                format!(
+                    "element {ordinal} at byte {} (line {line}) has no element at {path}",
+                    range.start
+                )
+            },
+        )));
+        return Ok(());
+    }
     for piece in pieces {
         let size = serde_json::to_string(&piece.value).map_or(0, |s| s.len() as u64);
         let hash = unit_hash(&piece.value);

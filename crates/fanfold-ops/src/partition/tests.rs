@@ -975,8 +975,18 @@ fn elements_at_a_path_are_units_with_ids_from_their_place_or_their_key() {
     );
     // A string element is held under the field the path ends in.
     assert_eq!(units[0].value, serde_json::json!({"message": "disk full"}));
-    // A record the path cannot enter is one rejection, named and placed.
-    assert_eq!(rejected.len(), 1);
+    // A record the path cannot enter is one rejection, named and placed,
+    // and so is one whose array is empty: no record goes unaccounted for.
+    assert_eq!(rejected.len(), 2);
+    assert_eq!(rejected[0].reason, "empty_path");
+    assert!(
+        rejected[0]
+            .detail
+            .contains("has no element at .events[].message"),
+        "{}",
+        rejected[0].detail
+    );
+    let rejected = &rejected[1..];
     assert_eq!(rejected[0].reason, "missing_path");
     assert!(
         rejected[0]
@@ -985,7 +995,7 @@ fn elements_at_a_path_are_units_with_ids_from_their_place_or_their_key() {
         "{}",
         rejected[0].detail
     );
-    assert_eq!(coverage.elements, 4, "three elements and one rejection");
+    assert_eq!(coverage.elements, 5, "three elements and two rejections");
     assert!(coverage.is_complete(), "{coverage:?}");
     assert_reread(&spec, src, &units);
 
@@ -1003,11 +1013,11 @@ fn elements_at_a_path_are_units_with_ids_from_their_place_or_their_key() {
     let ids: Vec<&str> = units.iter().map(|u| u.unit.unit_id.as_str()).collect();
     assert_eq!(ids, ["e1", "e2"]);
     let reasons: Vec<&str> = rejected.iter().map(|r| r.reason.as_str()).collect();
-    assert_eq!(reasons, ["missing_path", "duplicate_key"]);
+    assert_eq!(reasons, ["empty_path", "missing_path", "duplicate_key"]);
     assert!(
-        rejected[1].detail.contains("repeats id = e1 of element 0"),
+        rejected[2].detail.contains("repeats id = e1 of element 0"),
         "{}",
-        rejected[1].detail
+        rejected[2].detail
     );
     assert!(coverage.is_complete(), "{coverage:?}");
     assert_reread(&spec, src, &units);
