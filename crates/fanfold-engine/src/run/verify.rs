@@ -32,6 +32,10 @@ struct StoredSource<'a> {
     /// starts, and its units by id): a document's units are cited
     /// together, so it is split once, not once a unit.
     document: Option<(u64, HashMap<String, Value>)>,
+    /// The last record read back whose units lie inside it (`unit_fields`,
+    /// `path`), split once: a record holding many cited units is parsed
+    /// once, not once a unit.
+    record: Option<(u64, HashMap<String, Value>)>,
 }
 
 impl StoredSource<'_> {
@@ -60,6 +64,12 @@ impl StoredSource<'_> {
         let Some((start, end)) = self.store.unit_range(self.partition, id.as_str())? else {
             return Ok(None);
         };
+        if let Some((at, units)) = &self.record
+            && *at == start
+            && let Some(value) = units.get(id.as_str())
+        {
+            return Ok(Some(value.clone()));
+        }
         let documents = self.spec.document_glob().is_some();
         if documents
             && let Some((at, units)) = &self.document
@@ -70,6 +80,14 @@ impl StoredSource<'_> {
         let Some(bytes) = self.bytes.range(start, end)? else {
             return Ok(None);
         };
+        if let Some(units) = fanfold_ops::partition::reread_record(self.spec, &bytes)? {
+            let value = units.get(id.as_str()).cloned();
+            self.record = Some((start, units));
+            if value.is_some() {
+                return Ok(value);
+            }
+            // An id with an occurrence suffix: found one by one below.
+        }
         if documents {
             // Every unit of the document, numbered as the run numbered it;
             // no size limit, since the run's units passed its own.
@@ -222,6 +240,7 @@ pub fn verify_stored(plan: &Plan, store: &Store, checked: Checked<'_>) -> Verify
         projectors,
         added,
         document: None,
+        record: None,
     };
     let decided: Vec<&FactRecord> = facts
         .iter()

@@ -10,6 +10,7 @@
 //! One module per format, each feeding elements to the one [`assign`]er,
 //! which gives ids, rejects what cannot be a unit and keeps the coverage.
 
+use std::collections::HashMap;
 use std::io::BufRead;
 
 use fanfold_core::spec::PartitionSpec;
@@ -448,6 +449,29 @@ where
             Element::Repeated(r) => emit(Streamed::Repeated(r)),
         },
     )
+}
+
+/// Every unit inside the record at `bytes`, by id, for a partition whose
+/// units lie inside records (`unit_fields`, `path`); `None` for any other,
+/// whose units are read back one by one with [`reread`].
+pub fn reread_record(
+    spec: &PartitionSpec,
+    bytes: &[u8],
+) -> Result<Option<HashMap<String, Value>>, PartitionError> {
+    let inner = nested::Inner::of(spec)?;
+    match spec {
+        PartitionSpec::JsonArray { key, .. } if !inner.is_whole() => {
+            nested::record_pieces(&inner, key.as_deref(), bytes)
+                .map(Some)
+                .map_err(|detail| PartitionError::Malformed {
+                    format: spec.type_name(),
+                    offset: 0,
+                    line: 0,
+                    detail,
+                })
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Reads one unit's value back from its own bytes in the source: the

@@ -8,6 +8,8 @@
 //! the record's id and the unit's place in the record, never from a
 //! position in the whole source, so a record added elsewhere moves none.
 
+use std::collections::HashMap;
+
 use serde_json::{Map, Value};
 
 use super::assign::{Admitted, Assigner, Proposed};
@@ -365,6 +367,51 @@ pub(super) fn admit_record(
     Ok(())
 }
 
+/// The ways a record's bytes may have been read, in the order a read-back
+/// tries them: as an element of the array; and, for a path, as a
+/// top-level object, whose elements are named by their place alone.
+fn readings(
+    inner: &Inner,
+    key: Option<&str>,
+    record: &Value,
+    bytes: &[u8],
+) -> Vec<(Option<String>, bool)> {
+    let mut readings = vec![match key {
+        Some(k) => (super::json::record_key_id(record, bytes, k), false),
+        None => (Some(format!("c{}", unit_hash(record).short(16))), true),
+    }];
+    if record.is_object() && matches!(inner, Inner::Path { .. }) {
+        readings.push((Some(String::new()), false));
+    }
+    readings
+}
+
+/// Every unit of one record by id, as [`reread_piece`] finds each: a
+/// read-back of many units of one record parses and splits it once. An id
+/// with an occurrence suffix (`-2`) is not among them; [`reread_piece`]
+/// finds it.
+pub fn record_pieces(
+    inner: &Inner,
+    key: Option<&str>,
+    bytes: &[u8],
+) -> Result<HashMap<String, Value>, String> {
+    let record: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    let mut out = HashMap::new();
+    for (record_id, derived) in readings(inner, key, &record, bytes) {
+        let Ok(pieces) = pieces(inner, &record, record_id.as_deref(), derived) else {
+            continue;
+        };
+        for p in pieces {
+            let id = match p.id {
+                Proposed::Key(Some(s)) | Proposed::Derived(s) => s,
+                Proposed::Key(None) => continue,
+            };
+            out.entry(id).or_insert(p.value);
+        }
+    }
+    Ok(out)
+}
+
 /// The unit `id` of the record `bytes` hold, split as the partition split
 /// it: the read-back verify does.
 pub fn reread_piece(
@@ -374,15 +421,7 @@ pub fn reread_piece(
     id: &str,
 ) -> Result<Value, String> {
     let record: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-    // The record as an element of the array; and, for a path, as a
-    // top-level object, whose elements are named by their place alone.
-    let mut readings = vec![match key {
-        Some(k) => (super::json::record_key_id(&record, bytes, k), false),
-        None => (Some(format!("c{}", unit_hash(&record).short(16))), true),
-    }];
-    if record.is_object() && matches!(inner, Inner::Path { .. }) {
-        readings.push((Some(String::new()), false));
-    }
+    let readings = readings(inner, key, &record, bytes);
     // A content-derived id gains `-n` on its n-th occurrence, which the
     // record alone cannot give: an identical record's piece is the same.
     let bare = occurrence_base(id);

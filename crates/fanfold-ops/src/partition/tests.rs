@@ -894,6 +894,18 @@ fn assert_reread(spec: &PartitionSpec, src: &[u8], units: &[PartUnit]) {
         let back = reread(spec, bytes, None, 0, u.unit.unit_id.as_str()).expect("reads back");
         assert_eq!(back, u.value, "{}", u.unit.unit_id);
         assert_eq!(content_hash(spec, &back), u.unit.unit_hash);
+        // A record split once gives every unit inside it the same, but
+        // for an occurrence-numbered id, which `reread` alone finds.
+        if let Some(all) = super::reread_record(spec, bytes).expect("splits") {
+            match all.get(u.unit.unit_id.as_str()) {
+                Some(v) => assert_eq!(v, &u.value, "{}", u.unit.unit_id),
+                None => assert!(
+                    u.unit.unit_id.as_str().rsplit_once('-').is_some(),
+                    "{} is missing from its record's units",
+                    u.unit.unit_id
+                ),
+            }
+        }
     }
 }
 
