@@ -613,6 +613,7 @@ kind_spec!(ChunkStageSpec, turn, fields);
 kind_spec!(ClusterStageSpec, turn);
 kind_spec!(AuditStageSpec, judge);
 kind_spec!(WidenStageSpec, judge);
+kind_spec!(group::GroupStageSpec, judge);
 kind_spec!(EmbedStageSpec);
 kind_spec!(Bm25StageSpec);
 

@@ -4,7 +4,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Execution, KindSpec, MapStageSpec, ModelTurnMut, Sampling, TurnCall};
+use super::MapStageSpec;
 
 /// Groups as units. The units the stage receives are gathered into groups
 /// (`[stages.by]`: an equal key, a time window, or near-duplicate text),
@@ -63,35 +63,4 @@ pub struct GroupBySpec {
 
 fn default_shingle_words() -> usize {
     3
-}
-
-impl KindSpec for GroupStageSpec {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn project(&self) -> Option<&str> {
-        self.judge.project.as_deref()
-    }
-    fn model_turn_mut(&mut self) -> Option<ModelTurnMut<'_>> {
-        Some(ModelTurnMut {
-            backend: &mut self.judge.backend,
-            execution: &mut self.judge.execution,
-        })
-    }
-    fn model_turn(&self) -> Option<(&str, Execution)> {
-        Some((&self.judge.backend, self.judge.execution))
-    }
-    fn fields(&self) -> &[String] {
-        &self.judge.fields
-    }
-    fn sampling(&self) -> Option<Sampling> {
-        Some(Sampling {
-            at: "judge.",
-            max_output_tokens: self.judge.max_output_tokens,
-            temperature: self.judge.temperature,
-        })
-    }
-    fn turn_call(&self) -> Option<TurnCall> {
-        Some(self.judge.call())
-    }
 }
