@@ -18,7 +18,7 @@ cargo nextest run --workspace --cargo-profile release "$@"
 python_env="$(mktemp -d)"
 trap 'rm -rf "$python_env"' EXIT
 python3 -m venv "$python_env/venv"
-CARGO_TARGET_DIR="$PWD/target" "$python_env/venv/bin/pip" install --quiet ./python pytest pandas
+CARGO_TARGET_DIR="$PWD/target" "$python_env/venv/bin/pip" install --quiet ./python pytest pandas polars pyarrow nbconvert ipykernel
 FANFOLD_BIN="$PWD/target/release/fanfold" "$python_env/venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
