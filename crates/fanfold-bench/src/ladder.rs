@@ -63,6 +63,10 @@ pub struct LadderArgs {
     pub split_seed: u64,
     /// The input file, in place of the spec's.
     pub input: Option<PathBuf>,
+    /// Run on the first N records of the input only, the oracle cut to
+    /// them: a data set sized so the `long` rung's one context holds all
+    /// the prefilter keeps.
+    pub first: Option<usize>,
 }
 
 /// What the ladder needs of an example beyond its spec, from the
@@ -274,6 +278,9 @@ pub struct Ladder {
     pub records: usize,
     #[serde(default)]
     pub positives: usize,
+    /// When the run read only the first N records of the input.
+    #[serde(default)]
+    pub first: Option<usize>,
     /// The example's caveat (`ladder.toml`'s `note`).
     #[serde(default)]
     pub note: Option<String>,
@@ -371,7 +378,24 @@ pub fn main(args: &LadderArgs) -> Result<()> {
         base.input.path = Some(input.display().to_string());
     }
     let cfg = LadderConfig::read(&args.example)?;
-    let truth = read_truth(&cfg, &args.example, &base, &text)?;
+    // Kept until every strategy has run: the cut input lives here.
+    let cut_dir = tempfile::tempdir().context("creating a temporary folder")?;
+    let kept_ids = match args.first {
+        None => None,
+        Some(n) => {
+            let input =
+                args.example.join(base.input.path.as_deref().ok_or_else(|| {
+                    anyhow!("the example's spec names no input file: pass --input")
+                })?);
+            let (path, ids) = first_records(&base, &input, n, cut_dir.path())?;
+            base.input.path = Some(path.display().to_string());
+            Some(ids)
+        }
+    };
+    let mut truth = read_truth(&cfg, &args.example, &base, &text)?;
+    if let Some(ids) = &kept_ids {
+        truth.retain(|id| ids.contains(id));
+    }
     let ctx = Example {
         cfg: &cfg,
         base: &base,
@@ -386,6 +410,14 @@ pub fn main(args: &LadderArgs) -> Result<()> {
             bail!("no strategy `{name}`; known: {}", STRATEGIES.join(", "));
         }
     }
+    // A run on another backend keeps its own section beside the default's.
+    let name = match &args.backend {
+        None => cfg.name.clone(),
+        Some(b) => format!("{}-{b}", cfg.name),
+    };
+    // Refused before the run, not after it: the section must say what
+    // code it measures.
+    crate::stamp::section(&name)?;
     let chosen = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
     let tmp = tempfile::tempdir().context("creating a temporary folder")?;
     let seed = args.split_seed;
@@ -394,6 +426,7 @@ pub fn main(args: &LadderArgs) -> Result<()> {
         units: cfg.units.clone(),
         records,
         positives: truth.len(),
+        first: args.first,
         note: cfg.note.clone(),
         date: utc_date(SystemTime::now()),
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -440,11 +473,6 @@ pub fn main(args: &LadderArgs) -> Result<()> {
         ladder.simulated |= row.simulated;
         ladder.rows.push(row);
     }
-    // A run on another backend keeps its own section beside the default's.
-    let name = match &args.backend {
-        None => cfg.name.clone(),
-        Some(b) => format!("{}-{b}", cfg.name),
-    };
     let json_path = args
         .json
         .clone()
@@ -458,6 +486,61 @@ pub fn main(args: &LadderArgs) -> Result<()> {
     let section = render(&ladder, &json_path, args.backend.as_deref());
     print!("{section}");
     write_marked_section(&args.report, &name, &section)
+}
+
+/// The first `n` records of `input` (a JSON array, or one JSON value a
+/// line) written under `dir`, and the ids the engine's partitioner gives
+/// them.
+fn first_records(
+    spec: &Spec,
+    input: &Path,
+    n: usize,
+    dir: &Path,
+) -> Result<(PathBuf, BTreeSet<String>)> {
+    let bytes = std::fs::read(input).with_context(|| format!("reading {}", input.display()))?;
+    let name = input
+        .file_name()
+        .ok_or_else(|| anyhow!("{} names no file", input.display()))?;
+    let cut = dir.join(name);
+    let text = match serde_json::from_slice::<Vec<serde_json::Value>>(&bytes) {
+        Ok(all) => {
+            let head: Vec<_> = all.into_iter().take(n).collect();
+            serde_json::to_string(&head).context("writing the cut input")?
+        }
+        Err(_) => {
+            let text = std::str::from_utf8(&bytes)
+                .with_context(|| format!("{} is not UTF-8", input.display()))?;
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .take(n)
+                .collect();
+            if lines
+                .iter()
+                .any(|l| serde_json::from_str::<serde_json::Value>(l).is_err())
+            {
+                bail!(
+                    "--first cuts a JSON array or JSON lines; {} is neither",
+                    input.display()
+                );
+            }
+            lines.join("\n") + "\n"
+        }
+    };
+    std::fs::write(&cut, &text).with_context(|| format!("writing {}", cut.display()))?;
+    let mut ids = BTreeSet::new();
+    fanfold_ops::partition::partition(
+        &spec.input.partition,
+        text.as_bytes(),
+        fanfold_ops::partition::PartitionOptions::default(),
+        |e| {
+            if let fanfold_ops::partition::Element::Unit(u) = e {
+                ids.insert(u.unit.unit_id.as_str().to_owned());
+            }
+        },
+    )
+    .map_err(|e| anyhow!("{}: {e}", cut.display()))?;
+    Ok((cut, ids))
 }
 
 /// One example as every strategy reads it: its spec, the ladder's config
@@ -892,7 +975,7 @@ fn render(l: &Ladder, json: &Path, backend: Option<&str>) -> String {
     );
     let _ = writeln!(
         s,
-        "`fanfold bench ladder` on `{}`, {} cores ({}), load {}, {}; backend {}, {} slots; every strategy in a fresh store, one after the other in one run (raw rows in `{}`, plotted by `fanfold report ladder`). Quality is scored against the example's oracle, which no run reads ({} positives), on two halves of the {} {} split by a seeded hash of the id (seed {}): the deterministic strategy's last rule and the cut-offs of BM25 and the embedding top-k are chosen on the development half; the held-out half is scored once.\n",
+        "`fanfold bench ladder` on `{}`, {} cores ({}), load {}, {}; backend {}, {} slots; every strategy in a fresh store, one after the other in one run (raw rows in `{}`, plotted by `fanfold report ladder`). Quality is scored against the example's oracle, which no run reads ({} positives), on two halves of the {} {}{} split by a seeded hash of the id (seed {}): the deterministic strategy's last rule and the cut-offs of BM25 and the embedding top-k are chosen on the development half; the held-out half is scored once.\n",
         l.example,
         l.cores,
         l.cpu,
@@ -904,6 +987,13 @@ fn render(l: &Ladder, json: &Path, backend: Option<&str>) -> String {
         l.positives,
         l.records,
         l.units,
+        match l.first {
+            Some(n) => format!(
+                " (the first {n} of the input, so that the `long` rung's one context can hold every {} the prefilter keeps)",
+                l.units.strip_suffix('s').unwrap_or(&l.units)
+            ),
+            None => String::new(),
+        },
         l.split_seed,
     );
     if l.simulated {

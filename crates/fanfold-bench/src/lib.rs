@@ -27,12 +27,13 @@ pub mod report;
 mod scale;
 mod select;
 pub mod selfcheck;
+pub mod stamp;
 mod tools;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 
 pub use deterministic::DeterministicArgs;
@@ -105,6 +106,43 @@ pub enum BenchCommand {
     /// units never labelled, over seeded trials. Printed, not written:
     /// `fanfold bench cascade` writes the same table into its section.
     Classifier(ClassifierCliArgs),
+    /// Writes the section NAME of the report from stdin, stamped with the
+    /// commit it was measured at: what the scripts under `bench/` write
+    /// their sections with (through `bench/splice.py`).
+    Splice(SpliceCliArgs),
+    /// Stamps the section NAME as measured at COMMIT, leaving its figures
+    /// as they are; marks it older than the code when a later commit
+    /// changed the paths it measures.
+    Restamp(RestampCliArgs),
+    /// Every section of the report with the commit it was measured at,
+    /// against the last commit changing the code it measures; exits 1
+    /// when a section claims to be current and is not.
+    Stamps(StampsCliArgs),
+}
+
+#[derive(Args)]
+pub struct SpliceCliArgs {
+    /// The section's name, as in `<!-- bench:NAME:start -->`.
+    name: String,
+    #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
+    report: PathBuf,
+}
+
+#[derive(Args)]
+pub struct RestampCliArgs {
+    /// The section's name, as in `<!-- bench:NAME:start -->`.
+    name: String,
+    /// The commit its figures were measured at.
+    #[arg(long, value_name = "COMMIT")]
+    at: String,
+    #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
+    report: PathBuf,
+}
+
+#[derive(Args)]
+pub struct StampsCliArgs {
+    #[arg(long, value_name = "PATH", default_value = "docs/benchmarks.md")]
+    report: PathBuf,
 }
 
 #[derive(Args)]
@@ -260,6 +298,11 @@ pub struct LadderCliArgs {
     /// project, e.g. loghub's BGL sample for `examples/bgl-alerts`.
     #[arg(long, value_name = "FILE")]
     input: Option<PathBuf>,
+    /// Run on the first N records of the input only (a JSON array or JSON
+    /// lines), the oracle cut to them: a data set sized so the `long`
+    /// rung's one context holds everything the prefilter keeps.
+    #[arg(long, value_name = "N")]
+    first: Option<usize>,
 }
 
 #[derive(Args)]
@@ -385,6 +428,7 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                 backend: a.backend,
                 split_seed: a.split_seed,
                 input: a.input,
+                first: a.first,
             })?;
             Ok(ExitCode::SUCCESS)
         }
@@ -442,6 +486,29 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Fleet(a) => {
             fleet::main(&a)?;
             Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Splice(a) => {
+            let mut body = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut body)
+                .context("reading the section from stdin")?;
+            let body = format!("{}\n", body.trim_matches('\n'));
+            report::write_marked_section(&a.report, &a.name, &body)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Restamp(a) => {
+            report::restamp(&a.report, &a.name, &a.at)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Stamps(a) => {
+            let verdicts = stamp::audit_report(&a.report)?;
+            for (name, v) in &verdicts {
+                println!("{}", stamp::describe(name, v));
+            }
+            Ok(if verdicts.iter().any(|(_, v)| v.is_failure()) {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
         }
     }
 }
