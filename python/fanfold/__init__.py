@@ -6,9 +6,12 @@ certificate of what ran. This package calls the same engine as the
 ``fanfold`` command (its native half, ``fanfold._native``); nothing of the
 engine is reimplemented here.
 
-Tables cross into the engine as JSON Lines, written in one vectorised call
-(``DataFrame.to_json(orient="records", lines=True)``); Arrow is not used
-yet.
+Tables cross into the engine through Arrow's C stream interface
+(``__arrow_c_stream__``): a polars DataFrame, a pyarrow Table or
+RecordBatchReader, or a pandas DataFrame when pyarrow is installed, is
+written as the JSON Lines the engine reads by the native half, batch by
+batch, with no Python loop over rows. A pandas DataFrame without pyarrow
+is written in one vectorised ``to_json`` call.
 
     >>> import fanfold, pandas as pd
     >>> df = pd.DataFrame({"id": [1, 2], "body": ["Raptor lost data", "fine"]})
@@ -141,6 +144,51 @@ def _write_atomically(path: Path, body: bytes) -> None:
         raise
 
 
+def _arrow_source(data: Any) -> Any:
+    """What of ``data`` crosses through Arrow's C stream interface, or
+    None when it cannot: a pandas DataFrame becomes a pyarrow Table (its
+    index reset into the records as ``_as_records_frame`` does) when
+    pyarrow is installed and can type every column; anything else that
+    has ``__arrow_c_stream__`` (polars, pyarrow, DuckDB) crosses as it is."""
+    pd = _pandas()
+    if pd is not None and isinstance(data, pd.DataFrame):
+        try:
+            import pyarrow  # noqa: PLC0415
+        except ImportError:
+            return None
+        try:
+            return pyarrow.Table.from_pandas(_as_records_frame(data), preserve_index=False)
+        except (pyarrow.ArrowException, ValueError, TypeError):
+            # A column pyarrow cannot type (mixed objects, say) goes
+            # through pandas's own JSON writer instead.
+            return None
+    if hasattr(data, "__arrow_c_stream__") and not isinstance(data, (str, bytes, os.PathLike)):
+        return data
+    return None
+
+
+def _write_table(data: Any, path: Path) -> str:
+    """Writes the table ``data`` to ``path`` as JSON Lines, through a
+    temporary file beside it, and returns the SHA-256 of what it wrote (hex).
+    Through Arrow when ``data`` can cross so, else as ``_table_bytes``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = _arrow_source(data)
+    if table is None:
+        body = _table_bytes(data)
+        _write_atomically(path, body)
+        return hashlib.sha256(body).hexdigest()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".part")
+    os.close(fd)
+    try:
+        digest = _native.table_jsonl(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return digest
+
+
 def _input_path(data: Any, folder: Path) -> str:
     """A path the engine reads ``data`` from. A path is taken as it is; a
     table is written as JSON Lines under ``folder``, named by its content,
@@ -148,11 +196,26 @@ def _input_path(data: Any, folder: Path) -> str:
     verify`` to read back."""
     if isinstance(data, (str, os.PathLike)):
         return os.fspath(data)
-    body = _table_bytes(data)
-    path = folder / f"{hashlib.sha256(body).hexdigest()[:16]}.jsonl"
-    if not path.exists():
-        _write_atomically(path, body)
+    fd, incoming = tempfile.mkstemp(dir=_made(folder), prefix=".table-", suffix=".jsonl")
+    os.close(fd)
+    try:
+        digest = _write_table(data, Path(incoming))
+        path = folder / f"{digest[:16]}.jsonl"
+        if path.exists():
+            os.unlink(incoming)
+        else:
+            os.replace(incoming, path)
+    except BaseException:
+        if os.path.exists(incoming):
+            os.unlink(incoming)
+        raise
     return str(path)
+
+
+def _made(folder: Path) -> Path:
+    """``folder``, made if it is missing."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _inputs_folder(store: str) -> Path:
@@ -355,7 +418,10 @@ def _run_isolated(spec: str, progress: Optional[Callable[..., Any]], options: Di
         return _native.run(spec, progress=progress, **options)
     request = json.dumps({"spec": spec, "options": options, "progress": progress is not None})
     child = subprocess.Popen(
-        [sys.executable, "-c", _ENGINE_PROCESS, _native.__file__, str(os.getpid())],
+        # -I: no PYTHON* variable, user site or working folder reaches it;
+        # -S: no site-packages either (it needs the standard library only),
+        # and it starts sooner.
+        [sys.executable, "-I", "-S", "-c", _ENGINE_PROCESS, _native.__file__, str(os.getpid())],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -808,14 +874,13 @@ def _draft(data: Any, question: str, dir: Optional[PathLike], store_path: str) -
     if isinstance(data, (str, os.PathLike)):
         source = os.fspath(data)
     else:
-        body = _table_bytes(data)
         source = str(folder / "input.jsonl")
         for taken in ("spec.toml", "input.jsonl"):
             if (folder / taken).exists():
                 raise InputError(
                     f"{folder / taken} exists: refusing to overwrite it; choose another folder"
                 )
-        _write_atomically(Path(source), body)
+        _write_table(data, Path(source))
     try:
         written = json.loads(_native.draft(str(folder), question, source, store_path))
     except BaseException:
@@ -870,8 +935,10 @@ def ask(
     decision schema with evidence, a cheap first rung), then run it.
 
     Args:
-        data: a pandas DataFrame, a list of dicts, or a path (a JSON array,
-            JSON lines, CSV, text, e-mail, Markdown, or a folder of them).
+        data: a pandas or polars DataFrame, a pyarrow Table or
+            RecordBatchReader (anything with ``__arrow_c_stream__``), a list
+            of dicts, or a path (a JSON array, JSON lines, CSV, text,
+            e-mail, Markdown, or a folder of them).
         question: the question, in words.
         dir: where the spec folder goes; ``.fanfold/ask/<name>`` by default
             (numbered past folders that hold a spec). Edit its spec and

@@ -123,4 +123,6 @@ def ask(
     strict: bool = ...,
     progress: ProgressArg = ...,
 ) -> Result:
-    """Ask a question of ``data`` in one call, as ``fanfold ask`` does."""
+    """Ask a question of ``data`` (a pandas or polars DataFrame, a pyarrow
+    Table or RecordBatchReader, a list of dicts, or a path) in one call, as
+    ``fanfold ask`` does."""

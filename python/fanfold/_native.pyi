@@ -48,3 +48,9 @@ def end_process_on_runaway() -> None:
     """Makes a runaway jq evaluation end this process (exit status 5, one
     line on stderr starting with ``RUNAWAY_MARK``): for the process the
     package runs the engine in, never the caller's interpreter."""
+
+def table_jsonl(table: Any, path: str) -> str:
+    """Writes ``table`` (any object with ``__arrow_c_stream__``: pyarrow,
+    polars, DuckDB) to ``path`` as JSON Lines, batch by batch with the GIL
+    released, a null written as ``null``; returns the SHA-256 (hex) of the
+    bytes written. A column JSON cannot hold is an ``InputError``."""

@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
+mod table;
+
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
@@ -478,6 +480,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(free_folder, m)?)?;
     m.add_function(wrap_pyfunction!(report_html, m)?)?;
     m.add_function(wrap_pyfunction!(end_process_on_runaway, m)?)?;
+    m.add_function(wrap_pyfunction!(table::table_jsonl, m)?)?;
     m.add("RUNAWAY_MARK", RUNAWAY_MARK)?;
     m.add("EXIT_INTERRUPTED", fanfold_engine::EXIT_INTERRUPTED)?;
     m.add("FanfoldError", py.get_type::<FanfoldError>())?;
