@@ -1,0 +1,54 @@
+"""The section of the LOTUS comparison, from what lotus.sh's run wrote."""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+work, lotus_version = Path(sys.argv[1]), sys.argv[2]
+
+
+def usage(side):
+    lines = (work / f"usage-{side}.jsonl").read_text().splitlines()
+    calls = [json.loads(line) for line in lines if line.strip()]
+    return {
+        "calls": len(calls),
+        "prompt": sum(c.get("prompt_tokens") or 0 for c in calls),
+        "completion": sum(c.get("completion_tokens") or 0 for c in calls),
+        "errors": sum(1 for c in calls if c.get("status") != 200),
+    }
+
+
+result = {s: json.loads((work / f"result-{s}.json").read_text()) for s in ("fanfold", "lotus")}
+seen = {s: usage(s) for s in result}
+rows = result["fanfold"]["rows"]
+out = [
+    "## Python: `df.fanfold.filter` against LOTUS's `sem_filter` (`bench/python/lotus.sh`)\n",
+    f"Measured on {time.strftime('%Y-%m-%d', time.gmtime())} (UTC).\n",
+    f"- Rows: the {rows} reviews of `examples/film-reviews/reviews.jsonl` (several films). "
+    "fanfold: the spec `df.fanfold.filter(\"Which reviews of The Lantern Keeper are positive?\")` "
+    "drafts, its model pointed at the server. LOTUS "
+    f"{lotus_version}: `df.sem_filter(\"{{text}} is a positive review of The Lantern Keeper\")`.",
+    "- Both sides reach the same model (SmolLM2-135M-Instruct Q4_1) behind one llama-cpp-python "
+    "server through a counting proxy; calls and tokens are the server's own `usage`, counted by "
+    "the proxy. Each side starts with an empty cache. The decisions of a 135M model are not the "
+    "point; what each side sends is.\n",
+    "| side | calls | prompt tokens | completion tokens | failed calls | rows kept | wall s |",
+    "|---|---:|---:|---:|---:|---:|---:|",
+]
+for side, name in (("fanfold", "fanfold `filter`"), ("lotus", "LOTUS `sem_filter`")):
+    u, r = seen[side], result[side]
+    out.append(
+        f"| {name} | {u['calls']} | {u['prompt']} | {u['completion']} | {u['errors']} | "
+        f"{len(r['kept'])} | {r['wall_s']:.1f} |"
+    )
+f, l = seen["fanfold"], seen["lotus"]
+if l["calls"]:
+    out.append("")
+    out.append(
+        f"fanfold sent **{f['calls'] / l['calls']:.2f}x** LOTUS's calls and "
+        f"**{(f['prompt'] + f['completion']) / max(1, l['prompt'] + l['completion']):.2f}x** its "
+        "tokens: its drafted rungs (a term of the question, then the local embedder) keep the "
+        "rows that never name the film from the model; every row LOTUS filters is a call."
+    )
+print("\n".join(out))
