@@ -272,6 +272,26 @@ pub const SECTIONS: &[Section] = &[
             "crates/fanfold-ops/src/quotes.rs",
         ],
     },
+    Section {
+        name: "python",
+        writer: "bench/python/run.sh",
+        paths: &[
+            "bench/python/run.sh",
+            "bench/python/overhead.py",
+            "python/fanfold",
+            "crates/fanfold-py/src",
+        ],
+    },
+    Section {
+        name: "python-lotus",
+        writer: "bench/python/lotus.sh",
+        paths: &[
+            "bench/python/lotus.sh",
+            "bench/python/lotus_filter.py",
+            "bench/python/lotus_section.py",
+            "crates/fanfold-draft/src",
+        ],
+    },
 ];
 
 /// The table's entry for a section, or an error naming the table.
