@@ -2,7 +2,6 @@
 
 import json
 import sys
-import time
 from pathlib import Path
 
 work, lotus_version = Path(sys.argv[1]), sys.argv[2]
@@ -24,7 +23,7 @@ seen = {s: usage(s) for s in result}
 rows = result["fanfold"]["rows"]
 out = [
     "## Python: `df.fanfold.filter` against LOTUS's `sem_filter` (`bench/python/lotus.sh`)\n",
-    f"Measured on {time.strftime('%Y-%m-%d', time.gmtime())} (UTC).\n",
+    "Every figure below comes from one run.\n",
     f"- Rows: the {rows} reviews of `examples/film-reviews/reviews.jsonl` (several films). "
     "fanfold: the spec `df.fanfold.filter(\"Which reviews of The Lantern Keeper are positive?\")` "
     "drafts, its model pointed at the server. LOTUS "

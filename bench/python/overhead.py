@@ -176,8 +176,7 @@ def main():
     out = []
     w = out.append
     w("## Python: the package against the CLI (`bench/python/run.sh`) [SIMULATED]\n")
-    w(f"Measured on {time.strftime('%Y-%m-%d', time.gmtime())} (UTC); every figure below comes "
-      "from that run.\n")
+    w("Every figure below comes from one run.\n")
     w(f"- Machine: {os.cpu_count()} logical CPUs, {platform.processor() or platform.machine()}, "
       f"Linux {platform.release()}; 1-minute load average {load[0]:.2f} / {load[1]:.2f} / "
       f"{load[2]:.2f} when the run started. Python {platform.python_version()}, "
