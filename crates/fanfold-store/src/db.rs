@@ -228,6 +228,33 @@ fn reconnect_for() -> std::time::Duration {
 /// 32,766, PostgreSQL's 65,535).
 const ROWS_A_STATEMENT: usize = 256;
 
+/// `(?1, ?2), (?3, ?4)` for 2 rows of 2 columns: the VALUES list of a
+/// multi-row insert. Kept per shape, since a route pass writes thousands
+/// of statements of the same few shapes and building the text a
+/// placeholder at a time cost as much as SQLite's own work on them.
+fn placeholders(columns: usize, rows: usize) -> std::sync::Arc<str> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+    static MADE: OnceLock<Mutex<HashMap<(usize, usize), Arc<str>>>> = OnceLock::new();
+    let made = MADE.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut made = made.lock().unwrap_or_else(|e| e.into_inner());
+    Arc::clone(made.entry((columns, rows)).or_insert_with(|| {
+        use std::fmt::Write as _;
+        let mut text = String::with_capacity(rows * columns * 8);
+        for r in 0..rows {
+            text.push_str(if r == 0 { "(" } else { ", (" });
+            for c in 0..columns {
+                if c > 0 {
+                    text.push_str(", ");
+                }
+                let _ = write!(text, "?{}", r * columns + c + 1);
+            }
+            text.push(')');
+        }
+        text.into()
+    }))
+}
+
 /// The parameters as SQLite binds them.
 fn sqlite_args<'a>(params: &'a [&'a dyn Param]) -> Vec<&'a dyn rusqlite::ToSql> {
     params.iter().map(|p| *p as &dyn rusqlite::ToSql).collect()
@@ -540,19 +567,7 @@ impl Conn {
         while !rest.is_empty() {
             let take = ROWS_A_STATEMENT.min(1 << rest.len().ilog2());
             let (now, later) = rest.split_at(take);
-            let mut sql = format!("{head} VALUES ");
-            for r in 0..take {
-                sql.push_str(if r == 0 { "(" } else { ", (" });
-                for c in 0..N {
-                    if c > 0 {
-                        sql.push_str(", ");
-                    }
-                    sql.push_str(&format!("?{}", r * N + c + 1));
-                }
-                sql.push(')');
-            }
-            sql.push(' ');
-            sql.push_str(tail);
+            let sql = format!("{head} VALUES {} {tail}", placeholders(N, take));
             let params: Vec<&dyn Param> = now.iter().flatten().copied().collect();
             written += self.execute(&sql, &params)?;
             rest = later;
@@ -656,6 +671,17 @@ mod tests {
             pg_sql("SELECT a FROM t WHERE b = ?1 AND c < ?12 AND d = '?'"),
             "SELECT a FROM t WHERE b = $1 AND c < $12 AND d = '?'"
         );
+    }
+
+    #[test]
+    fn a_multi_row_insert_numbers_its_parameters_row_after_row() {
+        assert_eq!(&*placeholders(2, 3), "(?1, ?2), (?3, ?4), (?5, ?6)");
+        assert_eq!(&*placeholders(3, 1), "(?1, ?2, ?3)");
+        // Kept per shape: the same text comes back for the same shape.
+        assert!(std::sync::Arc::ptr_eq(
+            &placeholders(2, 3),
+            &placeholders(2, 3)
+        ));
     }
 
     #[test]

@@ -90,27 +90,129 @@ struct Writer<'a> {
     /// The deciding rule of each element since `first_ordinal`.
     rules: Vec<u8>,
     first_ordinal: u64,
+    /// The thread that commits full batches; without it (before the pass
+    /// starts one) a batch is written here.
+    background: Option<BatchWriter>,
 }
 
 impl Writer<'_> {
+    /// Hands the rows gathered so far to be written: to the write thread,
+    /// once the batch before has been committed, so at most one batch is
+    /// in flight while the next one fills.
     fn flush(&mut self) -> Result<(), RunError> {
         if self.units.is_empty() && self.rejections.is_empty() && self.rules.is_empty() {
             return Ok(());
         }
-        self.store.put_partition_batch(&PartitionBatch {
+        let batch = OwnedBatch {
+            partition: self.partition,
+            prefilter: self.prefilter,
+            first_ordinal: self.first_ordinal,
+            units: std::mem::take(&mut self.units),
+            rejections: std::mem::take(&mut self.rejections),
+            rules: std::mem::take(&mut self.rules),
+        };
+        self.first_ordinal += batch.rules.len() as u64;
+        match self.background.as_mut() {
+            Some(background) => {
+                background.wait()?;
+                background.send(batch);
+                Ok(())
+            }
+            None => Ok(self.store.put_partition_batch(&batch.as_batch())?),
+        }
+    }
+
+    /// Flushes and waits until every batch is committed: before the store
+    /// is read for what the pass has written, and at its end.
+    fn settle(&mut self) -> Result<(), RunError> {
+        self.flush()?;
+        match self.background.as_mut() {
+            Some(background) => background.wait(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A batch of rows as the write thread receives it.
+struct OwnedBatch {
+    partition: i64,
+    prefilter: i64,
+    first_ordinal: u64,
+    units: Vec<Unit>,
+    rejections: Vec<RejectionRow>,
+    rules: Vec<u8>,
+}
+
+impl OwnedBatch {
+    fn as_batch(&self) -> PartitionBatch<'_> {
+        PartitionBatch {
             partition: self.partition,
             units: &self.units,
             rejections: &self.rejections,
             prefilter: Some(self.prefilter),
             first_ordinal: self.first_ordinal,
             rules: &self.rules,
-        })?;
-        self.first_ordinal += self.rules.len() as u64;
-        self.units.clear();
-        self.rejections.clear();
-        self.rules.clear();
+        }
+    }
+}
+
+/// The route pass's write thread: SQLite commits a batch (tens of
+/// milliseconds for 20,000 units) while the pass parses and prefilters
+/// the next one, where before the whole pass waited on every commit.
+/// Batches are committed in the order sent; the thread ends when this
+/// handle is dropped, after the batches already sent.
+struct BatchWriter {
+    to_write: std::sync::mpsc::SyncSender<OwnedBatch>,
+    written: std::sync::mpsc::Receiver<Result<(), fanfold_store::StoreError>>,
+    in_flight: usize,
+}
+
+impl BatchWriter {
+    fn start<'scope>(scope: &'scope std::thread::Scope<'scope, '_>, store: &'scope Store) -> Self {
+        let (to_write, batches) = std::sync::mpsc::sync_channel::<OwnedBatch>(1);
+        let (report, written) = std::sync::mpsc::channel();
+        scope.spawn(move || {
+            for batch in batches {
+                if report
+                    .send(store.put_partition_batch(&batch.as_batch()))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        BatchWriter {
+            to_write,
+            written,
+            in_flight: 0,
+        }
+    }
+
+    fn send(&mut self, batch: OwnedBatch) {
+        if self.to_write.send(batch).is_err() {
+            write_thread_gone();
+        }
+        self.in_flight += 1;
+    }
+
+    /// Waits for every batch sent to be committed; the first failure.
+    fn wait(&mut self) -> Result<(), RunError> {
+        while self.in_flight > 0 {
+            let Ok(result) = self.written.recv() else {
+                write_thread_gone();
+            };
+            self.in_flight -= 1;
+            result?;
+        }
         Ok(())
     }
+}
+
+/// The write thread hangs up only by panicking (a store error is an
+/// answer); its panic is what the scope re-raises, this one stops the pass
+/// from going on without it.
+fn write_thread_gone() -> ! {
+    panic!("the route pass's write thread stopped")
 }
 
 /// The state the streaming callbacks share on the calling thread.
@@ -156,9 +258,10 @@ impl ConfirmRepeat for StoreRepeat<'_, '_> {
                 "id {id} repeats, and there is no store to look its first unit up in"
             ))));
         };
-        // The earlier element may still be waiting in this batch.
+        // The earlier element may still be waiting in this batch, or be
+        // on its way to the store.
         if w.write_units {
-            w.flush().map_err(io)?;
+            w.settle().map_err(io)?;
         }
         let found = w
             .store
@@ -261,143 +364,153 @@ pub fn route_keeping(
                 rejections: Vec::new(),
                 rules: Vec::new(),
                 first_ordinal: 0,
+                background: None,
             })
         }
         None => None,
     };
-    let ids = writer.as_ref().map(|w| (w.partition, w.prefilter));
-    let sink = RefCell::new(Sink {
-        writer,
-        excluded: vec![0; actions.len()],
-        samplers: plan
-            .exclusion_samples()
-            .into_iter()
-            .map(|(seed, k)| (seed, BottomK::new(k)))
-            .collect(),
-        actions,
-        first_stage,
-        routed: Routed {
-            table: UnitTable::default(),
-            by_stage: BTreeMap::new(),
-            coverage: Coverage::default(),
-            rejected_by_reason: BTreeMap::new(),
-            rejections: Vec::new(),
-            repeats: Vec::new(),
-            excluded_by_reason: BTreeMap::new(),
-            excluded_samples: BTreeMap::new(),
-            partition_id: ids.map(|(p, _)| p),
-            prefilter_id: ids.map(|(_, f)| f),
-        },
-        failed: None,
-        keep,
-    });
-    let stop = AtomicBool::new(false);
-    let rules = &plan.spec.prefilter;
-    let result = {
-        let mut compact;
-        let mut in_memory;
-        let seen: &mut dyn SeenIds = if store.is_some() {
-            compact = CompactSeen::new(StoreRepeat(&sink));
-            &mut compact
-        } else {
-            in_memory = SeenKeys::default();
-            &mut in_memory
-        };
-        fanfold_ops::partition::stream(
-            &plan.spec.input.partition,
-            source_hash,
-            Stoppable {
-                inner: reader,
-                stop: &stop,
-                interrupt,
+    // The batches are committed on a thread of the scope, which ends with
+    // the pass: every batch sent is written before `route` returns, also
+    // when it returns an error.
+    std::thread::scope(|scope| {
+        let mut writer = writer;
+        if let (Some(w), Some(store)) = (writer.as_mut(), store) {
+            w.background = Some(BatchWriter::start(scope, store));
+        }
+        let ids = writer.as_ref().map(|w| (w.partition, w.prefilter));
+        let sink = RefCell::new(Sink {
+            writer,
+            excluded: vec![0; actions.len()],
+            samplers: plan
+                .exclusion_samples()
+                .into_iter()
+                .map(|(seed, k)| (seed, BottomK::new(k)))
+                .collect(),
+            actions,
+            first_stage,
+            routed: Routed {
+                table: UnitTable::default(),
+                by_stage: BTreeMap::new(),
+                coverage: Coverage::default(),
+                rejected_by_reason: BTreeMap::new(),
+                rejections: Vec::new(),
+                repeats: Vec::new(),
+                excluded_by_reason: BTreeMap::new(),
+                excluded_samples: BTreeMap::new(),
+                partition_id: ids.map(|(p, _)| p),
+                prefilter_id: ids.map(|(_, f)| f),
             },
-            options,
-            seen,
-            || {
-                // Compiled per worker thread (jq values cannot cross threads);
-                // the plan compiled the same rules already, so this succeeds.
-                let compiled = RecordPrefilter::compile(rules);
-                move |id: &str, view: UnitView<'_>| -> Result<Option<usize>, PrefilterError> {
-                    match (&compiled, view) {
-                        (Ok(p), UnitView::Record(r)) => p.first_match_index(id, r),
-                        (Ok(p), view) => p.prefilter().first_match(id, view.to_val()),
-                        (Err(e), _) => Err(PrefilterError::Thread(e.to_string())),
-                    }
-                }
-            },
-            &mut |el| {
-                let mut sink = sink.borrow_mut();
-                if sink.failed.is_some() {
-                    return;
-                }
-                if interrupted(interrupt) {
-                    sink.failed = Some(RunError::Interrupted {
-                        phase: "partitioning and prefiltering the input",
-                    });
-                    stop.store(true, Ordering::Relaxed);
-                    return;
-                }
-                if let Err(e) = sink.take(el) {
-                    sink.failed = Some(e);
-                    stop.store(true, Ordering::Relaxed);
-                }
-            },
-        )
-    };
-    let mut sink = sink.into_inner();
-    if let Some(e) = sink.failed.take() {
-        return Err(e);
-    }
-    // Stopped at a read before any element saw the flag.
-    if interrupted(interrupt) {
-        return Err(RunError::Interrupted {
-            phase: "partitioning and prefiltering the input",
+            failed: None,
+            keep,
         });
-    }
-    let coverage = result.map_err(|source| match store_failure(source) {
-        Ok(store) => RunError::Store(store),
-        Err(source) => RunError::Partition {
-            origin: origin.to_owned(),
-            source,
-        },
-    })?;
-    if let Some(w) = sink.writer.as_mut() {
-        w.flush()?;
-        if w.write_units {
-            w.store.finish_partition(
-                w.partition,
-                PartitionCounts {
-                    elements: coverage.elements,
-                    units: coverage.units,
-                    rejected: coverage.rejected,
+        let stop = AtomicBool::new(false);
+        let rules = &plan.spec.prefilter;
+        let result = {
+            let mut compact;
+            let mut in_memory;
+            let seen: &mut dyn SeenIds = if store.is_some() {
+                compact = CompactSeen::new(StoreRepeat(&sink));
+                &mut compact
+            } else {
+                in_memory = SeenKeys::default();
+                &mut in_memory
+            };
+            fanfold_ops::partition::stream(
+                &plan.spec.input.partition,
+                source_hash,
+                Stoppable {
+                    inner: reader,
+                    stop: &stop,
+                    interrupt,
                 },
-            )?;
+                options,
+                seen,
+                || {
+                    // Compiled per worker thread (jq values cannot cross threads);
+                    // the plan compiled the same rules already, so this succeeds.
+                    let compiled = RecordPrefilter::compile(rules);
+                    move |id: &str, view: UnitView<'_>| -> Result<Option<usize>, PrefilterError> {
+                        match (&compiled, view) {
+                            (Ok(p), UnitView::Record(r)) => p.first_match_index(id, r),
+                            (Ok(p), view) => p.prefilter().first_match(id, view.to_val()),
+                            (Err(e), _) => Err(PrefilterError::Thread(e.to_string())),
+                        }
+                    }
+                },
+                &mut |el| {
+                    let mut sink = sink.borrow_mut();
+                    if sink.failed.is_some() {
+                        return;
+                    }
+                    if interrupted(interrupt) {
+                        sink.failed = Some(RunError::Interrupted {
+                            phase: "partitioning and prefiltering the input",
+                        });
+                        stop.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    if let Err(e) = sink.take(el) {
+                        sink.failed = Some(e);
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                },
+            )
+        };
+        let mut sink = sink.into_inner();
+        if let Some(e) = sink.failed.take() {
+            return Err(e);
         }
-        if w.write_routes {
-            w.store.finish_routing(w.partition, w.prefilter)?;
+        // Stopped at a read before any element saw the flag.
+        if interrupted(interrupt) {
+            return Err(RunError::Interrupted {
+                phase: "partitioning and prefiltering the input",
+            });
         }
-    }
-    for (action, n) in sink.actions.iter().zip(&sink.excluded) {
-        if let Action::Exclude(reason) = action
-            && *n > 0
-        {
-            *sink
-                .routed
-                .excluded_by_reason
-                .entry(reason.clone())
-                .or_insert(0) += n;
+        let coverage = result.map_err(|source| match store_failure(source) {
+            Ok(store) => RunError::Store(store),
+            Err(source) => RunError::Partition {
+                origin: origin.to_owned(),
+                source,
+            },
+        })?;
+        if let Some(w) = sink.writer.as_mut() {
+            w.settle()?;
+            if w.write_units {
+                w.store.finish_partition(
+                    w.partition,
+                    PartitionCounts {
+                        elements: coverage.elements,
+                        units: coverage.units,
+                        rejected: coverage.rejected,
+                    },
+                )?;
+            }
+            if w.write_routes {
+                w.store.finish_routing(w.partition, w.prefilter)?;
+            }
         }
-    }
-    for (seed, sampler) in std::mem::take(&mut sink.samplers) {
-        let at: Vec<usize> = sampler
-            .into_sorted()
-            .into_iter()
-            .map(|(unit, json)| sink.routed.table.push(unit, &json))
-            .collect();
-        sink.routed.excluded_samples.insert(seed, at);
-    }
-    sink.routed.coverage = coverage;
-    Ok(sink.routed)
+        for (action, n) in sink.actions.iter().zip(&sink.excluded) {
+            if let Action::Exclude(reason) = action
+                && *n > 0
+            {
+                *sink
+                    .routed
+                    .excluded_by_reason
+                    .entry(reason.clone())
+                    .or_insert(0) += n;
+            }
+        }
+        for (seed, sampler) in std::mem::take(&mut sink.samplers) {
+            let at: Vec<usize> = sampler
+                .into_sorted()
+                .into_iter()
+                .map(|(unit, json)| sink.routed.table.push(unit, &json))
+                .collect();
+            sink.routed.excluded_samples.insert(seed, at);
+        }
+        sink.routed.coverage = coverage;
+        Ok(sink.routed)
+    })
 }
 
 impl Sink<'_> {
