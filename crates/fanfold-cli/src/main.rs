@@ -554,7 +554,11 @@ fn limit_malloc_arenas() {
     }
 }
 
-/// Counts what each jq evaluation holds, so one cannot fill memory.
+/// Counts what each jq evaluation holds, so one cannot fill memory. A
+/// build with the `system-allocator` feature leaves it out, only so that
+/// `fanfold bench scale` can measure what the metering costs; that build
+/// says on every command that jq's memory is then unbounded.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOC: fanfold_ops::jq::MeteredAlloc = fanfold_ops::jq::MeteredAlloc;
 
@@ -599,6 +603,11 @@ fn main() -> ExitCode {
         std::process::exit(i32::from(fanfold_engine::error::EXIT_INPUT));
     });
     quiet_on_closed_stdout();
+    #[cfg(feature = "system-allocator")]
+    let _ = writeln!(
+        std::io::stderr(),
+        "warning: this fanfold is built with the `system-allocator` feature, to measure the metered allocator: a jq program's memory is not bounded"
+    );
     match real_main() {
         Ok(code) => code,
         Err(e) => {
