@@ -39,7 +39,15 @@ if side == "fanfold":
     res = fanfold.run(spec, store="fanfold-store.sqlite", out=folder / "out", progress=False)
     ids = sorted(str(i) for i in res.answer["id"])
     stats = res.certificate["stats"]
-    result = {"kept": ids, "engine_calls": stats.get("model_calls"), "complete": res.complete}
+    cert = res.certificate
+    result = {
+        "kept": ids,
+        "engine_calls": stats.get("model_calls"),
+        "complete": res.complete,
+        "excluded": sum((cert.get("excluded_by_reason") or {}).values()),
+        "embed_dropped": sum(e.get("dropped", 0) for e in (stats.get("embed") or {}).values()),
+        "judged": (cert.get("routed_by_stage") or {}).get("judge", 0),
+    }
 else:
     import lotus
     from lotus.models import LM

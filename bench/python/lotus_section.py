@@ -42,12 +42,17 @@ for side, name in (("fanfold", "fanfold `filter`"), ("lotus", "LOTUS `sem_filter
         f"{len(r['kept'])} | {r['wall_s']:.1f} |"
     )
 f, l = seen["fanfold"], seen["lotus"]
-if l["calls"]:
-    out.append("")
-    out.append(
-        f"fanfold sent **{f['calls'] / l['calls']:.2f}x** LOTUS's calls and "
-        f"**{(f['prompt'] + f['completion']) / max(1, l['prompt'] + l['completion']):.2f}x** its "
-        "tokens: its drafted rungs (a term of the question, then the local embedder) keep the "
-        "rows that never name the film from the model; every row LOTUS filters is a call."
-    )
+r = result["fanfold"]
+out.append("")
+out.append(
+    f"fanfold sent **{f['calls'] / max(1, l['calls']):.2f}x** LOTUS's calls and "
+    f"**{(f['prompt'] + f['completion']) / max(1, l['prompt'] + l['completion']):.2f}x** its "
+    f"tokens. Of the {rows} rows, the drafted spec's rule (a term the question names) excluded "
+    f"{r['excluded']} and its embedding rung dropped {r['embed_dropped']} before any model call; "
+    f"the model judged {r['judged']} rows in {f['calls']} calls (an answer that breaks the schema "
+    f"or quotes nothing verbatim is asked again). LOTUS sent one call per row. fanfold's calls "
+    f"carry more prompt tokens each ({f['prompt'] / max(1, f['calls']):.0f} against "
+    f"{l['prompt'] / max(1, l['calls']):.0f}): the rubric and a schema that asks for a verbatim "
+    "quote."
+)
 print("\n".join(out))
