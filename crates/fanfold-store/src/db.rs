@@ -235,7 +235,9 @@ const ROWS_A_STATEMENT: usize = 256;
 fn placeholders(columns: usize, rows: usize) -> std::sync::Arc<str> {
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex, OnceLock};
-    static MADE: OnceLock<Mutex<HashMap<(usize, usize), Arc<str>>>> = OnceLock::new();
+    /// Statement texts by (columns, rows).
+    type ByShape = HashMap<(usize, usize), Arc<str>>;
+    static MADE: OnceLock<Mutex<ByShape>> = OnceLock::new();
     let made = MADE.get_or_init(|| Mutex::new(HashMap::new()));
     let mut made = made.lock().unwrap_or_else(|e| e.into_inner());
     Arc::clone(made.entry((columns, rows)).or_insert_with(|| {
