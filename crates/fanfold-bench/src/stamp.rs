@@ -290,6 +290,8 @@ pub const SECTIONS: &[Section] = &[
             "bench/python/lotus_filter.py",
             "bench/python/lotus_section.py",
             "crates/fanfold-draft/src",
+            "python/fanfold",
+            "crates/fanfold-py/src",
         ],
     },
 ];
