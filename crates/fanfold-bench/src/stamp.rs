@@ -265,6 +265,17 @@ pub const SECTIONS: &[Section] = &[
         paths: &["bench/repeats/run.sh", "crates/fanfold-ops/src/partition"],
     },
     Section {
+        name: "drill",
+        writer: "bench/drill/run.sh",
+        paths: &[
+            "bench/drill",
+            "examples/issue-triage/judged.toml",
+            "crates/fanfold-ops/src/audit.rs",
+            "crates/fanfold-engine/src/stages/audit.rs",
+            "crates/fanfold-engine/src/queue.rs",
+        ],
+    },
+    Section {
         name: "quotes",
         writer: "fanfold bench quotes",
         paths: &[
