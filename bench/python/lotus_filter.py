@@ -44,7 +44,7 @@ if side == "fanfold":
         "kept": ids,
         "engine_calls": stats.get("model_calls"),
         "complete": res.complete,
-        "excluded": sum((cert.get("excluded_by_reason") or {}).values()),
+        "excluded": (cert.get("excluded_by_reason") or {}).get("names_no_question_term", 0),
         "embed_dropped": sum(e.get("dropped", 0) for e in (stats.get("embed") or {}).values()),
         "judged": (cert.get("routed_by_stage") or {}).get("judge", 0),
     }

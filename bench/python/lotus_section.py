@@ -47,12 +47,11 @@ out.append("")
 out.append(
     f"fanfold sent **{f['calls'] / max(1, l['calls']):.2f}x** LOTUS's calls and "
     f"**{(f['prompt'] + f['completion']) / max(1, l['prompt'] + l['completion']):.2f}x** its "
-    f"tokens. Of the {rows} rows, the drafted spec's rule (a term the question names) excluded "
-    f"{r['excluded']} and its embedding rung dropped {r['embed_dropped']} before any model call; "
-    f"the model judged {r['judged']} rows in {f['calls']} calls (an answer that breaks the schema "
-    f"or quotes nothing verbatim is asked again). LOTUS sent one call per row. fanfold's calls "
-    f"carry more prompt tokens each ({f['prompt'] / max(1, f['calls']):.0f} against "
-    f"{l['prompt'] / max(1, l['calls']):.0f}): the rubric and a schema that asks for a verbatim "
-    "quote."
+    f"tokens. Of the {rows} rows, the drafted spec's rule (no term the question names: "
+    f"`names_no_question_term`) excluded {r['excluded']} and its embedding rung dropped "
+    f"{r['embed_dropped']} before any model call; the model judged {r['judged']} rows in "
+    f"{f['calls']} calls (an answer that breaks the schema or quotes nothing verbatim is asked "
+    f"again). LOTUS made {l['calls']} calls for {rows} rows. Prompt tokens a call: fanfold "
+    f"{f['prompt'] / max(1, f['calls']):.0f}, LOTUS {l['prompt'] / max(1, l['calls']):.0f}."
 )
 print("\n".join(out))

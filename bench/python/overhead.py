@@ -216,11 +216,11 @@ def main():
         (r["walls"]["py_frame"] - r["walls"]["cli"]) * 1000 for r in rows.values()
     ]
     w("")
-    w("What the Python path adds, a DataFrame against the CLI: "
+    w("The Python path's wall minus the CLI's, a DataFrame given: "
       + ", ".join(f"{f:.0f} ms at {n} rows" for f, n in zip(fixed, rows))
-      + ": a Python interpreter started for the engine (kept so a "
-      "runaway jq program or a second Ctrl-C ends that process, never the caller's), the table "
-      "written, the outputs read back.")
+      + ". It holds the table's crossing (above), a Python interpreter started for the engine "
+      "(its own process, so a runaway jq program or a second Ctrl-C ends that process, never "
+      "the caller's) and the outputs read back; those last two are not timed apart.")
     print("\n".join(out))
 
 

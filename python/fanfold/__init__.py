@@ -163,6 +163,12 @@ def _arrow_source(data: Any) -> Any:
             # through pandas's own JSON writer instead.
             return None
     if hasattr(data, "__arrow_c_stream__") and not isinstance(data, (str, bytes, os.PathLike)):
+        if type(data).__module__.split(".")[0] == "polars" and hasattr(data, "with_columns"):
+            import polars  # noqa: PLC0415
+
+            # polars exports an all-null column as Arrow's Null type with a
+            # buffer Arrow's importer refuses: as text it is null all the same.
+            data = data.with_columns(polars.col(polars.Null).cast(polars.String))
         return data
     return None
 
@@ -172,6 +178,16 @@ def _write_table(data: Any, path: Path) -> str:
     temporary file beside it, and returns the SHA-256 of what it wrote (hex).
     Through Arrow when ``data`` can cross so, else as ``_table_bytes``."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    pd = _pandas()
+    if pd is not None and isinstance(data, pd.DataFrame):
+        # Column names become JSON keys, as text: 0 and "0" would be one key
+        # twice. (Arrow's tables are checked by the native half.)
+        names = [str(c) for c in _as_records_frame(data).columns]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise InputError(
+                f"the table has two columns named {twice[0]!r}; each record needs one of each"
+            )
     table = _arrow_source(data)
     if table is None:
         body = _table_bytes(data)

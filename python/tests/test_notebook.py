@@ -62,6 +62,9 @@ def test_the_example_notebook_runs_on_the_embedded_model_and_shows_its_report(tm
     assert "SmolLM2" in report and "[SIMULATED]" not in text
     answer = next(o for o in code[2]["outputs"] if o.get("output_type") == "execute_result")
     kept = re.findall(r"^\d+\s+(\d+)\s+body", "".join(answer["data"]["text/plain"]), flags=re.M)
+    # The notebook is there to show an answer: a run that keeps nothing
+    # shows none.
+    assert kept, answer["data"]["text/plain"]
     assert f"Answer: {len(kept)} item" in report
     cited = report[report.index("Cited units"):] if kept else ""
     for unit in kept:

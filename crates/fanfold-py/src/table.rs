@@ -8,9 +8,11 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+use arrow_array::RecordBatchReader;
 use arrow_array::ffi_stream::{FFI_ArrowArrayStream, RecordBatchStreamReader};
 use arrow_json::WriterBuilder;
 use arrow_json::writer::LineDelimited;
+use arrow_schema::{DataType, Schema};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyCapsuleMethods};
 use sha2::{Digest, Sha256};
@@ -40,8 +42,39 @@ pub fn table_jsonl(py: Python<'_>, table: &Bound<'_, PyAny>, path: PathBuf) -> P
     let stream = unsafe { FFI_ArrowArrayStream::from_raw(pointer.cast().as_ptr()) };
     let reader = RecordBatchStreamReader::try_new(stream)
         .map_err(|e| InputError::new_err(format!("reading the table's Arrow stream: {e}")))?;
+    check_columns(&reader.schema()).map_err(InputError::new_err)?;
     py.detach(|| write_jsonl(reader, &path))
         .map_err(InputError::new_err)
+}
+
+/// Refuses what JSON Lines would not carry faithfully: two columns of one
+/// name (a record would hold the key twice, and a reader keeps one), and
+/// bytes (the JSON writer spells them in hex, so a model would read hex,
+/// not the text).
+fn check_columns(schema: &Schema) -> Result<(), String> {
+    let mut seen = std::collections::HashSet::new();
+    for field in schema.fields() {
+        if !seen.insert(field.name().as_str()) {
+            return Err(format!(
+                "the table has two columns named {:?}; each record needs one of each",
+                field.name()
+            ));
+        }
+        if matches!(
+            field.data_type(),
+            DataType::Binary
+                | DataType::LargeBinary
+                | DataType::BinaryView
+                | DataType::FixedSizeBinary(_)
+        ) {
+            return Err(format!(
+                "column {:?} holds bytes ({}); decode it to text first (JSON carries text, not bytes)",
+                field.name(),
+                field.data_type()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Every batch of `reader` as JSON Lines into `path`; the SHA-256 of the
