@@ -21,6 +21,30 @@ pub struct Section {
     pub paths: &'static [&'static str],
 }
 
+/// What the issue-triage ladder's figures measure, on any backend.
+const LADDER_TRIAGE: &[&str] = &[
+    "crates/fanfold-bench/src/ladder.rs",
+    "crates/fanfold-ops/src/chunk.rs",
+    "crates/fanfold-ops/src/bm25.rs",
+    "crates/fanfold-engine/src/stages/chunk.rs",
+    "crates/fanfold-engine/src/stages/map.rs",
+    "crates/fanfold-llama/src",
+    "examples/issue-triage/ladder.toml",
+    "examples/issue-triage/spec.toml",
+];
+
+/// What the bgl-alerts ladder's figures measure, on any backend.
+const LADDER_BGL: &[&str] = &[
+    "crates/fanfold-bench/src/ladder.rs",
+    "crates/fanfold-ops/src/chunk.rs",
+    "crates/fanfold-ops/src/bm25.rs",
+    "crates/fanfold-engine/src/stages/chunk.rs",
+    "crates/fanfold-engine/src/stages/map.rs",
+    "crates/fanfold-llama/src",
+    "examples/bgl-alerts/ladder.toml",
+    "examples/bgl-alerts/spec.toml",
+];
+
 /// Every section a command writes. Paths are kept narrow: the bench's own
 /// file, the example or script it runs, and the code its figures are about,
 /// not everything a run passes through.
@@ -96,58 +120,34 @@ pub const SECTIONS: &[Section] = &[
     Section {
         name: "ladder",
         writer: "fanfold bench ladder",
-        paths: &[
-            "crates/fanfold-bench/src/ladder.rs",
-            "crates/fanfold-ops/src/chunk.rs",
-            "crates/fanfold-ops/src/bm25.rs",
-            "crates/fanfold-engine/src/stages/chunk.rs",
-            "crates/fanfold-engine/src/stages/map.rs",
-            "crates/fanfold-llama/src",
-            "examples/issue-triage/ladder.toml",
-            "examples/issue-triage/spec.toml",
-        ],
+        paths: LADDER_TRIAGE,
     },
     Section {
         name: "ladder-local_server",
         writer: "fanfold bench ladder --backend local_server",
-        paths: &[
-            "crates/fanfold-bench/src/ladder.rs",
-            "crates/fanfold-ops/src/chunk.rs",
-            "crates/fanfold-ops/src/bm25.rs",
-            "crates/fanfold-engine/src/stages/chunk.rs",
-            "crates/fanfold-engine/src/stages/map.rs",
-            "crates/fanfold-llama/src",
-            "examples/issue-triage/ladder.toml",
-            "examples/issue-triage/spec.toml",
-        ],
+        paths: LADDER_TRIAGE,
     },
     Section {
         name: "ladder-bgl",
         writer: "fanfold bench ladder --example examples/bgl-alerts",
-        paths: &[
-            "crates/fanfold-bench/src/ladder.rs",
-            "crates/fanfold-ops/src/chunk.rs",
-            "crates/fanfold-ops/src/bm25.rs",
-            "crates/fanfold-engine/src/stages/chunk.rs",
-            "crates/fanfold-engine/src/stages/map.rs",
-            "crates/fanfold-llama/src",
-            "examples/bgl-alerts/ladder.toml",
-            "examples/bgl-alerts/spec.toml",
-        ],
+        paths: LADDER_BGL,
     },
     Section {
         name: "ladder-bgl-local_server",
         writer: "fanfold bench ladder --example examples/bgl-alerts --backend local_server",
-        paths: &[
-            "crates/fanfold-bench/src/ladder.rs",
-            "crates/fanfold-ops/src/chunk.rs",
-            "crates/fanfold-ops/src/bm25.rs",
-            "crates/fanfold-engine/src/stages/chunk.rs",
-            "crates/fanfold-engine/src/stages/map.rs",
-            "crates/fanfold-llama/src",
-            "examples/bgl-alerts/ladder.toml",
-            "examples/bgl-alerts/spec.toml",
-        ],
+        paths: LADDER_BGL,
+    },
+    // The scripted backend's ladders ([SIMULATED]): what the tests write
+    // into a report of their own, never into docs/benchmarks.md.
+    Section {
+        name: "ladder-scripted",
+        writer: "fanfold bench ladder --backend scripted",
+        paths: LADDER_TRIAGE,
+    },
+    Section {
+        name: "ladder-bgl-scripted",
+        writer: "fanfold bench ladder --example examples/bgl-alerts --backend scripted",
+        paths: LADDER_BGL,
     },
     Section {
         name: "cluster",
