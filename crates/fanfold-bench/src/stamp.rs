@@ -21,29 +21,24 @@ pub struct Section {
     pub paths: &'static [&'static str],
 }
 
-/// What the issue-triage ladder's figures measure, on any backend.
-const LADDER_TRIAGE: &[&str] = &[
-    "crates/fanfold-bench/src/ladder.rs",
-    "crates/fanfold-ops/src/chunk.rs",
-    "crates/fanfold-ops/src/bm25.rs",
-    "crates/fanfold-engine/src/stages/chunk.rs",
-    "crates/fanfold-engine/src/stages/map.rs",
-    "crates/fanfold-llama/src",
-    "examples/issue-triage/ladder.toml",
-    "examples/issue-triage/spec.toml",
-];
-
-/// What the bgl-alerts ladder's figures measure, on any backend.
-const LADDER_BGL: &[&str] = &[
-    "crates/fanfold-bench/src/ladder.rs",
-    "crates/fanfold-ops/src/chunk.rs",
-    "crates/fanfold-ops/src/bm25.rs",
-    "crates/fanfold-engine/src/stages/chunk.rs",
-    "crates/fanfold-engine/src/stages/map.rs",
-    "crates/fanfold-llama/src",
-    "examples/bgl-alerts/ladder.toml",
-    "examples/bgl-alerts/spec.toml",
-];
+/// What a ladder's figures measure, on any backend: the ladder, the
+/// rungs' code and the example (`$example`'s ladder and spec).
+macro_rules! ladder_paths {
+    ($example:literal) => {
+        &[
+            "crates/fanfold-bench/src/ladder.rs",
+            "crates/fanfold-ops/src/chunk.rs",
+            "crates/fanfold-ops/src/bm25.rs",
+            "crates/fanfold-engine/src/stages/chunk.rs",
+            "crates/fanfold-engine/src/stages/map.rs",
+            "crates/fanfold-llama/src",
+            concat!($example, "/ladder.toml"),
+            concat!($example, "/spec.toml"),
+        ]
+    };
+}
+const LADDER_TRIAGE: &[&str] = ladder_paths!("examples/issue-triage");
+const LADDER_BGL: &[&str] = ladder_paths!("examples/bgl-alerts");
 
 /// Every section a command writes. Paths are kept narrow: the bench's own
 /// file, the example or script it runs, and the code its figures are about,
