@@ -35,6 +35,7 @@ mod quotes;
 mod realdata;
 mod recheck;
 mod reducers;
+mod reentry;
 mod refusals;
 mod report;
 mod safety;

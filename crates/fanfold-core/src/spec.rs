@@ -1885,6 +1885,27 @@ pub struct BudgetSpec {
     /// (the embedded model, scripted) spend nothing.
     #[serde(default)]
     pub max_usd: Option<f64>,
+    /// How deep units bred from observations may go: 0 is the input's own
+    /// units, 1 the units their observations bear, and so on. Records an
+    /// observation would bear deeper are dropped and counted, never run.
+    #[serde(default)]
+    pub max_depth: Option<u32>,
+    /// The most units one unit's observation bears; records past it (in
+    /// the observation's order) are dropped and counted, never run.
+    #[serde(default)]
+    pub max_fanout: Option<u64>,
+    /// Spend per level, the first entry for level 0: once a level's model
+    /// calls are spent, its remaining units end `not_run` and the answer
+    /// is incomplete, while other levels go on.
+    #[serde(default)]
+    pub per_level: Vec<LevelBudgetSpec>,
+}
+
+/// What one level of bred units may spend.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LevelBudgetSpec {
+    pub max_model_calls: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -741,6 +741,24 @@ impl Plan {
         if let Some(usd) = b.max_usd {
             let _ = writeln!(out, "          usd={usd}");
         }
+        if b.max_depth.is_some() || b.max_fanout.is_some() || !b.per_level.is_empty() {
+            let levels: Vec<String> = b
+                .per_level
+                .iter()
+                .enumerate()
+                .map(|(d, l)| format!("level {d} model_calls={}", fmt(l.max_model_calls)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "          bred units: max_depth={} max_fanout={}{}{}",
+                b.max_depth
+                    .map(|d| d.to_string())
+                    .unwrap_or_else(|| "unlimited".into()),
+                fmt(b.max_fanout),
+                if levels.is_empty() { "" } else { "; " },
+                levels.join(", ")
+            );
+        }
         // A spec is code: what it makes fanfold read and where it sends
         // records, for a reader reviewing a spec they did not write.
         let _ = writeln!(out, "\nreads");

@@ -90,6 +90,23 @@ pub struct BudgetPool {
     /// Set from outside the run (Ctrl-C in the Python package): the run
     /// then stops as a spent wall budget stops it.
     interrupt: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// The depth of each bred unit, by table position (the input's own
+    /// units, absent, are at depth 0), and the model calls each level made.
+    levels: Mutex<Levels>,
+}
+
+#[derive(Default)]
+struct Levels {
+    depth: HashMap<usize, u32>,
+    calls: Vec<u64>,
+}
+
+/// Why a call may not be reserved: the run's budget is spent (every
+/// stage stops), or only its unit's level's (that level's units stop).
+#[derive(Debug)]
+enum Refusal {
+    Run(StopReason),
+    Level { depth: u32, stop: StopReason },
 }
 
 #[derive(Default, Clone, Copy, Debug)]
@@ -115,7 +132,28 @@ impl BudgetPool {
             started: Instant::now(),
             state: Mutex::new(BudgetState::default()),
             interrupt: None,
+            levels: Mutex::new(Levels::default()),
         }
+    }
+
+    fn lock_levels(&self) -> MutexGuard<'_, Levels> {
+        self.levels.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Places a bred unit at its depth: its calls count against its
+    /// level's `budget.per_level` limit.
+    pub fn place(&self, index: usize, depth: u32) {
+        self.lock_levels().depth.insert(index, depth);
+    }
+
+    /// The depth unit `index` was placed at; 0 for the input's own.
+    pub fn depth_of(&self, index: usize) -> u32 {
+        self.lock_levels().depth.get(&index).copied().unwrap_or(0)
+    }
+
+    /// The model calls each level reserved, the input's own units first.
+    pub fn level_calls(&self) -> Vec<u64> {
+        self.lock_levels().calls.clone()
     }
 
     /// Stops the run once `flag` is set: no call is sent after it, and
@@ -170,39 +208,67 @@ impl BudgetPool {
         })
     }
 
-    fn try_reserve(&self, r: Reservation) -> Result<(), StopReason> {
+    /// Reserves one call of unit `index`: against the run's budget, then
+    /// against its level's.
+    fn try_reserve(&self, r: Reservation, index: usize) -> Result<(), Refusal> {
         let tokens = r.tokens;
         let mut s = self.lock();
+        let mut levels = self.lock_levels();
+        let depth = levels.depth.get(&index).copied().unwrap_or(0);
+        let at = depth as usize;
+        if levels.calls.len() <= at {
+            levels.calls.resize(at + 1, 0);
+        }
+        let level_used = levels.calls.get(at).copied().unwrap_or(0);
         if let Some(limit) = self.limits.max_model_calls
             && s.calls >= limit
         {
-            return Err(StopReason::BudgetExhausted {
+            return Err(Refusal::Run(StopReason::BudgetExhausted {
                 budget: Budget::ModelCalls,
                 limit,
                 used: s.calls,
-            });
+            }));
         }
         if let Some(limit) = self.limits.max_tokens
             && s.tokens + s.reserved_tokens + tokens > limit
         {
-            return Err(StopReason::BudgetExhausted {
+            return Err(Refusal::Run(StopReason::BudgetExhausted {
                 budget: Budget::Tokens,
                 limit,
                 used: s.tokens,
-            });
+            }));
         }
         if let Some(stop) = self.wall_spent() {
-            return Err(stop);
+            return Err(Refusal::Run(stop));
         }
         if let Some(limit) = self.limits.max_usd
             && s.usd + s.reserved_usd + r.usd > limit
         {
             // Stop reasons count in whole units: money in micro-dollars.
-            return Err(StopReason::BudgetExhausted {
+            return Err(Refusal::Run(StopReason::BudgetExhausted {
                 budget: Budget::UsdMicros,
                 limit: (limit * 1e6) as u64,
                 used: (s.usd * 1e6) as u64,
+            }));
+        }
+        if let Some(limit) = self
+            .limits
+            .per_level
+            .get(at)
+            .and_then(|l| l.max_model_calls)
+            && level_used >= limit
+        {
+            return Err(Refusal::Level {
+                depth,
+                stop: StopReason::BudgetExhausted {
+                    budget: Budget::LevelModelCalls,
+                    limit,
+                    used: level_used,
+                },
             });
+        }
+        if let Some(n) = levels.calls.get_mut(at) {
+            *n += 1;
         }
         s.calls += 1;
         s.reserved_tokens += tokens;
@@ -228,6 +294,9 @@ struct State {
     /// Units the backend never finished (it returned early).
     leftovers: Vec<(usize, UnitResult)>,
     stop: Option<StopReason>,
+    /// The first level whose spend ran out: its units stopped, the rest
+    /// of the stage went on.
+    level_stop: Option<StopReason>,
     guard: Guard,
 }
 
@@ -318,6 +387,7 @@ impl<'a> StageJob<'a> {
                 usage: HashMap::new(),
                 leftovers: Vec::new(),
                 stop: None,
+                level_stop: None,
                 guard: Guard::default(),
             }),
             slot_free: Condvar::new(),
@@ -497,7 +567,8 @@ impl<'a> StageJob<'a> {
                 },
             ));
         }
-        (state.leftovers, state.max_in_flight, state.stop)
+        let stop = state.stop.or(state.level_stop);
+        (state.leftovers, state.max_in_flight, stop)
     }
 
     /// Asks the contract before any unit opens. When it is already
@@ -684,11 +755,20 @@ impl<'a> StageJob<'a> {
                     None => (self.prepare)(p.index),
                 };
                 let estimate = self.reservation(&prompt.suffix);
-                if let Err(stop) = self.budget.try_reserve(estimate) {
-                    p.prompt = Some(prompt);
-                    state.queue.push_front(p);
-                    ended.extend(self.stop_for_budget(&mut state, stop));
-                    break Next::Done;
+                match self.budget.try_reserve(estimate, p.index) {
+                    Ok(()) => {}
+                    Err(Refusal::Run(stop)) => {
+                        p.prompt = Some(prompt);
+                        state.queue.push_front(p);
+                        ended.extend(self.stop_for_budget(&mut state, stop));
+                        break Next::Done;
+                    }
+                    Err(Refusal::Level { depth, stop }) => {
+                        p.prompt = Some(prompt);
+                        state.queue.push_front(p);
+                        ended.extend(self.stop_level(&mut state, depth, stop));
+                        continue;
+                    }
                 }
                 state.in_flight += 1;
                 state.max_in_flight = state.max_in_flight.max(state.in_flight);
@@ -737,6 +817,42 @@ impl<'a> StageJob<'a> {
         }
         ended.extend(self.drain_unopened(state, Status::NotRun, &reason));
         state.stop.get_or_insert(stop);
+        ended
+    }
+
+    /// Stops one level's units on its spent `per_level` budget: queued
+    /// retries of that level end as errors, its unopened units `not_run`;
+    /// units of other levels go on.
+    fn stop_level(
+        &self,
+        state: &mut State,
+        depth: u32,
+        stop: StopReason,
+    ) -> Vec<(usize, UnitResult)> {
+        let reason = format!("{}:{depth}", crate::kit::born::LEVEL_SPENT);
+        let (level, rest): (VecDeque<Pending>, VecDeque<Pending>) =
+            std::mem::take(&mut state.queue)
+                .into_iter()
+                .partition(|p| self.budget.depth_of(p.index) == depth);
+        state.queue = rest;
+        let mut ended = Vec::new();
+        for p in level {
+            let (status, reason) = if p.attempt > 1 {
+                (Status::Error, format!("retry not run: {reason}"))
+            } else {
+                (Status::NotRun, reason.clone())
+            };
+            let res = UnitResult {
+                status,
+                interpreted: None,
+                reason: Some(reason),
+                attempts: p.attempt - 1,
+                usage: Usage::default(),
+                truncated_tokens: 0,
+            };
+            ended.push(self.finish_unit(state, p.index, res));
+        }
+        state.level_stop.get_or_insert(stop);
         ended
     }
 

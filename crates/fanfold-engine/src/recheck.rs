@@ -20,6 +20,8 @@ use fanfold_ops::view::Projector;
 use serde_json::Value;
 
 use crate::kit::UnitTable;
+use crate::kit::born::BredLine;
+use crate::kit::table::Lineage;
 use crate::plan::Plan;
 use crate::report::{Answer, Certificate};
 use crate::source::Source;
@@ -64,6 +66,8 @@ pub struct OutDir {
     pub certificate: Certificate,
     /// facts.jsonl, with the line each fact is on.
     pub facts: Vec<(usize, FactRecord)>,
+    /// bred.jsonl: the units observations bore, when any did.
+    pub bred: Vec<BredLine>,
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, RecheckError> {
@@ -97,11 +101,13 @@ impl OutDir {
             })?;
             facts.push((at + 1, fact));
         }
+        let bred = read_bred(&dir.join("bred.jsonl"))?;
         Ok(OutDir {
             dir: dir.to_owned(),
             answer,
             certificate,
             facts,
+            bred,
         })
     }
 
@@ -375,10 +381,14 @@ pub fn recheck(dir: &Path, input: Option<&Path>) -> Result<Rechecked, RecheckErr
     // Every unit a fact is about, whether the prefilter keeps it now or
     // not: a cited unit edited since may no longer pass it, and is then
     // changed, not missing.
+    // Units observations bore are not in the source: bred.jsonl holds
+    // them, and they are put back once the source's units are read.
+    let bred_ids: HashSet<&str> = out_dir.bred.iter().map(|b| b.id.as_str()).collect();
     let wanted: HashSet<String> = facts
         .iter()
         .flat_map(|f| f.source_ids.iter().map(|id| id.0.clone()))
         .chain(out_dir.answer.items.iter().map(|i| i.unit_id.0.clone()))
+        .filter(|id| !bred_ids.contains(id.as_str()))
         .collect();
     let unreadable =
         |e: crate::RunError| format!("the source cannot be read as the run read it: {e}");
@@ -432,10 +442,16 @@ pub fn recheck(dir: &Path, input: Option<&Path>) -> Result<Rechecked, RecheckErr
             }
         }
     }
-    let Some(routed) = routed else {
+    let Some(mut routed) = routed else {
         return Ok(out);
     };
     out.source_read = true;
+    out.mismatches.extend(adopt_bred(
+        &plan,
+        &mut routed.table,
+        &out_dir.bred,
+        &out_dir.facts,
+    ));
     // The same bytes partition the same way, whether ids are settled in
     // memory (here) or through the store (the run).
     let c = &routed.coverage;
@@ -549,6 +565,140 @@ pub fn recheck(dir: &Path, input: Option<&Path>) -> Result<Rechecked, RecheckErr
         out.mismatches.push(format!("evidence: {e}"));
     }
     Ok(out)
+}
+
+/// bred.jsonl, one unit a line; none when the file is absent (no unit
+/// was bred).
+fn read_bred(path: &Path) -> Result<Vec<BredLine>, RecheckError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(RecheckError::File {
+                path: path.display().to_string(),
+                detail: e.to_string(),
+            });
+        }
+    };
+    let mut out = Vec::new();
+    for (at, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        out.push(serde_json::from_str(line).map_err(|e| RecheckError::File {
+            path: path.display().to_string(),
+            detail: format!("line {}: not a bred unit: {e}", at + 1),
+        })?);
+    }
+    Ok(out)
+}
+
+/// Puts the units observations bore back in the table, after the
+/// source's own, each checked first: its parent is a unit read before it,
+/// its depth is its parent's plus one and within `budget.max_depth`, its
+/// parent bore no more than `budget.max_fanout`, its stage bears units and
+/// gives its record this id, its record hashes as the line says, and it
+/// has a fact. The record is what the tool observed, which verify never
+/// asks again; the facts, sealed, cite its hash, so an edited record no
+/// longer matches them.
+fn adopt_bred(
+    plan: &Plan,
+    table: &mut UnitTable,
+    bred: &[BredLine],
+    facts: &[(usize, FactRecord)],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut at: HashMap<String, usize> = table
+        .units()
+        .iter()
+        .enumerate()
+        .map(|(i, u)| (u.unit_id.0.clone(), i))
+        .collect();
+    let with_fact: HashSet<&str> = facts
+        .iter()
+        .filter_map(|(_, f)| f.source_ids.first().map(UnitId::as_str))
+        .collect();
+    let mut children: HashMap<&str, u64> = HashMap::new();
+    let budget = &plan.spec.budget;
+    for b in bred {
+        let Some(&parent) = at.get(&b.parent) else {
+            out.push(format!(
+                "bred.jsonl: unit `{}` names the parent `{}`, which neither the source nor an earlier line holds",
+                b.id, b.parent
+            ));
+            continue;
+        };
+        let depth = table.depth(parent) + 1;
+        if b.depth != depth || budget.max_depth.is_some_and(|max| depth > max) {
+            out.push(format!(
+                "bred.jsonl: unit `{}` says depth {}; its parent's depth gives {depth}, and the budget allows {}",
+                b.id,
+                b.depth,
+                budget
+                    .max_depth
+                    .map_or("any".to_owned(), |d| d.to_string())
+            ));
+        }
+        let n = children.entry(b.parent.as_str()).or_insert(0);
+        *n += 1;
+        if budget.max_fanout.is_some_and(|most| *n > most) {
+            out.push(format!(
+                "bred.jsonl: unit `{}` is child {n} of `{}`; the budget's max_fanout allows {}",
+                b.id,
+                b.parent,
+                budget.max_fanout.unwrap_or_default()
+            ));
+        }
+        let parent_id = UnitId(b.parent.clone());
+        let by = plan.stages.iter().find(|s| s.name() == b.stage);
+        match by.and_then(|s| s.bred_id(&parent_id, &b.record)) {
+            Some(id) if id.0 == b.id => {}
+            Some(id) => out.push(format!(
+                "bred.jsonl: unit `{}`: stage `{}` gives its record the id `{id}`",
+                b.id, b.stage
+            )),
+            None => out.push(format!(
+                "bred.jsonl: unit `{}` names stage `{}`, which bears no units",
+                b.id, b.stage
+            )),
+        }
+        let hash = fanfold_ops::partition::content_hash(&plan.spec.input.partition, &b.record);
+        if hash != b.unit_hash {
+            out.push(format!(
+                "bred.jsonl: unit `{}`'s record hashes {}, the line says {}",
+                b.id,
+                hash.short(16),
+                b.unit_hash.short(16)
+            ));
+        }
+        if !with_fact.contains(b.id.as_str()) {
+            out.push(format!(
+                "bred.jsonl: unit `{}` has no fact in facts.jsonl",
+                b.id
+            ));
+        }
+        let ordinal = table.unit(parent).map_or(0, |u| u.ordinal);
+        let unit = fanfold_core::Unit {
+            unit_id: UnitId(b.id.clone()),
+            unit_kind: b.kind.clone(),
+            ordinal,
+            source_hash: b.observation,
+            unit_hash: hash,
+            bytes: fanfold_core::ByteRange { start: 0, end: 0 },
+        };
+        let json = serde_json::to_vec(&b.record).unwrap_or_default();
+        let i = table.push_born(
+            unit,
+            &json,
+            Lineage {
+                parent,
+                depth,
+                stage: b.stage.clone(),
+            },
+        );
+        at.insert(b.id.clone(), i);
+    }
+    out
 }
 
 /// The source's hash, for a file or a folder; a stream read again may not

@@ -41,6 +41,8 @@ pub enum Budget {
     WallSecs,
     /// Money, counted in whole micro-dollars like every other limit.
     UsdMicros,
+    /// The model calls of one level of bred units (`budget.per_level`).
+    LevelModelCalls,
 }
 
 impl Budget {
@@ -50,6 +52,7 @@ impl Budget {
             Budget::Tokens => "tokens",
             Budget::WallSecs => "wall_secs",
             Budget::UsdMicros => "usd_micros",
+            Budget::LevelModelCalls => "level_model_calls",
         }
     }
 }

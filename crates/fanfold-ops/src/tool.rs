@@ -393,6 +393,72 @@ impl ToolStage {
     }
 }
 
+/// What an observation bears: the records that become units, each with
+/// the id it is born under, and those dropped, each with why.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Offspring {
+    /// (id, record), in the observation's order.
+    pub born: Vec<(String, Value)>,
+    /// (id, reason): `repeated_key` for a second record of one id, else
+    /// the reason of the limit that cut it.
+    pub dropped: Vec<(String, &'static str)>,
+}
+
+/// How many records an observation may bear, and the name of the limit
+/// that cuts the rest (`max_fanout`, `max_depth`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Room {
+    pub most: u64,
+    pub cut_by: &'static str,
+}
+
+/// The id a record of `parent`'s observation is born under: the parent's
+/// id and the record's `key` (a string as written, a number as its JSON
+/// text), or `c` and its content hash when the key is absent or not a
+/// scalar. The same parent and record give the same id on every run.
+pub fn offspring_id(parent: &str, record: &Value, key: Option<&str>) -> String {
+    let named = key.and_then(|k| record.get(k)).and_then(|v| match v {
+        Value::String(s) if !s.is_empty() => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    });
+    match named {
+        Some(name) => format!("{parent}>{name}"),
+        None => format!(
+            "{parent}>c{}",
+            crate::partition::unit_hash(record).short(16)
+        ),
+    }
+}
+
+/// The records an extracted observation bears as units: the elements of
+/// an array (anything else bears none), in order, a repeated id dropped,
+/// at most `room.most` born and the rest dropped under `room.cut_by`.
+pub fn offspring(
+    parent: &str,
+    extracted: &Value,
+    key: Option<&str>,
+    room: Option<Room>,
+) -> Offspring {
+    let mut out = Offspring::default();
+    let Value::Array(records) = extracted else {
+        return out;
+    };
+    let mut seen = std::collections::HashSet::new();
+    for record in records {
+        let id = offspring_id(parent, record, key);
+        if !seen.insert(id.clone()) {
+            out.dropped.push((id, "repeated_key"));
+            continue;
+        }
+        match room {
+            Some(r) if out.born.len() as u64 >= r.most => out.dropped.push((id, r.cut_by)),
+            _ => out.born.push((id, record.clone())),
+        }
+    }
+    out
+}
+
 /// The capability's templates, checked for holes only where a value
 /// cannot change what is reached.
 /// A quota a stage can keep: at least one in flight, a positive rate.
@@ -671,8 +737,53 @@ mod tests {
             max_bytes: 1000,
             ttl_s: 60,
             max_requests: None,
+            enter: None,
         })
         .expect("valid")
+    }
+
+    #[test]
+    fn offspring_ids_are_the_parent_and_the_key_and_limits_drop_in_order() {
+        let linked = json!([
+            {"number": 34, "title": "a"},
+            {"number": "x-1"},
+            {"number": 34, "title": "again"},
+            {"title": "no key"},
+            {"number": 35},
+        ]);
+        let all = offspring("12", &linked, Some("number"), None);
+        let ids: Vec<&str> = all.born.iter().map(|(id, _)| id.as_str()).collect();
+        let keyless = offspring_id("12", &json!({"title": "no key"}), Some("number"));
+        assert!(keyless.starts_with("12>c") && keyless.len() == "12>c".len() + 16);
+        assert_eq!(ids, ["12>34", "12>x-1", keyless.as_str(), "12>35"]);
+        assert_eq!(all.dropped, vec![("12>34".to_owned(), "repeated_key")]);
+        // The same record under the same parent is the same id; another
+        // parent gives another.
+        assert_eq!(offspring("12", &linked, Some("number"), None), all);
+        assert_eq!(
+            offspring_id("13", &json!({"number": 34}), Some("number")),
+            "13>34"
+        );
+
+        let cut = offspring(
+            "12",
+            &linked,
+            Some("number"),
+            Some(Room {
+                most: 2,
+                cut_by: "max_fanout",
+            }),
+        );
+        assert_eq!(cut.born.len(), 2);
+        assert_eq!(cut.born[0].0, "12>34");
+        assert_eq!(cut.born[1].0, "12>x-1");
+        let reasons: Vec<&str> = cut.dropped.iter().map(|(_, r)| *r).collect();
+        assert_eq!(reasons, ["repeated_key", "max_fanout", "max_fanout"]);
+        // Not an array: nothing is born.
+        assert_eq!(
+            offspring("12", &json!({"number": 1}), Some("number"), None),
+            Offspring::default()
+        );
     }
 
     fn http() -> Capability {

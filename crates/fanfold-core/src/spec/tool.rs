@@ -61,6 +61,31 @@ pub struct ToolStageSpec {
     /// The most requests one run sends through the capability (cached
     /// observations are free); units past it end `not_run`.
     pub max_requests: Option<u64>,
+    /// The observation's records (an `ok` observation's extracted value,
+    /// when it is an array) re-enter the run as units of their own.
+    pub enter: Option<EnterSpec>,
+}
+
+/// Records of an observation that become units: each is a unit whose id
+/// is its parent's id and the record's key (`12>34`), or its content hash
+/// when it has none (`12>c1f0e...`), so a rerun bears the same units. They
+/// carry their parent and their depth (the parent's plus one) and go to
+/// `stage`, under the budget's `max_depth`, `max_fanout` and `per_level`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnterSpec {
+    /// The stage the records go to, declared after this one.
+    pub stage: String,
+    /// A record's top-level field that names it (e.g. `number`); a string
+    /// or number. Without it, a record is named by its content.
+    pub key: Option<String>,
+    /// The bred units' kind.
+    #[serde(default = "default_enter_kind")]
+    pub kind: String,
+}
+
+fn default_enter_kind() -> String {
+    "record".into()
 }
 
 /// Per-resource limits, held by the kernel whatever the records ask.

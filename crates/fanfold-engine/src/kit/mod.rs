@@ -3,6 +3,7 @@
 //! the run drives stages through it, and a kind is its own file under
 //! `stages/` plus one line in the registry (`stages::build`).
 
+pub mod born;
 pub mod ledger;
 pub mod stats;
 pub mod table;
@@ -301,6 +302,9 @@ pub struct StageOutcome {
     pub escalated: BTreeMap<String, Vec<usize>>,
     /// Why the stage stopped early, if it did.
     pub stop: Option<StopReason>,
+    /// Units the stage's observations bore, each for a later stage: the
+    /// run adds them to the table and queues them there.
+    pub born: Vec<born::Litter>,
 }
 
 /// How the verify phase rebuilds the view a stage's facts were judged in,
@@ -515,6 +519,25 @@ pub trait Stage: Send + Sync {
     /// Files the stage adds beside the answer: (file name, JSON lines).
     fn output_files(&self, _stats: &RunStats) -> Vec<(String, Vec<serde_json::Value>)> {
         Vec::new()
+    }
+    /// A unit this stage's observation bore, read back for verify from
+    /// what the store holds (the stored observation of `parent`, whose
+    /// value is read back the same way), never from the run's memory.
+    /// `None` when the stage bears no units or the record is gone.
+    fn reread_born(
+        &self,
+        _store: &Store,
+        _parent_id: &UnitId,
+        _parent: &serde_json::Value,
+        _id: &UnitId,
+    ) -> Option<serde_json::Value> {
+        None
+    }
+    /// The id a record of `parent`'s observation is bred under here, if
+    /// the stage breeds units: `fanfold verify` checks a bred unit's id
+    /// against it.
+    fn bred_id(&self, _parent: &UnitId, _record: &serde_json::Value) -> Option<UnitId> {
+        None
     }
     /// The concrete stage, for tools that drive one kind directly.
     fn as_any(&self) -> &dyn std::any::Any;

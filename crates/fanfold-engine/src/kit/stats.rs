@@ -43,6 +43,10 @@ pub struct RunStats {
     /// written (Linux `VmHWM`), in KiB; absent where the OS does not say.
     #[serde(default)]
     pub peak_rss_kib: Option<u64>,
+    /// The shape of the tree of units observations bore, when any did or
+    /// the budget limits a level.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<super::born::TreeShape>,
     /// Each stage's own report, by its kind's key (`audits`, `clusters`,
     /// `embed`, ...) and then by stage name.
     #[serde(flatten)]

@@ -8,6 +8,17 @@ use serde_json::{Map, Value};
 
 use crate::error::RunError;
 
+/// Where a bred unit came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lineage {
+    /// The table position of the unit whose observation bore it.
+    pub parent: usize,
+    /// Its parent's depth plus one.
+    pub depth: u32,
+    /// The stage whose observation bore it.
+    pub stage: String,
+}
+
 /// The units that reached a stage: one table, indexed by position, with
 /// each unit's value kept as JSON text and parsed when a stage reads it.
 #[derive(Default)]
@@ -17,6 +28,9 @@ pub struct UnitTable {
     /// Fields stages added to units (a tool's observations), by position:
     /// later stages read them as part of the unit; the source is unchanged.
     added: Mutex<HashMap<usize, Map<String, Value>>>,
+    /// Units bred from observations: their parent and depth, by position.
+    /// A unit without an entry is the input's own, at depth 0.
+    lineage: HashMap<usize, Lineage>,
 }
 
 impl UnitTable {
@@ -24,6 +38,30 @@ impl UnitTable {
         self.units.push(unit);
         self.json.push(json.into());
         self.units.len() - 1
+    }
+
+    /// Adds a unit an observation bore, after every unit the input holds.
+    pub fn push_born(&mut self, unit: Unit, json: &[u8], lineage: Lineage) -> usize {
+        let i = self.push(unit, json);
+        self.lineage.insert(i, lineage);
+        i
+    }
+
+    /// The parent and depth of a bred unit; `None` for the input's own.
+    pub fn lineage(&self, i: usize) -> Option<&Lineage> {
+        self.lineage.get(&i)
+    }
+
+    /// How deep unit `i` lies: 0 for the input's own units.
+    pub fn depth(&self, i: usize) -> u32 {
+        self.lineage.get(&i).map_or(0, |l| l.depth)
+    }
+
+    /// Every bred unit's position and lineage, in table order.
+    pub fn bred(&self) -> Vec<(usize, &Lineage)> {
+        let mut out: Vec<_> = self.lineage.iter().map(|(&i, l)| (i, l)).collect();
+        out.sort_unstable_by_key(|(i, _)| *i);
+        out
     }
 
     pub fn len(&self) -> usize {
@@ -61,6 +99,14 @@ impl UnitTable {
             with_fields(&mut value, added);
         }
         value
+    }
+
+    /// The unit's value as it was pushed, without the fields stages added.
+    pub fn raw_value(&self, i: usize) -> Value {
+        self.json
+            .get(i)
+            .and_then(|json| serde_json::from_slice(json).ok())
+            .unwrap_or(Value::Null)
     }
 
     fn lock_added(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Map<String, Value>>> {

@@ -282,7 +282,7 @@ fn run_begun(
     let settings = RunSettings::resolve(plan, opts);
     // Route: partition and prefilter, streamed from the stored artifact.
     let options = route::stream_options(settings.max_unit_bytes, settings.partition_threads);
-    let routed = route::route(
+    let mut routed = route::route(
         plan,
         artifact.hash,
         &artifact.origin,
@@ -291,7 +291,9 @@ fn run_begun(
         options,
         opts.interrupt.as_deref(),
     )?;
-    crate::plan::output_fields_in(spec, &routed.table).map_err(|detail| RunError::Spec {
+    // The stages may add units observations bore: the table is theirs.
+    let mut table = std::mem::take(&mut routed.table);
+    crate::plan::output_fields_in(spec, &table).map_err(|detail| RunError::Spec {
         path: plan.spec_path.display().to_string(),
         detail,
     })?;
@@ -340,7 +342,7 @@ fn run_begun(
         None => Controller::new(spec.contract.clone()),
     };
     let ledger = FactLedger::new(store, controller, stages::score_pointer(&spec.contract));
-    let staged = scope.unit_stages(&mut state, &ledger, &mut phases)?;
+    let mut staged = scope.unit_stages(&mut table, &mut state, &ledger, &mut phases)?;
     // An interval contract's stage that received no unit never declared
     // its order: the share it estimates is exactly none of the routed.
     if let Some(target) = &plan.interval
@@ -350,16 +352,23 @@ fn run_begun(
             .controller()
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .set_draw_order(Vec::new(), routed.table.len() as u64);
+            .set_draw_order(Vec::new(), table.len() as u64);
     }
     let (mut facts, mut totals) = ledger.into_parts();
+    let depths: Vec<u32> = (0..table.len()).map(|i| table.depth(i)).collect();
+    state.stats.tree = std::mem::take(&mut staged.nursery).shape(
+        &settings.budget,
+        &depths,
+        &facts,
+        &budget.level_calls(),
+    );
     for stage in &plan.stages {
         stage.review(&facts, &mut state.stats);
     }
     stages::keep_escalated_answers(&mut facts, &staged.escalated);
     let mut stop = staged.stop;
     let received = staged.received;
-    scope.reducers(&mut state, &facts, &mut stop, &mut phases)?;
+    scope.reducers(&table, &mut state, &facts, &mut stop, &mut phases)?;
     let stages::State {
         mut stats,
         backends,
@@ -372,11 +381,11 @@ fn run_begun(
     stats.truncated_units = facts.iter().filter(|(_, f)| f.truncated_tokens > 0).count() as u64;
 
     // Fold, in source order.
-    let fold = fold_facts(spec, store, &routed.table, &mut facts, &mut stats);
+    let fold = fold_facts(spec, store, &table, &mut facts, &mut stats);
     phases.mark("fold");
 
     // Answer.
-    let answered = answer::answer(spec, &fold.root, &facts, &routed.table);
+    let answered = answer::answer(spec, &fold.root, &facts, &table);
     let statuses = fold.root.total_statuses();
     let estimate = totals.estimate.take();
     let mut incomplete = answer::incomplete(
@@ -418,7 +427,8 @@ fn run_begun(
             partition: partition_id,
             facts: &folded,
             cited: &cited,
-            added: routed.table.added_fields(),
+            added: table.added_fields(),
+            born: verify::born_of(&table),
             root: &fold.root,
         },
     );
@@ -446,7 +456,7 @@ fn run_begun(
         stats,
     };
     let targets = answer_targets(&answered, &facts);
-    scope.effects(&mut state, &targets, &facts, &act, &mut phases)?;
+    scope.effects(&table, &mut state, &targets, &facts, &act, &mut phases)?;
     let stages::State {
         mut stats,
         backends,
@@ -496,8 +506,8 @@ fn run_begun(
             .iter()
             .cloned()
             .chain(unmatched_reducer_paths(spec, &facts))
-            .chain(unmatched_fields(plan, &routed.table))
-            .chain(unmatched_unit_paths(spec, &routed.table))
+            .chain(unmatched_fields(plan, &table))
+            .chain(unmatched_unit_paths(spec, &table))
             .collect(),
         rejected_by_reason: routed.rejected_by_reason.clone(),
         rejections: routed.rejections.clone(),
@@ -569,7 +579,19 @@ fn run_begun(
     store.finish_run(run_id, stop.code(), &cert_json)?;
     drop(cert_json);
 
-    let (sections, accounting, files) = stage_outputs(plan, &certificate);
+    let (sections, mut accounting, mut files) = stage_outputs(plan, &certificate);
+    if let Some(tree) = &certificate.stats.tree {
+        accounting.push(format!("bred units: {}", tree.line()));
+    }
+    let bred = crate::kit::born::bred_lines(&table);
+    if !bred.is_empty() {
+        files.push((
+            "bred.jsonl".into(),
+            bred.iter()
+                .filter_map(|b| serde_json::to_value(b).ok())
+                .collect(),
+        ));
+    }
     let report = RunReport {
         run_id: run_id.to_owned(),
         answer,

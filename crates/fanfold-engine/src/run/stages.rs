@@ -13,9 +13,11 @@ use fanfold_store::Store;
 use super::{Phases, RunOptions, RunSettings, route};
 use crate::Progress;
 use crate::error::RunError;
+use crate::kit::born::{Litter, Nursery};
+use crate::kit::table::Lineage;
 use crate::kit::{
     ActGate, Backends, FactLedger, NegativeReads, Negatives, RungUnits, Shared, Stage,
-    StageContext, UnitScores,
+    StageContext, UnitScores, UnitTable,
 };
 use crate::plan::Plan;
 use crate::queue::BudgetPool;
@@ -70,6 +72,14 @@ pub(super) struct Staged {
     /// back, a map could not decide them alone), and the stage that
     /// answers.
     pub escalated: HashMap<usize, String>,
+    /// What the units observations bore looked like, for the certificate.
+    pub nursery: Nursery,
+    /// Every unit id the table holds, once a unit was bred (a bred id the
+    /// table holds already is dropped, never given twice).
+    ids: Option<HashSet<fanfold_core::UnitId>>,
+    /// What waits for each stage: from the prefilter, or passed on by a
+    /// stage in front of it.
+    queued: BTreeMap<String, Vec<usize>>,
 }
 
 /// The pointer to a top-k contract's score, which the ledger reads.
@@ -83,6 +93,7 @@ pub(super) fn score_pointer(contract: &ContractSpec) -> Option<String> {
 impl Scope<'_> {
     fn context<'b>(
         &'b self,
+        table: &'b UnitTable,
         state: &'b mut State,
         ledger: &'b FactLedger<'b>,
         negatives: &'b Negatives,
@@ -94,7 +105,7 @@ impl Scope<'_> {
             spec_dir: &self.plan.spec_dir,
             store: self.store,
             run_id: self.run_id,
-            table: &self.routed.table,
+            table,
             slots: self.settings.slots,
             budget: self.budget,
             ledger,
@@ -116,6 +127,7 @@ impl Scope<'_> {
     /// units forward, so it is the last.
     pub fn unit_stages<'l>(
         &self,
+        table: &mut UnitTable,
         state: &mut State,
         ledger: &'l FactLedger<'l>,
         phases: &mut Phases,
@@ -124,25 +136,20 @@ impl Scope<'_> {
             stop: StopReason::Completed,
             received: BTreeMap::new(),
             escalated: HashMap::new(),
+            nursery: Nursery::default(),
+            ids: None,
+            queued: self.routed.by_stage.clone(),
         };
-        let mut queued: BTreeMap<String, Vec<usize>> = self.routed.by_stage.clone();
         for pass in 0..2 {
             for stage in &self.plan.stages {
                 let shape = stage.shape();
                 if shape.reads_facts().is_some() || shape.reads_answer() {
                     continue;
                 }
-                self.unit_stage(
-                    stage.as_ref(),
-                    pass,
-                    state,
-                    ledger,
-                    &mut queued,
-                    &mut staged,
-                )?;
+                self.unit_stage(stage.as_ref(), pass, table, state, ledger, &mut staged)?;
                 phases.mark(&format!("{}:{}", stage.kind(), stage.name()));
             }
-            if queued.values().all(Vec::is_empty) {
+            if staged.queued.values().all(Vec::is_empty) {
                 break;
             }
         }
@@ -155,9 +162,9 @@ impl Scope<'_> {
         &self,
         stage: &dyn Stage,
         pass: usize,
+        table: &mut UnitTable,
         state: &mut State,
         ledger: &'l FactLedger<'l>,
-        queued: &mut BTreeMap<String, Vec<usize>>,
         staged: &mut Staged,
     ) -> Result<(), RunError> {
         let shape = stage.shape();
@@ -168,7 +175,7 @@ impl Scope<'_> {
             // never finished: it is not paid for.
             Some(_) if pass > 0 || tripped => return Ok(()),
             Some(_) => Vec::new(),
-            None => match queued.remove(stage.name()) {
+            None => match staged.queued.remove(stage.name()) {
                 Some(units) if !units.is_empty() => units,
                 _ => return Ok(()),
             },
@@ -181,17 +188,23 @@ impl Scope<'_> {
             None => Negatives::default(),
         };
         let held = ActGate::default();
-        let outcome = stage.run(
-            &mut self.context(state, ledger, &negatives, &[], &held),
+        let mut outcome = stage.run(
+            &mut self.context(table, state, ledger, &negatives, &[], &held),
             units,
         )?;
+        for litter in std::mem::take(&mut outcome.born) {
+            let (to, placed) = self.adopt(stage.name(), table, litter, staged)?;
+            let next = staged.queued.entry(to).or_default();
+            next.extend_from_slice(&placed);
+            next.sort_unstable();
+        }
         if let Some(s) = outcome.stop
             && staged.stop == StopReason::Completed
         {
             staged.stop = s;
         }
         let mut queue = |to: String, units: &[usize]| {
-            let next = queued.entry(to).or_default();
+            let next = staged.queued.entry(to).or_default();
             next.extend_from_slice(units);
             next.sort_unstable();
         };
@@ -223,10 +236,54 @@ impl Scope<'_> {
         Ok(())
     }
 
+    /// Adds the units one parent's observation bore to the table, after
+    /// every unit it holds, at the parent's depth plus one, and returns
+    /// the stage they go to with their positions. An id the table holds
+    /// already is dropped as `taken`.
+    fn adopt(
+        &self,
+        by: &str,
+        table: &mut UnitTable,
+        mut litter: Litter,
+        staged: &mut Staged,
+    ) -> Result<(String, Vec<usize>), RunError> {
+        let parent_id = table.id(litter.parent)?.clone();
+        let depth = table.depth(litter.parent) + 1;
+        let ids = staged
+            .ids
+            .get_or_insert_with(|| table.units().iter().map(|u| u.unit_id.clone()).collect());
+        let mut placed = Vec::with_capacity(litter.born.len());
+        let mut kept = Vec::with_capacity(litter.born.len());
+        for born in std::mem::take(&mut litter.born) {
+            if !ids.insert(born.unit.unit_id.clone()) {
+                litter
+                    .dropped
+                    .push((born.unit.unit_id.0.clone(), "taken".into()));
+                continue;
+            }
+            let i = table.push_born(
+                born.unit.clone(),
+                &born.json,
+                Lineage {
+                    parent: litter.parent,
+                    depth,
+                    stage: by.to_owned(),
+                },
+            );
+            self.budget.place(i, depth);
+            placed.push(i);
+            kept.push(born);
+        }
+        litter.born = kept;
+        staged.nursery.note(parent_id.as_str(), &litter);
+        Ok((litter.to, placed))
+    }
+
     /// Model reducers: they read the answer's facts, never raw units. A
     /// run a breaker stopped has no answer worth reducing.
     pub fn reducers(
         &self,
+        table: &UnitTable,
         state: &mut State,
         facts: &[(usize, FactRecord)],
         stop: &mut StopReason,
@@ -246,7 +303,7 @@ impl Scope<'_> {
             let negatives = Negatives::default();
             let held = ActGate::default();
             let outcome = stage.run(
-                &mut self.context(state, &ledger, &negatives, facts, &held),
+                &mut self.context(table, state, &ledger, &negatives, facts, &held),
                 Vec::new(),
             )?;
             if let Some(s) = outcome.stop
@@ -265,6 +322,7 @@ impl Scope<'_> {
     /// did goes to their reports.
     pub fn effects(
         &self,
+        table: &UnitTable,
         state: &mut State,
         targets: &[usize],
         facts: &[(usize, FactRecord)],
@@ -276,7 +334,7 @@ impl Scope<'_> {
                 FactLedger::new(self.store, Controller::new(crate::kit::no_contract()), None);
             let negatives = Negatives::default();
             stage.run(
-                &mut self.context(state, &ledger, &negatives, facts, act),
+                &mut self.context(table, state, &ledger, &negatives, facts, act),
                 targets.to_vec(),
             )?;
             phases.mark(&format!("{}:{}", stage.kind(), stage.name()));

@@ -28,6 +28,10 @@ struct StoredSource<'a> {
     /// Fields the run's stages added to units (a tool's observations):
     /// part of the view a later stage judged, so part of its evidence.
     added: HashMap<UnitId, serde_json::Map<String, Value>>,
+    /// Units observations bore: their parent and the stage that bore
+    /// them, which reads them back from the parent's stored observation.
+    born: HashMap<UnitId, (UnitId, String)>,
+    stages: &'a [Box<dyn crate::kit::Stage>],
     /// A document format's last document read back (where its line
     /// starts, and its units by id): a document's units are cited
     /// together, so it is split once, not once a unit.
@@ -61,6 +65,17 @@ impl StoredSource<'_> {
     }
 
     fn read_unit(&mut self, id: &UnitId) -> Result<Option<Value>, Box<dyn std::error::Error>> {
+        if let Some((parent_id, by)) = self.born.get(id).cloned() {
+            let Some(parent) = self.judged(&parent_id) else {
+                return Ok(None);
+            };
+            let store = self.store;
+            return Ok(self
+                .stages
+                .iter()
+                .find(|s| s.name() == by)
+                .and_then(|s| s.reread_born(store, &parent_id, &parent, id)));
+        }
         let Some((start, end)) = self.store.unit_range(self.partition, id.as_str())? else {
             return Ok(None);
         };
@@ -205,7 +220,24 @@ pub struct Checked<'a> {
     pub facts: &'a [&'a FactRecord],
     pub cited: &'a BTreeSet<UnitId>,
     pub added: HashMap<UnitId, serde_json::Map<String, Value>>,
+    /// Units observations bore (`born_of`).
+    pub born: HashMap<UnitId, (UnitId, String)>,
     pub root: &'a fanfold_ops::fold::FoldValue,
+}
+
+/// Each bred unit's parent and the stage whose observation bore it: where
+/// verify reads it back from.
+pub fn born_of(table: &crate::kit::UnitTable) -> HashMap<UnitId, (UnitId, String)> {
+    table
+        .bred()
+        .into_iter()
+        .filter_map(|(i, l)| {
+            Some((
+                table.id(i).ok()?.clone(),
+                (table.id(l.parent).ok()?.clone(), l.stage.clone()),
+            ))
+        })
+        .collect()
 }
 
 pub fn verify_stored(plan: &Plan, store: &Store, checked: Checked<'_>) -> VerifyReport {
@@ -215,6 +247,7 @@ pub fn verify_stored(plan: &Plan, store: &Store, checked: Checked<'_>) -> Verify
         facts,
         cited,
         added,
+        born,
         root,
     } = checked;
     let mut bytes = ArtifactBytes::new(store, artifact);
@@ -239,6 +272,8 @@ pub fn verify_stored(plan: &Plan, store: &Store, checked: Checked<'_>) -> Verify
         header,
         projectors,
         added,
+        born,
+        stages: &plan.stages,
         document: None,
         record: None,
     };

@@ -16,18 +16,19 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use fanfold_core::spec::Spec;
-use fanfold_core::spec::tool::{Capability, ToolStageSpec};
+use fanfold_core::spec::tool::{Capability, EnterSpec, ToolStageSpec};
 use fanfold_core::{
     Bucket, ContentHash, Cost, FACT_SCHEMA, FactRecord, ModelParams, StableHasher, Status,
 };
 use fanfold_ops::contract::StopReason;
-use fanfold_ops::tool::{ObservationStatus, Request, Target, ToolStage};
+use fanfold_ops::tool::{ObservationStatus, Request, Room, Target, ToolStage};
 use fanfold_store::Store;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::error::{PlanError, RunError};
 use crate::kit::UnitTable;
+use crate::kit::born::{Born, Litter};
 use crate::kit::ledger::Origin;
 use crate::kit::{
     BuildContext, CachedCount, Outputs, RunStats, Shape, Stage, StageContext, StageOutcome,
@@ -78,6 +79,13 @@ pub struct ToolReport {
     /// The first few refusals and failures, for a person to read.
     pub problems: Vec<String>,
     pub wall_ms: u64,
+    /// Units the observations' records became (`enter`).
+    #[serde(default)]
+    pub bore: u64,
+    /// Records not born, by reason (`max_depth`, `max_fanout`,
+    /// `repeated_key`); the certificate's `tree` lists them.
+    #[serde(default)]
+    pub dropped: BTreeMap<String, u64>,
 }
 
 pub struct ToolRunner {
@@ -98,6 +106,68 @@ impl ToolRunner {
             ctx.files.insert(r.display().to_string());
         }
         Ok(ToolRunner { stage, resource })
+    }
+
+    /// The units unit `i`'s observation bears for `enter.stage`: none past
+    /// `budget.max_depth`, at most `budget.max_fanout`, the rest dropped
+    /// with the limit's name.
+    fn litter(
+        &self,
+        ctx: &StageContext<'_>,
+        i: usize,
+        enter: &EnterSpec,
+        request: &ContentHash,
+        shown: &Value,
+    ) -> Result<Litter, RunError> {
+        let budget = &ctx.spec.budget;
+        let depth = ctx.table.depth(i) + 1;
+        let room = match (budget.max_depth, budget.max_fanout) {
+            (Some(max), _) if depth > max => Some(Room {
+                most: 0,
+                cut_by: "max_depth",
+            }),
+            (_, Some(most)) => Some(Room {
+                most,
+                cut_by: "max_fanout",
+            }),
+            _ => None,
+        };
+        let parent = ctx.table.unit(i)?;
+        let offspring = fanfold_ops::tool::offspring(
+            parent.unit_id.as_str(),
+            shown,
+            enter.key.as_deref(),
+            room,
+        );
+        let observed = Self::observation_key(request);
+        let born = offspring
+            .born
+            .into_iter()
+            .map(|(id, record)| Born {
+                unit: fanfold_core::Unit {
+                    unit_id: fanfold_core::UnitId(id),
+                    unit_kind: enter.kind.clone(),
+                    ordinal: parent.ordinal,
+                    source_hash: observed,
+                    unit_hash: fanfold_ops::partition::content_hash(
+                        &ctx.spec.input.partition,
+                        &record,
+                    ),
+                    bytes: fanfold_core::ByteRange { start: 0, end: 0 },
+                },
+                json: serde_json::to_vec(&record).unwrap_or_default(),
+            })
+            .collect();
+        Ok(Litter {
+            parent: i,
+            to: enter.stage.clone(),
+            born,
+            dropped: offspring
+                .dropped
+                .into_iter()
+                .map(|(id, why)| (id, why.to_owned()))
+                .collect(),
+        })
     }
 
     fn unit_key(&self, unit: &fanfold_core::Unit) -> ContentHash {
@@ -327,11 +397,19 @@ impl Stage for ToolRunner {
         Shape {
             then: self.stage.spec.then.as_deref(),
             calls: crate::kit::Calls::Tool { sends_to },
+            sends: self
+                .stage
+                .spec
+                .enter
+                .as_ref()
+                .map(|e| e.stage.as_str())
+                .into_iter()
+                .collect(),
             ..Shape::units(Outputs::Stored)
         }
     }
 
-    fn explain(&self, _spec: &Spec, out: &mut String) {
+    fn explain(&self, spec: &Spec, out: &mut String) {
         let sp = &self.stage.spec;
         let reach = match &sp.capability {
             Capability::HttpGet { url, .. } => format!("GET {url}"),
@@ -360,6 +438,21 @@ impl Stage for ToolRunner {
                 .map(|t| format!("goes on to `{t}`"))
                 .unwrap_or_else(|| "the observation is the answer".into())
         );
+        if let Some(e) = &sp.enter {
+            let b = &spec.budget;
+            let _ = writeln!(
+                out,
+                "    re-enters: each record of `{}` becomes a {} unit `<parent>>{}` at its parent's depth + 1, for `{}`; max_depth={} max_fanout={}",
+                sp.field,
+                e.kind,
+                e.key
+                    .as_deref()
+                    .map_or("c<hash>".to_owned(), |k| format!("<{k}>")),
+                e.stage,
+                b.max_depth.map_or("unlimited".into(), |d| d.to_string()),
+                b.max_fanout.map_or("unlimited".into(), |f| f.to_string()),
+            );
+        }
     }
 
     fn count_cached(
@@ -531,6 +624,7 @@ impl Stage for ToolRunner {
         // Every unit: its observation added, then passed on or ended here.
         let stop = gate.stop.into_inner().unwrap_or_else(|e| e.into_inner());
         let mut passed = Vec::new();
+        let mut born = Vec::new();
         for (i, request) in of_unit {
             let unit = ctx.table.unit(i)?;
             let observation = match &request {
@@ -571,6 +665,17 @@ impl Stage for ToolRunner {
                     }),
                 _ => Value::Null,
             };
+            if let Some(enter) = &sp.enter
+                && let (Some(o), Ok(Some(key))) = (&observation, &request)
+                && o.status == ObservationStatus::Ok
+            {
+                let litter = self.litter(ctx, i, enter, key, &shown)?;
+                report.bore += litter.born.len() as u64;
+                for (_, why) in &litter.dropped {
+                    *report.dropped.entry(why.clone()).or_insert(0) += 1;
+                }
+                born.push(litter);
+            }
             if sp.then.is_some() {
                 ctx.table.add_field(i, &sp.field, shown);
                 passed.push(i);
@@ -592,8 +697,46 @@ impl Stage for ToolRunner {
         Ok(StageOutcome {
             passed,
             stop,
+            born,
             ..StageOutcome::default()
         })
+    }
+
+    fn reread_born(
+        &self,
+        store: &Store,
+        parent_id: &fanfold_core::UnitId,
+        parent: &Value,
+        id: &fanfold_core::UnitId,
+    ) -> Option<Value> {
+        let enter = self.stage.spec.enter.as_ref()?;
+        let request = self.stage.request(parent_id.as_str(), parent).ok()??;
+        let fact = store
+            .get_fact(&Self::observation_key(&request.key))
+            .ok()??;
+        let o = Observation::from_fact(&fact)?;
+        if o.status != ObservationStatus::Ok {
+            return None;
+        }
+        let shown = self.stage.extract(parent_id.as_str(), &o.body).ok()?;
+        fanfold_ops::tool::offspring(parent_id.as_str(), &shown, enter.key.as_deref(), None)
+            .born
+            .into_iter()
+            .find(|(bred, _)| bred == id.as_str())
+            .map(|(_, record)| record)
+    }
+
+    fn bred_id(
+        &self,
+        parent: &fanfold_core::UnitId,
+        record: &Value,
+    ) -> Option<fanfold_core::UnitId> {
+        let enter = self.stage.spec.enter.as_ref()?;
+        Some(fanfold_core::UnitId(fanfold_ops::tool::offspring_id(
+            parent.as_str(),
+            record,
+            enter.key.as_deref(),
+        )))
     }
 
     fn report_key(&self) -> Option<&'static str> {
