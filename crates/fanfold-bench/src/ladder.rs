@@ -19,6 +19,12 @@
 //! - `micro`: one context per unit, shared prefix;
 //! - `batch`: the same contexts sent as one provider batch (a loopback
 //!   Batch API in front of the same model, where the backend has none);
+//! - `compress-50`: `micro` with each text field compressed to half its
+//!   words by the model's own per-token surprise (LLMLingua-style), the
+//!   evidence still quoted from the uncompressed unit;
+//! - `rerank`: the embedding rung, then the model as a reranker (its
+//!   probability of `yes` to "is this relevant?", one forward pass a
+//!   unit), then one micro-context for each unit it scores at least 0.5;
 //! - `adaptive`: the example's ladder as declared (prefilter, embed,
 //!   micro-context, and a `widen` stage where the spec has one); the other
 //!   strategies judge each unit once, without widening.
@@ -204,7 +210,7 @@ pub(crate) fn read_truth(
 }
 
 /// Every strategy, in the order the report lists them.
-pub const STRATEGIES: [&str; 12] = [
+pub const STRATEGIES: [&str; 14] = [
     "deterministic",
     "bm25",
     "embed",
@@ -215,7 +221,9 @@ pub const STRATEGIES: [&str; 12] = [
     "chunk-200",
     "long",
     "micro",
+    "compress-50",
     "batch",
+    "rerank",
     "adaptive",
 ];
 
@@ -1094,6 +1102,23 @@ pub fn verdict(l: &Ladder) -> String {
             }
         };
         let _ = write!(v, " `{name}` {on}.");
+    }
+    // The two baselines of the design beside the plain micro-context.
+    if let Some(micro) = l.rows.iter().find(|r| r.strategy == "micro") {
+        for name in ["compress-50", "rerank"] {
+            if let Some(r) = l.rows.iter().find(|r| r.strategy == name) {
+                let _ = write!(
+                    v,
+                    " `{name}` against `micro`: held-out F1 {:.2} against {:.2}, {} tokens against {}, {:.1} s against {:.1} s.",
+                    r.held_out.f1,
+                    micro.held_out.f1,
+                    r.prompt_tokens + r.completion_tokens,
+                    micro.prompt_tokens + micro.completion_tokens,
+                    r.wall_s,
+                    micro.wall_s
+                );
+            }
+        }
     }
     // Recall and citations are what the frontiers above do not weigh.
     let top_recall = l

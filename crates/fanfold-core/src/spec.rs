@@ -11,9 +11,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub mod check;
+pub mod compress;
 pub mod dedupe;
 pub mod effect;
 pub mod group;
+pub mod rerank;
 pub mod tool;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -379,6 +381,7 @@ macro_rules! stage_kinds {
             Tool(tool, $crate::spec::tool::ToolStageSpec) = "tool",
             Effect(effect, $crate::spec::effect::EffectStageSpec) = "effect",
             Group(group, $crate::spec::group::GroupStageSpec) = "group",
+            Rerank(rerank, $crate::spec::rerank::RerankStageSpec) = "rerank",
         }
     };
 }
@@ -616,6 +619,7 @@ kind_spec!(WidenStageSpec, judge);
 kind_spec!(group::GroupStageSpec, judge);
 kind_spec!(EmbedStageSpec);
 kind_spec!(Bm25StageSpec);
+kind_spec!(rerank::RerankStageSpec, turn, fields);
 
 impl KindSpec for SelectStageSpec {
     fn name(&self) -> &str {
@@ -936,6 +940,10 @@ pub struct MapStageSpec {
     /// reducer names the stage whose facts it reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub then: Option<String>,
+    /// Prompt compression: the judge reads each unit with its least
+    /// surprising words dropped (see [`compress::CompressSpec`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compress: Option<compress::CompressSpec>,
 }
 
 /// A cascade in front of a map stage's model. A cheap proxy (an earlier

@@ -9,7 +9,11 @@
 
 use std::collections::BTreeSet;
 
-use fanfold_core::spec::{BackendSpec, ChunkStageSpec, ContractSpec, ReducerKind, Spec, StageSpec};
+use fanfold_core::spec::compress::CompressSpec;
+use fanfold_core::spec::rerank::RerankStageSpec;
+use fanfold_core::spec::{
+    BackendSpec, ChunkStageSpec, ContractSpec, MapStageSpec, ReducerKind, Spec, StageSpec,
+};
 
 /// What a strategy needs to know of a spec beyond the spec itself.
 #[derive(Clone, Debug)]
@@ -187,6 +191,31 @@ pub fn apply(
                 roles.unit
             )
         }
+        "rerank" => {
+            let rung = rung()?;
+            rerank_between(&mut spec, roles, &rung, &judge)?;
+            format!(
+                "prefilter, embedding rung, then the model's reranker: the {} it scores at least {RERANK_MIN_SCORE} for relevance to the question (its probability of `yes`, one forward pass for each), each judged in its own micro-context",
+                roles.units
+            )
+        }
+        "compress-50" => {
+            spec.stages.retain(|s| s.name() == roles.judge);
+            for s in &mut spec.stages {
+                if let StageSpec::Map(m) = s {
+                    m.compress = Some(CompressSpec {
+                        keep: COMPRESS_KEEP,
+                        min_words: COMPRESS_MIN_WORDS,
+                    });
+                }
+            }
+            format!(
+                "prefilter, then one micro-context per {} whose text fields keep {:.0} % of their words, the least surprising to the model dropped (LLMLingua-style); evidence still quoted from the uncompressed {}",
+                roles.unit,
+                COMPRESS_KEEP * 100.0,
+                roles.unit
+            )
+        }
         "adaptive" => {
             let widened = spec.stages.iter().any(|s| matches!(s, StageSpec::Widen(_)));
             format!(
@@ -235,6 +264,26 @@ pub fn apply(
         for s in &mut spec.stages {
             if let StageSpec::Chunk(c) = s {
                 c.backend = "scripted_chunk".into();
+            }
+        }
+    }
+    // The scripted judge's script answers a judge's schema; a reranker on
+    // the scripted backend gets the spec's [SIMULATED] reranker script.
+    if let Some(BackendSpec::Scripted { .. }) = spec.backends.get(&model_backend)
+        && spec
+            .stages
+            .iter()
+            .any(|s| matches!(s, StageSpec::Rerank(_)))
+    {
+        let scorer = BackendSpec::Scripted {
+            script: SCRIPTED_RERANK.into(),
+            faults: Vec::new(),
+            delay_ms: 0,
+        };
+        spec.backends.insert("scripted_rerank".into(), scorer);
+        for s in &mut spec.stages {
+            if let StageSpec::Rerank(r) = s {
+                r.backend = "scripted_rerank".into();
             }
         }
     }
@@ -293,6 +342,68 @@ fn drop_proxy_only_stages(spec: &mut Spec, judge: &str) {
         .collect();
     spec.stages
         .retain(|s| !unreached.iter().any(|n| n == s.name()));
+}
+
+/// The reranker's name in the `rerank` strategy's spec.
+pub const RERANK_STAGE: &str = "rerank";
+
+/// The `rerank` strategy's cut: the reranker's `yes` must outweigh its
+/// `no`.
+pub const RERANK_MIN_SCORE: f64 = 0.5;
+
+/// The `compress-50` strategy's share of words kept, and the shortest
+/// field it compresses.
+pub const COMPRESS_KEEP: f64 = 0.5;
+pub const COMPRESS_MIN_WORDS: usize = 8;
+
+/// The [SIMULATED] reranker's script beside a spec, for the scripted
+/// backend.
+pub const SCRIPTED_RERANK: &str = "scripted-rerank.jq";
+
+/// The spec's scoring rung, then a reranker over what it keeps, then the
+/// judge over what the reranker keeps; nothing else.
+fn rerank_between(
+    spec: &mut Spec,
+    roles: &Roles,
+    rung: &str,
+    judge: &MapStageSpec,
+) -> Result<(), String> {
+    spec.stages
+        .retain(|s| s.name() == rung || s.name() == roles.judge);
+    match spec.stages.first_mut() {
+        Some(StageSpec::Embed(e)) if e.name == rung => e.then = Some(RERANK_STAGE.into()),
+        Some(StageSpec::Bm25(b)) if b.name == rung => b.then = Some(RERANK_STAGE.into()),
+        _ => {
+            return Err(format!(
+                "`{rung}` is not an embed or BM25 stage before the judge"
+            ));
+        }
+    }
+    let reranker = StageSpec::Rerank(RerankStageSpec {
+        name: RERANK_STAGE.into(),
+        version: 1,
+        query: None,
+        fields: judge.fields.clone(),
+        project: judge.project.clone(),
+        backend: judge.backend.clone(),
+        top_k: None,
+        min_score: Some(RERANK_MIN_SCORE),
+        then: Some(roles.judge.clone()),
+        max_attempts: 2,
+        max_output_tokens: 16,
+        temperature: 0.0,
+        seed: 0,
+        execution: judge.execution,
+    });
+    spec.stages.insert(1, reranker);
+    // The reranker's kept units have no fact of its own; its cut ones are
+    // negatives. The answer is the judge's.
+    for r in &mut spec.fold.reducers {
+        if r.name == roles.answer {
+            r.stage = Some(roles.judge.clone());
+        }
+    }
+    Ok(())
 }
 
 /// Keeps only the scoring rung `rung` (passing nothing on), whose

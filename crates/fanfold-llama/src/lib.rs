@@ -1136,6 +1136,120 @@ fn sample(
     (token, true)
 }
 
+/// Most tokens of one text the surprise pass reads; words past them get
+/// no score, and compression keeps them.
+const SURPRISE_TOKENS: usize = 2048;
+
+impl EmbeddedModel {
+    /// The model's surprise at each token of each text: the text alone
+    /// after the beginning-of-text token, one forward pass with logits at
+    /// every position, each token's negative log-probability read from
+    /// the logits before it. A text whose tokens do not spell it byte for
+    /// byte (a tokenizer that normalises) gets no tokens.
+    pub fn read_surprise(
+        &self,
+        texts: &[String],
+    ) -> Result<fanfold_model::Surprises, BackendError> {
+        let setup = |e: String| BackendError::Setup(e);
+        let backend = backend().map_err(|e| setup(e.to_string()))?;
+        let vocab = self.model.vocab();
+        let n_batch = self.cfg.n_batch.max(16);
+        let threads = self.cfg.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get() as i32)
+                .unwrap_or(2)
+        });
+        let params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(SURPRISE_TOKENS as u32 + 1))
+            .with_n_batch(n_batch)
+            .with_n_ubatch(n_batch)
+            .with_n_seq_max(1)
+            .with_n_threads(threads)
+            .with_n_threads_batch(threads);
+        let mut ctx = self
+            .model
+            .new_context(backend, params)
+            .map_err(|e| setup(format!("creating a context for the surprise pass: {e}")))?;
+        let started = Instant::now();
+        let mut out = fanfold_model::Surprises::default();
+        let mut batch = LlamaBatch::new(n_batch as usize, 1);
+        let bos = vocab.bos();
+        for text in texts {
+            let mut tokens = vocab.tokenize(text.as_bytes(), false, false);
+            tokens.truncate(SURPRISE_TOKENS);
+            let mut spans = Vec::with_capacity(tokens.len());
+            let mut spelled: Vec<u8> = Vec::with_capacity(text.len());
+            for t in &tokens {
+                let piece = vocab.token_to_piece(*t, false, None);
+                spans.push((spelled.len(), spelled.len() + piece.len()));
+                spelled.extend(piece);
+            }
+            // Cut at the token limit, the tokens spell the text's start.
+            if tokens.is_empty() || !text.as_bytes().starts_with(&spelled) {
+                out.texts.push(Vec::new());
+                continue;
+            }
+            // The sequence read: the beginning-of-text token where the
+            // model has one (so the first word is scored too), then the text.
+            let mut seq: Vec<LlamaToken> = Vec::with_capacity(tokens.len() + 1);
+            if bos.0 >= 0 {
+                seq.push(bos);
+            }
+            let first_scored = seq.len();
+            seq.extend(&tokens);
+            ctx.clear_kv_cache();
+            let mut nats = vec![f64::NAN; seq.len()];
+            for (chunk_no, chunk) in seq.chunks(n_batch as usize).enumerate() {
+                batch.clear();
+                let base = chunk_no * n_batch as usize;
+                for (i, t) in chunk.iter().enumerate() {
+                    batch
+                        .add(*t, (base + i) as i32, &[0], true)
+                        .map_err(|e| setup(e.to_string()))?;
+                }
+                ctx.decode(&mut batch)
+                    .map_err(|e| setup(format!("the surprise pass: {e}")))?;
+                for i in 0..chunk.len() {
+                    let Some(next) = seq.get(base + i + 1) else {
+                        continue;
+                    };
+                    let logits = ctx.get_logits_ith(i as i32);
+                    if let Some(slot) = nats.get_mut(base + i + 1) {
+                        *slot = negative_log_probability(logits, next.0);
+                    }
+                }
+            }
+            out.usage.prompt_tokens += seq.len() as u64;
+            out.texts.push(
+                spans
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(j, &(start, end))| {
+                        let n = *nats.get(first_scored + j)?;
+                        n.is_finite().then_some(fanfold_model::TokenSurprise {
+                            start,
+                            end,
+                            nats: n,
+                        })
+                    })
+                    .collect(),
+            );
+        }
+        out.usage.latency_ms = started.elapsed().as_millis() as u64;
+        Ok(out)
+    }
+}
+
+/// `-ln p(token)` under the softmax of `logits`.
+fn negative_log_probability(logits: &[f32], token: i32) -> f64 {
+    let Some(&own) = usize::try_from(token).ok().and_then(|t| logits.get(t)) else {
+        return f64::NAN;
+    };
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&l| ((l as f64) - max).exp()).sum();
+    (max + sum.ln()) - own as f64
+}
+
 impl ModelBackend for EmbeddedModel {
     fn info(&self) -> BackendInfo {
         BackendInfo {
@@ -1166,6 +1280,13 @@ impl ModelBackend for EmbeddedModel {
             "llama job finished"
         );
         Ok(())
+    }
+
+    fn token_surprise(
+        &self,
+        texts: &[String],
+    ) -> Result<Option<fanfold_model::Surprises>, BackendError> {
+        self.read_surprise(texts).map(Some)
     }
 }
 

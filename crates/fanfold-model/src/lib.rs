@@ -344,6 +344,30 @@ pub trait ModelBackend: Send + Sync {
     fn cost_usd(&self, _usage: &Usage) -> Option<f64> {
         None
     }
+    /// The model's surprise at each token of each text, read in one
+    /// forward pass a text (prompt compression needs it), or `None` for a
+    /// backend that cannot score tokens (an HTTP API).
+    fn token_surprise(&self, _texts: &[String]) -> Result<Option<Surprises>, BackendError> {
+        Ok(None)
+    }
+}
+
+/// One token of a text the model read: its bytes in the text and its
+/// surprise, the negative log-probability in nats the model gave it after
+/// the text before it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TokenSurprise {
+    pub start: usize,
+    pub end: usize,
+    pub nats: f64,
+}
+
+/// What [`ModelBackend::token_surprise`] read: each text's tokens, and
+/// the tokens evaluated and the time taken, for the run's accounting.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Surprises {
+    pub texts: Vec<Vec<TokenSurprise>>,
+    pub usage: Usage,
 }
 
 /// A rough token count for backends that have no tokenizer: about four
@@ -361,5 +385,8 @@ impl<B: ModelBackend + ?Sized> ModelBackend for Box<B> {
     }
     fn cost_usd(&self, usage: &Usage) -> Option<f64> {
         (**self).cost_usd(usage)
+    }
+    fn token_surprise(&self, texts: &[String]) -> Result<Option<Surprises>, BackendError> {
+        (**self).token_surprise(texts)
     }
 }

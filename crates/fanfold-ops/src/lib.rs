@@ -10,6 +10,7 @@
 
 pub mod cascade;
 pub mod cascade_accept;
+pub mod compress;
 pub mod contract;
 pub mod dedupe;
 pub mod fold;
@@ -33,6 +34,7 @@ pub mod effect;
 pub mod embed;
 pub mod group;
 pub mod map;
+pub mod rerank;
 pub mod select;
 pub mod tool;
 pub mod widen;

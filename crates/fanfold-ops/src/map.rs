@@ -124,6 +124,9 @@ pub struct TurnSpec {
     pub confidence: Option<String>,
     pub min_confidence: Option<f64>,
     pub decode: Decode,
+    /// Prompt compression: what the model reads of a unit, not what its
+    /// evidence is quoted from.
+    pub compress: Option<fanfold_core::spec::compress::CompressSpec>,
 }
 
 impl TurnSpec {
@@ -147,6 +150,7 @@ impl TurnSpec {
             confidence: None,
             min_confidence: None,
             decode: Decode::Generate,
+            compress: None,
         }
     }
 
@@ -161,6 +165,7 @@ impl TurnSpec {
             confidence: s.confidence.clone(),
             min_confidence: s.min_confidence,
             decode: s.decode,
+            compress: s.compress.clone(),
             ..TurnSpec::new(&s.name, s.version, s.call(), s.decision.clone())
         }
     }
@@ -268,6 +273,11 @@ impl ModelTurn {
         // Only a non-default mode joins the key, so existing facts keep theirs.
         if spec.decode == Decode::Choice {
             h.field("decode", "choice");
+        }
+        // Likewise compression: the judge reads other text.
+        if let Some(c) = &spec.compress {
+            h.field("compress_keep", &c.keep)
+                .field("compress_min_words", &c.min_words);
         }
         let definition = h.finish();
         Ok(ModelTurn {
@@ -636,6 +646,7 @@ mod tests {
             widen: None,
             cascade: None,
             then: None,
+            compress: None,
         };
         let schema = json!({
             "type": "object",

@@ -219,4 +219,11 @@ impl<B: ModelBackend> ModelBackend for RecordingBackend<B> {
     fn cost_usd(&self, usage: &fanfold_model::Usage) -> Option<f64> {
         self.inner.cost_usd(usage)
     }
+
+    fn token_surprise(
+        &self,
+        texts: &[String],
+    ) -> Result<Option<fanfold_model::Surprises>, BackendError> {
+        self.inner.token_surprise(texts)
+    }
 }

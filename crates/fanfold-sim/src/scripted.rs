@@ -153,4 +153,39 @@ impl ModelBackend for ScriptedBackend {
             Ok(())
         })
     }
+
+    /// [SIMULATED] A word a token, its surprise its length in characters:
+    /// longer words read as rarer. Enough to drive prompt compression
+    /// through the engine in tests; no model's measure.
+    fn token_surprise(
+        &self,
+        texts: &[String],
+    ) -> Result<Option<fanfold_model::Surprises>, BackendError> {
+        let mut out = fanfold_model::Surprises::default();
+        for text in texts {
+            let mut tokens = Vec::new();
+            let mut start = None;
+            for (i, c) in text
+                .char_indices()
+                .chain(std::iter::once((text.len(), ' ')))
+            {
+                match (c.is_whitespace(), start) {
+                    (true, Some(s)) => {
+                        let word: &str = text.get(s..i).unwrap_or_default();
+                        tokens.push(fanfold_model::TokenSurprise {
+                            start: s,
+                            end: i,
+                            nats: word.chars().count() as f64,
+                        });
+                        start = None;
+                    }
+                    (false, None) => start = Some(i),
+                    _ => {}
+                }
+            }
+            out.usage.prompt_tokens += tokens.len() as u64;
+            out.texts.push(tokens);
+        }
+        Ok(Some(out))
+    }
 }

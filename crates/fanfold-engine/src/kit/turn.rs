@@ -34,6 +34,11 @@ pub trait Views: Sync {
     fn view(&self, i: usize) -> Result<Value, RunError>;
     /// The ids and hashes `i`'s fact cites, the unit's own first.
     fn cites(&self, i: usize) -> (Vec<UnitId>, Vec<ContentHash>);
+    /// What the model reads of `i` when it is not the view (a compressed
+    /// view): evidence is still quoted from, and checked against, the view.
+    fn shown(&self, _i: usize) -> Option<Value> {
+        None
+    }
 }
 
 /// A unit alone, through the stage's projection.
@@ -540,8 +545,12 @@ impl Turn {
                     views.view(i).unwrap_or(Value::Null),
                 ),
             };
+            let shown = match i.checked_sub(first_canary) {
+                Some(_) => None,
+                None => views.shown(i),
+            };
             Prompt {
-                suffix: stage.suffix(id, &projected),
+                suffix: stage.suffix(id, shown.as_ref().unwrap_or(&projected)),
                 schema: stage.schema_for_unit(&projected),
                 input: projected,
             }

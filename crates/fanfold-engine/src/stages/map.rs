@@ -5,8 +5,11 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use fanfold_core::spec::{MapStageSpec, Spec};
-use fanfold_core::{ContentHash, FactRecord, Status};
+use std::collections::HashMap;
+
+use fanfold_core::spec::compress::CompressSpec;
+use fanfold_core::spec::{BackendSpec, MapStageSpec, Spec};
+use fanfold_core::{ContentHash, FactRecord, Status, UnitId};
 use fanfold_store::Store;
 use serde_json::Value;
 
@@ -18,6 +21,7 @@ use crate::kit::{
     Views,
 };
 
+use crate::kit::turn::UnitViews;
 pub use crate::kit::turn::{CanaryReport, REPORT};
 
 pub struct MapRunner {
@@ -49,6 +53,9 @@ impl MapRunner {
                     s.name
                 )));
             }
+        }
+        if let Some(c) = &s.compress {
+            check_compress(s, c, ctx)?;
         }
         let cascade = match &s.cascade {
             Some(c) => {
@@ -121,6 +128,149 @@ impl MapRunner {
     }
 }
 
+impl MapRunner {
+    /// The stage's views with what the model reads compressed: each string
+    /// field of each unit not already judged in the store, its least
+    /// surprising words dropped by the backend's own per-token surprise.
+    fn compressed_views<'a>(
+        &self,
+        ctx: &mut StageContext<'_>,
+        c: &CompressSpec,
+        plain: UnitViews<'a>,
+        units: &[usize],
+    ) -> Result<CompressedViews<'a>, RunError> {
+        let mut cached = std::collections::HashSet::new();
+        self.turn.count_cached(
+            ctx.spec,
+            ctx.spec_dir,
+            ctx.store,
+            units,
+            &plain,
+            &mut |i, _| {
+                cached.insert(i);
+            },
+        )?;
+        // (unit, its view, its string fields), and every string in order.
+        let mut asked: Vec<(usize, Value, FieldTexts)> = Vec::new();
+        let mut texts: Vec<String> = Vec::new();
+        for &i in units.iter().filter(|i| !cached.contains(i)) {
+            let view = plain.view(i)?;
+            let strings = fanfold_ops::compress::strings(&view);
+            texts.extend(strings.iter().map(|(_, s)| s.clone()));
+            asked.push((i, view, strings));
+        }
+        let mut shown = HashMap::new();
+        if texts.is_empty() {
+            return Ok(CompressedViews { plain, shown });
+        }
+        let sp = &self.spec;
+        let backend = ctx
+            .backends
+            .get(ctx.spec, ctx.spec_dir, &sp.backend, sp.execution)?;
+        let backend_err = |source| RunError::Backend {
+            name: sp.backend.clone(),
+            source,
+        };
+        let read = backend
+            .token_surprise(&texts)
+            .map_err(backend_err)?
+            .ok_or_else(|| {
+                backend_err(fanfold_model::BackendError::Setup(format!(
+                    "stage `{}` compress: the backend scores no tokens",
+                    sp.name
+                )))
+            })?;
+        let mut surprises = read.texts.into_iter();
+        let (mut words, mut kept) = (0usize, 0usize);
+        for (i, view, strings) in asked {
+            let mut replaced = Vec::with_capacity(strings.len());
+            for (field, text) in strings {
+                let tokens: Vec<fanfold_ops::compress::TokenSurprise> = surprises
+                    .next()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|t| fanfold_ops::compress::TokenSurprise {
+                        start: t.start,
+                        end: t.end,
+                        nats: t.nats,
+                    })
+                    .collect();
+                let out = fanfold_ops::compress::compress(&text, &tokens, c.keep, c.min_words);
+                words += out.words;
+                kept += out.kept;
+                replaced.push((field, out.text));
+            }
+            shown.insert(i, fanfold_ops::compress::replace_strings(&view, &replaced));
+        }
+        // The surprise pass is one forward pass a unit, paid like a call.
+        let calls = shown.len() as u64;
+        ctx.stats.model_calls += calls;
+        ctx.stats.cost.add(&fanfold_core::Cost {
+            prompt_tokens: read.usage.prompt_tokens,
+            latency_ms: read.usage.latency_ms,
+            calls,
+            ..fanfold_core::Cost::default()
+        });
+        tracing::info!(
+            stage = %sp.name,
+            units = calls,
+            words,
+            kept,
+            tokens = read.usage.prompt_tokens,
+            "prompt compression"
+        );
+        Ok(CompressedViews { plain, shown })
+    }
+}
+
+/// A view's string fields, by name, in order.
+type FieldTexts = Vec<(String, String)>;
+
+/// A map stage's compression settings checked against its backend: only
+/// a backend that reads the model's logits can score tokens.
+fn check_compress(
+    s: &MapStageSpec,
+    c: &CompressSpec,
+    ctx: &BuildContext<'_>,
+) -> Result<(), PlanError> {
+    if !(c.keep > 0.0 && c.keep <= 1.0) {
+        return Err(ctx.invalid(format!(
+            "stage `{}` compress.keep {} is not within (0, 1]",
+            s.name, c.keep
+        )));
+    }
+    match ctx.spec.backends.get(&s.backend) {
+        Some(BackendSpec::Llama { .. } | BackendSpec::Scripted { .. }) | None => Ok(()),
+        Some(other) => Err(ctx.invalid(format!(
+            "stage `{}` compress: backend `{}` ({}) cannot score tokens; prompt compression needs the embedded model",
+            s.name,
+            s.backend,
+            other.type_name()
+        ))),
+    }
+}
+
+/// Each unit's view, with what the model reads in place of it where the
+/// stage compressed it.
+struct CompressedViews<'a> {
+    plain: UnitViews<'a>,
+    shown: HashMap<usize, Value>,
+}
+
+impl Views for CompressedViews<'_> {
+    fn view(&self, i: usize) -> Result<Value, RunError> {
+        self.plain.view(i)
+    }
+
+    fn cites(&self, i: usize) -> (Vec<UnitId>, Vec<ContentHash>) {
+        self.plain.cites(i)
+    }
+
+    fn shown(&self, i: usize) -> Option<Value> {
+        self.shown.get(&i).cloned()
+    }
+}
+
 impl super::Kind for fanfold_core::spec::MapStageSpec {
     fn build(&self, ctx: &mut BuildContext<'_>) -> Result<Box<dyn Stage>, PlanError> {
         Ok(Box::new(MapRunner::build(self, ctx)?))
@@ -181,6 +331,14 @@ impl Stage for MapRunner {
                 "    positives go on to `{then}` too; their facts here still decide them"
             );
         }
+        if let Some(c) = &sp.compress {
+            let _ = writeln!(
+                out,
+                "    compress: the model reads {:.0} % of each text field's words (fields of {}+ words), the least surprising to it dropped (LLMLingua-style); evidence is quoted from and checked against the uncompressed view",
+                c.keep * 100.0,
+                c.min_words
+            );
+        }
     }
 
     fn count_cached(
@@ -209,7 +367,15 @@ impl Stage for MapRunner {
     }
 
     fn run(&self, ctx: &mut StageContext<'_>, units: Vec<usize>) -> Result<StageOutcome, RunError> {
-        let views = self.turn.unit_views(ctx.table)?;
+        let plain = self.turn.unit_views(ctx.table)?;
+        let compressed;
+        let views: &dyn Views = match &self.spec.compress {
+            Some(c) => {
+                compressed = self.compressed_views(ctx, c, plain, &units)?;
+                &compressed
+            }
+            None => &plain,
+        };
         let passing = self.spec.then.is_some().then(|| units.clone());
         let mut outcome = match &self.cascade {
             Some(c) => c.run(
@@ -218,9 +384,9 @@ impl Stage for MapRunner {
                 units,
                 &|i| views.view(i),
                 &|i| views.cites(i),
-                &mut |ctx, units| self.run_views(ctx, units, &views),
+                &mut |ctx, units| self.run_views(ctx, units, views),
             )?,
-            None => self.run_views(ctx, units, &views)?,
+            None => self.run_views(ctx, units, views)?,
         };
         // Its positives go on to `then`, however they were decided (the
         // model, a cascade's proxy or its oracle); their facts here stay.

@@ -24,6 +24,7 @@ pub mod effect;
 pub mod embed;
 pub mod group;
 pub mod map;
+pub mod rerank;
 pub mod select;
 pub mod tool;
 pub mod widen;
