@@ -210,6 +210,70 @@ impl Store {
             .map_err(|e| self.sql(e))?;
         Ok(())
     }
+    /// Caches decided facts as [`Store::put_fact`] does each, in a few
+    /// multi-row statements of one transaction rather than a statement a
+    /// fact: on a shared store each statement is a round trip. The first
+    /// fact written under a key stands; one not cacheable is refused
+    /// before anything is written.
+    pub fn put_facts(&self, facts: &[FactRecord]) -> Result<(), StoreError> {
+        if let Some(f) = facts.iter().find(|f| !f.status.is_cacheable()) {
+            return Err(StoreError::NotCacheable {
+                status: f.status.to_string(),
+            });
+        }
+        if facts.is_empty() {
+            return Ok(());
+        }
+        // The columns of each row as owned values, then borrowed as
+        // parameters.
+        let mut owned = Vec::with_capacity(facts.len());
+        for fact in facts {
+            let mut sealed = fact.clone();
+            sealed.seal();
+            let record = serde_json::to_string(&sealed).map_err(|e| self.decode(e))?;
+            owned.push((
+                fact.key.to_hex(),
+                fact.source_ids
+                    .first()
+                    .map(|u| u.0.clone())
+                    .unwrap_or_default(),
+                fact.source_hashes
+                    .first()
+                    .map(|h| h.to_hex())
+                    .unwrap_or_default(),
+                i64::from(fact.stage_version),
+                fact.status.as_str(),
+                record,
+            ));
+        }
+        let now = now_ms() as i64;
+        let rows: Vec<[&dyn Param; 8]> = owned
+            .iter()
+            .zip(facts)
+            .map(|((key, unit, unit_hash, version, status, record), fact)| {
+                [
+                    key as &dyn Param,
+                    unit,
+                    unit_hash,
+                    &fact.stage,
+                    version,
+                    status,
+                    record,
+                    &now,
+                ]
+            })
+            .collect();
+        self.conn()
+            .transaction(|tx| {
+                tx.insert_rows(
+                    "INSERT INTO facts (key, unit_id, unit_hash, stage, stage_version, status, record, created_ms)",
+                    "ON CONFLICT DO NOTHING",
+                    &rows,
+                )
+            })
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
     /// How many embedding vectors the store holds.
     pub fn count_embeddings(&self) -> Result<u64, StoreError> {
         self.count("SELECT COUNT(*) FROM embeddings")

@@ -32,6 +32,8 @@ CREATE TABLE IF NOT EXISTS fleet_tasks (
     worker TEXT, lease_ms INTEGER NOT NULL, result TEXT,
     PRIMARY KEY (job_id, seq));
 CREATE INDEX IF NOT EXISTS fleet_tasks_by_worker ON fleet_tasks (worker);
+CREATE INDEX IF NOT EXISTS fleet_tasks_unclaimed ON fleet_tasks (job_id, seq)
+    WHERE worker IS NULL;
 CREATE TABLE IF NOT EXISTS fleet_rates (
     endpoint TEXT PRIMARY KEY, requests_micro INTEGER NOT NULL,
     tokens_micro INTEGER NOT NULL, updated_ms INTEGER NOT NULL);
@@ -107,6 +109,14 @@ pub enum JobState {
     Open,
     /// Closed or cancelled by its coordinator, or its run ended or died.
     Gone,
+}
+
+/// The least and the greatest of task numbers `seqs` (an empty range for
+/// none), to bound a statement to the key's range.
+fn span(seqs: &[u64]) -> (i64, i64) {
+    let low = seqs.iter().min().map_or(1, |s| *s as i64);
+    let high = seqs.iter().max().map_or(0, |s| *s as i64);
+    (low, high)
 }
 
 /// What one request or token is in a bucket: millionths, so a bucket is
@@ -278,15 +288,23 @@ impl Store {
             .zip(&seqs)
             .map(|((_, request), seq)| [&job_id as _, seq as _, request as _, &0_i64 as _])
             .collect();
-        self.conn()
-            .transaction(|tx| {
-                tx.insert_rows(
-                    "INSERT INTO fleet_tasks (job_id, seq, request, lease_ms)",
-                    "ON CONFLICT (job_id, seq) DO NOTHING",
-                    &rows,
-                )
-            })
-            .map_err(|e| self.sql(e))?;
+        let insert = |tx: &mut crate::db::Conn| {
+            tx.insert_rows(
+                "INSERT INTO fleet_tasks (job_id, seq, request, lease_ms)",
+                "ON CONFLICT (job_id, seq) DO NOTHING",
+                &rows,
+            )
+        };
+        let mut conn = self.conn();
+        // On PostgreSQL each statement is a round trip, and each insert
+        // stands alone (a task written twice is one task), so no
+        // transaction is wrapped around them; SQLite commits them at once.
+        if conn.is_postgres() {
+            insert(&mut conn)
+        } else {
+            conn.transaction(insert)
+        }
+        .map_err(|e| self.sql(e))?;
         Ok(())
     }
 
@@ -303,21 +321,76 @@ impl Store {
             .map_err(|e| self.sql(e))
     }
 
+    /// Removes the tasks `handled` of a job and reads its other answered
+    /// tasks numbered `from` or more, `(seq, result)`: what
+    /// [`Store::forget_fleet_tasks`] and then [`Store::fleet_results`] do,
+    /// in one statement on PostgreSQL. Run again after a lost answer, it
+    /// removes nothing more and reads the same results, so none is lost.
+    /// `from`, the oldest task still waited for, keeps the read off the
+    /// rows of tasks handled long ago, which the server keeps (dead) until
+    /// it vacuums the table.
+    pub fn next_fleet_results(
+        &self,
+        job_id: &str,
+        handled: &[u64],
+        from: u64,
+    ) -> Result<Vec<(u64, String)>, StoreError> {
+        let mut conn = self.conn();
+        let list = serde_json::to_string(handled).unwrap_or_else(|_| "[]".into());
+        let read =
+            |r: &crate::db::Row<'_>| Ok((r.get::<i64>(0)?.max(0) as u64, r.get::<String>(1)?));
+        if !conn.is_postgres() || handled.is_empty() {
+            drop(conn);
+            self.forget_fleet_tasks(job_id, handled)?;
+            return self
+                .conn()
+                .query_map(
+                    "SELECT seq, result FROM fleet_tasks
+                     WHERE job_id = ?1 AND seq >= ?2 AND result IS NOT NULL",
+                    params![job_id, from as i64],
+                    read,
+                )
+                .map_err(|e| self.sql(e));
+        }
+        let (low, high) = span(handled);
+        // The select sees the rows as they were before the delete: the
+        // handled ones are left out by number. Both find their rows in
+        // the key's range, whatever the server guesses of the table.
+        conn.query_map(
+            "WITH handled AS (
+                SELECT ARRAY(SELECT value::bigint
+                             FROM json_array_elements_text(CAST(?2 AS TEXT)::json)) AS seqs),
+             gone AS (
+                DELETE FROM fleet_tasks WHERE job_id = ?1 AND seq >= ?4 AND seq <= ?5
+                  AND seq = ANY ((SELECT seqs FROM handled)::bigint[]))
+             SELECT seq, result FROM fleet_tasks
+             WHERE job_id = ?1 AND seq >= ?3 AND result IS NOT NULL
+               AND NOT (seq = ANY ((SELECT seqs FROM handled)::bigint[]))",
+            params![job_id, list, from as i64, low, high],
+            read,
+        )
+        .map_err(|e| self.sql(e))
+    }
+
     /// Removes the tasks `seqs` of a job, in one statement.
     pub fn forget_fleet_tasks(&self, job_id: &str, seqs: &[u64]) -> Result<(), StoreError> {
         if seqs.is_empty() {
             return Ok(());
         }
         let list = serde_json::to_string(seqs).unwrap_or_else(|_| "[]".into());
+        let (low, high) = span(seqs);
         let mut conn = self.conn();
+        // The rows are found in the key's range, not by a scan of the
+        // job's tasks (the server keeps deleted ones until it vacuums).
         let sql = if conn.is_postgres() {
-            "DELETE FROM fleet_tasks WHERE job_id = ?1
-             AND seq IN (SELECT value::bigint FROM json_array_elements_text(CAST(?2 AS TEXT)::json))"
+            "DELETE FROM fleet_tasks WHERE job_id = ?1 AND seq >= ?3 AND seq <= ?4
+             AND seq = ANY (ARRAY(SELECT value::bigint
+                                  FROM json_array_elements_text(CAST(?2 AS TEXT)::json)))"
         } else {
-            "DELETE FROM fleet_tasks WHERE job_id = ?1
+            "DELETE FROM fleet_tasks WHERE job_id = ?1 AND seq >= ?3 AND seq <= ?4
              AND seq IN (SELECT value FROM json_each(?2))"
         };
-        conn.execute(sql, params![job_id, list])
+        conn.execute(sql, params![job_id, list, low, high])
             .map_err(|e| self.sql(e))?;
         Ok(())
     }
@@ -457,7 +530,8 @@ impl Store {
         let sql = if conn.is_postgres() {
             "UPDATE fleet_tasks SET worker = NULL, lease_ms = 0
              WHERE job_id = ?1 AND worker = ?2 AND result IS NULL
-               AND seq IN (SELECT value::bigint FROM json_array_elements_text(CAST(?3 AS TEXT)::json))"
+               AND seq = ANY (ARRAY(SELECT value::bigint
+                                    FROM json_array_elements_text(CAST(?3 AS TEXT)::json)))"
         } else {
             "UPDATE fleet_tasks SET worker = NULL, lease_ms = 0
              WHERE job_id = ?1 AND worker = ?2 AND result IS NULL

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Keys a statement of [`Store::claim_or_fact_many`] claims.
+pub const CLAIMS_A_STATEMENT: usize = 64;
+
 impl Store {
     pub fn begin_run(
         &self,
@@ -120,6 +123,98 @@ impl Store {
         }))
     }
 
+    /// [`Store::claim_or_fact`] for each of `keys`, in order: on
+    /// PostgreSQL one statement for up to [`CLAIMS_A_STATEMENT`] keys, so a
+    /// run claiming the units it is about to open pays one round trip for
+    /// them, not one a unit. Keys are claimed in their sorted order, so
+    /// two runs claiming overlapping sets at once wait on each other's
+    /// rows in the same order and never deadlock. On SQLite, one key at a
+    /// time.
+    pub fn claim_or_fact_many(
+        &self,
+        keys: &[ContentHash],
+        run_id: &str,
+        lease_ms: u64,
+    ) -> Result<Vec<ClaimOrFact>, StoreError> {
+        if !self.conn().is_postgres() {
+            return keys
+                .iter()
+                .map(|k| self.claim_or_fact(k, run_id, lease_ms))
+                .collect();
+        }
+        let mut found: std::collections::HashMap<ContentHash, ClaimOrFact> =
+            std::collections::HashMap::new();
+        let mut distinct: Vec<ContentHash> = keys.to_vec();
+        distinct.sort_unstable_by_key(ContentHash::to_hex);
+        distinct.dedup();
+        for chunk in distinct.chunks(CLAIMS_A_STATEMENT) {
+            let now = now_ms() as i64;
+            let hex: Vec<String> = chunk.iter().map(ContentHash::to_hex).collect();
+            let list = serde_json::to_string(&hex).map_err(|e| self.decode(e))?;
+            // As in `claim_or_fact`: the outer reads see the rows as they
+            // were before the insert, so a claim lost names its holder.
+            let rows = self
+                .conn()
+                .query_map(
+                    "WITH asked AS (
+                        SELECT value AS key FROM json_array_elements_text(CAST(?1 AS TEXT)::json)),
+                     won AS (
+                        INSERT INTO claims (key, run_id, expires_ms)
+                        SELECT key, CAST(?2 AS TEXT), CAST(?3 AS BIGINT) FROM asked ORDER BY key
+                        ON CONFLICT (key) DO UPDATE SET run_id = excluded.run_id, expires_ms = excluded.expires_ms
+                        WHERE claims.run_id = excluded.run_id OR claims.expires_ms < ?4
+                        RETURNING key)
+                     SELECT a.key, (SELECT COUNT(*) FROM won w WHERE w.key = a.key),
+                            (SELECT record FROM facts WHERE key = a.key),
+                            (SELECT run_id FROM claims WHERE key = a.key),
+                            (SELECT expires_ms FROM claims WHERE key = a.key)
+                     FROM asked a",
+                    params![list, run_id, now + lease_ms as i64, now],
+                    |r| {
+                        Ok((
+                            r.get::<String>(0)?,
+                            r.get::<i64>(1)? > 0,
+                            r.get::<Option<String>>(2)?,
+                            r.get::<Option<String>>(3)?,
+                            r.get::<Option<i64>>(4)?,
+                        ))
+                    },
+                )
+                .map_err(|e| self.sql(e))?;
+            for (hex_key, won, record, holder, expires) in rows {
+                let Some(key) = hex
+                    .iter()
+                    .position(|h| *h == hex_key)
+                    .and_then(|i| chunk.get(i))
+                else {
+                    continue;
+                };
+                if let Some(text) = record
+                    && let Some(fact) = self.checked_fact(key, text)?
+                {
+                    found.insert(*key, ClaimOrFact::Fact(Box::new(fact)));
+                    continue;
+                }
+                let claim = if won {
+                    Claim::Mine
+                } else {
+                    Claim::Held {
+                        run_id: holder.unwrap_or_else(|| "another run".to_owned()),
+                        expires_ms: expires.map_or(now + 1_000, |e| e.max(now)).max(0) as u64,
+                    }
+                };
+                found.insert(*key, ClaimOrFact::Claim(claim));
+            }
+        }
+        keys.iter()
+            .map(|k| {
+                found.get(k).cloned().ok_or_else(|| {
+                    self.decode(format!("no claim came back for key {}", k.short(16)))
+                })
+            })
+            .collect()
+    }
+
     /// Gives up `run_id`'s lease on `key` (its unit ended without a fact
     /// to share: another run may try it).
     pub fn release_claim(&self, key: &ContentHash, run_id: &str) -> Result<(), StoreError> {
@@ -143,6 +238,14 @@ impl Store {
         let now = now_ms() as i64;
         self.conn()
             .transaction(|tx| {
+                // A key whose fact is stored needs no lease: whoever asks
+                // for it takes the fact. Dropped once, those leases are not
+                // rewritten at every beat (a long run holds thousands).
+                tx.execute(
+                    "DELETE FROM claims WHERE run_id = ?1
+                       AND EXISTS (SELECT 1 FROM facts f WHERE f.key = claims.key)",
+                    params![run_id],
+                )?;
                 tx.execute(
                     "UPDATE claims SET expires_ms = ?2 WHERE run_id = ?1",
                     params![run_id, now + lease_ms as i64],

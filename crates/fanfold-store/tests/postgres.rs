@@ -506,3 +506,155 @@ fn tls_is_spoken_when_asked_and_the_server_is_verified() {
     let e = Store::open(Path::new(&wrong)).err().expect("refused");
     assert!(e.to_string().contains("sslmode=sometimes"), "{e}");
 }
+
+/// Keys claimed many at a time: four connections claim overlapping sets
+/// of keys at one instant, each listing them in another order, and every
+/// key is won once, with no deadlock; a key whose fact is stored comes
+/// back as the fact. Facts written together stand as written one by one:
+/// the first under a key stands. A beat drops the leases on keys whose
+/// facts are stored and keeps the rest.
+#[test]
+fn keys_are_claimed_many_at_a_time_once_each_and_facts_written_together() {
+    let pg = server();
+    let url = database(&pg);
+    let stores: Vec<Store> = (0..4).map(|_| open(&url)).collect();
+    for round in 0..10 {
+        let keys: Vec<ContentHash> = (0..40)
+            .map(|k| ContentHash::of_bytes(format!("many-{round}-{k}").as_bytes()))
+            .collect();
+        let outcomes = at_once(&stores, |i, store| {
+            // Each connection asks for 30 of the 40, starting elsewhere,
+            // in its own order (a stride prime to 40: no key twice).
+            let stride = [1, 3, 7, 9][i];
+            let mine: Vec<ContentHash> =
+                (0..30).map(|j| keys[(i * 10 + j * stride) % 40]).collect();
+            let got = store
+                .claim_or_fact_many(&mine, &format!("run-{i}"), 60_000)
+                .expect("claim many");
+            assert_eq!(got.len(), mine.len());
+            mine.into_iter().zip(got).collect::<Vec<_>>()
+        });
+        for key in &keys {
+            let won = outcomes
+                .iter()
+                .flatten()
+                .filter(|(k, c)| k == key && *c == ClaimOrFact::Claim(Claim::Mine))
+                .count();
+            let asked = outcomes.iter().flatten().filter(|(k, _)| k == key).count();
+            assert_eq!(
+                won,
+                usize::from(asked > 0),
+                "round {round}: {key:?} won {won} times"
+            );
+        }
+    }
+
+    let facts: Vec<FactRecord> = (0..300)
+        .map(|i| fact(&format!("batched-{i}"), Status::Positive))
+        .collect();
+    let first = fact("batched-7", Status::Negative);
+    stores[0].put_fact(&first).expect("put one");
+    stores[1].put_facts(&facts).expect("put together");
+    assert!(matches!(
+        stores[1].put_facts(&[fact("x", Status::Error)]),
+        Err(StoreError::NotCacheable { .. })
+    ));
+    let keys: Vec<ContentHash> = facts.iter().map(|f| f.key).collect();
+    let stored = stores[2].get_facts(&keys).expect("read back");
+    assert_eq!(stored.len(), 300);
+    assert_eq!(
+        stored[&first.key].status,
+        Status::Negative,
+        "the first stands"
+    );
+    assert_eq!(stored[&keys[8]].status, Status::Positive);
+
+    // A key with a stored fact comes back as the fact; the others are
+    // claimed.
+    let fresh = ContentHash::of_bytes(b"not decided");
+    let got = stores[3]
+        .claim_or_fact_many(&[keys[3], fresh], "run-z", 60_000)
+        .expect("claim");
+    assert!(
+        matches!(&got[0], ClaimOrFact::Fact(f) if f.key == keys[3]),
+        "{got:?}"
+    );
+    assert_eq!(got[1], ClaimOrFact::Claim(Claim::Mine));
+    // The beat drops the lease on the decided key, keeps the other.
+    let h = ContentHash::of_bytes(b"spec");
+    stores[3].begin_run("run-z", "spec", &h, &h).expect("run");
+    stores[3].heartbeat("run-z", 60_000, None).expect("beat");
+    let leases = |s: &Store| {
+        s.run_overview(10)
+            .expect("runs")
+            .iter()
+            .find(|r| r.run_id == "run-z")
+            .map(|r| r.leases)
+    };
+    assert_eq!(leases(&stores[0]), Some(1));
+    match stores[0]
+        .claim_or_fact(&fresh, "run-y", 60_000)
+        .expect("claim")
+    {
+        ClaimOrFact::Claim(Claim::Held { run_id, .. }) => assert_eq!(run_id, "run-z"),
+        found => panic!("held by run-z, not {found:?}"),
+    }
+}
+
+/// The coordinator's read of a job's results: the handled tasks are
+/// removed and the others read, from the oldest still waited for, in one
+/// statement; a read made again after a lost answer loses nothing.
+#[test]
+fn a_coordinator_reads_results_and_removes_the_handled_in_one_statement() {
+    let pg = server();
+    let url = database(&pg);
+    let (coordinator, worker) = (open(&url), open(&url));
+    let h = ContentHash::of_bytes(b"spec");
+    coordinator.begin_run("r", "spec", &h, &h).expect("run");
+    let job = fanfold_store::FleetJob {
+        job_id: "r/0".into(),
+        run_id: "r".into(),
+        backend: "{}".into(),
+        model_id: "m".into(),
+        prefix: "p".into(),
+        options: "{}".into(),
+    };
+    coordinator.open_fleet_job(&job).expect("job");
+    let tasks: Vec<(u64, String)> = (0..10).map(|i| (i, format!("req{i}"))).collect();
+    coordinator.put_fleet_tasks("r/0", &tasks).expect("put");
+    let claimed = worker
+        .claim_fleet_tasks("r/0", "w", 10, 60_000)
+        .expect("claim");
+    assert_eq!(claimed.len(), 10);
+    for seq in [1, 2, 5, 8] {
+        assert!(
+            worker
+                .finish_fleet_task("r/0", seq, "w", &format!("res{seq}"))
+                .expect("fin")
+        );
+    }
+    let read = coordinator.next_fleet_results("r/0", &[], 0).expect("read");
+    assert_eq!(
+        read.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        [1, 2, 5, 8]
+    );
+    // From task 2 on: task 1 is not waited for any more.
+    let read = coordinator.next_fleet_results("r/0", &[], 2).expect("read");
+    assert_eq!(read.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [2, 5, 8]);
+    // 2 and 5 handled: removed, and not read again; the same read made
+    // twice (its answer lost) reads the same.
+    for _ in 0..2 {
+        let read = coordinator
+            .next_fleet_results("r/0", &[2, 5], 2)
+            .expect("read");
+        assert_eq!(read, [(8, "res8".to_owned())]);
+    }
+    let left = coordinator.fleet_results("r/0").expect("results");
+    assert_eq!(left.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [1, 8]);
+    // A late answer to a removed task changes nothing.
+    assert!(
+        !worker
+            .finish_fleet_task("r/0", 2, "w", "late")
+            .expect("late")
+    );
+}

@@ -13,8 +13,12 @@ use super::{FleetLink, PortableBackend, TaskResult, options_row, task_row};
 /// How long the coordinator waits before reading the queue again after
 /// a read found no results: from [`POLL_MIN`], doubling to [`POLL_MAX`]
 /// while nothing comes, so results that stream in are read within a few
-/// milliseconds and a quiet queue costs a few statements a second.
-const POLL_MIN: Duration = Duration::from_millis(2);
+/// milliseconds and a quiet queue costs a few statements a second. Reads
+/// that find results are [`POLL_MIN`] apart too: each then gathers what a
+/// few milliseconds brought, rather than the server answering a read
+/// for every result or two, while the tasks queued ahead keep the
+/// workers busy.
+const POLL_MIN: Duration = Duration::from_millis(4);
 const POLL_MAX: Duration = Duration::from_millis(20);
 
 /// How long calls may wait with no answer before the run says, once a
@@ -117,6 +121,9 @@ impl FleetBackend {
         let mut answered = std::time::Instant::now();
         let mut watched = std::time::Instant::now();
         let mut all_refused: Option<std::time::Instant> = None;
+        // Results handled and not yet removed from the queue: removed by
+        // the next read, in the same statement.
+        let mut handled: Vec<u64> = Vec::new();
         loop {
             if !out.is_empty() && watched.elapsed() >= WATCH {
                 watched = std::time::Instant::now();
@@ -175,7 +182,11 @@ impl FleetBackend {
             if pulled_all && out.is_empty() {
                 return Ok(());
             }
-            let results = self.store.fleet_results(job_id)?;
+            let read_at = std::time::Instant::now();
+            // No result is waited for below the oldest task out.
+            let from = out.keys().min().copied().unwrap_or(next_seq);
+            let results = self.store.next_fleet_results(job_id, &handled, from)?;
+            handled.clear();
             if results.is_empty() {
                 if !out.is_empty() && answered.elapsed() >= NO_WORKER {
                     tracing::warn!(
@@ -191,8 +202,7 @@ impl FleetBackend {
             }
             wait = POLL_MIN;
             answered = std::time::Instant::now();
-            let seqs: Vec<u64> = results.iter().map(|(s, _)| *s).collect();
-            self.store.forget_fleet_tasks(job_id, &seqs)?;
+            handled.extend(results.iter().map(|(s, _)| *s));
             for (seq, text) in results {
                 let Some(request) = out.remove(&seq) else {
                     continue;
@@ -205,6 +215,9 @@ impl FleetBackend {
                 job.complete(request, result);
                 // A failed call may come back as a retry.
                 pulled_all = false;
+            }
+            if let Some(rest) = POLL_MIN.checked_sub(read_at.elapsed()) {
+                std::thread::sleep(rest);
             }
         }
     }

@@ -579,6 +579,12 @@ impl Turn {
             keys: &keys,
             adopt: &adopt,
             waited: std::sync::Mutex::new(std::collections::HashSet::new()),
+            ahead: std::sync::Mutex::new(ClaimsAhead {
+                order: pending.iter().map(|p| p.index).collect(),
+                next: 0,
+                found: HashMap::new(),
+            }),
+            batch: slots.clamp(1, fanfold_store::CLAIMS_A_STATEMENT),
         };
         // With every unit cached there is nothing to ask: the backend is
         // not started (the embedded model would still decode the prompt's
@@ -602,10 +608,14 @@ impl Turn {
         let price = |u: &fanfold_model::Usage| backend.cost_usd(u);
         job.set_price(&price);
         if !nothing_to_ask && !job.settled_by_contract() {
-            backend.run(&job).map_err(|source| RunError::Backend {
-                name: stage.spec.backend.clone(),
-                source,
-            })?;
+            // On a shared store the facts are written together, within a
+            // few milliseconds, by a thread of their own.
+            ledger
+                .writing_during(|| backend.run(&job))
+                .map_err(|source| RunError::Backend {
+                    name: stage.spec.backend.clone(),
+                    source,
+                })?;
         }
         let canary_failures = job.canary_failures();
         let (results, max_in_flight, stop) = job.finish();
@@ -741,6 +751,64 @@ struct KeyClaims<'a> {
     /// fact is looked for before anything is claimed, since by then the
     /// other run has most often written it (one statement, not three).
     waited: std::sync::Mutex<std::collections::HashSet<usize>>,
+    /// Units claimed ahead of their turn, in one statement with the unit
+    /// asked for: on a shared store each statement is a round trip.
+    ahead: std::sync::Mutex<ClaimsAhead>,
+    /// How many units one statement claims: about what the stage opens
+    /// at once (its slots), so few leases are held ahead of their calls.
+    batch: usize,
+}
+
+/// Claims made ahead of the queue, which opens units mostly in the order
+/// they were queued.
+struct ClaimsAhead {
+    /// The units in the order they were queued.
+    order: Vec<usize>,
+    /// The first place in `order` not claimed ahead yet.
+    next: usize,
+    /// What claiming found for units not yet asked for.
+    found: HashMap<usize, fanfold_store::ClaimOrFact>,
+}
+
+impl KeyClaims<'_> {
+    /// What claiming `index`'s key finds: claimed ahead, or claimed now
+    /// with the next units in the queue's order.
+    fn claim_or_fact(
+        &self,
+        index: usize,
+        key: &ContentHash,
+    ) -> Result<fanfold_store::ClaimOrFact, fanfold_store::StoreError> {
+        let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = ahead.found.remove(&index) {
+            return Ok(found);
+        }
+        let mut units = vec![index];
+        let mut asked = vec![*key];
+        while units.len() < self.batch
+            && let Some(&i) = ahead.order.get(ahead.next)
+        {
+            ahead.next += 1;
+            if i == index || ahead.found.contains_key(&i) {
+                continue;
+            }
+            if let Some(k) = self.keys.get(&i) {
+                units.push(i);
+                asked.push(*k);
+            }
+        }
+        let mut found = self
+            .store
+            .claim_or_fact_many(&asked, self.run_id, self.store.lease_ms())?
+            .into_iter();
+        let mine = found.next();
+        for (i, outcome) in units.into_iter().skip(1).zip(found) {
+            ahead.found.insert(i, outcome);
+        }
+        mine.ok_or_else(|| fanfold_store::StoreError::Decode {
+            path: self.store.location().to_owned(),
+            detail: "a claim came back empty".to_owned(),
+        })
+    }
 }
 
 impl crate::queue::Claims for KeyClaims<'_> {
@@ -761,10 +829,7 @@ impl crate::queue::Claims for KeyClaims<'_> {
         }
         // Whoever holds the key, its fact may be written already (a run
         // keeps its leases until it ends): then it is taken as it is.
-        let claim = match self
-            .store
-            .claim_or_fact(key, self.run_id, self.store.lease_ms())
-        {
+        let claim = match self.claim_or_fact(index, key) {
             Ok(fanfold_store::ClaimOrFact::Fact(fact)) => {
                 (self.adopt)(index, *fact);
                 return Turn::Done;
