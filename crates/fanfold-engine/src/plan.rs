@@ -881,6 +881,9 @@ impl Plan {
                         String::new()
                     }
                 );
+                if let Some(bred) = r.bred.get(stage) {
+                    let _ = writeln!(out, "    {}", bred.line());
+                }
             }
         }
         out
@@ -960,6 +963,8 @@ pub struct Routing {
     /// Model calls a stage expects to make, where they are not one per
     /// uncached unit (a chunk stage makes one per context).
     pub calls: BTreeMap<String, u64>,
+    /// What a stage's stored observations would bear as units.
+    pub bred: BTreeMap<String, crate::kit::born::BredPreview>,
 }
 
 /// Applies command-line overrides to a parsed spec.

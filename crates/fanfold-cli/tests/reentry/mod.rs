@@ -122,6 +122,27 @@ fn the_links_example_bears_linked_issues_under_a_fanout_of_five_and_a_rerun_reus
     let calls = cert["stats"]["model_calls"].as_u64().unwrap();
     assert_eq!(calls, depths[0].as_u64().unwrap() + bred.len() as u64);
 
+    // explain reads the same tree from the stored observations.
+    let e = run(bin().current_dir(dir.path()).args([
+        "explain",
+        "spec.toml",
+        "--store",
+        "store.sqlite",
+    ]));
+    assert!(e.status.success(), "{}", stderr(&e));
+    let shown = stdout(&e);
+    assert!(
+        shown.contains("max_depth=1 max_fanout=5; level 0 model_calls=100, level 1 model_calls=50"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(&format!(
+            "5 of its stored observations bear {} units (depth 1) for `judge`, at most 5 a unit; the limits drop max_fanout 3, repeated_key 1",
+            bred.len()
+        )),
+        "{shown}"
+    );
+
     // The folder re-checks alone; an edited bred record does not.
     let v = run(bin().arg("verify").arg(dir.path().join("out")));
     assert!(v.status.success(), "{}{}", stdout(&v), stderr(&v));

@@ -268,3 +268,46 @@ pub fn bred_lines(table: &UnitTable) -> Vec<BredLine> {
         })
         .collect()
 }
+
+/// What a stage's stored observations would bear, as `fanfold explain`
+/// tells it before a run: the input's own units only (what their bred
+/// units bear in turn is known once they are read).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BredPreview {
+    /// The stage the bred units go to.
+    pub to: String,
+    /// Units whose observation is stored and was read for records.
+    pub parents: u64,
+    pub born: u64,
+    /// The most one parent bears.
+    pub most: u64,
+    /// Records the limits would drop, by reason.
+    pub cut: BTreeMap<String, u64>,
+}
+
+impl BredPreview {
+    /// Counts one parent's litter.
+    pub fn note(&mut self, litter: &Litter) {
+        self.parents += 1;
+        let born = litter.born.len() as u64;
+        self.born += born;
+        self.most = self.most.max(born);
+        for (_, why) in &litter.dropped {
+            *self.cut.entry(why.clone()).or_insert(0) += 1;
+        }
+    }
+
+    /// `explain`'s line under the stage.
+    pub fn line(&self) -> String {
+        let cut = if self.cut.is_empty() {
+            String::new()
+        } else {
+            let parts: Vec<String> = self.cut.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            format!("; the limits drop {}", parts.join(", "))
+        };
+        format!(
+            "{} of its stored observations bear {} units (depth 1) for `{}`, at most {} a unit{cut}",
+            self.parents, self.born, self.to, self.most
+        )
+    }
+}

@@ -334,6 +334,8 @@ pub struct CachedCount {
     pub unknown: Option<String>,
     /// The model calls the rest would take, where not one per unit.
     pub calls: Option<u64>,
+    /// What its stored observations would bear as units, if it bears any.
+    pub bred: Option<born::BredPreview>,
 }
 
 /// What a stage reads.

@@ -1003,6 +1003,9 @@ pub fn explain_routing(
             r.unknown.insert(name.to_owned(), why);
         }
         r.cached.insert(name.to_owned(), count.cached);
+        if let Some(bred) = count.bred {
+            r.bred.insert(name.to_owned(), bred);
+        }
         if let Some(calls) = count.calls {
             r.calls.insert(name.to_owned(), calls);
         }

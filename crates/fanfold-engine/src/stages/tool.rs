@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 
 use crate::error::{PlanError, RunError};
 use crate::kit::UnitTable;
-use crate::kit::born::{Born, Litter};
+use crate::kit::born::{Born, BredPreview, Litter};
 use crate::kit::ledger::Origin;
 use crate::kit::{
     BuildContext, CachedCount, Outputs, RunStats, Shape, Stage, StageContext, StageOutcome,
@@ -111,16 +111,17 @@ impl ToolRunner {
     /// The units unit `i`'s observation bears for `enter.stage`: none past
     /// `budget.max_depth`, at most `budget.max_fanout`, the rest dropped
     /// with the limit's name.
-    fn litter(
+    fn bear(
         &self,
-        ctx: &StageContext<'_>,
+        spec: &Spec,
+        table: &UnitTable,
         i: usize,
         enter: &EnterSpec,
         request: &ContentHash,
         shown: &Value,
     ) -> Result<Litter, RunError> {
-        let budget = &ctx.spec.budget;
-        let depth = ctx.table.depth(i) + 1;
+        let budget = &spec.budget;
+        let depth = table.depth(i) + 1;
         let room = match (budget.max_depth, budget.max_fanout) {
             (Some(max), _) if depth > max => Some(Room {
                 most: 0,
@@ -132,7 +133,7 @@ impl ToolRunner {
             }),
             _ => None,
         };
-        let parent = ctx.table.unit(i)?;
+        let parent = table.unit(i)?;
         let offspring = fanfold_ops::tool::offspring(
             parent.unit_id.as_str(),
             shown,
@@ -149,10 +150,7 @@ impl ToolRunner {
                     unit_kind: enter.kind.clone(),
                     ordinal: parent.ordinal,
                     source_hash: observed,
-                    unit_hash: fanfold_ops::partition::content_hash(
-                        &ctx.spec.input.partition,
-                        &record,
-                    ),
+                    unit_hash: fanfold_ops::partition::content_hash(&spec.input.partition, &record),
                     bytes: fanfold_core::ByteRange { start: 0, end: 0 },
                 },
                 json: serde_json::to_vec(&record).unwrap_or_default(),
@@ -457,19 +455,35 @@ impl Stage for ToolRunner {
 
     fn count_cached(
         &self,
-        _spec: &Spec,
+        spec: &Spec,
         _spec_dir: &Path,
         store: &Store,
         table: &UnitTable,
         units: &[usize],
     ) -> Result<CachedCount, RunError> {
         let mut cached = 0;
+        let mut bred = self.stage.spec.enter.as_ref().map(|e| BredPreview {
+            to: e.stage.clone(),
+            ..BredPreview::default()
+        });
         for &i in units {
             let u = table.unit(i)?;
-            if let Ok(Some(r)) = self.stage.request(u.unit_id.as_str(), &table.value(i))
-                && store.get_fact(&Self::observation_key(&r.key))?.is_some()
+            let Ok(Some(r)) = self.stage.request(u.unit_id.as_str(), &table.value(i)) else {
+                continue;
+            };
+            let Some(fact) = store.get_fact(&Self::observation_key(&r.key))? else {
+                continue;
+            };
+            cached += 1;
+            if let (Some(preview), Some(enter), Some(o)) = (
+                bred.as_mut(),
+                self.stage.spec.enter.as_ref(),
+                Observation::from_fact(&fact),
+            ) && o.status == ObservationStatus::Ok
+                && let Ok(shown) = self.stage.extract(u.unit_id.as_str(), &o.body)
             {
-                cached += 1;
+                let litter = self.bear(spec, table, i, enter, &r.key, &shown)?;
+                preview.note(&litter);
             }
         }
         Ok(CachedCount {
@@ -480,6 +494,7 @@ impl Stage for ToolRunner {
                 Vec::new()
             },
             calls: Some(0),
+            bred,
             ..CachedCount::default()
         })
     }
@@ -669,7 +684,7 @@ impl Stage for ToolRunner {
                 && let (Some(o), Ok(Some(key))) = (&observation, &request)
                 && o.status == ObservationStatus::Ok
             {
-                let litter = self.litter(ctx, i, enter, key, &shown)?;
+                let litter = self.bear(ctx.spec, ctx.table, i, enter, key, &shown)?;
                 report.bore += litter.born.len() as u64;
                 for (_, why) in &litter.dropped {
                     *report.dropped.entry(why.clone()).or_insert(0) += 1;
