@@ -218,3 +218,54 @@ fn the_ladder_scores_log_lines_against_labels_no_strategy_reads() {
     );
     assert!(!out.path().join("leaky.json").exists());
 }
+
+/// The two baselines of the design as rungs: the reranker between the
+/// embedding rung and the judge, and the judge reading compressed units.
+#[test]
+fn the_reranker_and_compression_run_as_rungs_and_are_set_beside_micro() {
+    let out = tempfile::tempdir().expect("out");
+    let (o, rows) = scripted_ladder(
+        out.path(),
+        "ladder",
+        &["--only".as_ref(), "micro,compress-50,rerank".as_ref()],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ladder: Value =
+        serde_json::from_str(&std::fs::read_to_string(&rows).expect("rows")).expect("json");
+    let row = |name: &str| {
+        ladder["rows"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["strategy"] == name))
+            .cloned()
+            .expect(name)
+    };
+    let (micro, compressed, reranked) = (row("micro"), row("compress-50"), row("rerank"));
+    // Compression reads each unit once more (the surprise pass) and judges
+    // the same units, with every citation still verified.
+    let calls = |r: &Value| r["model_calls"].as_u64().unwrap_or(0);
+    assert_eq!(calls(&compressed), 2 * calls(&micro), "{compressed}");
+    assert_eq!(
+        compressed["auditability"], micro["auditability"],
+        "{compressed}"
+    );
+    assert!(
+        compressed["plan"]
+            .as_str()
+            .is_some_and(|p| p.contains("least surprising")),
+        "{compressed}"
+    );
+    // The reranker's scorer runs between the embedding rung and the judge.
+    assert!(calls(&reranked) > 0, "{reranked}");
+    assert!(
+        reranked["plan"]
+            .as_str()
+            .is_some_and(|p| p.contains("reranker")),
+        "{reranked}"
+    );
+    let report = std::fs::read_to_string(out.path().join("ladder.md")).expect("report");
+    assert!(
+        report.contains("`compress-50` against `micro`")
+            && report.contains("`rerank` against `micro`"),
+        "{report}"
+    );
+}
