@@ -53,6 +53,7 @@ pub fn main(args: &CascadeArgs) -> Result<()> {
         utc_date(SystemTime::now()),
     );
     savings(&mut body, args.trials);
+    held_out(&mut body, args.trials);
     choices(&mut body, args.trials);
     synthetic(&mut body, args.trials);
     synthetic_trained(&mut body, args.trials);
@@ -213,9 +214,12 @@ fn synthetic(body: &mut String, trials: u64) {
     let _ = writeln!(body);
 }
 
-/// The populations the proven saving is measured on: name, units,
+/// A population the proven saving is measured on: name, units,
 /// prevalence, the proxy's AUC, label budget.
-const SHAPES: [(&str, usize, f64, f64, usize); 4] = [
+type Shape = (&'static str, usize, f64, f64, usize);
+
+/// The populations the proven saving is measured on.
+const SHAPES: [Shape; 4] = [
     ("A-shaped", 1500, 1.0 / 3.0, 0.80, 300),
     ("A-shaped", 100_000, 1.0 / 3.0, 0.80, 1000),
     ("B-shaped", 2000, 0.03, 0.87, 300),
@@ -288,67 +292,18 @@ Synthetic populations shaped like two real sets (A: a third positive, a proxy of
         Metric::Precision,
         Metric::RecallAndPrecision,
     ] {
-        for (name, n, prevalence, auc, budget) in SHAPES {
-            let target = Target {
-                metric,
-                at_least: 0.9,
-                delta: DELTA,
-            };
-            let trials_run = by_seed(trials, |seed| {
-                let (scores, truth) = cascade::synthetic_population(
-                    seed,
-                    n,
-                    prevalence,
-                    cascade::separation_for_auc(auc),
-                );
-                let keys: Vec<u64> = (0..n as u64).collect();
-                let config = Config::new(target, budget, seed);
-                let o = cascade::run(&config, &scores, &keys, &mut |i| truth.get(i).copied())?;
-                Ok::<_, cascade::CascadeError>(Trial {
-                    hindsight: cascade::hindsight(target, &scores, &truth),
-                    saved: o.proxy_decided as f64 / n as f64,
-                    met: o.realized(&truth) >= target.at_least,
-                    positives: truth.iter().filter(|&&y| y).count() as f64,
-                    auc: cascade::auc(&scores, &truth).unwrap_or(0.5),
-                })
-            });
-            let (mut hind, mut saved, mut met, mut pos, mut aucs) =
-                (Vec::new(), Vec::new(), 0u64, 0.0, 0.0);
-            let mut failed = None;
-            for trial in trials_run {
-                match trial {
-                    Ok(t) => {
-                        hind.push(t.hindsight);
-                        saved.push(t.saved);
-                        met += u64::from(t.met);
-                        pos += t.positives;
-                        aucs += t.auc;
-                    }
-                    Err(e) => failed = Some(e),
+        for shape in SHAPES {
+            let row = match shape_row(shape, metric, 0, trials) {
+                Ok(row) => row,
+                Err(e) => {
+                    let _ = writeln!(body, "| {} | error: {e} ||||||||||", shape.0);
+                    continue;
                 }
+            };
+            if metric == Metric::Recall && shape.1 == 2000 {
+                b_small = Some((row.positives, row.hindsight, row.median));
             }
-            if let Some(e) = failed {
-                let _ = writeln!(body, "| {name} | error: {e} ||||||||||");
-                continue;
-            }
-            let t = trials.max(1) as f64;
-            let (h, _) = quantiles(hind);
-            let (m, p10) = quantiles(saved);
-            if metric == Metric::Recall && n == 2000 {
-                b_small = Some((pos / t, h, m));
-            }
-            let _ = writeln!(
-                body,
-                "| {name} | {} ≥ 0.9 | {n} | {budget} | {:.0} | {:.3} | {:.1} % | {:.1} % | {:.1} % | {:.2} | met in {:.1} % of {trials} trials |",
-                metric.name(),
-                pos / t,
-                aucs / t,
-                100.0 * h,
-                100.0 * m,
-                100.0 * p10,
-                if h > 0.0 { m / h } else { 0.0 },
-                100.0 * met as f64 / t,
-            );
+            let _ = writeln!(body, "{}", row.line(shape, metric, trials));
         }
     }
     if let Some((positives, h, m)) = b_small {
@@ -374,6 +329,119 @@ Synthetic populations shaped like two real sets (A: a third positive, a proxy of
     let _ = writeln!(body);
 }
 
+/// One population's row of the saving table: medians and shares over
+/// its seeds.
+struct ShapeRow {
+    positives: f64,
+    auc: f64,
+    hindsight: f64,
+    median: f64,
+    tenth: f64,
+    met: f64,
+}
+
+impl ShapeRow {
+    fn line(&self, (name, n, _, _, budget): Shape, metric: Metric, trials: u64) -> String {
+        format!(
+            "| {name} | {} ≥ 0.9 | {n} | {budget} | {:.0} | {:.3} | {:.1} % | {:.1} % | {:.1} % | {:.2} | met in {:.1} % of {trials} trials |",
+            metric.name(),
+            self.positives,
+            self.auc,
+            100.0 * self.hindsight,
+            100.0 * self.median,
+            100.0 * self.tenth,
+            if self.hindsight > 0.0 {
+                self.median / self.hindsight
+            } else {
+                0.0
+            },
+            100.0 * self.met,
+        )
+    }
+}
+
+/// A shape's trials at seeds `first..first + trials`, each a new
+/// population and sample.
+fn shape_row(
+    (_, n, prevalence, auc, budget): Shape,
+    metric: Metric,
+    first: u64,
+    trials: u64,
+) -> Result<ShapeRow, cascade::CascadeError> {
+    let target = Target {
+        metric,
+        at_least: 0.9,
+        delta: DELTA,
+    };
+    let trials_run = by_seed(trials, |seed| {
+        let seed = first + seed;
+        let (scores, truth) =
+            cascade::synthetic_population(seed, n, prevalence, cascade::separation_for_auc(auc));
+        let keys: Vec<u64> = (0..n as u64).collect();
+        let config = Config::new(target, budget, seed);
+        let o = cascade::run(&config, &scores, &keys, &mut |i| truth.get(i).copied())?;
+        Ok::<_, cascade::CascadeError>(Trial {
+            hindsight: cascade::hindsight(target, &scores, &truth),
+            saved: o.proxy_decided as f64 / n as f64,
+            met: o.realized(&truth) >= target.at_least,
+            positives: truth.iter().filter(|&&y| y).count() as f64,
+            auc: cascade::auc(&scores, &truth).unwrap_or(0.5),
+        })
+    });
+    let (mut hind, mut saved, mut met, mut pos, mut aucs) =
+        (Vec::new(), Vec::new(), 0u64, 0.0, 0.0);
+    for trial in trials_run {
+        let t = trial?;
+        hind.push(t.hindsight);
+        saved.push(t.saved);
+        met += u64::from(t.met);
+        pos += t.positives;
+        aucs += t.auc;
+    }
+    let t = trials.max(1) as f64;
+    let (hindsight, _) = quantiles(hind);
+    let (median, tenth) = quantiles(saved);
+    Ok(ShapeRow {
+        positives: pos / t,
+        auc: aucs / t,
+        hindsight,
+        median,
+        tenth,
+        met: met as f64 / t,
+    })
+}
+
+/// The first seed of the held-out trials: the sampling choices were made
+/// looking at seeds below it.
+const HELD_OUT_FROM: u64 = 1000;
+
+/// The saving table's recall and precision rows again on seeds never
+/// looked at while the cascade's choices were made.
+fn held_out(body: &mut String, trials: u64) {
+    let _ = writeln!(
+        body,
+        "### Held out
+
+The cascade's sampling choices (its proposals, the bets sized to the budget, the thresholds) were made looking at seeds below {HELD_OUT_FROM} of these populations. The same rows on seeds {HELD_OUT_FROM} to {}, never looked at before this run:
+
+| population | target | units | label budget | positives (mean) | measured AUC (mean) | hindsight saving (median) | proven saving, median | proven saving, 10th percentile | median / hindsight | met |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        HELD_OUT_FROM + trials.saturating_sub(1)
+    );
+    for metric in [Metric::Recall, Metric::Precision] {
+        for shape in SHAPES {
+            match shape_row(shape, metric, HELD_OUT_FROM, trials) {
+                Ok(row) => {
+                    let _ = writeln!(body, "{}", row.line(shape, metric, trials));
+                }
+                Err(e) => {
+                    let _ = writeln!(body, "| {} | error: {e} ||||||||||", shape.0);
+                }
+            }
+        }
+    }
+    let _ = writeln!(body);
+}
+
 /// A configuration's name and how it departs from the shipped one.
 type Variant = (&'static str, fn(&mut Config));
 
@@ -389,7 +457,7 @@ fn choices(body: &mut String, trials: u64) {
         body,
         "### What each choice is worth
 
-The A-shaped population of {n} units with {budget} labels, seeds 0 to {}: the shipped configuration, then the same with one choice undone. Then the A-shaped population of {B_WIDE} units with {B_WIDE_BUDGET} labels, with and without the later rounds' calibrated proposal when the first round finds positives common (at least {} units a label), and the B-shaped population of as many, with and without the later rounds' lean toward low scores when the first round finds positives rarer than {:.0} %.
+The A-shaped population of {n} units with {budget} labels, seeds 0 to {}: the shipped configuration, then the same with one choice undone. Then the A-shaped population of {B_WIDE} units with {B_WIDE_BUDGET} labels, with and without the later rounds' calibrated proposal when the first round finds positives common (at least {} units a label), and the B-shaped population of as many, with and without the later rounds' lean toward low scores when the first round finds positives rarer than {:.0} %. Last, precision on both populations of {B_WIDE} units, with and without the bets sized to the budget and the later rounds' calibrated proposal. \"Growth-rate bets\" size each bet to grow the capital fastest on the draws so far (`d / (σ² + d²)`) instead of to pass by the budget's draws (`√(2 ln(1/δ) / (σ² n))`).
 ",
         trials.saturating_sub(1),
         cascade::CALIBRATE_FROM,
@@ -399,12 +467,21 @@ The A-shaped population of {n} units with {budget} labels, seeds 0 to {}: the sh
         body,
         "| population | target | configuration | proven saving, median | proven saving, 10th percentile | met |\n|---|---|---|---:|---:|---|"
     );
-    let variants: [Variant; 3] = [
+    let variants: [Variant; 4] = [
         ("as shipped", |_| {}),
         ("uniform draws (no lean toward high scores)", |c| {
             c.uniform_share = 1.0
         }),
         ("40 thresholds instead of 200", |c| c.candidates = 40),
+        (GROWTH_BETS, |c| c.bet_to_budget = false),
+    ];
+    let wide_precision: [Variant; 3] = [
+        ("as shipped", |_| {}),
+        (GROWTH_BETS, |c| c.bet_to_budget = false),
+        (
+            "no calibrated later rounds (a fixed lean toward the top)",
+            |c| c.calibrate_when_common = false,
+        ),
     ];
     let calibrated: [Variant; 2] = [
         ("as shipped", |_| {}),
@@ -456,6 +533,24 @@ The A-shaped population of {n} units with {budget} labels, seeds 0 to {}: the sh
             Metric::Recall,
             &rare[..],
         ),
+        (
+            "A-shaped",
+            B_WIDE,
+            prevalence,
+            auc,
+            B_WIDE_BUDGET,
+            Metric::Precision,
+            &wide_precision[..],
+        ),
+        (
+            "B-shaped",
+            B_WIDE,
+            0.03,
+            0.87,
+            B_WIDE_BUDGET,
+            Metric::Precision,
+            &wide_precision[..],
+        ),
     ];
     for (population, n, prevalence, auc, budget, metric, variants) in runs {
         for &(name, change) in variants {
@@ -499,6 +594,9 @@ The A-shaped population of {n} units with {budget} labels, seeds 0 to {}: the sh
     }
     let _ = writeln!(body);
 }
+
+/// The name of the rows whose bets grow the capital fastest.
+const GROWTH_BETS: &str = "growth-rate bets (not sized to the budget)";
 
 /// The B-shaped population's wide size, and its label budget.
 const B_WIDE: usize = 100_000;
