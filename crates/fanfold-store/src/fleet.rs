@@ -71,6 +71,15 @@ pub struct FleetTask {
     pub request: String,
 }
 
+/// What a coordinator's read of its job finds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetResults {
+    /// Answered tasks: `(seq, result)`.
+    pub results: Vec<(u64, String)>,
+    /// Tasks no worker has claimed yet: work the workers can take at once.
+    pub unclaimed: u64,
+}
+
 /// A worker as `fanfold status` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerRow {
@@ -322,35 +331,48 @@ impl Store {
     }
 
     /// Removes the tasks `handled` of a job and reads its other answered
-    /// tasks numbered `from` or more, `(seq, result)`: what
-    /// [`Store::forget_fleet_tasks`] and then [`Store::fleet_results`] do,
-    /// in one statement on PostgreSQL. Run again after a lost answer, it
-    /// removes nothing more and reads the same results, so none is lost.
-    /// `from`, the oldest task still waited for, keeps the read off the
-    /// rows of tasks handled long ago, which the server keeps (dead) until
-    /// it vacuums the table.
+    /// tasks numbered `from` or more, `(seq, result)`, and how many of its
+    /// tasks no worker has claimed: what [`Store::forget_fleet_tasks`] and
+    /// then [`Store::fleet_results`] do, in one statement on PostgreSQL.
+    /// Run again after a lost answer, it removes nothing more and reads
+    /// the same results, so none is lost. `from`, the oldest task still
+    /// waited for, keeps the read off the rows of tasks handled long ago,
+    /// which the server keeps (dead) until it vacuums the table.
     pub fn next_fleet_results(
         &self,
         job_id: &str,
         handled: &[u64],
         from: u64,
-    ) -> Result<Vec<(u64, String)>, StoreError> {
+    ) -> Result<FleetResults, StoreError> {
         let mut conn = self.conn();
         let list = serde_json::to_string(handled).unwrap_or_else(|_| "[]".into());
-        let read =
-            |r: &crate::db::Row<'_>| Ok((r.get::<i64>(0)?.max(0) as u64, r.get::<String>(1)?));
+        let mut read = FleetResults::default();
+        // The count of unclaimed tasks comes as a row numbered -1 (no
+        // task's number), its count in the result's column.
+        let mut row = |r: &crate::db::Row<'_>| {
+            let seq = r.get::<i64>(0)?;
+            let text = r.get::<String>(1)?;
+            match u64::try_from(seq) {
+                Ok(seq) => read.results.push((seq, text)),
+                Err(_) => read.unclaimed = text.parse().unwrap_or(0),
+            }
+            Ok(())
+        };
         if !conn.is_postgres() || handled.is_empty() {
             drop(conn);
             self.forget_fleet_tasks(job_id, handled)?;
-            return self
-                .conn()
+            self.conn()
                 .query_map(
                     "SELECT seq, result FROM fleet_tasks
-                     WHERE job_id = ?1 AND seq >= ?2 AND result IS NOT NULL",
+                     WHERE job_id = ?1 AND seq >= ?2 AND result IS NOT NULL
+                     UNION ALL
+                     SELECT -1, CAST(COUNT(*) AS TEXT) FROM fleet_tasks
+                     WHERE job_id = ?1 AND seq >= ?2 AND worker IS NULL",
                     params![job_id, from as i64],
-                    read,
+                    &mut row,
                 )
-                .map_err(|e| self.sql(e));
+                .map_err(|e| self.sql(e))?;
+            return Ok(read);
         }
         let (low, high) = span(handled);
         // The select sees the rows as they were before the delete: the
@@ -365,11 +387,15 @@ impl Store {
                   AND seq = ANY ((SELECT seqs FROM handled)::bigint[]))
              SELECT seq, result FROM fleet_tasks
              WHERE job_id = ?1 AND seq >= ?3 AND result IS NOT NULL
-               AND NOT (seq = ANY ((SELECT seqs FROM handled)::bigint[]))",
+               AND NOT (seq = ANY ((SELECT seqs FROM handled)::bigint[]))
+             UNION ALL
+             SELECT -1, CAST(COUNT(*) AS TEXT) FROM fleet_tasks
+             WHERE job_id = ?1 AND seq >= ?3 AND worker IS NULL",
             params![job_id, list, from as i64, low, high],
-            read,
+            &mut row,
         )
-        .map_err(|e| self.sql(e))
+        .map_err(|e| self.sql(e))?;
+        Ok(read)
     }
 
     /// Removes the tasks `seqs` of a job, in one statement.

@@ -35,7 +35,7 @@ mod units;
 
 pub use db::DbError;
 pub use effects::{EffectRow, EffectState, JournalEntry};
-pub use fleet::{FleetJob, FleetTask, FleetWatch, JobState, WorkerRow};
+pub use fleet::{FleetJob, FleetResults, FleetTask, FleetWatch, JobState, WorkerRow};
 pub use runs::CLAIMS_A_STATEMENT;
 
 use db::{Conn, Param, Row, params};

@@ -635,19 +635,28 @@ fn a_coordinator_reads_results_and_removes_the_handled_in_one_statement() {
     }
     let read = coordinator.next_fleet_results("r/0", &[], 0).expect("read");
     assert_eq!(
-        read.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        read.results.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
         [1, 2, 5, 8]
     );
+    assert_eq!(read.unclaimed, 0, "the worker claimed all ten");
+    worker
+        .give_back_fleet_tasks("r/0", "w", &[3, 4])
+        .expect("give back");
     // From task 2 on: task 1 is not waited for any more.
     let read = coordinator.next_fleet_results("r/0", &[], 2).expect("read");
-    assert_eq!(read.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [2, 5, 8]);
+    assert_eq!(
+        read.results.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        [2, 5, 8]
+    );
+    assert_eq!(read.unclaimed, 2, "two given back, waiting");
     // 2 and 5 handled: removed, and not read again; the same read made
     // twice (its answer lost) reads the same.
     for _ in 0..2 {
         let read = coordinator
             .next_fleet_results("r/0", &[2, 5], 2)
             .expect("read");
-        assert_eq!(read, [(8, "res8".to_owned())]);
+        assert_eq!(read.results, [(8, "res8".to_owned())]);
+        assert_eq!(read.unclaimed, 2);
     }
     let left = coordinator.fleet_results("r/0").expect("results");
     assert_eq!(left.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [1, 8]);

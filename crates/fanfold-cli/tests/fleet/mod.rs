@@ -17,7 +17,9 @@ fn wait_for_calls(calls: &Calls, n: usize) {
 }
 
 /// One fact a unit in the store at `url`, every unit called, and at most
-/// `slots` units (those in flight when a process stopped) called twice.
+/// `slots` units called twice: those in flight when a process stopped, and
+/// for a whole run (a peer) those it had decided and not yet written (a
+/// shared store's facts are written within a few milliseconds).
 fn assert_one_fact_a_unit(
     url: &str,
     calls: &Calls,
@@ -161,7 +163,8 @@ fn a_killed_process_on_postgres_loses_only_its_units_in_flight() {
     sorted.sort_by_key(|s| s.parse::<usize>().unwrap_or(usize::MAX));
     assert_eq!(sorted, expected, "the answer is whole");
 
-    let store = assert_one_fact_a_unit(&url, &calls, units, slots);
+    // In flight, or decided in the last write's few milliseconds.
+    let store = assert_one_fact_a_unit(&url, &calls, units, 2 * slots);
     // The killed run ends `abandoned` once noticed; the others completed.
     let runs = store.run_overview(10).expect("runs");
     let reasons: Vec<Option<String>> = runs.iter().map(|r| r.stop_reason.clone()).collect();
@@ -205,7 +208,8 @@ fn a_process_paused_past_its_leases_writes_nothing_twice_on_postgres() {
         Some(units.div_ceil(3)),
         "the answer is whole"
     );
-    assert_one_fact_a_unit(&url, &calls, units, slots);
+    // In flight, or decided in the last write's few milliseconds.
+    assert_one_fact_a_unit(&url, &calls, units, 2 * slots);
 }
 
 /// A run goes on through a restart of the PostgreSQL server (a failover,

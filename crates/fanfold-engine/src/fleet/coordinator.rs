@@ -13,11 +13,12 @@ use super::{FleetLink, PortableBackend, TaskResult, options_row, task_row};
 /// How long the coordinator waits before reading the queue again after
 /// a read found no results: from [`POLL_MIN`], doubling to [`POLL_MAX`]
 /// while nothing comes, so results that stream in are read within a few
-/// milliseconds and a quiet queue costs a few statements a second. Reads
-/// that find results are [`POLL_MIN`] apart too: each then gathers what a
-/// few milliseconds brought, rather than the server answering a read
-/// for every result or two, while the tasks queued ahead keep the
-/// workers busy.
+/// milliseconds and a quiet queue costs a few statements a second. While
+/// tasks wait unclaimed, reads that find results are [`POLL_MIN`] apart
+/// too: each then gathers what a few milliseconds brought, rather than the
+/// server answering a read for every result or two, and the waiting tasks
+/// keep the workers busy meanwhile. With none waiting, the next tasks are
+/// queued at once.
 const POLL_MIN: Duration = Duration::from_millis(4);
 const POLL_MAX: Duration = Duration::from_millis(20);
 
@@ -185,7 +186,8 @@ impl FleetBackend {
             let read_at = std::time::Instant::now();
             // No result is waited for below the oldest task out.
             let from = out.keys().min().copied().unwrap_or(next_seq);
-            let results = self.store.next_fleet_results(job_id, &handled, from)?;
+            let read = self.store.next_fleet_results(job_id, &handled, from)?;
+            let (results, unclaimed) = (read.results, read.unclaimed);
             handled.clear();
             if results.is_empty() {
                 if !out.is_empty() && answered.elapsed() >= NO_WORKER {
@@ -216,7 +218,9 @@ impl FleetBackend {
                 // A failed call may come back as a retry.
                 pulled_all = false;
             }
-            if let Some(rest) = POLL_MIN.checked_sub(read_at.elapsed()) {
+            if unclaimed > 0
+                && let Some(rest) = POLL_MIN.checked_sub(read_at.elapsed())
+            {
                 std::thread::sleep(rest);
             }
         }

@@ -583,6 +583,7 @@ impl Turn {
                 order: pending.iter().map(|p| p.index).collect(),
                 next: 0,
                 found: HashMap::new(),
+                fresh_for: std::time::Duration::from_millis(ctx.store.lease_ms() / 2),
             }),
             batch: slots.clamp(1, fanfold_store::CLAIMS_A_STATEMENT),
         };
@@ -766,8 +767,13 @@ struct ClaimsAhead {
     order: Vec<usize>,
     /// The first place in `order` not claimed ahead yet.
     next: usize,
-    /// What claiming found for units not yet asked for.
-    found: HashMap<usize, fanfold_store::ClaimOrFact>,
+    /// What claiming found for units not yet asked for, and when.
+    found: HashMap<usize, (std::time::Instant, fanfold_store::ClaimOrFact)>,
+    /// How long what claiming found is taken as it stands: half a lease.
+    /// A process paused past its leases finds its claims ahead stale when
+    /// it resumes, and claims again, so it never calls a unit another
+    /// process took meanwhile.
+    fresh_for: std::time::Duration,
 }
 
 impl KeyClaims<'_> {
@@ -779,7 +785,10 @@ impl KeyClaims<'_> {
         key: &ContentHash,
     ) -> Result<fanfold_store::ClaimOrFact, fanfold_store::StoreError> {
         let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(found) = ahead.found.remove(&index) {
+        let fresh_for = ahead.fresh_for;
+        if let Some((at, found)) = ahead.found.remove(&index)
+            && at.elapsed() < fresh_for
+        {
             return Ok(found);
         }
         let mut units = vec![index];
@@ -796,13 +805,14 @@ impl KeyClaims<'_> {
                 asked.push(*k);
             }
         }
+        let at = std::time::Instant::now();
         let mut found = self
             .store
             .claim_or_fact_many(&asked, self.run_id, self.store.lease_ms())?
             .into_iter();
         let mine = found.next();
         for (i, outcome) in units.into_iter().skip(1).zip(found) {
-            ahead.found.insert(i, outcome);
+            ahead.found.insert(i, (at, outcome));
         }
         mine.ok_or_else(|| fanfold_store::StoreError::Decode {
             path: self.store.location().to_owned(),
