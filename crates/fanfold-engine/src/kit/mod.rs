@@ -335,7 +335,7 @@ pub struct CachedCount {
     /// The model calls the rest would take, where not one per unit.
     pub calls: Option<u64>,
     /// What its stored observations would bear as units, if it bears any.
-    pub bred: Option<born::BredPreview>,
+    pub bred: Option<Box<born::BredPreview>>,
 }
 
 /// What a stage reads.

@@ -1004,7 +1004,7 @@ pub fn explain_routing(
         }
         r.cached.insert(name.to_owned(), count.cached);
         if let Some(bred) = count.bred {
-            r.bred.insert(name.to_owned(), bred);
+            r.bred.insert(name.to_owned(), *bred);
         }
         if let Some(calls) = count.calls {
             r.calls.insert(name.to_owned(), calls);

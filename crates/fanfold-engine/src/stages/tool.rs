@@ -494,7 +494,7 @@ impl Stage for ToolRunner {
                 Vec::new()
             },
             calls: Some(0),
-            bred,
+            bred: bred.map(Box::new),
             ..CachedCount::default()
         })
     }
