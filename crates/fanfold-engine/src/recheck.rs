@@ -452,6 +452,16 @@ pub fn recheck(dir: &Path, input: Option<&Path>) -> Result<Rechecked, RecheckErr
         &out_dir.bred,
         &out_dir.facts,
     ));
+    // A bred unit's record is what a tool observed; verify never runs a
+    // tool, so that record rests on the folder alone. Its checks above
+    // show only that the folder agrees with itself, which a forger can
+    // arrange: the answer is not vouched for as re-read from its source.
+    if !out_dir.bred.is_empty() {
+        out.unread = Some(format!(
+            "{} units were bred from tool observations (bred.jsonl); verify never asks a tool again, so their records rest on this folder alone, checked only against the facts that cite them",
+            out_dir.bred.len()
+        ));
+    }
     // The same bytes partition the same way, whether ids are settled in
     // memory (here) or through the store (the run).
     let c = &routed.coverage;
@@ -621,6 +631,13 @@ fn adopt_bred(
     let mut children: HashMap<&str, u64> = HashMap::new();
     let budget = &plan.spec.budget;
     for b in bred {
+        if at.contains_key(&b.id) {
+            out.push(format!(
+                "bred.jsonl: unit `{}` is already a unit of the source or an earlier line",
+                b.id
+            ));
+            continue;
+        }
         let Some(&parent) = at.get(&b.parent) else {
             out.push(format!(
                 "bred.jsonl: unit `{}` names the parent `{}`, which neither the source nor an earlier line holds",

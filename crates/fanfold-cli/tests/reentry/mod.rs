@@ -143,9 +143,36 @@ fn the_links_example_bears_linked_issues_under_a_fanout_of_five_and_a_rerun_reus
         "{shown}"
     );
 
-    // The folder re-checks alone; an edited bred record does not.
+    // The folder re-checks against its source, but the bred records are
+    // what a tool observed, which verify never asks again: it finds no
+    // mismatch, and still does not vouch for them.
     let v = run(bin().arg("verify").arg(dir.path().join("out")));
-    assert!(v.status.success(), "{}{}", stdout(&v), stderr(&v));
+    assert!(!v.status.success(), "{}{}", stdout(&v), stderr(&v));
+    assert!(
+        stdout(&v).contains("FAILED, 0 mismatches")
+            && stdout(&v).contains(&format!(
+                "{} units were bred from tool observations",
+                bred.len()
+            )),
+        "{}",
+        stdout(&v)
+    );
+
+    // A bred line may not take the id of a unit the source holds.
+    let path = dir.path().join("out/bred.jsonl");
+    let original = std::fs::read_to_string(&path).unwrap();
+    let first = original.lines().next().unwrap().to_owned();
+    let line: Value = serde_json::from_str(&first).unwrap();
+    let mut shadow = line.clone();
+    shadow["id"] = line["parent"].clone();
+    std::fs::write(&path, format!("{}\n{original}", shadow)).unwrap();
+    let v = run(bin().arg("verify").arg(dir.path().join("out")));
+    assert!(
+        stdout(&v).contains("is already a unit of the source"),
+        "{}",
+        stdout(&v)
+    );
+    std::fs::write(&path, &original).unwrap();
 
     // A rerun bears the same units and pays for none of them.
     let o = go("again");
