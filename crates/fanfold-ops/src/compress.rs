@@ -27,9 +27,10 @@ pub struct Compressed {
 /// the model most, in their order, one space between them. A word (a run
 /// of non-whitespace) scores the mean surprise of the tokens overlapping
 /// it; LLMLingua drops tokens, but dropping whole words leaves only words
-/// of the source for the judge to read. Ties go to the earlier word; a
-/// word no token covers is kept. A text of fewer than `min_words` words is
-/// returned whole.
+/// of the source for the judge to read. Ties go to the earlier word. A
+/// word no token covers is kept, and the share applies to the words
+/// scored; a text with none scored, or of fewer than `min_words` words,
+/// is returned whole.
 pub fn compress(text: &str, tokens: &[TokenSurprise], keep: f64, min_words: usize) -> Compressed {
     let words = word_ranges(text);
     let n = words.len();
@@ -54,8 +55,22 @@ pub fn compress(text: &str, tokens: &[TokenSurprise], keep: f64, min_words: usiz
             }
         })
         .collect();
-    let want = ((n as f64) * keep.max(0.0)).ceil() as usize;
-    let mut order: Vec<usize> = (0..n).collect();
+    // The ratio applies to the words the model scored; a word it did not
+    // (a tokenizer that spells a text differently, or a tail past its
+    // window) is kept, never cut unseen. With none scored, the text is
+    // whole: cutting it would be plain truncation.
+    let scored: Vec<usize> = (0..n)
+        .filter(|&w| scores.get(w).is_some_and(|s| s.is_finite()))
+        .collect();
+    if scored.is_empty() {
+        return Compressed {
+            text: text.to_owned(),
+            words: n,
+            kept: n,
+        };
+    }
+    let want = ((scored.len() as f64) * keep.max(0.0)).ceil() as usize;
+    let mut order = scored;
     order.sort_by(|&a, &b| {
         let (sa, sb) = (scores.get(a), scores.get(b));
         sb.partial_cmp(&sa)
@@ -63,6 +78,7 @@ pub fn compress(text: &str, tokens: &[TokenSurprise], keep: f64, min_words: usiz
             .then(a.cmp(&b))
     });
     let mut kept: Vec<usize> = order.into_iter().take(want).collect();
+    kept.extend((0..n).filter(|&w| scores.get(w).is_none_or(|s| !s.is_finite())));
     kept.sort_unstable();
     let text_out = kept
         .iter()
@@ -188,6 +204,20 @@ mod tests {
         let c = compress(text, &tokens(text, &[1.0, 1.0, 1.0]), 0.4, 1);
         assert_eq!(c.kept, 2);
         assert_eq!(c.text, "a b");
+    }
+
+    #[test]
+    fn words_the_model_did_not_score_are_kept_and_none_scored_is_no_cut() {
+        let text = "one two three four five six";
+        // Only the first four words scored (a window that ended early):
+        // half of those go, the unscored tail stays.
+        let c = compress(text, &tokens(text, &[1.0, 4.0, 3.0, 2.0]), 0.5, 1);
+        assert_eq!(c.text, "two three five six");
+        assert_eq!(c.kept, 4);
+        // No token at all: the text is whole, not its first half.
+        let whole = compress(text, &[], 0.5, 1);
+        assert_eq!(whole.text, text);
+        assert_eq!(whole.kept, 6);
     }
 
     #[test]
